@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine with Python 3.11+:
+#   make demo   - the main job on the embedded defaults
+#   make test   - the test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/perfmodel hw compare tpu-v5e tpu-v5p tpu-v6e tpu-7x
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	for f in tests/benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The ``perfmodel`` command line: thin click wrappers over the library."""

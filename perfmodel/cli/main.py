@@ -1,0 +1,54 @@
+"""Entry point. Subcommand modules are imported only when their command runs,
+so ``perfmodel hw ...`` and ``perfmodel predict ...`` never import jax."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+import perfmodel
+
+# command name -> "module:attribute" of its click command or group
+_COMMANDS = {
+    "hw": "perfmodel.cli.hw:hw",
+    "predict": "perfmodel.cli.predict:predict",
+    "analyze": "perfmodel.cli.analyze:analyze",
+    "tune": "perfmodel.cli.analyze:tune",
+    "inspect": "perfmodel.cli.inspect:inspect_cmd",
+}
+
+_HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?
+
+\b
+Examples:
+  perfmodel hw list
+  perfmodel hw show v6e
+  perfmodel hw compare tpu-v5e tpu-v6e tpu-7x
+  perfmodel predict gemm --hw v5e -m 8192 -n 8192 -k 8192
+  perfmodel predict model llama-3.1-8b --hw v6e --batch 32 --context 4096
+"""
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, target in _COMMANDS.items() if _module_exists(target))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = _COMMANDS.get(name)
+        if target is None or not _module_exists(target):
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _module_exists(target: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(target.split(":")[0]) is not None
+
+
+@click.group(cls=LazyGroup, help=_HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(perfmodel.__version__, prog_name="perfmodel")
+def main() -> None:
+    pass

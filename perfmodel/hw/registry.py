@@ -1,0 +1,148 @@
+"""Finding chips: built-in specs, user spec directories and spec files.
+
+Built-in specs live in the ``hwspecs`` package (installed as package data).
+Extra directories of ``*.yaml`` specs can be listed in the environment
+variable ``PERFMODEL_HW_PATH`` (``os.pathsep``-separated, like ``PATH``); a
+user spec there may shadow a built-in one of the same name. Anywhere a chip
+name is accepted, a path to a spec file works too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.resources
+import os
+import re
+from pathlib import Path
+
+from perfmodel.errors import SpecError, UnknownChipError
+from perfmodel.hw.loader import load_yaml_file
+from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
+
+ENV_VAR = "PERFMODEL_HW_PATH"
+
+
+def normalize(name: str) -> str:
+    """Case-, space- and underscore-insensitive key for a chip name."""
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+def _get_path(spec: object, dotted: str) -> object:
+    obj = spec
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(spec: ChipSpec, file: Path) -> ChipSpec:
+    """Cross-field checks the type-driven loader cannot do."""
+
+    def bad(msg: str) -> SpecError:
+        return SpecError(f"{file}: {msg}")
+
+    if spec.name != normalize(spec.name):
+        raise bad(f"field 'name' must be lower-case with dashes, e.g. '{normalize(spec.name)}'")
+    if spec.kind not in ("tpu", "gpu"):
+        raise bad(f"field 'kind' must be 'tpu' or 'gpu', got '{spec.kind}'")
+    for dtype in spec.compute.matmul_flops_per_s_per_chip:
+        if dtype not in MATMUL_DTYPES:
+            raise bad(
+                f"field 'compute.matmul_flops_per_s_per_chip.{dtype}': unknown dtype; "
+                f"use one of {', '.join(MATMUL_DTYPES)}"
+            )
+    for pair in spec.compute.native_matmul_dtype_pairs:
+        parts = pair.split(" x ")
+        if len(parts) != 2 or any(p not in MATMUL_DTYPES for p in parts):
+            raise bad(
+                f"field 'compute.native_matmul_dtype_pairs': '{pair}' must read 'LHS x RHS' "
+                f"with dtypes from {', '.join(MATMUL_DTYPES)}"
+            )
+    for ref in set(spec.sources.values()):
+        if ref not in spec.references:
+            raise bad(f"field 'sources' names reference '{ref}' that is not in 'references'")
+    for path in numeric_field_paths():
+        value = _get_path(spec, path)
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            for key in value:
+                sub = f"{path}.{key}"
+                if sub not in spec.sources and path not in spec.sources:
+                    raise bad(f"field '{sub}' has no entry in 'sources'; every number needs one")
+        elif path not in spec.sources:
+            raise bad(f"field '{path}' has no entry in 'sources'; every number needs one")
+    for path in list(spec.sources) + list(spec.derived):
+        root = path.split("[")[0]
+        try:
+            parts = root.split(".")
+            _get_path(spec, ".".join(parts[:2]) if len(parts) > 2 else root)
+        except AttributeError:
+            raise bad(f"'sources'/'derived' names '{path}', which is not a field") from None
+    for d in spec.disagreements:
+        try:
+            _get_path(spec, d.field)
+        except AttributeError:
+            raise bad(f"disagreement names field '{d.field}', which is not a field") from None
+    return spec
+
+
+@functools.lru_cache(maxsize=None)
+def load_spec_file(path: str) -> ChipSpec:
+    """Load and validate one spec file (cached by path)."""
+    file = Path(path)
+    return validate(load_yaml_file(file, ChipSpec), file)
+
+
+def _spec_dirs() -> list[Path]:
+    dirs = [Path(str(importlib.resources.files("hwspecs")))]
+    extra = os.environ.get(ENV_VAR, "")
+    for entry in extra.split(os.pathsep):
+        if entry:
+            d = Path(entry)
+            if not d.is_dir():
+                raise SpecError(f"${ENV_VAR}: '{entry}' is not a directory; fix or unset the variable")
+            dirs.append(d)
+    return dirs
+
+
+def spec_files() -> list[Path]:
+    """All spec files, built-in first, then ${PERFMODEL_HW_PATH} in order."""
+    return [f for d in _spec_dirs() for f in sorted(d.glob("*.yaml"))]
+
+
+def all_chips() -> list[ChipSpec]:
+    """Every known chip; a later directory's spec replaces an earlier one of the same name."""
+    by_name: dict[str, ChipSpec] = {}
+    for f in spec_files():
+        spec = load_spec_file(str(f))
+        by_name[spec.name] = spec
+    return list(by_name.values())
+
+
+def _names(spec: ChipSpec) -> list[str]:
+    return [spec.name, *spec.aliases, *spec.jax_device_kinds]
+
+
+def get_chip(name_or_path: str) -> ChipSpec:
+    """Resolve a chip name, alias, JAX device_kind or spec-file path.
+
+    Raises UnknownChipError listing close matches and every known name.
+    """
+    text = str(name_or_path)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        if not Path(text).is_file():
+            raise SpecError(f"--hw: spec file '{text}' does not exist")
+        return load_spec_file(str(Path(text).resolve()))
+    chips = all_chips()
+    key = normalize(text)
+    for spec in chips:
+        if key in {normalize(n) for n in _names(spec)}:
+            return spec
+    known = sorted(spec.name for spec in chips)
+    every = {normalize(n): spec.name for spec in chips for n in _names(spec)}
+    close = sorted({every[m] for m in difflib.get_close_matches(key, list(every), n=3, cutoff=0.6)})
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UnknownChipError(
+        f"unknown chip '{text}'; {hint}known chips: {', '.join(known)} (or pass a spec file path)"
+    )

@@ -1,0 +1,77 @@
+"""Formatting numbers for people: SI prefixes and units on everything."""
+
+from __future__ import annotations
+
+import math
+
+_PREFIXES = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
+_BINARY = [(2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"), (1, "")]
+
+
+def si(value: float | None, unit: str, digits: int = 3) -> str:
+    """``si(1.97e14, "FLOP/s") == "197 TFLOP/s"``; None prints as "n/a"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if value == 0:
+        return f"0 {unit}"
+    mag = abs(value)
+    for scale, prefix in _PREFIXES:
+        if mag >= scale * 0.9995:
+            break
+    else:
+        scale, prefix = _PREFIXES[-1]
+    return f"{_sig(value / scale, digits)} {prefix}{unit}"
+
+
+def binary(value: float | None, unit: str = "B", digits: int = 3) -> str:
+    """Capacities in binary prefixes: ``binary(2**27) == "128 MiB"``."""
+    if value is None:
+        return "n/a"
+    if value == 0:
+        return f"0 {unit}"
+    for scale, prefix in _BINARY:
+        if abs(value) >= scale:
+            break
+    return f"{_sig(value / scale, digits)} {prefix}{unit}"
+
+
+def _sig(x: float, digits: int) -> str:
+    if x == 0:
+        return "0"
+    x = float(f"{x:.{digits}g}")
+    places = max(digits - 1 - int(math.floor(math.log10(abs(x)))), 0)
+    text = f"{x:.{places}f}"
+    return text
+
+
+def seconds(value: float | None) -> str:
+    return si(value, "s")
+
+
+def flops(value: float | None) -> str:
+    return si(value, "FLOP/s")
+
+
+def bandwidth(value: float | None) -> str:
+    return si(value, "B/s")
+
+
+def nbytes(value: float | None) -> str:
+    return si(value, "B")
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """Plain-text table; align is one char per column ('l' or 'r'), default: first left, rest right."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+
+    def fmt(row: list[str]) -> str:
+        cells = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(row, widths, align)]
+        return "  ".join(cells).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(headers), rule, *(fmt(r) for r in rows)])
