@@ -1,0 +1,49 @@
+"""`perfmodel hw`: the hardware-spec database."""
+
+from __future__ import annotations
+
+import click
+
+from perfmodel.cli.common import echo_json, json_option, user_errors
+from perfmodel.hw import all_chips, get_chip
+from perfmodel.hw import describe
+
+
+@click.group(help="Browse the hardware-spec database (hwspecs/ and $PERFMODEL_HW_PATH).")
+def hw() -> None:
+    pass
+
+
+@hw.command("list", help="One row per known chip: peaks, HBM, VMEM and bf16 ridge point.")
+@json_option
+@user_errors
+def list_cmd(as_json: bool) -> None:
+    chips = all_chips()
+    if as_json:
+        echo_json([describe.summary_record(c) for c in chips])
+    else:
+        click.echo(describe.list_table(chips))
+
+
+@hw.command("show", help="Every field of one chip, with units and sources. CHIP: name, alias, JAX device_kind or spec file.")
+@click.argument("chip")
+@json_option
+@user_errors
+def show_cmd(chip: str, as_json: bool) -> None:
+    spec = get_chip(chip)
+    if as_json:
+        echo_json(spec)
+    else:
+        click.echo(describe.show_text(spec))
+
+
+@hw.command("compare", help="Chips side by side with ratios to the first and ridge points per dtype.")
+@click.argument("chips", nargs=-1, required=True)
+@json_option
+@user_errors
+def compare_cmd(chips: tuple[str, ...], as_json: bool) -> None:
+    specs = [get_chip(c) for c in chips]
+    if as_json:
+        echo_json(describe.compare_record(specs))
+    else:
+        click.echo(describe.compare_table(specs))

@@ -1,0 +1,274 @@
+"""The roofline core: work counts (OpCost) and their evaluation on a chip (Roofline).
+
+An op model (gemm, attention, ...) returns an :class:`OpCost`: how much work
+each unit of the chip does and how many bytes move at each level. Every field
+may be a Python number or a numpy array (a batch of shapes evaluated at once).
+:func:`evaluate` turns it into times per unit on a :class:`ChipSpec` and the
+three bounds:
+
+* ``floor_s``: max of the per-unit times (perfect overlap; the roofline bound);
+* ``no_overlap_s``: sum of the per-unit times (nothing overlaps);
+* ``expected_s``: what a good kernel reaches, from per-unit achievable
+  efficiencies (see :data:`ACHIEVABLE`), clamped between floor and no-overlap
+  plus fixed launch costs.
+
+No jax import here; :func:`to_cost_estimate` imports Pallas lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from perfmodel.hw.spec import ChipSpec
+
+Num = Union[float, int, np.ndarray]
+
+#: Units in the order they are reported; each maps to an OpCost work field.
+UNITS: tuple[str, ...] = ("mxu", "vpu", "eup", "hbm", "ici")
+
+#: Human names of the bound each unit implies.
+BOUND_NAMES: dict[str, str] = {
+    "mxu": "MXU-bound",
+    "vpu": "VPU-bound",
+    "eup": "EUP-bound",
+    "hbm": "HBM-bound",
+    "ici": "ICI-bound",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCost:
+    """Work and traffic of one op (or a batch of shapes of it).
+
+    ``mxu_flops`` is what the matrix unit executes, padding to the MXU tile
+    included; ``useful_flops`` is the algorithmic count (2*M*N*K for a GEMM).
+    ``mxu_dtype`` names the operand dtype whose peak rate applies. Vector work
+    (``vpu_ops``) counts f32-equivalent elementwise operations, including
+    dtype conversions; ``eup_ops`` counts transcendentals (exp, rsqrt, ...).
+    """
+
+    name: str
+    mxu_flops: Num = 0
+    useful_flops: Num = 0
+    mxu_dtype: str = "bf16"
+    vpu_ops: Num = 0
+    eup_ops: Num = 0
+    hbm_read_bytes: Num = 0
+    hbm_write_bytes: Num = 0
+    ici_bytes: Num = 0
+    #: Bytes of the ideal traffic (each byte once) when hbm_* include re-reads.
+    notes: tuple[str, ...] = ()
+    #: Sub-ops this cost is the sum of (e.g. the prefill and decode parts of a ragged batch).
+    parts: tuple["OpCost", ...] = ()
+
+    @property
+    def hbm_bytes(self) -> Num:
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def padding_waste(self) -> Num:
+        """Share of issued MXU FLOPs that are padding (0 when nothing is issued)."""
+        issued = np.asarray(self.mxu_flops, dtype=float)
+        useful = np.asarray(self.useful_flops, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            waste = np.where(issued > 0, 1.0 - useful / np.where(issued > 0, issued, 1.0), 0.0)
+        return waste if waste.ndim else float(waste)
+
+    def with_notes(self, *notes: str) -> "OpCost":
+        return dataclasses.replace(self, notes=self.notes + tuple(n for n in notes if n not in self.notes))
+
+
+#: Fraction of each unit's peak a well-written kernel sustains, and where that
+#: figure comes from. Used only for ``expected_s``; the floor uses 100%.
+ACHIEVABLE: dict[str, tuple[float, str]] = {
+    "mxu": (0.92, "XLA bf16 8192^3 matmul on TPU v5e reaches 92.3% of 197 TFLOP/s (JAX Pallas TPU matmul guide)"),
+    "hbm": (0.85, "typical sustained share of peak HBM bandwidth for streaming kernels (assumption; calibrate with "
+                  "`perfmodel calibrate`)"),
+    "vpu": (0.80, "assumption: VPU code rarely sustains full issue rate"),
+    "eup": (0.80, "assumption, as for the VPU"),
+    "ici": (0.80, "assumption: collectives reach ~80% of link bandwidth"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline:
+    """An OpCost evaluated on one chip. Array fields broadcast like the cost's."""
+
+    cost: OpCost
+    chip: str
+    #: Seconds per unit at peak rate (mxu, vpu, eup, hbm, ici).
+    unit_s: dict[str, Num]
+    floor_s: Num
+    no_overlap_s: Num
+    expected_s: Num
+    #: Unit that sets the floor ("mxu", "hbm", ...); an array of names for batches.
+    limiter: Any
+    #: Useful FLOPs per HBM byte.
+    arithmetic_intensity: Num
+    #: The chip's FLOP/byte ridge for the op's MXU dtype.
+    ridge_point: float | None
+    #: Useful FLOP/s and HBM bytes/s achieved at the floor.
+    attainable_flops_per_s: Num
+    attainable_hbm_bytes_per_s: Num
+    #: Per unit: its time over the floor (1.0 for the limiter) = share of its peak used at the floor.
+    peak_share: dict[str, Num]
+
+    @property
+    def bound(self) -> Any:
+        """"HBM-bound", "MXU-bound", ... (array of names for batches)."""
+        if isinstance(self.limiter, np.ndarray):
+            return np.vectorize(BOUND_NAMES.get, otypes=[object])(self.limiter)
+        return BOUND_NAMES[self.limiter]
+
+    @property
+    def mfu_at_floor(self) -> Num:
+        """Useful FLOP/s at the floor over the chip's peak for the op's dtype."""
+        return self.peak_share["mxu"] * _useful_share(self.cost)
+
+    @property
+    def mbu_at_floor(self) -> Num:
+        return self.peak_share["hbm"]
+
+
+def _useful_share(cost: OpCost) -> Num:
+    issued = np.asarray(cost.mxu_flops, dtype=float)
+    useful = np.asarray(cost.useful_flops, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(issued > 0, useful / np.where(issued > 0, issued, 1.0), 0.0)
+    return share if share.ndim else float(share)
+
+
+def _scalarize(x: np.ndarray) -> Num:
+    return x if x.ndim else float(x)
+
+
+def unit_rates(chip: ChipSpec, mxu_dtype: str) -> dict[str, float]:
+    """Peak rate of every unit for an op whose matmuls run in mxu_dtype."""
+    from perfmodel.errors import InputError
+
+    mxu = chip.matmul_rate(mxu_dtype)
+    if mxu is None:
+        known = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
+        raise InputError(f"{chip.name} has no {mxu_dtype} matmul rate; it has: {known}")
+    ici = chip.interconnect.ici_bw_bytes_per_s_per_chip or float("nan")
+    return {
+        "mxu": mxu,
+        "vpu": chip.compute.vpu_flops_per_s_per_chip,
+        "eup": chip.compute.eup_ops_per_s_per_chip,
+        "hbm": chip.memory.hbm_bw_bytes_per_s_per_chip,
+        "ici": ici,
+    }
+
+
+def unit_work(cost: OpCost) -> dict[str, np.ndarray]:
+    """The work each unit does, as float arrays."""
+    return {
+        "mxu": np.asarray(cost.mxu_flops, dtype=float),
+        "vpu": np.asarray(cost.vpu_ops, dtype=float),
+        "eup": np.asarray(cost.eup_ops, dtype=float),
+        "hbm": np.asarray(cost.hbm_bytes, dtype=float),
+        "ici": np.asarray(cost.ici_bytes, dtype=float),
+    }
+
+
+def unit_times(cost: OpCost, chip: ChipSpec) -> dict[str, np.ndarray]:
+    """Seconds per unit at peak. A cost with parts sums its parts' times (they may use different dtypes)."""
+    if cost.parts:
+        times = [unit_times(p, chip) for p in cost.parts]
+        return {u: sum(t[u] for t in times) for u in UNITS}
+    rates = unit_rates(chip, cost.mxu_dtype)
+    work = unit_work(cost)
+    out = {}
+    for u in UNITS:
+        if u == "ici" and not np.any(work[u]):
+            out[u] = np.zeros_like(work[u])
+            continue
+        if u == "ici" and np.isnan(rates[u]):
+            from perfmodel.errors import InputError
+
+            raise InputError(f"{chip.name} has no ICI bandwidth in its spec; collectives cannot be modelled on it")
+        out[u] = work[u] / rates[u]
+    return out
+
+
+def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Roofline:
+    """Evaluate cost on chip: per-unit times, floor, expected and no-overlap bounds.
+
+    ``fixed_overhead_s`` (launch, per-step costs a caller knows about) is added to
+    expected and no-overlap, never to the floor.
+    """
+    times = unit_times(cost, chip)
+    stacked = np.stack(np.broadcast_arrays(*(times[u] for u in UNITS)))
+    floor = stacked.max(axis=0)
+    no_overlap = stacked.sum(axis=0) + fixed_overhead_s
+    eff = np.array([ACHIEVABLE[u][0] for u in UNITS]).reshape((-1,) + (1,) * (stacked.ndim - 1))
+    expected = np.clip((stacked / eff).max(axis=0), floor, None) + fixed_overhead_s
+    expected = np.minimum(expected, np.maximum(no_overlap, floor))
+    idx = stacked.argmax(axis=0)
+    limiter = np.asarray(UNITS, dtype=object)[idx] if idx.ndim else UNITS[int(idx)]
+    hbm = np.asarray(cost.hbm_bytes, dtype=float)
+    useful = np.asarray(cost.useful_flops, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        intensity = np.where(hbm > 0, useful / np.where(hbm > 0, hbm, 1), np.inf)
+        safe_floor = np.where(floor > 0, floor, np.inf)
+        share = {u: _scalarize(np.broadcast_to(times[u], floor.shape) / safe_floor) for u in UNITS}
+        flops_rate = useful / safe_floor
+        hbm_rate = hbm / safe_floor
+    dtypes = _leaf_dtypes(cost)
+    ridge = chip.ridge_point(dtypes[0]) if len(set(dtypes)) == 1 else None
+    return Roofline(
+        cost=cost,
+        chip=chip.name,
+        unit_s={u: _scalarize(np.asarray(times[u], dtype=float)) for u in UNITS},
+        floor_s=_scalarize(floor),
+        no_overlap_s=_scalarize(np.asarray(no_overlap, dtype=float)),
+        expected_s=_scalarize(np.asarray(expected, dtype=float)),
+        limiter=limiter,
+        arithmetic_intensity=_scalarize(intensity),
+        ridge_point=ridge,
+        attainable_flops_per_s=_scalarize(flops_rate),
+        attainable_hbm_bytes_per_s=_scalarize(hbm_rate),
+        peak_share=share,
+    )
+
+
+def _leaf_dtypes(cost: OpCost) -> list[str]:
+    if cost.parts:
+        return [d for p in cost.parts for d in _leaf_dtypes(p)]
+    return [cost.mxu_dtype]
+
+
+def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[str, ...] = ()) -> OpCost:
+    """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation."""
+    parts = tuple(parts)
+    total = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE}
+    dtypes = {d for p in parts for d in _leaf_dtypes(p)}
+    return OpCost(name=name, mxu_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed", notes=notes, parts=parts, **total)
+
+
+_ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes")
+
+
+def to_cost_estimate(cost: OpCost) -> Any:
+    """``pl.CostEstimate`` for a pallas_call from the model's algorithmic counts.
+
+    flops = useful matrix FLOPs plus vector ops, transcendentals = EUP ops,
+    bytes_accessed = HBM read + write. Scalars only (one shape).
+    """
+    from jax.experimental import pallas as pl
+
+    def _int(x: Num) -> int:
+        arr = np.asarray(x)
+        if arr.ndim:
+            raise ValueError("to_cost_estimate takes the cost of one shape, not a batch")
+        return int(round(float(arr)))
+
+    return pl.CostEstimate(
+        flops=_int(cost.useful_flops) + _int(cost.vpu_ops),
+        transcendentals=_int(cost.eup_ops),
+        bytes_accessed=_int(cost.hbm_bytes),
+    )
