@@ -60,8 +60,18 @@ class OpCost:
     hbm_read_bytes: Num = 0
     hbm_write_bytes: Num = 0
     ici_bytes: Num = 0
-    #: Bytes of the ideal traffic (each byte once) when hbm_* include re-reads.
+    #: Part of vpu_ops spent on padding to the (8, 128) vreg tile (included in vpu_ops).
+    vpu_padding_ops: Num = 0
+    #: Fixed latencies (grid-step overhead, ICI hops, launches): added to expected and
+    #: no-overlap times, never to the floor.
+    fixed_s: Num = 0
+    #: ICI links the op drives at once (0: all of the chip's links, i.e. ici_bw_bytes_per_s_per_chip).
+    ici_links: Num = 0
+    #: Peak VMEM working set per core (footprint, not traffic; not part of any time).
+    vmem_bytes: Num = 0
     notes: tuple[str, ...] = ()
+    #: Op-specific figures for reports (e.g. "masked_tile_share", "kv_pages"); numbers or arrays.
+    metrics: dict[str, Num] = dataclasses.field(default_factory=dict)
     #: Sub-ops this cost is the sum of (e.g. the prefill and decode parts of a ragged batch).
     parts: tuple["OpCost", ...] = ()
 
@@ -76,6 +86,15 @@ class OpCost:
         useful = np.asarray(self.useful_flops, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
             waste = np.where(issued > 0, 1.0 - useful / np.where(issued > 0, issued, 1.0), 0.0)
+        return waste if waste.ndim else float(waste)
+
+    @property
+    def vpu_padding_waste(self) -> Num:
+        """Share of VPU ops that are padding to the vreg tile."""
+        ops = np.asarray(self.vpu_ops, dtype=float)
+        pad = np.asarray(self.vpu_padding_ops, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            waste = np.where(ops > 0, pad / np.where(ops > 0, ops, 1.0), 0.0)
         return waste if waste.ndim else float(waste)
 
     def with_notes(self, *notes: str) -> "OpCost":
@@ -146,8 +165,8 @@ def _scalarize(x: np.ndarray) -> Num:
     return x if x.ndim else float(x)
 
 
-def unit_rates(chip: ChipSpec, mxu_dtype: str) -> dict[str, float]:
-    """Peak rate of every unit for an op whose matmuls run in mxu_dtype."""
+def unit_rates(chip: ChipSpec, mxu_dtype: str, links: Num = 0) -> dict[str, Num]:
+    """Peak rate of every unit for an op whose matmuls run in mxu_dtype (ICI over ``links`` links, 0 = all)."""
     from perfmodel.errors import InputError
 
     mxu = chip.matmul_rate(mxu_dtype)
@@ -155,6 +174,10 @@ def unit_rates(chip: ChipSpec, mxu_dtype: str) -> dict[str, float]:
         known = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
         raise InputError(f"{chip.name} has no {mxu_dtype} matmul rate; it has: {known}")
     ici = chip.interconnect.ici_bw_bytes_per_s_per_chip or float("nan")
+    links = np.asarray(links, dtype=float)
+    if np.any(links):
+        per_link = chip.interconnect.ici_bw_bytes_per_s_per_link or float("nan")
+        ici = _scalarize(np.where(links > 0, per_link * links, ici))
     return {
         "mxu": mxu,
         "vpu": chip.compute.vpu_flops_per_s_per_chip,
@@ -180,14 +203,15 @@ def unit_times(cost: OpCost, chip: ChipSpec) -> dict[str, np.ndarray]:
     if cost.parts:
         times = [unit_times(p, chip) for p in cost.parts]
         return {u: sum(t[u] for t in times) for u in UNITS}
-    rates = unit_rates(chip, cost.mxu_dtype)
     work = unit_work(cost)
+    links = np.asarray(cost.ici_links, dtype=float)
+    rates = unit_rates(chip, cost.mxu_dtype, links if np.any(links) else 0)
     out = {}
     for u in UNITS:
         if u == "ici" and not np.any(work[u]):
             out[u] = np.zeros_like(work[u])
             continue
-        if u == "ici" and np.isnan(rates[u]):
+        if u == "ici" and np.any(np.isnan(rates[u])):
             from perfmodel.errors import InputError
 
             raise InputError(f"{chip.name} has no ICI bandwidth in its spec; collectives cannot be modelled on it")
@@ -202,8 +226,9 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
     expected and no-overlap, never to the floor.
     """
     times = unit_times(cost, chip)
-    stacked = np.stack(np.broadcast_arrays(*(times[u] for u in UNITS)))
+    stacked = np.stack(np.broadcast_arrays(*(np.asarray(times[u], dtype=float) for u in UNITS)))
     floor = stacked.max(axis=0)
+    fixed_overhead_s = np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float)
     no_overlap = stacked.sum(axis=0) + fixed_overhead_s
     eff = np.array([ACHIEVABLE[u][0] for u in UNITS]).reshape((-1,) + (1,) * (stacked.ndim - 1))
     expected = np.clip((stacked / eff).max(axis=0), floor, None) + fixed_overhead_s
@@ -245,12 +270,18 @@ def _leaf_dtypes(cost: OpCost) -> list[str]:
 def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[str, ...] = ()) -> OpCost:
     """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation."""
     parts = tuple(parts)
+    if not parts:
+        from perfmodel.errors import InputError
+
+        raise InputError(f"combine('{name}'): needs at least one part")
     total = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE}
+    total["vmem_bytes"] = np.maximum.reduce([np.asarray(p.vmem_bytes, dtype=float) for p in parts])
     dtypes = {d for p in parts for d in _leaf_dtypes(p)}
     return OpCost(name=name, mxu_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed", notes=notes, parts=parts, **total)
 
 
-_ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes")
+_ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes",
+             "vpu_padding_ops", "fixed_s")
 
 
 def to_cost_estimate(cost: OpCost) -> Any:

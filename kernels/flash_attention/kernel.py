@@ -1,0 +1,356 @@
+"""Flash attention (prefill) as a Pallas TPU kernel.
+
+Grid ``(batch, kv_heads, q_blocks, kv_steps)``. One grid step holds the
+``[group, block_q, head_dim]`` queries of every q head that shares a kv head
+(grouped-query attention) and one ``[block_kv, head_dim]`` K and V block, so
+each K/V block is fetched once per kv head and reused by the whole group, with
+no copy of K/V in HBM. The last grid axis walks the K/V blocks one query
+block needs, carrying the online-softmax statistics (running max ``m``,
+running sum ``l``) and the unnormalised output ``acc`` in f32 VMEM scratch.
+
+Block skipping: for each query block the kernel knows the first and last K/V
+block holding a key any of its queries may see (causal diagonal, sliding
+window). The kv-step axis is only as long as the widest such range, step ``j``
+handles block ``first + j``, and the K/V index map clamps to ``last`` so a
+step past the range re-uses the resident block (no DMA) and its body is
+skipped with ``pl.when``. Blocks wholly inside the visible region run an
+unmasked body; only edge blocks (diagonal, window edge, ragged tail) build
+the mask, and their compute slices with no visible key are skipped too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
+from kernels.flash_attention.tiling import FLOAT_DTYPES, FP8_DTYPES, LANES, check_dtype, div, tpu_chip, vmem_limit_bytes
+
+#: Finite "minus infinity" for masked scores: exp() of it underflows to 0
+#: without the inf - inf = NaN a true -inf would give in the max update.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Plan:
+    """Static facts of one call: shapes, effective tiles, masking mode."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    block_q: int
+    block_kv: int
+    block_kv_compute: int
+    causal: bool
+    #: 0 when there is no sliding window.
+    window: int
+    sm_scale: float
+    dtype_name: str
+
+    @property
+    def group(self) -> int:
+        return self.q_heads // self.kv_heads
+
+    @property
+    def offset(self) -> int:
+        """Position of query 0 in the key sequence (causal: queries are the last q_len positions)."""
+        return self.kv_len - self.q_len if self.causal else 0
+
+    @property
+    def q_blocks(self) -> int:
+        return pl.cdiv(self.q_len, self.block_q)
+
+    @property
+    def kv_blocks(self) -> int:
+        return pl.cdiv(self.kv_len, self.block_kv)
+
+    @property
+    def kv_steps(self) -> int:
+        """Length of the kv-step grid axis: the widest K/V block range of any query block."""
+        spans = [int(last) - int(first) + 1 for first, last in
+                 (kv_block_range(self, qi, np) for qi in range(self.q_blocks))]
+        return max(spans)
+
+
+def query_span(plan: _Plan, qi: Any, xp: Any) -> tuple[Any, Any]:
+    """Positions of the first and last query of query block ``qi``."""
+    q_lo = plan.offset + qi * plan.block_q
+    q_hi = plan.offset + xp.minimum((qi + 1) * plan.block_q, plan.q_len) - 1
+    return q_lo, q_hi
+
+
+def key_span(plan: _Plan, qi: Any, xp: Any) -> tuple[Any, Any]:
+    """First and last key position any query of block ``qi`` may see."""
+    q_lo, q_hi = query_span(plan, qi, xp)
+    lo = xp.maximum(q_lo - plan.window + 1, 0) if plan.window else 0
+    hi = q_hi if plan.causal else plan.kv_len - 1
+    return lo, hi
+
+
+def kv_block_range(plan: _Plan, qi: Any, xp: Any) -> tuple[Any, Any]:
+    """First and last K/V block query block ``qi`` needs (``xp`` is np for static use, jnp in the kernel)."""
+    lo, hi = key_span(plan, qi, xp)
+    return div(lo, plan.block_kv), div(hi, plan.block_kv)
+
+
+def _block_needs_mask(plan: _Plan, qi: Any, kb: Any) -> Any:
+    """Whether K/V block ``kb`` holds a key some query of block ``qi`` must not see (False: statically never)."""
+    q_lo, q_hi = query_span(plan, qi, jnp)
+    k_lo = kb * plan.block_kv
+    k_hi = k_lo + plan.block_kv - 1
+    conds = []
+    if plan.causal:
+        conds.append(k_hi > q_lo)
+    if plan.window:
+        conds.append(k_lo <= q_hi - plan.window)
+    if plan.kv_len % plan.block_kv:
+        conds.append(kb == plan.kv_blocks - 1)
+    if not conds:
+        return False
+    return functools.reduce(jnp.logical_or, conds)
+
+
+def _flash_kernel(
+    q_ref,  # [group, block_q, head_dim]: the q heads of one kv head
+    k_ref,  # [block_kv, head_dim]
+    v_ref,  # [block_kv, head_dim]
+    o_ref,  # [group, block_q, head_dim]
+    m_ref,  # [group, block_q, LANES] f32 scratch: running row max, replicated over lanes
+    l_ref,  # [group, block_q, LANES] f32 scratch: running softmax denominator, replicated over lanes
+    acc_ref,  # [group, block_q, head_dim] f32 scratch: unnormalised output
+    *,
+    plan: _Plan,
+):
+    qi, step = pl.program_id(2), pl.program_id(3)
+    first, last = kv_block_range(plan, qi, jnp)
+    kb = first + step
+    refs = (q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+
+    @pl.when(step == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    in_range = kb <= last
+    needs_mask = _block_needs_mask(plan, qi, kb)
+    if needs_mask is False:
+        pl.when(in_range)(functools.partial(_attend_block, *refs, plan=plan, qi=qi, kb=kb, masked=False))
+    else:
+        for masked in (False, True):
+            cond = jnp.logical_and(in_range, needs_mask if masked else jnp.logical_not(needs_mask))
+            pl.when(cond)(functools.partial(_attend_block, *refs, plan=plan, qi=qi, kb=kb, masked=masked))
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finalize():
+        for g in range(plan.group):
+            o_ref[g] = (acc_ref[g] / l_ref[g][:, 0:1]).astype(o_ref.dtype)
+
+
+def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, kb: Any,
+                  masked: bool) -> None:
+    """Fold K/V block ``kb`` into the running softmax, one compute slice at a time."""
+    bkc = plan.block_kv_compute
+    key_lo, key_hi = key_span(plan, qi, jnp)
+    for c in range(plan.block_kv // bkc):
+        slice_lo = kb * plan.block_kv + c * bkc
+        body = functools.partial(_attend_slice, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+                                 plan=plan, qi=qi, c=c, slice_lo=slice_lo, masked=masked)
+        if masked:
+            # Skip slices of an edge block that hold no visible key at all.
+            visible = (slice_lo <= key_hi) & (slice_lo + bkc - 1 >= key_lo) & (slice_lo < plan.kv_len)
+            pl.when(visible)(body)
+        else:
+            body()
+
+
+def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, c: int,
+                  slice_lo: Any, masked: bool) -> None:
+    bkc = plan.block_kv_compute
+    rows = pl.ds(c * bkc, bkc)
+    k = k_ref[rows, :]  # [bkc, head_dim]
+    v = v_ref[rows, :]  # [bkc, head_dim]
+    precision = jax.lax.Precision.HIGHEST if k.dtype == jnp.float32 else None
+    score_shape = (q_ref.shape[1], bkc)  # [block_q, bkc]
+    visible = None
+    if masked:
+        q_lo, _ = query_span(plan, qi, jnp)
+        q_pos = q_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 0)
+        k_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 1)
+        visible = k_pos < plan.kv_len
+        if plan.causal:
+            visible &= k_pos <= q_pos
+        if plan.window:
+            visible &= q_pos - k_pos < plan.window
+        if plan.kv_len % plan.block_kv:
+            # Rows past the end of K/V hold whatever the edge DMA left there (NaN in
+            # interpret mode); a zero probability times NaN is still NaN, so zero them.
+            v_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
+            v = jnp.where(v_pos < plan.kv_len, v, jnp.zeros_like(v))
+    # The group's q heads take turns on the resident K/V slice; the mask is shared.
+    for g in range(plan.group):
+        s = jax.lax.dot_general(q_ref[g], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+                                precision=precision)  # [block_q, bkc]
+        s = s * plan.sm_scale
+        if visible is not None:
+            s = jnp.where(visible, s, MASK_VALUE)
+        m_prev = m_ref[g]  # [block_q, LANES]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, LANES]
+        alpha = jnp.exp(m_prev - m_next)  # [block_q, LANES]
+        p = jnp.exp(s - m_next[:, 0:1])  # [block_q, bkc]
+        l_ref[g] = alpha * l_ref[g] + jnp.sum(p, axis=1, keepdims=True)
+        m_ref[g] = m_next
+        pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                                 preferred_element_type=jnp.float32, precision=precision)  # [block_q, head_dim]
+        acc_ref[g] = acc_ref[g] * alpha[:, 0:1] + pv
+
+
+def _check_inputs(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | None) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected rank 4 [batch, heads, seq_len, head_dim], got shape {x.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {v.shape} must equal k's shape {k.shape}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: batch {k.shape[0]} does not match q's batch {q.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k: head_dim {k.shape[3]} does not match q's head_dim {q.shape[3]}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"k: kv_heads={k.shape[1]} does not divide q_heads={q.shape[1]}; "
+            "each kv head must serve a whole group of q heads"
+        )
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        raise ValueError(f"q, k: empty shapes {q.shape}, {k.shape}; every dimension must be >= 1")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"k, v: dtypes {k.dtype}, {v.dtype} must equal q's dtype {q.dtype}")
+    if sliding_window is not None and (
+        not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window < 1
+    ):
+        raise ValueError(f"sliding_window: must be a positive int or None, got {sliding_window!r}")
+    if sliding_window is not None and not causal:
+        raise ValueError("sliding_window: needs causal=True (a window bounds how far back a query looks)")
+    if causal and q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"q: q_len={q.shape[2]} > kv_len={k.shape[2]}; with causal=True the queries "
+            "are the last q_len positions of the key sequence, so q_len must be <= kv_len"
+        )
+
+
+def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | None, sm_scale: float | None,
+              block_sizes: FlashAttentionBlockSizes | None, chip: str) -> _Plan:
+    """Validate everything static about a call and fix its tiling (ValueError naming the argument)."""
+    spec = tpu_chip(chip)
+    _check_inputs(q, k, v, causal=causal, sliding_window=sliding_window)
+    check_dtype("q", q.dtype, FLOAT_DTYPES + FP8_DTYPES, spec)
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    shape = dict(q_dtype=q.dtype, kv_dtype=k.dtype, head_dim=head_dim, group=q_heads // kv_heads, q_len=q_len,
+                 kv_len=kv_len)
+    if block_sizes is None:
+        block_sizes = default_block_sizes(spec.name, **shape, vmem_limit=vmem_limit_bytes(spec))
+    elif not isinstance(block_sizes, FlashAttentionBlockSizes):
+        raise ValueError(f"block_sizes: expected FlashAttentionBlockSizes, got {type(block_sizes).__name__}")
+    block_sizes.validate(**shape, spec=spec)
+    bq, bk, bkc = block_sizes.effective(q_len=q_len, kv_len=kv_len)
+    return _Plan(
+        batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+        block_q=bq, block_kv=bk, block_kv_compute=bkc, causal=bool(causal), window=sliding_window or 0,
+        sm_scale=float(1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale),
+        dtype_name=np.dtype(q.dtype).name,
+    )
+
+
+def cost_estimate(plan: _Plan) -> pl.CostEstimate:
+    """The pl.CostEstimate of this call, from perfmodel's attention op model (chip=None: algorithmic work)."""
+    from perfmodel.model import attention
+    from perfmodel.model.core import to_cost_estimate
+
+    cost = attention.flash_attention(
+        batch=plan.batch, q_heads=plan.q_heads, kv_heads=plan.kv_heads, q_len=plan.q_len,
+        kv_len=plan.kv_len, head_dim=plan.head_dim, dtype=plan.dtype_name, causal=plan.causal,
+        sliding_window=plan.window or None, block_q=plan.block_q, block_kv=plan.block_kv, chip=None,
+    )
+    return to_cost_estimate(cost)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "sliding_window", "sm_scale", "block_sizes", "chip",
+                                             "interpret"))
+def flash_attention(
+    q: jax.Array,  # [batch, q_heads, q_len, head_dim]
+    k: jax.Array,  # [batch, kv_heads, kv_len, head_dim]
+    v: jax.Array,  # [batch, kv_heads, kv_len, head_dim]
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    sm_scale: float | None = None,
+    block_sizes: FlashAttentionBlockSizes | None = None,
+    chip: str = DEFAULT_CHIP,
+    interpret: bool = False,
+) -> jax.Array:  # [batch, q_heads, q_len, head_dim], q's dtype
+    """Prefill attention: softmax(q k^T * sm_scale + mask) v over whole sequences.
+
+    Args:
+      q, k, v: queries and keys/values; ``kv_heads`` must divide ``q_heads``
+        (grouped-query attention: q head ``h`` uses kv head ``h // (q_heads // kv_heads)``).
+        All three share one dtype: float32, bfloat16, or fp8 on chips with fp8.
+      causal: each query sees keys at or before its position. Queries are the
+        last ``q_len`` positions of the key sequence (``q_len <= kv_len``).
+      sliding_window: with ``causal``, a query sees only its w most recent
+        keys, itself included (key position > query position - w).
+      sm_scale: score scale; default ``1 / sqrt(head_dim)``.
+      block_sizes: tile sizes; default: the tuned defaults of ``chip``.
+      chip: TPU whose block defaults and VMEM budget apply.
+      interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic.
+    """
+    plan = make_plan(q, k, v, causal=causal, sliding_window=sliding_window, sm_scale=sm_scale,
+                     block_sizes=block_sizes, chip=chip)
+    group, bq, bk = plan.group, plan.block_q, plan.block_kv
+
+    def q_index_map(b, kvh, qi, step):  # q heads kvh*group .. kvh*group + group - 1
+        return b, kvh, qi, 0
+
+    def kv_index_map(b, kvh, qi, step):
+        first, last = kv_block_range(plan, qi, jnp)
+        return b, kvh, jnp.minimum(first + step, last), 0
+
+    name = f"flash_attention_bq{bq}_bkv{bk}_bkvc{plan.block_kv_compute}"
+    with jax.named_scope(name):
+        return pl.pallas_call(
+            functools.partial(_flash_kernel, plan=plan),
+            out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0,
+                grid=(plan.batch, plan.kv_heads, plan.q_blocks, plan.kv_steps),
+                in_specs=[
+                    pl.BlockSpec((None, group, bq, plan.head_dim), q_index_map),
+                    pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
+                    pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
+                ],
+                out_specs=pl.BlockSpec((None, group, bq, plan.head_dim), q_index_map),
+                scratch_shapes=[
+                    pltpu.VMEM((group, bq, LANES), jnp.float32),
+                    pltpu.VMEM((group, bq, LANES), jnp.float32),
+                    pltpu.VMEM((group, bq, plan.head_dim), jnp.float32),
+                ],
+            ),
+            compiler_params=pltpu.CompilerParams(
+                dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            ),
+            cost_estimate=cost_estimate(plan),
+            interpret=interpret_params(interpret),
+            name=name,
+        )(q, k, v)
+

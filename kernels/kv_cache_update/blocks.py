@@ -1,0 +1,64 @@
+"""Block sizes of the paged KV-cache update kernel and per-chip defaults.
+
+A block is ``tokens_per_block`` new tokens, each a whole [kv_heads, head_dim]
+slab (the block spans both minor dimensions completely, so Mosaic's tile
+rules hold at any head count or head size). Every token of a block is written
+by its own DMA; all of a block's DMAs are in flight together.
+
+``DEFAULT_BLOCK_SIZES`` is data (chip name -> blocks) for a tuning tool to
+regenerate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kernels.matmul import tiling
+from perfmodel.hw.spec import ChipSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvCacheUpdateBlockSizes:
+    """New tokens per grid step (a leading dimension: no tile-multiple rule)."""
+
+    tokens_per_block: int
+
+    def __post_init__(self) -> None:
+        tiling.check_positive_int("tokens_per_block", self.tokens_per_block)
+
+    def label(self) -> str:
+        return f"tokens_per_block={self.tokens_per_block}"
+
+    def vmem_bytes(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool) -> int:
+        """Double-buffered K and V token blocks, plus (quantizing) the int8 copies, scales and f32 temporaries."""
+        tile = tiling.padded_tile_bytes
+        slab = (self.tokens_per_block, kv_heads, head_dim)
+        need = 2 * 2 * tile(slab, new_dtype)
+        if quantize:
+            scales = (self.tokens_per_block, kv_heads, 1)
+            need += 2 * (tile(slab, "int8") + tile(scales, "float32")) + 2 * tile(slab, "float32")
+        return need
+
+    def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec) -> int | None:
+        """Check the VMEM budget; returns the vmem_limit_bytes to compile with (None: default)."""
+        need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize)
+        return tiling.vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+
+
+#: chip name -> default blocks.
+DEFAULT_BLOCK_SIZES: dict[str, KvCacheUpdateBlockSizes] = {
+    "tpu-v2": KvCacheUpdateBlockSizes(tokens_per_block=32),
+    "tpu-v3": KvCacheUpdateBlockSizes(tokens_per_block=32),
+    "tpu-v4": KvCacheUpdateBlockSizes(tokens_per_block=64),
+    "tpu-v5e": KvCacheUpdateBlockSizes(tokens_per_block=64),
+    "tpu-v5p": KvCacheUpdateBlockSizes(tokens_per_block=64),
+    "tpu-v6e": KvCacheUpdateBlockSizes(tokens_per_block=128),
+    "tpu-7x": KvCacheUpdateBlockSizes(tokens_per_block=128),
+}
+
+FALLBACK_BLOCK_SIZES = KvCacheUpdateBlockSizes(tokens_per_block=32)
+
+
+def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
+    return DEFAULT_BLOCK_SIZES.get(chip, FALLBACK_BLOCK_SIZES)

@@ -1,0 +1,26 @@
+"""Checking a kernel's TPU lowering without a TPU: export for the "tpu" platform
+(runs the Pallas -> Mosaic lowering on the host) and read back what the module
+carries (the Mosaic custom call, its pl.CostEstimate, named scopes)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import jax
+
+#: Name of the custom call a Mosaic kernel lowers to.
+MOSAIC_CUSTOM_CALL = "tpu_custom_call"
+
+_COST_RE = re.compile(r"cost_estimate\\22: \{(.*?)\}")
+_FIELD_RE = re.compile(r"\\22(\w+)\\22:(-?\d+)")
+
+
+def export_for_tpu(fn: Callable[..., Any], *args: jax.ShapeDtypeStruct) -> str:
+    """Text of the StableHLO module of ``jax.jit(fn)`` exported for TPU at the given shapes."""
+    return jax.export.export(jax.jit(fn), platforms=["tpu"])(*args).mlir_module()
+
+
+def cost_estimates(module_text: str) -> list[dict[str, int]]:
+    """The pl.CostEstimate fields (flops, transcendentals, bytes_accessed, ...) of each Mosaic call in the module."""
+    return [dict((k, int(v)) for k, v in _FIELD_RE.findall(body)) for body in _COST_RE.findall(module_text)]

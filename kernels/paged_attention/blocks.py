@@ -1,0 +1,136 @@
+"""Block sizes of the paged-attention (decode) kernel and their per-chip defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernels.flash_attention.tiling import LANES, round_up, sublane_multiple, vmem_limit_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfmodel.hw.spec import ChipSpec
+
+#: Bytes of one f32 element (scales, softmax statistics, accumulator, scores).
+F32_BYTES = 4
+#: K/V pages are double-buffered by the kernel's own DMAs; the pipelined q/out/scale blocks by Pallas.
+BUFFERS = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class PagedAttentionBlockSizes:
+    """How many KV pages one compute step DMAs and attends to.
+
+    A compute block holds ``pages_per_compute_block * page_size`` tokens; that
+    count is the lane axis of the score tile, so it must be a multiple of 128,
+    and the block count must divide the page table's width.
+    """
+
+    pages_per_compute_block: int
+
+    def __post_init__(self) -> None:
+        value = self.pages_per_compute_block
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"block_sizes.pages_per_compute_block: must be a positive int, got {value!r}")
+
+    def tokens(self, page_size: int) -> int:
+        """KV tokens per compute block."""
+        return self.pages_per_compute_block * page_size
+
+    def validate(self, *, page_size: int, pages_per_seq: int, num_q_per_kv: int, kv_heads: int,
+                 head_dim: int, q_dtype: Any, kv_dtype: Any, per_token_scales: bool | None,
+                 spec: "ChipSpec") -> None:
+        """Divisibility, lane tiling and the VMEM budget of ``spec``; ValueError naming the field."""
+        ppcb = self.pages_per_compute_block
+        if pages_per_seq % ppcb:
+            raise ValueError(
+                f"block_sizes.pages_per_compute_block: {ppcb} does not divide the page table's "
+                f"{pages_per_seq} pages per sequence; pick a divisor or pad page_table"
+            )
+        if self.tokens(page_size) % LANES:
+            raise ValueError(
+                f"block_sizes.pages_per_compute_block: {ppcb} pages x page_size {page_size} = "
+                f"{self.tokens(page_size)} tokens, not a multiple of {LANES} (the lane tile of the "
+                f"score row); use a multiple of {LANES // _gcd(LANES, page_size)} pages"
+            )
+        need = self.vmem_bytes(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=num_q_per_kv,
+                               kv_heads=kv_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                               per_token_scales=per_token_scales)
+        limit = vmem_limit_bytes(spec)
+        if need > limit:
+            raise ValueError(
+                f"block_sizes.pages_per_compute_block: {ppcb} pages need {need} B of VMEM with these "
+                f"shapes, over the {limit} B scoped limit of {spec.name}; use fewer pages per block"
+                + (" or per-page scales" if per_token_scales else "")
+            )
+
+    def vmem_bytes(self, *, page_size: int, pages_per_seq: int, num_q_per_kv: int, kv_heads: int,
+                   head_dim: int, q_dtype: Any, kv_dtype: Any, per_token_scales: bool | None) -> int:
+        """VMEM one grid step (one sequence) needs, tile padding included.
+
+        ``per_token_scales``: None for unquantized K/V, else which scale layout.
+        """
+        import numpy as np
+
+        tokens = self.tokens(page_size)
+        q_bytes = np.dtype(q_dtype).itemsize
+        kv_bytes = np.dtype(kv_dtype).itemsize
+        group_rows = round_up(num_q_per_kv, sublane_multiple(q_dtype))
+        group_rows_f32 = round_up(num_q_per_kv, sublane_multiple(np.float32))
+        kv_buffers = 2 * BUFFERS * tokens * head_dim * kv_bytes
+        q_and_out = 2 * BUFFERS * kv_heads * group_rows * head_dim * q_bytes
+        scratch = F32_BYTES * group_rows_f32 * (2 * LANES + head_dim)
+        # Converted K and V tiles, scores and probabilities.
+        temporaries = 2 * tokens * head_dim * max(q_bytes, kv_bytes) + 2 * group_rows_f32 * tokens * F32_BYTES
+        scales = 0
+        if per_token_scales is not None:
+            # [kv_heads, blocks, lanes] per sequence (lanes: tokens, or pages padded to 128)
+            lanes = tokens if per_token_scales else round_up(self.pages_per_compute_block, LANES)
+            blocks = round_up(pages_per_seq // self.pages_per_compute_block, 8)
+            scales = 2 * BUFFERS * kv_heads * blocks * lanes * F32_BYTES
+            if not per_token_scales:  # the [pages, tokens] expansion matrix
+                scales += round_up(self.pages_per_compute_block, 8) * tokens * F32_BYTES
+        return int(kv_buffers + q_and_out + scratch + temporaries + scales)
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)
+
+
+#: Target KV tokens per compute block per TPU generation: large enough that a
+#: block's DMA (tokens x head_dim x 2 for K and V) dwarfs the per-block fixed
+#: cost, small enough that the first, unhidden DMA of each sequence stays short.
+DEFAULT_TOKENS_PER_COMPUTE_BLOCK: dict[str, int] = {
+    "tpu-v4": 512,
+    "tpu-v5e": 512,
+    "tpu-v5p": 512,
+    "tpu-v6e": 1024,
+    "tpu-7x": 1024,
+}
+
+
+def default_block_sizes(chip: str, *, page_size: int, pages_per_seq: int) -> PagedAttentionBlockSizes:
+    """The largest lane-aligned divisor of ``pages_per_seq`` within the chip's token target.
+
+    ValueError naming ``chip`` if the chip has no defaults, or ``page_table`` if
+    no number of pages is lane aligned and divides the table's width.
+    """
+    try:
+        target = DEFAULT_TOKENS_PER_COMPUTE_BLOCK[chip]
+    except KeyError:
+        known = ", ".join(DEFAULT_TOKENS_PER_COMPUTE_BLOCK)
+        raise ValueError(
+            f"chip: no paged_attention block-size defaults for '{chip}'; use one of {known} "
+            "or pass block_sizes=PagedAttentionBlockSizes(...)"
+        ) from None
+    aligned = [n for n in range(1, pages_per_seq + 1)
+               if pages_per_seq % n == 0 and (n * page_size) % LANES == 0]
+    if not aligned:
+        raise ValueError(
+            f"page_table: {pages_per_seq} pages per sequence of {page_size} tokens admit no compute block "
+            f"of a multiple of {LANES} tokens; pad page_table to a multiple of "
+            f"{LANES // _gcd(LANES, page_size)} pages"
+        )
+    fitting = [n for n in aligned if n * page_size <= target]
+    return PagedAttentionBlockSizes(pages_per_compute_block=max(fitting) if fitting else min(aligned))

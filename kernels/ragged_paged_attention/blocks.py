@@ -1,0 +1,104 @@
+"""Block sizes of the ragged paged attention kernel, their checks and per-chip defaults.
+
+``block_q`` is the number of query *tokens* (of the flat, ragged token axis)
+one grid step holds for one KV head; with ``G = q_heads // kv_heads`` query
+heads per KV head, the step's score matrix has ``G * block_q`` rows.
+``block_kv`` is the number of KV *tokens* fetched and scored at once: a whole
+number of pages (``block_kv // page_size`` pages are DMA'd per KV block).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.common import DEFAULT_CHIP
+from kernels.flash_attention.tiling import LANES, round_up, sublane_multiple, tpu_chip, vmem_limit_bytes
+
+#: Lane-replicated width of the running max / sum scratch (one vreg row).
+STATS_LANES = LANES
+F32_BYTES = 4
+#: Score-sized f32 temporaries live at once in one KV step (scores, probabilities, mask).
+SCORE_TEMPORARIES = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockSizes:
+    """Tile sizes of one ragged paged attention call.
+
+    The constructor checks what it can alone (positive integers, ``block_kv`` a
+    multiple of 128 lanes); :meth:`validate` checks the rest against the call's
+    shapes, dtypes and the chip's scoped-VMEM budget.
+    """
+
+    #: Query tokens per grid step (a multiple of 8 for 32-bit q, 16 for bf16).
+    block_q: int
+    #: KV tokens per KV block: a multiple of the page size and of 128.
+    block_kv: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_q", "block_kv"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"block_sizes.{name} must be a positive int, got {value!r}")
+        if self.block_kv % LANES:
+            raise ValueError(f"block_sizes.block_kv={self.block_kv} must be a multiple of {LANES} "
+                             f"(the lane width of the score tile); try {round_up(self.block_kv, LANES)}")
+
+    def pages_per_block(self, page_size: int) -> int:
+        return self.block_kv // page_size
+
+    def vmem_bytes(self, *, q_heads_per_kv_head: int, head_dim: int, q_dtype, kv_dtype) -> int:
+        """VMEM one grid step needs: pipelined q/out blocks, KV double buffers, f32 state and temporaries."""
+        rows = q_heads_per_kv_head * self.block_q
+        q_bytes = np.dtype(q_dtype).itemsize
+        kv_bytes = np.dtype(kv_dtype).itemsize
+        q_and_out_blocks = 2 * 2 * self.block_q * q_heads_per_kv_head * head_dim * q_bytes
+        stacked_q = rows * head_dim * q_bytes
+        kv_buffers = 2 * 2 * self.block_kv * head_dim * kv_bytes  # (K, V) x two slots
+        accumulator = rows * head_dim * F32_BYTES
+        stats = 2 * rows * STATS_LANES * F32_BYTES  # running max and sum
+        scores = SCORE_TEMPORARIES * rows * self.block_kv * F32_BYTES
+        return q_and_out_blocks + stacked_q + kv_buffers + accumulator + stats + scores
+
+    def validate(self, *, q_dtype, kv_dtype, page_size: int, q_heads_per_kv_head: int, head_dim: int,
+                 chip: str) -> None:
+        """Tiling, divisibility and VMEM checks for one call; ValueError naming the field."""
+        sub = sublane_multiple(q_dtype)
+        if self.block_q % sub:
+            raise ValueError(f"block_sizes.block_q={self.block_q} must be a multiple of {sub} for "
+                             f"{np.dtype(q_dtype).name} queries (sublane tiling); try {round_up(self.block_q, sub)}")
+        if self.block_kv % page_size:
+            raise ValueError(f"block_sizes.block_kv={self.block_kv} must be a multiple of page_size={page_size} "
+                             f"(KV blocks are whole pages); try {round_up(self.block_kv, page_size)}")
+        need = self.vmem_bytes(q_heads_per_kv_head=q_heads_per_kv_head, head_dim=head_dim, q_dtype=q_dtype,
+                               kv_dtype=kv_dtype)
+        limit = vmem_limit_bytes(tpu_chip(chip))
+        if need > limit:
+            from perfmodel.units import binary
+
+            raise ValueError(f"block_sizes={self} needs {binary(need)} of VMEM, over the {binary(limit)} scoped "
+                             f"limit of {chip}; use a smaller block_q or block_kv")
+
+
+#: Default block sizes per TPU generation. 128-wide MXUs (v4, v5e, v5p) get
+#: 32-token q blocks (G=4 gives 128 score rows); 256-wide MXUs (v6e, 7x) get 64.
+#: KV blocks of 256 / 512 tokens keep each DMA batch large while wasting at most
+#: one partial block per sequence on short decode contexts.
+DEFAULT_BLOCK_SIZES: dict[str, BlockSizes] = {
+    "tpu-v4": BlockSizes(block_q=32, block_kv=256),
+    "tpu-v5e": BlockSizes(block_q=32, block_kv=256),
+    "tpu-v5p": BlockSizes(block_q=32, block_kv=256),
+    "tpu-v6e": BlockSizes(block_q=64, block_kv=512),
+    "tpu-7x": BlockSizes(block_q=64, block_kv=512),
+}
+
+
+def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> BlockSizes:
+    """The chip's defaults (tpu-v5e's for chips without an entry), fitted to the dtype and page size."""
+    name = tpu_chip(chip).name
+    base = DEFAULT_BLOCK_SIZES.get(name, DEFAULT_BLOCK_SIZES[DEFAULT_CHIP])
+    block_q = round_up(base.block_q, sublane_multiple(q_dtype))
+    block_kv = round_up(base.block_kv, np.lcm(LANES, page_size))
+    return BlockSizes(block_q=int(block_q), block_kv=int(block_kv))

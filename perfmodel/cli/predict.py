@@ -1,0 +1,411 @@
+"""``perfmodel predict ...``: the roofline model of inference ops on the command line.
+
+Every subcommand takes --hw (several chips side by side), --sweep
+NAME=V1,V2 (cross product; one row per point, bound changes marked), --json
+and --csv. No jax import on this path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from perfmodel.cli.common import user_errors
+from perfmodel.cli.predict_common import context_lengths, context_options, predict_options, run_prediction
+
+_DTYPE_HELP = "bf16, fp32, fp16, fp8, int8, int4 (aliases: bfloat16, f32, e4m3, i8, ...)."
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+def predict() -> None:
+    """Predict what bounds an op on a chip (roofline: MXU / VPU / EUP / HBM / ICI), how close to peak it
+    can get, and why.
+
+    \b
+    Examples:
+      perfmodel predict gemm --hw v5e -m 8192 -n 8192 -k 8192
+      perfmodel predict gemm --hw v5e,v6e -m 1 -n 8192 -k 8192 --rhs-dtype int8
+      perfmodel predict decode-attention --hw v5e --context 4096 --batch 32 --q-heads 32 --kv-heads 8
+      perfmodel predict decode-attention --context 2048 --sweep batch=1,8,64,256,1024 --q-heads 32 --kv-heads 8
+      perfmodel predict sampling --batch 64 --vocab 128256 --top-p 0.9
+      perfmodel predict fused rms-norm --tokens 4096 --hidden 8192
+      perfmodel predict collective all-reduce --shape 8,4096 --num-chips 8
+    """
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return kw
+
+
+# ----------------------------------------------------------------------------- gemm
+
+
+@predict.command()
+@click.option("-m", "--m", "m", type=int, required=True, help="Rows of the activations (tokens).")
+@click.option("-n", "--n", "n", type=int, required=True, help="Output features (weight columns).")
+@click.option("-k", "--k", "k", type=int, required=True, help="Contraction size.")
+@click.option("--batch", type=int, default=1, show_default=True, help="Independent GEMMs (batched matmul).")
+@click.option("--lhs-dtype", default="bf16", show_default=True, help="Activations dtype: " + _DTYPE_HELP)
+@click.option("--rhs-dtype", default="bf16", show_default=True, help="Weights dtype.")
+@click.option("--out-dtype", default="bf16", show_default=True, help="Output dtype (accumulation is f32).")
+@click.option("--weight-scale", type=click.Choice(["none", "per-channel", "per-block"]), default=None,
+              help="Scales of quantized weights (default per-channel when --rhs-dtype is quantized).")
+@click.option("--scale-block", type=int, default=None, help="K rows per scale with --weight-scale per-block (128).")
+@click.option("--epilogue", default="", metavar="LIST", help="Fused epilogue: comma list of bias, residual, relu, "
+              "gelu, silu, sigmoid, tanh.")
+@predict_options
+@user_errors
+def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue."""
+    from perfmodel.model.gemm import gemm as model
+
+    run_prediction("gemm", model, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _head_options(fn: Any) -> Any:
+    fn = click.option("--head-dim", type=int, default=128, show_default=True)(fn)
+    fn = click.option("--kv-heads", type=int, default=None, help="KV heads (default: --q-heads, i.e. MHA).")(fn)
+    fn = click.option("--q-heads", type=int, default=32, show_default=True)(fn)
+    return fn
+
+
+@predict.command()
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--q-len", type=int, required=True, help="Query tokens (a prefill chunk).")
+@click.option("--kv-len", type=int, default=None, help="Key tokens, prefix included (default: --q-len).")
+@_head_options
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--sliding-window", type=int, default=None, help="Attend to the last N keys only.")
+@click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
+@click.option("--block-q", type=int, default=None, help="Query block of the kernel (default min(512, q-len)).")
+@click.option("--block-kv", type=int, default=None, help="KV block of the kernel (default min(512, kv-len)).")
+@predict_options
+@user_errors
+def attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Flash-style prefill attention: MHA / GQA / MQA, causal masking waste at the block size."""
+    from perfmodel.model.attention import flash_attention
+
+    def build(*, chip: Any, kv_len: int | None, kv_heads: int | None, **kw: Any) -> Any:
+        return flash_attention(chip=chip, kv_len=kw["q_len"] if kv_len is None else kv_len,
+                               kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
+
+    run_prediction("attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+def _paged_options(fn: Any) -> Any:
+    fn = click.option("--pages-per-seq", type=int, default=None,
+                      help="Page-table width (default: the most pages any sequence needs).")(fn)
+    fn = click.option("--page-size", type=int, default=16, show_default=True, help="Tokens per KV page.")(fn)
+    fn = click.option("--q-dtype", default="bf16", show_default=True)(fn)
+    fn = click.option("--kv-dtype", default="bf16", show_default=True, help="KV cache dtype: " + _DTYPE_HELP)(fn)
+    return fn
+
+
+@predict.command("decode-attention")
+@context_options
+@_head_options
+@_paged_options
+@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token", "per-page"]), default=None,
+              help="Scales of a quantized KV cache (default per-tensor).")
+@predict_options
+@user_errors
+def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
+                     **params: Any) -> None:
+    """One decode step over a paged KV cache (whole pages, page table, GQA packing)."""
+    from perfmodel.model.attention import paged_decode_attention
+
+    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, kv_heads: Any,
+              **kw: Any) -> Any:
+        lens, b = context_lengths(context, context_lens, context_dist, batch)
+        return paged_decode_attention(chip=chip, context_lens=lens, batch=b,
+                                      kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
+
+    run_prediction("decode-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@predict.command("ragged-attention")
+@click.option("--query-lens", required=True, metavar="LIST",
+              help="New tokens per sequence; 1 = decode, more = a prefill chunk (e.g. 1x60,512x2).")
+@click.option("--context-lens", required=True, metavar="LIST",
+              help="Context per sequence, new tokens included (e.g. 4096x60,512x2).")
+@_head_options
+@_paged_options
+@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token", "per-page"]), default=None)
+@click.option("--block-q", type=int, default=128, show_default=True, help="Query tokens per prefill block.")
+@predict_options
+@user_errors
+def ragged_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
+                     **params: Any) -> None:
+    """A mixed batch of prefill chunks and decode tokens in one kernel (vLLM TPU style); time split by part."""
+    from perfmodel.model.attention import ragged_paged_attention
+    from perfmodel.model.distributions import parse_length_list
+
+    def build(*, chip: Any, query_lens: str, context_lens: str, kv_heads: Any, **kw: Any) -> Any:
+        return ragged_paged_attention(chip=chip, query_lens=parse_length_list(query_lens, "--query-lens"),
+                                      context_lens=parse_length_list(context_lens, "--context-lens"),
+                                      kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
+
+    run_prediction("ragged-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@predict.command("mla-decode")
+@context_options
+@click.option("--q-heads", type=int, default=128, show_default=True)
+@click.option("--kv-lora-rank", type=int, default=512, show_default=True, help="Latent KV width.")
+@click.option("--rope-head-dim", type=int, default=64, show_default=True, help="Shared rope key width.")
+@click.option("--page-size", type=int, default=64, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--q-dtype", default="bf16", show_default=True)
+@click.option("--pages-per-seq", type=int, default=None)
+@predict_options
+@user_errors
+def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """DeepSeek-style MLA decode (absorbed form): latent + rope KV per token shared by all heads."""
+    from perfmodel.model.attention import mla_decode as model
+
+    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, **kw: Any) -> Any:
+        lens, b = context_lengths(context, context_lens, context_dist, batch)
+        return model(chip=chip, context_lens=lens, batch=b, **kw)
+
+    run_prediction("mla-decode", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@predict.command()
+@click.option("--batch", type=int, required=True)
+@click.option("--vocab", type=int, required=True)
+@click.option("--dtype", default="fp32", show_default=True, help="Logits dtype.")
+@click.option("--temperature/--greedy", default=True, show_default=True,
+              help="Temperature sampling, or greedy argmax (with no filters).")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--penalties", is_flag=True, help="Repetition / frequency / presence penalties.")
+@click.option("--method", type=click.Choice(["both", "threshold", "sort"]), default="both", show_default=True,
+              help="Top-k / top-p algorithm; 'both' shows them side by side.")
+@click.option("--passes", type=int, default=None, help="Bisection passes of the threshold method (default: dtype bits).")
+@click.option("--projection-hidden", type=int, default=None,
+              help="Include the [batch, H] x [H, vocab] logits projection with this hidden size.")
+@predict_options
+@user_errors
+def sampling(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Sampling from [batch, vocab] logits: penalties, temperature, top-k / top-p / min-p, the draw."""
+    from perfmodel.model.sampling import sampling as model
+
+    def build(*, chip: Any, method: str, projection_hidden: Any, **kw: Any) -> Any:
+        filtering = kw["top_k"] is not None or kw["top_p"] is not None
+        methods = ["threshold", "sort"] if method == "both" and filtering else (
+            ["threshold"] if method == "both" else [method])
+        costs = {m: model(chip=chip, method=m, include_projection_hidden=projection_hidden, **kw) for m in methods}
+        return costs if len(costs) > 1 else costs[methods[0]]
+
+    run_prediction("sampling", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+# ----------------------------------------------------------------------------- kv cache
+
+
+@predict.group("kv-cache")
+def kv_cache() -> None:
+    """The paged KV cache: writing new tokens (update), gathering pages (gather), and what fits (capacity)."""
+
+
+@kv_cache.command("update")
+@click.option("--tokens", "num_tokens", type=int, required=True, help="New tokens written (per layer).")
+@click.option("--kv-heads", type=int, default=8, show_default=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--page-size", type=int, default=16, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--src-dtype", default="bf16", show_default=True, help="Dtype of the new K / V.")
+@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token"]), default=None,
+              help="Quantize-on-write scales (default per-token when the cache is narrower).")
+@predict_options
+@user_errors
+def kv_update(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Scatter new K / V rows into their page slots, quantizing on write."""
+    from perfmodel.model.kvcache import kv_cache_update
+
+    run_prediction("kv-cache update", kv_cache_update, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@kv_cache.command("gather")
+@context_options
+@click.option("--kv-heads", type=int, default=8, show_default=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--page-size", type=int, default=16, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--out-dtype", default=None, help="Dtype written (default: the cache dtype).")
+@predict_options
+@user_errors
+def kv_gather_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Copy sequences' pages into a contiguous buffer (whole pages read)."""
+    from perfmodel.model.kvcache import kv_gather
+
+    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, **kw: Any) -> Any:
+        lens, b = context_lengths(context, context_lens, context_dist, batch)
+        return kv_gather(chip=chip, context_lens=lens, batch=b, **kw)
+
+    run_prediction("kv-cache gather", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@kv_cache.command("capacity")
+@click.option("--weight-bytes", type=float, default=None, help="Model weight bytes (all chips together).")
+@click.option("--params-b", type=float, default=None, help="Or: billions of parameters (with --weight-dtype).")
+@click.option("--weight-dtype", default="bf16", show_default=True)
+@click.option("--layers", type=int, required=True)
+@click.option("--kv-heads", type=int, required=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--kv-dtype", default="bf16", show_default=True)
+@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token"]), default=None)
+@click.option("--page-size", type=int, default=16, show_default=True)
+@click.option("--context", type=int, default=None, help="Tokens per sequence, to count whole sequences.")
+@click.option("--num-chips", type=int, default=1, show_default=True, help="Chips the weights and KV shard over.")
+@click.option("--hbm-utilization", type=float, default=0.9, show_default=True)
+@click.option("--reserved-bytes", type=float, default=0.0, show_default=True,
+              help="Per chip: activations / workspace kept free.")
+@predict_options
+@user_errors
+def kv_capacity_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
+                    **params: Any) -> None:
+    """How many tokens / sequences of KV fit in HBM next to the weights."""
+    from perfmodel.cli.predict_common import run_capacity
+
+    run_capacity(params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+# ----------------------------------------------------------------------------- fused ops
+
+
+@predict.group()
+def fused() -> None:
+    """Fused elementwise ops: fused vs unfused HBM traffic side by side."""
+
+
+def _fused_run(op: str, fn: Any, params: dict[str, Any], hw: Any, sweep: Any, as_json: bool, as_csv: bool) -> None:
+    def build(*, chip: Any, **kw: Any) -> Any:
+        return {"fused": fn(chip=chip, fused=True, **kw), "unfused": fn(chip=chip, fused=False, **kw)}
+
+    run_prediction(op, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@fused.command("rms-norm")
+@click.option("--tokens", type=int, required=True)
+@click.option("--hidden", type=int, required=True)
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--residual/--no-residual", default=True, show_default=True, help="Residual add before the norm.")
+@click.option("--out-dtype", default=None)
+@predict_options
+@user_errors
+def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Residual add + RMSNorm."""
+    from perfmodel.model.fused import rms_norm
+
+    _fused_run("rms-norm", rms_norm, params, hw, sweep, as_json, as_csv)
+
+
+def _glu_command(kind: str) -> Any:
+    @fused.command(kind, help=f"{'SiLU' if kind == 'swiglu' else 'GELU'}(gate) * up over [tokens, intermediate].")
+    @click.option("--tokens", type=int, required=True)
+    @click.option("--intermediate", type=int, required=True)
+    @click.option("--dtype", default="bf16", show_default=True)
+    @predict_options
+    @user_errors
+    def cmd(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
+        from perfmodel.model.fused import glu
+
+        _fused_run(kind, lambda **kw: glu(kind=kind, **kw), params, hw, sweep, as_json, as_csv)
+
+    return cmd
+
+
+_glu_command("swiglu")
+_glu_command("geglu")
+
+
+@fused.command("rope")
+@click.option("--tokens", type=int, required=True)
+@click.option("--heads", type=int, required=True)
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--rotary-dim", type=int, default=None, help="Rotated dims (default: head dim).")
+@click.option("--dtype", default="bf16", show_default=True)
+@predict_options
+@user_errors
+def fused_rope(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Rotary position embedding with cos / sin tables."""
+    from perfmodel.model.fused import rope
+
+    _fused_run("rope", rope, params, hw, sweep, as_json, as_csv)
+
+
+@fused.command("dequant-gemm")
+@click.option("-m", "--m", "m", type=int, required=True)
+@click.option("-n", "--n", "n", type=int, required=True)
+@click.option("-k", "--k", "k", type=int, required=True)
+@click.option("--weight-dtype", default="int8", show_default=True)
+@click.option("--act-dtype", default="bf16", show_default=True)
+@click.option("--out-dtype", default="bf16", show_default=True)
+@click.option("--weight-scale", type=click.Choice(["none", "per-channel", "per-block"]), default=None)
+@click.option("--scale-block", type=int, default=None)
+@predict_options
+@user_errors
+def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Quantized-weight GEMM: dequantize in VMEM (fused) vs a separate dequantize kernel."""
+    from perfmodel.model.fused import dequant_gemm
+
+    _fused_run("dequant-gemm", dequant_gemm, params, hw, sweep, as_json, as_csv)
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+@predict.command()
+@click.argument("kind", type=click.Choice(["all-gather", "reduce-scatter", "all-reduce"]))
+@click.option("--bytes-per-chip", type=float, default=None,
+              help="Bytes each chip holds before the op (all-gather: its shard; the others: the full array).")
+@click.option("--shape", default=None, metavar="D0,D1,...", help="Or: the per-chip array shape (with --dtype).")
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--num-chips", type=int, required=True, help="Chips on the axis.")
+@click.option("--topology", type=click.Choice(["ring", "line", "torus"]), default="ring", show_default=True,
+              help="ring: one torus axis with wraparound; line: no wraparound; torus: all axes.")
+@predict_options
+@user_errors
+def collective(kind: str, hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
+    """All-gather, reduce-scatter or all-reduce over ICI (tensor parallelism)."""
+    from perfmodel.model.collectives import COLLECTIVES
+
+    def build(*, chip: Any, shape: Any, bytes_per_chip: Any, **kw: Any) -> Any:
+        dims = None if shape is None else _shape(shape)
+        return COLLECTIVES[kind](chip=chip, shape=dims, bytes_per_chip=bytes_per_chip, **kw)
+
+    run_prediction(kind, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+def _shape(text: str) -> list[int]:
+    from perfmodel.errors import InputError
+
+    try:
+        return [int(d) for d in str(text).replace("x", ",").split(",") if d.strip()]
+    except ValueError:
+        raise InputError(f"--shape: '{text}' must be comma-separated integers, e.g. 8,4096") from None
+
+
+# ----------------------------------------------------------------------------- whole models (separate module)
+
+def _register_model_command() -> None:
+    """`predict model` lives in perfmodel/cli/predict_model.py; a missing module must not break the rest."""
+    import importlib.util
+
+    if importlib.util.find_spec("perfmodel.cli.predict_model") is None:  # pragma: no cover - depends on the tree
+        return
+    from perfmodel.cli.predict_model import model as _model_cmd
+
+    predict.add_command(_model_cmd)
+
+
+_register_model_command()

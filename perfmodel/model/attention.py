@@ -1,0 +1,524 @@
+"""Attention: flash-style prefill, decode over a paged KV cache, ragged mixed batches, MLA decode.
+
+Conventions
+-----------
+* Causal attention places the ``q_len`` queries at the *last* positions of
+  the ``kv_len`` keys (a prefill chunk after a cached prefix), so query row
+  ``r`` sees keys ``[0, r + kv_len - q_len]`` (further clipped to the last
+  ``sliding_window`` keys).
+* Useful FLOPs are ``4 * head_dim`` per visible (query, key) pair per q head
+  (QK^T and PV). Issued FLOPs count whole (block_q x block_kv) tiles: a tile
+  with any visible pair is computed in full, fully masked tiles are skipped;
+  head_dim pads to the MXU edge and rows to the sublane tile.
+* K and V are read once per (q block, kv block) tile a kernel visits, for all
+  q heads of a GQA group at once; Q is read and O written once.
+* Softmax is the online (flash) form: per score element a max, subtract, sum
+  and cast on the VPU plus one exp on the EUP; masked tiles add a compare and
+  select; per row and kv block the running max / sum / accumulator rescale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.errors import InputError
+from perfmodel.model.core import Num, OpCost, combine
+from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, matmul_path, parse_dtype
+from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
+
+#: VPU ops per computed score element: running max, subtract, row sum, cast of p to the matmul dtype.
+SOFTMAX_VPU_OPS_PER_SCORE = 4
+#: Extra VPU ops per score element of a masked tile (iota compare + select).
+MASK_VPU_OPS_PER_SCORE = 2
+#: EUP ops per score element (exp).
+SOFTMAX_EUP_OPS_PER_SCORE = 1
+#: Per row and kv block: new max, exp(m_old - m_new) (EUP), rescale of l; plus head_dim accumulator rescale ops.
+ONLINE_SOFTMAX_VPU_OPS_PER_ROW_BLOCK = 3
+ONLINE_SOFTMAX_EUP_OPS_PER_ROW_BLOCK = 1
+#: Default flash-attention blocks when none are given (tokens).
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_KV = 512
+#: Query tokens per block of the ragged kernel's prefill part (vLLM TPU ragged paged attention style).
+DEFAULT_RAGGED_BLOCK_Q = 128
+
+KV_SCALES = (None, "none", "per-tensor", "per-token", "per-page")
+
+
+# ----------------------------------------------------------------------------- counting helpers
+
+
+def floor_sum(n: Num, m: Num, a: Num, b: Num) -> np.ndarray:
+    """sum_{i=0}^{n-1} floor((a*i + b) / m) for integer arrays (n, b >= 0; m >= 1; a >= 0), vectorized.
+
+    The Euclid-like reduction: each round removes the whole quotients of a and
+    b, then swaps the roles of the axes; O(log) rounds.
+    """
+    n, m, a, b = (np.array(x, dtype=np.int64) for x in np.broadcast_arrays(n, m, a, b))
+    ans = np.zeros(n.shape, dtype=np.int64)
+    active = n > 0
+    while np.any(active):
+        q = a // m
+        ans += np.where(active, (n * (n - 1) // 2) * q, 0)
+        a = a - q * m
+        q = b // m
+        ans += np.where(active, n * q, 0)
+        b = b - q * m
+        y = a * n + b
+        active &= y >= m
+        safe_m = np.where(active, m, 1)
+        n, b, m, a = (np.where(active, y // safe_m, 0), np.where(active, y % safe_m, 0),
+                      np.where(active, a, 1), np.where(active, m, 0))
+    return ans
+
+
+def _sum_min(lo: np.ndarray, hi: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """sum_{x=lo}^{hi} min(x, cap) for lo <= hi + 1 (empty range: 0)."""
+    c = np.clip(cap, lo - 1, hi)
+    return (lo + c) * (c - lo + 1) // 2 + cap * (hi - c)
+
+
+def visible_pairs(q_len: np.ndarray, kv_len: np.ndarray, causal: bool, window: np.ndarray | None) -> np.ndarray:
+    """(query, key) pairs attention actually uses, per (batch, head)."""
+    if not causal:
+        return q_len * kv_len
+    cap = kv_len if window is None else np.minimum(window, kv_len)
+    return _sum_min(kv_len - q_len + 1, kv_len, cap)
+
+
+def kv_tiles(q_len: np.ndarray, kv_len: np.ndarray, bq: np.ndarray, bkv: np.ndarray, causal: bool,
+             window: np.ndarray | None) -> np.ndarray:
+    """(q block, kv block) tiles with at least one visible pair, per (batch, head)."""
+    nq = cdiv(q_len, bq)
+    nkv = cdiv(kv_len, bkv)
+    if not causal:
+        return nq * nkv
+    off = kv_len - q_len
+    # Highest visible key of q block j: j*bq + bq - 1 + off, except the last block: kv_len - 1.
+    hi_sum = floor_sum(nq - 1, bkv, bq, bq - 1 + off) + (kv_len - 1) // bkv
+    if window is None:
+        lo_sum = 0
+    else:
+        # Lowest visible key of q block j: max(0, j*bq + off - window + 1).
+        c = off - window + 1
+        j0 = np.where(c > 0, 0, np.minimum(-c // bq + 1, nq))
+        lo_sum = floor_sum(nq - j0, bkv, bq, j0 * bq + c)
+    return hi_sum - lo_sum + nq
+
+
+def _check_heads(q_heads: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
+    if np.any(q_heads % kv_heads):
+        bad = np.broadcast_arrays(q_heads, kv_heads)
+        i = np.flatnonzero(bad[0] % bad[1])[0]
+        raise InputError(f"--kv-heads {bad[1].flat[i]} must divide --q-heads {bad[0].flat[i]} "
+                         "(GQA groups need a whole number of q heads per kv head)")
+    return q_heads // kv_heads
+
+
+def _softmax_work(scores: Num, row_blocks: Num, head_dim: Num, masked_scores: Num) -> tuple[Num, Num]:
+    """(VPU ops, EUP ops) of online softmax over ``scores`` computed elements."""
+    vpu = (SOFTMAX_VPU_OPS_PER_SCORE * scores + MASK_VPU_OPS_PER_SCORE * masked_scores
+           + (ONLINE_SOFTMAX_VPU_OPS_PER_ROW_BLOCK + head_dim) * row_blocks)
+    eup = SOFTMAX_EUP_OPS_PER_SCORE * scores + ONLINE_SOFTMAX_EUP_OPS_PER_ROW_BLOCK * row_blocks
+    return vpu, eup
+
+
+def _default_block(value: Num | None, default: int, length: np.ndarray, multiple: int, name: str) -> np.ndarray:
+    """The block size used: given, or min(default, length rounded up to the tile multiple)."""
+    if value is not None:
+        return sizes(name, value)
+    return np.minimum(default, round_up(length, multiple))
+
+
+# ----------------------------------------------------------------------------- prefill
+
+
+def flash_attention(
+    *,
+    batch: Num,
+    q_len: Num,
+    kv_len: Num,
+    q_heads: Num,
+    kv_heads: Num,
+    head_dim: Num,
+    causal: bool = True,
+    sliding_window: Num | None = None,
+    dtype: str = "bf16",
+    block_q: Num | None = None,
+    block_kv: Num | None = None,
+    chip: object | None = None,
+) -> OpCost:
+    """Flash-style attention (prefill), MHA / GQA / MQA, causal or not, optional sliding window.
+
+    Blocks default to min(512, length rounded up to the tile). metrics:
+    ``masked_tile_share`` (share of computed score elements that are masked
+    or padding), ``kv_tiles`` per (batch, head), ``grid_steps``.
+    """
+    batch, q_len, kv_len = sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len)
+    q_heads, kv_heads, head_dim = sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
+    window = optional_size("sliding_window", sliding_window)
+    dt = parse_dtype(dtype, "--dtype")
+    group = _check_heads(q_heads, kv_heads)
+    if window is not None and not causal:
+        raise InputError("--sliding-window needs causal attention; drop --no-causal or the window")
+    if causal and np.any(q_len > kv_len):
+        raise InputError("--q-len must be <= --kv-len for causal attention (queries are the last q_len positions)")
+    tiles = chip_tiles(chip)
+    path = matmul_path(chip, dt, dt)
+    bq = _default_block(block_q, DEFAULT_BLOCK_Q, q_len, max(tiles.sublanes, 8), "block_q")
+    bkv = _default_block(block_kv, DEFAULT_BLOCK_KV, kv_len, max(tiles.lanes, 128), "block_kv")
+
+    pairs = visible_pairs(q_len, kv_len, causal, window)
+    tiles_n = kv_tiles(q_len, kv_len, bq, bkv, causal, window)
+    heads_b = batch * q_heads
+    useful = 4.0 * head_dim * pairs * heads_b
+    issued = (4.0 * round_up(bq, tiles.sublanes) * round_up(bkv, tiles.mxu) * round_up(head_dim, tiles.mxu)
+              * tiles_n * heads_b * path.passes)
+    scores = 1.0 * tiles_n * bq * bkv * heads_b
+    masked = scores if (causal or window is not None) else 0.0
+    row_blocks = 1.0 * tiles_n * bq * heads_b
+    vpu, eup = _softmax_work(scores, row_blocks, head_dim, masked)
+    # Final normalisation: one reciprocal per row, head_dim multiplies and a cast.
+    rows = 1.0 * cdiv(q_len, bq) * bq * heads_b
+    vpu = vpu + rows * 2 * head_dim
+    eup = eup + rows
+    item = DTYPES[dt].itemsize_bytes
+    q_bytes = 1.0 * batch * q_heads * q_len * head_dim * item
+    kv_bytes = 2.0 * batch * kv_heads * tiles_n * bkv * head_dim * item
+    ideal_kv = 2.0 * batch * kv_heads * kv_len * head_dim * item
+    vmem = (2 * (bq * group + 2 * bkv) * head_dim * item + 2 * bq * group * head_dim * item
+            + bq * group * (head_dim + 2 * 128) * 4 + bq * group * bkv * 4)
+    steps = tiles_n * batch * kv_heads
+    notes = list(path.notes)
+    fixed = 0.0
+    if chip is not None and chip.overheads.pallas_grid_step_overhead_s:
+        fixed = steps * chip.overheads.pallas_grid_step_overhead_s
+    if causal:
+        notes.append("causal: fully masked tiles skipped, diagonal tiles computed in full")
+    notes.append("K/V re-read once per q block (all q heads of a GQA group share each K/V tile)")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        masked_share = 1.0 - pairs * heads_b / scores
+    return OpCost(
+        name="attention",
+        mxu_flops=fval(issued),
+        useful_flops=fval(useful),
+        mxu_dtype=path.compute_dtype,
+        vpu_ops=fval(vpu),
+        eup_ops=fval(eup),
+        hbm_read_bytes=fval(q_bytes + kv_bytes),
+        hbm_write_bytes=fval(q_bytes),
+        fixed_s=fval(fixed),
+        vmem_bytes=fval(vmem),
+        notes=tuple(notes),
+        metrics={
+            "block_q": fval(bq),
+            "block_kv": fval(bkv),
+            "kv_tiles": fval(tiles_n),
+            "masked_tile_share": fval(masked_share),
+            "kv_reread_factor": fval(kv_bytes / ideal_kv),
+            "grid_steps": fval(steps),
+        },
+    )
+
+
+# ----------------------------------------------------------------------------- paged KV
+
+
+def _context_batch(context_lens: Num, batch: Num | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Context lengths and the explicit batch (None: context_lens' last axis is the batch)."""
+    lens = sizes("context_lens", context_lens)
+    if batch is None:
+        return np.atleast_1d(lens), None
+    return lens, sizes("batch", batch)
+
+
+def _reduce(per_seq: Num, batch: np.ndarray | None) -> Num:
+    """Total over sequences: sum over the last axis, or batch x the per-sequence value."""
+    arr = np.asarray(per_seq, dtype=float)
+    return fval(arr * batch if batch is not None else arr.sum(axis=-1))
+
+
+def _resolve_kv_scale(kv_dtype: str, kv_scale: str | None) -> str:
+    choice("kv_scale", kv_scale, KV_SCALES)
+    quantized = DTYPES[kv_dtype].bits <= 8
+    if kv_scale is None:
+        return "per-tensor" if quantized else "none"
+    if kv_scale != "none" and not quantized:
+        raise InputError(f"--kv-scale {kv_scale}: a {kv_dtype} KV cache has no scales; use --kv-dtype int8/fp8/int4")
+    return kv_scale
+
+
+def kv_scale_bytes(tokens: Num, pages: Num, kv_heads: Num, kv_scale: str) -> np.ndarray:
+    """Bytes of f32 K and V scales for ``tokens`` tokens in ``pages`` pages (per-tensor scales: ~0)."""
+    if kv_scale == "per-token":
+        return 2.0 * SCALE_BYTES * np.asarray(tokens) * kv_heads
+    if kv_scale == "per-page":
+        return 2.0 * SCALE_BYTES * np.asarray(pages) * kv_heads
+    return np.zeros(())
+
+
+def _page_table_width(lens: np.ndarray, page_size: np.ndarray, pages_per_seq: Num | None,
+                      per_seq_axis: bool) -> np.ndarray:
+    """Page-table entries per sequence; InputError when a context needs more pages than given."""
+    needed = cdiv(lens, page_size)
+    if pages_per_seq is None:
+        return np.max(needed, axis=-1, keepdims=True) if per_seq_axis else needed
+    given = sizes("pages_per_seq", pages_per_seq)
+    given_b = given[..., None] if (per_seq_axis and given.ndim) else given
+    over = np.broadcast_to(needed > given_b, np.broadcast_shapes(needed.shape, np.shape(given_b)))
+    if np.any(over):
+        i = np.flatnonzero(over)[0]
+        n = np.broadcast_to(needed, over.shape).flat[i]
+        ln = np.broadcast_to(lens, over.shape).flat[i]
+        g = np.broadcast_to(given_b, over.shape).flat[i]
+        raise InputError(f"--context-lens: a context of {ln} tokens needs {n} pages but --pages-per-seq is {g}; "
+                         "give more pages per sequence or a larger --page-size")
+    return given_b
+
+
+def _paged_attention_cost(
+    *,
+    name: str,
+    q_lens: np.ndarray,
+    lens: np.ndarray,
+    batch: np.ndarray | None,
+    q_heads: np.ndarray,
+    kv_heads: np.ndarray,
+    head_dim: np.ndarray,
+    page_size: np.ndarray,
+    kv_dtype: str,
+    q_dtype: str,
+    kv_scale: str,
+    block_q: Num,
+    table_entries: np.ndarray,
+    chip: object | None,
+    seq_mask: np.ndarray | None = None,
+) -> OpCost:
+    """Causal paged attention of sequences with q_lens new tokens whose context (new tokens included) is lens.
+
+    Every per-sequence quantity broadcasts against ``lens``; totals sum the last
+    axis (``batch`` None) or multiply by ``batch``. ``seq_mask`` keeps a subset
+    of the sequences (the decode or prefill part of a ragged batch).
+    """
+    group = _check_heads(q_heads, kv_heads)
+    tiles = chip_tiles(chip)
+    path = matmul_path(chip, q_dtype, kv_dtype)
+    keep = np.ones(np.shape(lens)) if seq_mask is None else seq_mask.astype(float)
+    bq = np.minimum(block_q, q_lens)
+    pages_visited = kv_tiles(q_lens, lens, bq, page_size, True, None)
+    tokens_visited = pages_visited * page_size
+    q_blocks = cdiv(q_lens, bq)
+    rows = round_up(bq * group, tiles.sublanes)
+
+    def total(x: Num) -> Num:
+        return _reduce(np.asarray(x, dtype=float) * keep, batch)
+
+    useful = total(4.0 * head_dim * q_heads * visible_pairs(q_lens, lens, True, None))
+    issued = total(4.0 * kv_heads * rows * round_up(head_dim, tiles.mxu) * tokens_visited * path.passes)
+    scores = 1.0 * q_heads * bq * tokens_visited
+    row_blocks = 1.0 * q_heads * bq * pages_visited
+    vpu, eup = _softmax_work(scores, row_blocks, head_dim, scores)
+    out_rows = 1.0 * q_heads * q_blocks * bq
+    vpu = vpu + out_rows * 2 * head_dim
+    eup = eup + out_rows
+    notes = list(path.notes)
+    kv_elems = 2.0 * kv_heads * head_dim * tokens_visited
+    if path.converts_rhs:
+        vpu = vpu + kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (kv_scale != "none"))
+    elif kv_scale != "none":
+        vpu = vpu + 2.0 * scores  # scales applied to the scores (K) and the probabilities (V)
+    kv_bytes = (kv_elems * DTYPES[kv_dtype].itemsize_bytes
+                + kv_scale_bytes(tokens_visited, pages_visited, kv_heads, kv_scale))
+    q_bytes = 1.0 * q_heads * head_dim * DTYPES[q_dtype].itemsize_bytes * q_lens
+    # Page table (int32, scalar-prefetched whole), context length and query start per sequence.
+    table_bytes = 1.0 * (table_entries + 2) * INDEX_BYTES
+    pages_needed = cdiv(lens, page_size)
+    stored = pages_needed * page_size
+    notes.append("KV read in whole pages: a partial last page costs a full page")
+    if kv_scale == "per-tensor":
+        notes.append("per-tensor KV scales (two scalars) cost no bandwidth")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        page_waste = 1.0 - np.asarray(total(lens), dtype=float) / np.asarray(total(stored), dtype=float)
+    return OpCost(
+        name=name,
+        mxu_flops=issued,
+        useful_flops=useful,
+        mxu_dtype=path.compute_dtype,
+        vpu_ops=total(vpu),
+        eup_ops=total(eup),
+        hbm_read_bytes=total(kv_bytes + q_bytes + table_bytes),
+        hbm_write_bytes=total(q_bytes),
+        notes=tuple(notes),
+        metrics={
+            "sequences": total(1.0),
+            "query_tokens": total(q_lens),
+            "context_tokens": total(lens),
+            "kv_pages_read": total(pages_visited),
+            "kv_bytes": total(kv_bytes),
+            "page_table_bytes": total(table_bytes),
+            "partial_page_waste": fval(np.nan_to_num(page_waste)),
+        },
+    )
+
+
+def _paged_common(q_heads: Num, kv_heads: Num, head_dim: Num, page_size: Num, kv_dtype: str, q_dtype: str
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str, str]:
+    return (sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim),
+            sizes("page_size", page_size), parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(q_dtype, "--q-dtype"))
+
+
+def paged_decode_attention(
+    *,
+    context_lens: Num,
+    q_heads: Num,
+    kv_heads: Num,
+    head_dim: Num,
+    page_size: Num,
+    kv_dtype: str = "bf16",
+    q_dtype: str = "bf16",
+    kv_scale: str | None = None,
+    batch: Num | None = None,
+    pages_per_seq: Num | None = None,
+    chip: object | None = None,
+) -> OpCost:
+    """One decode step (one query token per sequence) over a paged KV cache.
+
+    ``context_lens``: one length per sequence (last axis = the batch; leading
+    axes are independent scenarios), or, with ``batch``, one length (or an
+    array of them) that all ``batch`` sequences share. KV bytes count whole
+    pages (a partial last page costs a full one), scales (``kv_scale``: None
+    = per-tensor for a quantized cache, "per-token" / "per-page" store f32
+    K and V scales per kv head), the page table (``pages_per_seq`` int32
+    entries per sequence; default: the most any sequence needs), q and the
+    output. GQA: the q heads of a group share one pass over their KV pages.
+    """
+    lens, b = _context_batch(context_lens, batch)
+    q_heads, kv_heads, head_dim, page_size, kv_dt, q_dt = _paged_common(q_heads, kv_heads, head_dim, page_size,
+                                                                        kv_dtype, q_dtype)
+    scale = _resolve_kv_scale(kv_dt, kv_scale)
+    table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=b is None)
+    ones = np.ones_like(lens)
+    return _paged_attention_cost(
+        name="decode-attention", q_lens=ones, lens=lens, batch=b, q_heads=q_heads, kv_heads=kv_heads,
+        head_dim=head_dim, page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, block_q=1,
+        table_entries=table, chip=chip)
+
+
+def ragged_paged_attention(
+    *,
+    query_lens: Num,
+    context_lens: Num,
+    q_heads: Num,
+    kv_heads: Num,
+    head_dim: Num,
+    page_size: Num,
+    kv_dtype: str = "bf16",
+    q_dtype: str = "bf16",
+    kv_scale: str | None = None,
+    block_q: Num = DEFAULT_RAGGED_BLOCK_Q,
+    pages_per_seq: Num | None = None,
+    chip: object | None = None,
+) -> OpCost:
+    """One mixed batch of prefill chunks and decode tokens (vLLM TPU's ragged paged attention).
+
+    ``query_lens[i]`` new tokens of sequence i attend causally over its
+    ``context_lens[i]`` tokens (the new ones included, so query_lens <=
+    context_lens). Sequences with one query token form the ``decode`` part,
+    the rest the ``prefill`` part; the result's ``parts`` are (prefill,
+    decode) and its times split accordingly. Prefill chunks are processed in
+    blocks of ``block_q`` query tokens, each re-reading the pages it needs.
+    """
+    q_lens = np.atleast_1d(sizes("query_lens", query_lens))
+    lens = np.atleast_1d(sizes("context_lens", context_lens))
+    if q_lens.shape[-1:] != lens.shape[-1:] and q_lens.shape[-1] != 1 and lens.shape[-1] != 1:
+        raise InputError(f"--query-lens has {q_lens.shape[-1]} sequences but --context-lens has {lens.shape[-1]}; "
+                         "give one of each per sequence")
+    q_lens, lens = np.broadcast_arrays(q_lens, lens)
+    if np.any(q_lens > lens):
+        i = np.flatnonzero(q_lens > lens)[0]
+        raise InputError(f"--query-lens {q_lens.flat[i]} exceeds --context-lens {lens.flat[i]}: the context "
+                         "includes the new tokens, so it must be at least the query length")
+    q_heads, kv_heads, head_dim, page_size, kv_dt, q_dt = _paged_common(q_heads, kv_heads, head_dim, page_size,
+                                                                        kv_dtype, q_dtype)
+    scale = _resolve_kv_scale(kv_dt, kv_scale)
+    bq = sizes("block_q", block_q)
+    table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)
+    common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
+                  page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, block_q=bq,
+                  table_entries=table, chip=chip)
+    decode = q_lens == 1
+    prefill_part = _paged_attention_cost(name="prefill", seq_mask=~decode, **common)
+    decode_part = _paged_attention_cost(name="decode", seq_mask=decode, **common)
+    notes = ("parts: prefill (query_lens > 1) and decode (query_lens == 1) sequences of one kernel launch",)
+    cost = combine("ragged-attention", [prefill_part, decode_part], notes=notes + prefill_part.notes)
+    metrics = {f"{p.name}_{k}": v for p in (prefill_part, decode_part) for k, v in p.metrics.items()}
+    import dataclasses
+
+    return dataclasses.replace(cost, metrics=metrics)
+
+
+def mla_decode(
+    *,
+    context_lens: Num,
+    q_heads: Num,
+    page_size: Num,
+    kv_lora_rank: Num = 512,
+    rope_head_dim: Num = 64,
+    kv_dtype: str = "bf16",
+    q_dtype: str = "bf16",
+    batch: Num | None = None,
+    pages_per_seq: Num | None = None,
+    chip: object | None = None,
+) -> OpCost:
+    """DeepSeek-style multi-head latent attention, decode step, absorbed form.
+
+    Each cached token stores one latent of ``kv_lora_rank`` plus a shared
+    rope key of ``rope_head_dim`` (DeepSeek-V3: 512 + 64 = 576 values), shared
+    by all q heads (an MQA-like layout). Per q head and token: scores over
+    the 576-d [latent; rope] (2*576 FLOPs) and the value product over the
+    512-d latent (2*512 FLOPs). The W_UK / W_UV absorption matmuls belong to
+    the projections and are not counted here.
+    """
+    lens, b = _context_batch(context_lens, batch)
+    q_heads, page_size = sizes("q_heads", q_heads), sizes("page_size", page_size)
+    rank, rope = sizes("kv_lora_rank", kv_lora_rank), sizes("rope_head_dim", rope_head_dim)
+    kv_dt, q_dt = parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(q_dtype, "--q-dtype")
+    table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=b is None)
+    tiles = chip_tiles(chip)
+    path = matmul_path(chip, q_dt, kv_dt)
+    pages = cdiv(lens, page_size)
+    tokens = pages * page_size
+    qk_dim = rank + rope
+
+    def total(x: Num) -> Num:
+        return _reduce(np.asarray(x, dtype=float) * np.ones(np.shape(lens)), b)
+
+    useful = total(2.0 * q_heads * lens * (qk_dim + rank))
+    issued = total(2.0 * round_up(q_heads, tiles.sublanes) * tokens
+                   * (round_up(qk_dim, tiles.mxu) + round_up(rank, tiles.mxu)) * path.passes)
+    scores = 1.0 * q_heads * tokens
+    vpu, eup = _softmax_work(scores, 1.0 * q_heads * pages, rank, scores)
+    vpu = vpu + 2.0 * q_heads * rank
+    eup = eup + 1.0 * q_heads
+    if path.converts_rhs:
+        vpu = vpu + 1.0 * tokens * qk_dim * DTYPES[kv_dt].widen_ops_per_element
+    latent_bytes = 1.0 * tokens * qk_dim * DTYPES[kv_dt].itemsize_bytes
+    q_item = DTYPES[q_dt].itemsize_bytes
+    read = latent_bytes + q_heads * qk_dim * q_item + (table + 2) * INDEX_BYTES
+    write = 1.0 * q_heads * rank * q_item
+    return OpCost(
+        name="mla-decode",
+        mxu_flops=issued,
+        useful_flops=useful,
+        mxu_dtype=path.compute_dtype,
+        vpu_ops=total(vpu),
+        eup_ops=total(eup),
+        hbm_read_bytes=total(read),
+        hbm_write_bytes=total(write),
+        notes=path.notes + ("absorbed MLA: one shared latent+rope KV row per token, read in whole pages",),
+        metrics={
+            "sequences": total(1.0),
+            "context_tokens": total(lens),
+            "kv_bytes_per_token": fval(qk_dim * DTYPES[kv_dt].itemsize_bytes),
+            "kv_bytes": total(latent_bytes),
+        },
+    )

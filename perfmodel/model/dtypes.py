@@ -1,0 +1,167 @@
+"""Data types the model knows: names, sizes, aliases, and the MXU dtype rules.
+
+Every op model takes dtype names as strings (``"bf16"``, ``"int8"``, ...);
+:func:`parse_dtype` turns what a user typed into the canonical name and
+raises :class:`~perfmodel.errors.InputError` naming the flag for anything
+unknown. :func:`matmul_path` applies a chip's per-generation rules: which
+operand dtype pair the MXU takes natively, and what has to be converted on
+the VPU first when it does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from perfmodel.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfmodel.hw.spec import ChipSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class DType:
+    """One element type."""
+
+    name: str
+    bits: int
+    #: "float" or "int".
+    kind: str
+    #: Key of ChipSpec.compute.matmul_flops_per_s_per_chip whose rate applies (None: not a matmul dtype).
+    matmul_key: str | None
+    #: VPU ops to widen one element to bf16/f32 (unpack, shift, convert); 0 for bf16/f32.
+    widen_ops_per_element: int
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def itemsize_bytes(self) -> float:
+        """Bytes per element (0.5 for int4)."""
+        return self.bits / 8
+
+
+#: Canonical dtypes. Widening costs are estimates of the VPU instruction count
+#: per element (int8 -> bf16: one convert; int4: unpack shift + mask + convert;
+#: fp8: exponent re-bias and shift, ~2 ops).
+DTYPES: dict[str, DType] = {
+    d.name: d
+    for d in (
+        DType(name="fp32", bits=32, kind="float", matmul_key="fp32", widen_ops_per_element=0,
+              aliases=("f32", "float32", "float")),
+        DType(name="bf16", bits=16, kind="float", matmul_key="bf16", widen_ops_per_element=0,
+              aliases=("bfloat16",)),
+        DType(name="fp16", bits=16, kind="float", matmul_key="bf16", widen_ops_per_element=1,
+              aliases=("f16", "float16", "half")),
+        DType(name="fp8", bits=8, kind="float", matmul_key="fp8", widen_ops_per_element=2,
+              aliases=("f8", "fp8_e4m3", "e4m3", "float8_e4m3fn", "fp8_e5m2", "e5m2", "float8_e5m2")),
+        DType(name="int8", bits=8, kind="int", matmul_key="int8", widen_ops_per_element=1,
+              aliases=("i8", "s8", "qint8")),
+        DType(name="int4", bits=4, kind="int", matmul_key="int4", widen_ops_per_element=3,
+              aliases=("i4", "s4", "qint4")),
+        DType(name="int32", bits=32, kind="int", matmul_key=None, widen_ops_per_element=1,
+              aliases=("i32", "s32")),
+    )
+}
+
+_BY_ALIAS: dict[str, str] = {alias: d.name for d in DTYPES.values() for alias in (d.name, *d.aliases)}
+
+#: Bytes of one quantization scale (scales are stored in f32).
+SCALE_BYTES = 4
+#: Bytes of one page-table / index entry (int32).
+INDEX_BYTES = 4
+
+
+def parse_dtype(text: str, flag: str = "--dtype") -> str:
+    """Canonical name of a dtype a user typed; InputError naming ``flag`` if unknown."""
+    key = str(text).strip().lower().replace("-", "_")
+    name = _BY_ALIAS.get(key) or _BY_ALIAS.get(key.replace("_", ""))
+    if name is None:
+        known = ", ".join(DTYPES)
+        raise InputError(f"{flag}: unknown dtype '{text}'; use one of {known}")
+    return name
+
+
+def dtype_info(text: str, flag: str = "--dtype") -> DType:
+    return DTYPES[parse_dtype(text, flag)]
+
+
+def itemsize(text: str, flag: str = "--dtype") -> float:
+    """Bytes per element of a dtype name."""
+    return dtype_info(text, flag).itemsize_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatmulPath:
+    """How the MXU runs one (lhs, rhs) dtype pair on a chip."""
+
+    #: Stored operand dtypes.
+    lhs: str
+    rhs: str
+    #: Dtype each operand is fed to the MXU in (differs from the stored dtype when converted).
+    lhs_fed: str
+    rhs_fed: str
+    #: Dtype whose peak rate applies (a key of the chip's matmul rate table).
+    compute_dtype: str
+    #: MXU passes per useful FLOP (6 for fp32 emulated with bf16 passes, else 1).
+    passes: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def converts_lhs(self) -> bool:
+        return self.lhs_fed != self.lhs
+
+    @property
+    def converts_rhs(self) -> bool:
+        return self.rhs_fed != self.rhs
+
+
+#: Widening order tried when a pair has no native path (narrow -> wide).
+_WIDEN_TO = ("bf16", "fp32")
+#: bf16 passes XLA uses for an f32 matmul at Precision.HIGHEST on a chip without an f32 MXU rate.
+FP32_EMULATION_PASSES = 6
+
+
+def _wider(a: DType, b: DType) -> DType:
+    return a if a.bits >= b.bits else b
+
+
+def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str) -> MatmulPath:
+    """Per-generation dtype rule for an (lhs, rhs) matmul on ``chip``.
+
+    * A native pair (``chip.supports_matmul``) runs at the rate of its wider
+      operand's dtype.
+    * Otherwise the narrower operand(s) are widened on the VPU to the wider
+      operand's dtype if ``w x w`` is native, else to bf16, else fp32.
+    * fp32 on a chip without an fp32 matmul rate runs as 6 bf16 passes
+      (Precision.HIGHEST).
+    ``chip=None`` assumes every pair is native (used for pl.CostEstimate).
+    """
+    lo, ro = DTYPES[parse_dtype(lhs, "--lhs-dtype")], DTYPES[parse_dtype(rhs, "--rhs-dtype")]
+    wide = _wider(lo, ro)
+    if chip is None:
+        return MatmulPath(compute_dtype=wide.matmul_key or "bf16", lhs_fed=lo.name, rhs_fed=ro.name, passes=1,
+                          lhs=lo.name, rhs=ro.name)
+    notes: list[str] = []
+    if chip.supports_matmul(lo.name, ro.name) or (lo.name == ro.name == "fp32"):
+        lhs_fed, rhs_fed = lo.name, ro.name
+    else:
+        candidates = [wide.name] + [d for d in _WIDEN_TO if DTYPES[d].bits > wide.bits or d == wide.name]
+        target = next((d for d in candidates if chip.supports_matmul(d, d) and chip.matmul_rate(d)), None)
+        if target is None:
+            target = "bf16"
+        lhs_fed, rhs_fed = target, target
+        converted = " and ".join(f"{side} ({o.name})" for side, o in (("lhs", lo), ("rhs", ro)) if o.name != target)
+        notes.append(
+            f"{chip.name} has no native {lo.name} x {ro.name} MXU path: converts {converted} to {target} "
+            f"on the VPU and runs at the {target} rate"
+        )
+    compute = _wider(DTYPES[lhs_fed], DTYPES[rhs_fed]).matmul_key or "bf16"
+    passes = 1
+    if compute == "fp32" and chip.matmul_rate("fp32") is None:
+        compute, passes = "bf16", FP32_EMULATION_PASSES
+        notes.append(f"{chip.name} lists no fp32 MXU rate: fp32 matmul modelled as {passes} bf16 passes "
+                     "(Precision.HIGHEST)")
+    if chip.matmul_rate(compute) is None:
+        known = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
+        raise InputError(f"{chip.name} has no {compute} matmul rate in its spec; it has: {known}")
+    return MatmulPath(compute_dtype=compute, lhs_fed=lhs_fed, rhs_fed=rhs_fed, passes=passes,
+                      notes=tuple(notes), lhs=lo.name, rhs=ro.name)

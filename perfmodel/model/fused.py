@@ -1,0 +1,214 @@
+"""Fused elementwise ops and their unfused equivalents.
+
+Each function models one op in two forms, chosen with ``fused``:
+
+* fused: one kernel reads every input once and writes every output once;
+* unfused: each elementwise step is its own kernel (what eager code or a
+  fusion boundary produces), so intermediates round-trip HBM.
+
+The VPU / EUP work is the same in both forms; only HBM traffic differs
+(``metrics["kernels"]`` says how many launches the form takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from perfmodel.model.core import Num, OpCost, combine
+from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, parse_dtype
+from perfmodel.model.elementwise import EPILOGUES
+from perfmodel.model.shapes import chip_tiles, choice, fval, sizes
+
+#: RMSNorm per element: square, sum, multiply by rsqrt, multiply by the weight (+1 residual add).
+RMS_NORM_VPU_OPS = 4
+#: RoPE per element: x*cos, rotate-half (lane roll and negate), *sin, add.
+ROPE_VPU_OPS = 5
+GLU_KINDS = {"swiglu": "silu", "geglu": "gelu"}
+
+
+def _cast_ops(*dtypes: str) -> int:
+    """VPU casts per element to compute in f32: one per non-f32 input/output."""
+    return sum(1 for d in dtypes if d != "fp32")
+
+
+def _elementwise_cost(*, name: str, elements: Num, elements_padded: Num, vpu_per: float, eup: Num,
+                      read: Num, write: Num, kernels: int, fused: bool, notes: tuple[str, ...] = ()) -> OpCost:
+    form = "fused: one kernel" if fused else f"unfused: {kernels} kernels, intermediates round-trip HBM"
+    return OpCost(
+        name=name,
+        vpu_ops=fval(vpu_per * np.asarray(elements_padded, dtype=float)),
+        vpu_padding_ops=fval(vpu_per * (np.asarray(elements_padded, dtype=float) - elements)),
+        eup_ops=fval(eup),
+        hbm_read_bytes=fval(read),
+        hbm_write_bytes=fval(write),
+        notes=(form,) + notes,
+        metrics={"kernels": 1 if fused else kernels},
+    )
+
+
+def rms_norm(
+    *,
+    tokens: Num,
+    hidden: Num,
+    dtype: str = "bf16",
+    residual: bool = True,
+    out_dtype: str | None = None,
+    fused: bool = True,
+    chip: object | None = None,
+) -> OpCost:
+    """(Residual add +) RMSNorm over [tokens, hidden].
+
+    Fused: read x (and the residual) and the weight, write the output (and the
+    updated residual). Unfused: the add writes the sum, a reduction reads it
+    and writes one f32 rms per token, the normalisation reads the sum, the rms
+    and the weight and writes the output.
+    """
+    tokens, hidden = sizes("tokens", tokens), sizes("hidden", hidden)
+    dt = parse_dtype(dtype, "--dtype")
+    out_dt = dt if out_dtype is None else parse_dtype(out_dtype, "--out-dtype")
+    tiles = chip_tiles(chip)
+    elems = 1.0 * tokens * hidden
+    padded = 1.0 * tiles.vreg_elements(tokens, hidden)
+    item, out_item = DTYPES[dt].itemsize_bytes, DTYPES[out_dt].itemsize_bytes
+    act = elems * item
+    weight = hidden * item
+    vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt)
+    if fused:
+        read = act * (1 + residual) + weight
+        write = elems * out_item + act * residual
+        kernels = 1
+    else:
+        rms = tokens * 4.0
+        read = act * 2 * residual + act + (rms + act + weight)
+        write = act * residual + rms + elems * out_item
+        kernels = 2 + residual
+    return _elementwise_cost(name="rms-norm" if not residual else "add+rms-norm", elements=elems,
+                             elements_padded=padded, vpu_per=vpu_per, eup=1.0 * tokens, read=read, write=write,
+                             kernels=kernels, fused=fused)
+
+
+def glu(
+    *,
+    tokens: Num,
+    intermediate: Num,
+    dtype: str = "bf16",
+    kind: str = "swiglu",
+    fused: bool = True,
+    chip: object | None = None,
+) -> OpCost:
+    """act(gate) * up over two [tokens, intermediate] inputs (SwiGLU: SiLU, GeGLU: tanh GELU).
+
+    Fused: read gate and up, write the product. Unfused: the activation reads
+    gate and writes act(gate); the multiply reads it and up and writes the product.
+    """
+    tokens, inter = sizes("tokens", tokens), sizes("intermediate", intermediate)
+    dt = parse_dtype(dtype, "--dtype")
+    choice("kind", kind, tuple(GLU_KINDS))
+    act = EPILOGUES[GLU_KINDS[kind]]
+    tiles = chip_tiles(chip)
+    elems = 1.0 * tokens * inter
+    padded = 1.0 * tiles.vreg_elements(tokens, inter)
+    a = elems * DTYPES[dt].itemsize_bytes
+    vpu_per = act.vpu_ops + 1 + _cast_ops(dt, dt, dt)
+    read, write = (2 * a, a) if fused else (3 * a, 2 * a)
+    return _elementwise_cost(name=kind, elements=elems, elements_padded=padded, vpu_per=vpu_per,
+                             eup=act.eup_ops * padded, read=read, write=write, kernels=2, fused=fused)
+
+
+def swiglu(**kwargs: object) -> OpCost:
+    """SiLU(gate) * up; see :func:`glu`."""
+    return glu(kind="swiglu", **kwargs)  # type: ignore[arg-type]
+
+
+def geglu(**kwargs: object) -> OpCost:
+    """GELU(gate) * up; see :func:`glu`."""
+    return glu(kind="geglu", **kwargs)  # type: ignore[arg-type]
+
+
+def rope(
+    *,
+    tokens: Num,
+    heads: Num,
+    head_dim: Num,
+    dtype: str = "bf16",
+    rotary_dim: Num | None = None,
+    fused: bool = True,
+    chip: object | None = None,
+) -> OpCost:
+    """Rotary embedding of [tokens, heads, head_dim] with f32 cos / sin tables of [tokens, rotary_dim / 2].
+
+    Fused: read x and the tables, write x. Unfused (x*cos, rotate_half,
+    *sin, add as four kernels): x is read twice, three intermediates are
+    written and read back.
+    """
+    tokens, heads, head_dim = sizes("tokens", tokens), sizes("heads", heads), sizes("head_dim", head_dim)
+    rot = head_dim if rotary_dim is None else sizes("rotary_dim", rotary_dim)
+    if np.any(rot > head_dim):
+        from perfmodel.errors import InputError
+
+        raise InputError("--rotary-dim must be <= --head-dim")
+    dt = parse_dtype(dtype, "--dtype")
+    tiles = chip_tiles(chip)
+    elems = 1.0 * tokens * heads * rot
+    padded = 1.0 * heads * tiles.vreg_elements(tokens, rot)
+    x = 1.0 * tokens * heads * head_dim * DTYPES[dt].itemsize_bytes
+    xr = elems * DTYPES[dt].itemsize_bytes
+    tables = 2.0 * tokens * (rot // 2) * SCALE_BYTES
+    vpu_per = ROPE_VPU_OPS + _cast_ops(dt, dt)
+    if fused:
+        read, write = x + tables, x
+    else:
+        read, write = x + xr + tables + 3 * xr, 3 * xr + x
+    return _elementwise_cost(name="rope", elements=elems, elements_padded=padded, vpu_per=vpu_per, eup=0.0,
+                             read=read, write=write, kernels=4, fused=fused)
+
+
+def dequant_gemm(
+    *,
+    m: Num,
+    n: Num,
+    k: Num,
+    weight_dtype: str = "int8",
+    act_dtype: str = "bf16",
+    out_dtype: str = "bf16",
+    weight_scale: str | None = None,
+    scale_block: Num | None = None,
+    fused: bool = True,
+    chip: object | None = None,
+) -> OpCost:
+    """GEMM with quantized weights: dequantized in VMEM inside the GEMM (fused) or by a separate kernel.
+
+    Unfused: a dequantization kernel reads the quantized weights and scales
+    and writes them in ``act_dtype``; an ``act_dtype`` GEMM then reads them
+    again. Parts: (dequantize, gemm).
+    """
+    from perfmodel.model.gemm import gemm, resolve_weight_scale, weight_scale_bytes
+
+    w_dt, a_dt = parse_dtype(weight_dtype, "--weight-dtype"), parse_dtype(act_dtype, "--act-dtype")
+    if fused:
+        cost = gemm(m=m, n=n, k=k, lhs_dtype=a_dt, rhs_dtype=w_dt, out_dtype=out_dtype, weight_scale=weight_scale,
+                    scale_block=scale_block, chip=chip)
+        return dataclasses.replace(cost, name="dequant+gemm", notes=("fused: dequantized in VMEM",) + cost.notes,
+                                   metrics={"kernels": 1})
+    k_arr, n_arr = sizes("k", k), sizes("n", n)
+    kind, block = resolve_weight_scale(w_dt, weight_scale, scale_block)
+    scales = weight_scale_bytes(k=k_arr, n=n_arr, batch=1, weight_scale=kind, scale_block=block)
+    weights_q = 1.0 * k_arr * n_arr * DTYPES[w_dt].itemsize_bytes
+    tiles = chip_tiles(chip)
+    elems = 1.0 * k_arr * n_arr
+    padded = 1.0 * tiles.vreg_elements(k_arr, n_arr)
+    vpu_per = DTYPES[w_dt].widen_ops_per_element + (kind != "none")
+    deq = OpCost(
+        name="dequantize",
+        vpu_ops=fval(vpu_per * padded),
+        vpu_padding_ops=fval(vpu_per * (padded - elems)),
+        hbm_read_bytes=fval(weights_q + scales),
+        hbm_write_bytes=fval(elems * DTYPES[a_dt].itemsize_bytes),
+    )
+    mm = gemm(m=m, n=n, k=k, lhs_dtype=a_dt, rhs_dtype=a_dt, out_dtype=out_dtype, chip=chip)
+    cost = combine("dequant+gemm", [deq, mm],
+                   notes=("unfused: a dequantize kernel writes the weights in "
+                          f"{a_dt}, the GEMM reads them back",) + mm.notes)
+    return dataclasses.replace(cost, metrics={"kernels": 2})

@@ -1,0 +1,162 @@
+"""GEMM: [batch, M, K] x [batch, K, N] with f32 accumulation and an optional fused epilogue.
+
+Work model
+----------
+* MXU: ``2*M*N*K`` useful FLOPs per batch entry; issued FLOPs pad K and N to
+  the MXU edge (128 or 256) and M to the sublane tile (8), times the passes of
+  the dtype path (6 for fp32 emulated in bf16).
+* VPU: converting operands without a native MXU path (per element, once:
+  a lower bound; a tiled kernel that revisits a weight tile per M block
+  converts it again), applying quantization scales, casting the f32
+  accumulator to the output dtype, and the epilogue; all padded to the
+  (8, 128) vreg tile.
+* HBM: each operand, scale and output once (the ideal traffic of a kernel
+  whose tiles fit VMEM); scales of quantized tensors are f32.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from perfmodel.errors import InputError
+from perfmodel.model.core import Num, OpCost
+from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
+from perfmodel.model.elementwise import parse_epilogue
+from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
+
+WEIGHT_SCALES = (None, "none", "per-channel", "per-block")
+#: K-block of per-block scales when none is given.
+DEFAULT_SCALE_BLOCK = 128
+
+
+def is_quantized(dtype: str) -> bool:
+    """Whether tensors of this dtype carry scales (int and fp8 types)."""
+    return DTYPES[dtype].bits <= 8
+
+
+def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: int = 1) -> np.ndarray:
+    """FLOPs the MXU executes for [M,K]x[K,N]: K and N padded to the MXU edge, M to the sublane tile."""
+    return 2.0 * batch * round_up(m, tiles.sublanes) * round_up(n, tiles.mxu) * round_up(k, tiles.mxu) * passes
+
+
+def conversion_ops(rows: Num, cols: Num, count: Num, dtype: str, tiles: Tiles) -> tuple[np.ndarray, np.ndarray]:
+    """(padded, unpadded) VPU ops to widen ``count`` arrays of [rows, cols] from dtype."""
+    per = DTYPES[dtype].widen_ops_per_element
+    return count * tiles.vreg_elements(rows, cols) * per, count * np.asarray(rows) * cols * per
+
+
+def resolve_weight_scale(rhs_dtype: str, weight_scale: str | None, scale_block: Num | None
+                         ) -> tuple[str, np.ndarray]:
+    """(scale kind, K-block) after defaults and checks: None -> per-channel for quantized weights, else none."""
+    choice("weight_scale", weight_scale, WEIGHT_SCALES)
+    if weight_scale is None:
+        weight_scale = "per-channel" if is_quantized(rhs_dtype) else "none"
+    if weight_scale != "none" and not is_quantized(rhs_dtype):
+        raise InputError(f"--weight-scale {weight_scale}: weights of dtype {rhs_dtype} are not quantized; "
+                         "drop the flag or pick --rhs-dtype int8/int4/fp8")
+    if scale_block is not None and weight_scale != "per-block":
+        raise InputError("--scale-block applies only with --weight-scale per-block")
+    block = optional_size("scale_block", scale_block)
+    return weight_scale, np.asarray(DEFAULT_SCALE_BLOCK) if block is None else block
+
+
+def weight_scale_bytes(*, k: Num, n: Num, batch: Num, weight_scale: str, scale_block: Num) -> np.ndarray:
+    """Bytes of f32 weight scales: one per output channel, or one per channel per K-block."""
+    if weight_scale == "per-channel":
+        return 1.0 * np.asarray(batch) * n * SCALE_BYTES
+    if weight_scale == "per-block":
+        return 1.0 * np.asarray(batch) * cdiv(k, scale_block) * n * SCALE_BYTES
+    return np.zeros(())
+
+
+def gemm(
+    *,
+    m: Num,
+    n: Num,
+    k: Num,
+    batch: Num = 1,
+    lhs_dtype: str = "bf16",
+    rhs_dtype: str = "bf16",
+    out_dtype: str = "bf16",
+    weight_scale: str | None = None,
+    scale_block: Num | None = None,
+    epilogue: Sequence[str] | str = (),
+    chip: object | None = None,
+) -> OpCost:
+    """Cost of a (batched) GEMM; see the module docstring for what is counted.
+
+    ``weight_scale``: None picks "per-channel" when rhs_dtype is quantized
+    (int8/int4/fp8) and nothing otherwise; "per-block" uses ``scale_block``
+    rows of K per scale (default 128). A quantized lhs carries one scale per
+    row (per-token). ``epilogue``: names from perfmodel.model.elementwise
+    (bias, residual, relu, gelu, silu, ...). ``chip=None`` assumes native
+    dtype paths and no padding (the counts for a pl.CostEstimate).
+    """
+    m, n, k, batch = sizes("m", m), sizes("n", n), sizes("k", k), sizes("batch", batch)
+    lhs, rhs, out = parse_dtype(lhs_dtype, "--lhs-dtype"), parse_dtype(rhs_dtype, "--rhs-dtype"), parse_dtype(
+        out_dtype, "--out-dtype")
+    weight_scale, block = resolve_weight_scale(rhs, weight_scale, scale_block)
+    ep = parse_epilogue(epilogue)
+    tiles = chip_tiles(chip)
+    path = matmul_path(chip, lhs, rhs)
+
+    useful = 2.0 * batch * m * n * k
+    issued = mxu_issued_flops(m, n, k, batch, tiles, path.passes)
+
+    # Vector work as (padded, unpadded) pairs; padding = difference.
+    out_padded, out_plain = batch * tiles.vreg_elements(m, n), batch * m * n
+    vpu, vpu_plain = np.zeros(()), np.zeros(())
+    if path.converts_lhs:
+        p, u = conversion_ops(m, k, batch, lhs, tiles)
+        vpu, vpu_plain = vpu + p, vpu_plain + u
+    if path.converts_rhs:
+        p, u = conversion_ops(k, n, batch, rhs, tiles)
+        vpu, vpu_plain = vpu + p, vpu_plain + u
+    notes = list(path.notes)
+    scale_bytes = weight_scale_bytes(k=k, n=n, batch=batch, weight_scale=weight_scale, scale_block=block)
+    if weight_scale == "per-channel":
+        vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
+    elif weight_scale == "per-block":
+        groups = cdiv(k, block)
+        if path.converts_rhs:  # scale folded into the dequantization of each weight element
+            vpu, vpu_plain = vpu + batch * tiles.vreg_elements(k, n), vpu_plain + batch * k * n
+        else:  # native quantized MXU path: each K-block's partial sum is scaled and added in f32
+            vpu, vpu_plain = vpu + 2 * groups * out_padded, vpu_plain + 2 * groups * out_plain
+            notes.append("per-block scales on a native quantized path: partial sums scaled per K block on the VPU")
+    if is_quantized(lhs):
+        scale_bytes = scale_bytes + batch * m * SCALE_BYTES
+        vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
+    if out != "fp32":
+        vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
+    eup = np.zeros(())
+    epilogue_bytes = np.zeros(())
+    out_bytes = DTYPES[out].itemsize_bytes
+    for e in ep:
+        vpu, vpu_plain = vpu + e.vpu_ops * out_padded, vpu_plain + e.vpu_ops * out_plain
+        eup = eup + e.eup_ops * out_padded
+        if e.operand == "row":
+            epilogue_bytes = epilogue_bytes + batch * n * out_bytes
+        elif e.operand == "full":
+            epilogue_bytes = epilogue_bytes + batch * m * n * out_bytes
+    if ep:
+        notes.append("epilogue fused: " + ", ".join(e.name for e in ep))
+    if path.converts_rhs or path.converts_lhs:
+        notes.append("conversion counted once per element (a lower bound; re-tiling converts again)")
+
+    read = (batch * m * k * DTYPES[lhs].itemsize_bytes + batch * k * n * DTYPES[rhs].itemsize_bytes
+            + scale_bytes + epilogue_bytes)
+    write = batch * m * n * out_bytes
+    return OpCost(
+        name="gemm",
+        mxu_flops=fval(issued),
+        useful_flops=fval(useful),
+        mxu_dtype=path.compute_dtype,
+        vpu_ops=fval(vpu),
+        vpu_padding_ops=fval(vpu - vpu_plain),
+        eup_ops=fval(eup),
+        hbm_read_bytes=fval(read),
+        hbm_write_bytes=fval(write),
+        notes=tuple(notes),
+    )

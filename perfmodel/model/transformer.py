@@ -1,0 +1,744 @@
+"""One transformer step (a prefill chunk or a decode step) composed from the op models.
+
+:func:`predict_step` lists the ops one chip runs in one step of a model
+(:class:`~perfmodel.model.configs.ModelConfig`), evaluates each on a chip
+with the roofline core, and sums them:
+
+* per layer: (residual add +) RMSNorm, QKV projection (MLA: the down / up
+  projections), QK-norm, RoPE, the KV-cache write, attention (prefill: flash
+  attention over the chunk and its cached prefix; decode: paged attention;
+  MLA decode: absorbed latent attention), the output projection, the
+  tensor-parallel all-reduce, the second norm, then the MLP (gate/up GEMM,
+  SwiGLU/GeGLU, down GEMM) or the MoE (router + top-k, token dispatch, the
+  expert GEMMs over the experts the step touches, shared experts, combine)
+  and its all-reduce;
+* once: embedding lookup, final norm, vocab projection (last token of each
+  sequence), logits all-gather, sampling.
+
+Each op is its own kernel, so the step's floor is the **sum** of the op
+floors (each op's roofline bound); the expected time sums the per-op
+expected times. Tensor parallelism (``tp`` chips over ICI) follows the
+Megatron layout: heads, MLP and expert widths and the vocabulary are split,
+KV heads are replicated when there are fewer than ``tp``, the router and
+MLA's down projections are replicated; two all-reduces per layer.
+
+MoE routing is modelled as uniform: a step of T tokens with top-k of E
+experts touches ``E * (1 - (1 - k/E)^T)`` experts (expected distinct
+count), each receiving ``T*k / touched`` tokens (the mean over all experts
+is ``T*k/E``); only touched experts' weights are read.
+
+No jax import here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perfmodel.errors import InputError
+from perfmodel.model import attention, collectives, fused, kvcache, sampling
+from perfmodel.model.configs import ModelConfig
+from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
+from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
+from perfmodel.model.gemm import gemm, is_quantized
+
+PHASES: tuple[str, ...] = ("prefill", "decode")
+DEFAULT_PAGE_SIZE = 16
+#: Logits are upcast to f32 before sampling (as vLLM's samplers do).
+LOGITS_DTYPE = "fp32"
+#: Router top-k selection per (token, expert) score: sigmoid/softmax (3 VPU + 1 EUP), then k rounds of
+#: compare + select value + select index.
+ROUTER_SCORE_VPU_OPS, ROUTER_SCORE_EUP_OPS, ROUTER_TOPK_VPU_OPS_PER_ROUND = 3, 1, 3
+#: Combining expert outputs: one multiply-add per (token, expert, hidden) element.
+MOE_COMBINE_VPU_OPS = 2
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """What one step processes, on how many chips, in which dtypes."""
+
+    #: "prefill" (a chunk of new tokens per sequence) or "decode" (one new token per sequence).
+    phase: str
+    #: Sequences in the step.
+    batch: int
+    #: Decode: KV tokens each sequence attends to (its context, the new token included).
+    #: Prefill: tokens already cached before this chunk (0 for a fresh prompt).
+    context_tokens: int
+    #: Prefill: new tokens per sequence in this chunk. Decode: 1.
+    chunk_tokens: int
+    weight_dtype: str
+    act_dtype: str
+    kv_dtype: str
+    #: Tensor-parallel degree (chips, over ICI).
+    tp: int
+    page_size: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the step pushes through the layers."""
+        return self.batch * self.chunk_tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV tokens per sequence after the step (what attention reads and the cache holds)."""
+        return self.context_tokens if self.phase == "decode" else self.context_tokens + self.chunk_tokens
+
+
+def make_step(*, phase: str = "decode", batch: int = 1, context: int | None = None, prefill_len: int | None = None,
+              weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
+              page_size: int = DEFAULT_PAGE_SIZE) -> Step:
+    """Validated :class:`Step`; one-line InputError naming the flag for bad input.
+
+    Decode: ``context`` = KV length each sequence attends to (default 1024).
+    Prefill: ``prefill_len`` = new tokens per sequence (default 2048) and
+    ``context`` = tokens already cached before the chunk (default 0).
+    ``kv_dtype`` defaults to ``act_dtype``.
+    """
+    if phase not in PHASES:
+        raise InputError(f"--phase: got '{phase}'; use prefill or decode")
+    _positive("--batch", batch)
+    _positive("--tp", tp)
+    _positive("--page-size", page_size)
+    if phase == "decode":
+        if prefill_len is not None:
+            raise InputError("--prefill-len applies to --phase prefill; for decode give --context")
+        context = 1024 if context is None else context
+        _positive("--context", context)
+        chunk = 1
+    else:
+        chunk = 2048 if prefill_len is None else prefill_len
+        _positive("--prefill-len", chunk)
+        context = 0 if context is None else context
+        if not isinstance(context, (int, np.integer)) or context < 0:
+            raise InputError(f"--context must be >= 0 for prefill (tokens cached before the chunk), got {context}")
+    return Step(phase=phase, batch=int(batch), context_tokens=int(context), chunk_tokens=int(chunk),
+                weight_dtype=parse_dtype(weight_dtype, "--weight-dtype"), act_dtype=parse_dtype(act_dtype, "--act-dtype"),
+                kv_dtype=parse_dtype(kv_dtype or act_dtype, "--kv-dtype"), tp=int(tp), page_size=int(page_size))
+
+
+def _positive(flag: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(f"{flag} must be a whole number >= 1, got {value}")
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shard:
+    """Per-chip widths under tensor parallelism."""
+
+    tp: int
+    q_heads: int
+    kv_heads: int
+    #: Chips holding a copy of each KV head (1 unless tp > kv heads).
+    kv_replicas: int
+    intermediate: int
+    expert_intermediate: int
+    shared_intermediate: int
+    vocab: int
+
+
+def shard(cfg: ModelConfig, tp: int) -> Shard:
+    """Split cfg over tp chips; InputError when the heads do not split evenly."""
+    if cfg.num_q_heads % tp:
+        raise InputError(f"--tp {tp} must divide {cfg.name}'s {cfg.num_q_heads} query heads")
+    kv = cfg.num_kv_heads
+    if cfg.mla is None and kv % tp and tp % kv:
+        raise InputError(f"--tp {tp}: {cfg.name}'s {kv} KV heads neither split over nor replicate evenly onto "
+                         f"{tp} chips; use a divisor or multiple of {kv}")
+    moe = cfg.moe
+    return Shard(
+        tp=tp,
+        q_heads=cfg.num_q_heads // tp,
+        kv_heads=max(kv // tp, 1),
+        kv_replicas=max(tp // kv, 1),
+        intermediate=math.ceil((cfg.intermediate_size or 0) / tp),
+        expert_intermediate=math.ceil(moe.expert_intermediate_size / tp) if moe else 0,
+        shared_intermediate=math.ceil((moe.shared_expert_intermediate_size or 0) / tp) if moe else 0,
+        vocab=math.ceil(cfg.vocab_size / tp),
+    )
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    """One weight matrix [k, n] as one chip holds it, ``copies`` of it per layer (experts), in ``layers`` layers."""
+
+    name: str
+    k: int
+    n: int
+    layers: int
+    copies: int = 1
+    #: Kept in the activation dtype whatever the weight dtype (routers).
+    high_precision: bool = False
+
+
+def weight_matrices(cfg: ModelConfig, sh: Shard) -> list[Matrix]:
+    """Every weight matrix of the model, per chip. The GEMM ops and the HBM footprint both use these shapes."""
+    h, layers = cfg.hidden_size, cfg.num_layers
+    out: list[Matrix] = []
+    if cfg.mla is None:
+        out.append(Matrix(name="qkv_proj", k=h, n=(sh.q_heads + 2 * sh.kv_heads) * cfg.head_dim, layers=layers))
+        out.append(Matrix(name="o_proj", k=sh.q_heads * cfg.head_dim, n=h, layers=layers))
+    else:
+        m = cfg.mla
+        latent = m.kv_lora_rank + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            out.append(Matrix(name="q_proj", k=h, n=sh.q_heads * cfg.head_dim, layers=layers))
+            out.append(Matrix(name="kv_down", k=h, n=latent, layers=layers))
+        else:
+            out.append(Matrix(name="qkv_down", k=h, n=m.q_lora_rank + latent, layers=layers))
+            out.append(Matrix(name="q_up", k=m.q_lora_rank, n=sh.q_heads * cfg.head_dim, layers=layers))
+        out.append(Matrix(name="kv_up", k=m.kv_lora_rank, n=sh.q_heads * (m.qk_nope_head_dim + m.v_head_dim),
+                          layers=layers))
+        out.append(Matrix(name="o_proj", k=sh.q_heads * m.v_head_dim, n=h, layers=layers))
+    if cfg.num_dense_layers:
+        out.append(Matrix(name="gate_up", k=h, n=2 * sh.intermediate, layers=cfg.num_dense_layers))
+        out.append(Matrix(name="down", k=sh.intermediate, n=h, layers=cfg.num_dense_layers))
+    if cfg.moe is not None:
+        moe, nm = cfg.moe, cfg.moe.num_moe_layers
+        out.append(Matrix(name="router", k=h, n=moe.num_experts, layers=nm, high_precision=True))
+        out.append(Matrix(name="experts_gate_up", k=h, n=2 * sh.expert_intermediate, layers=nm,
+                          copies=moe.num_experts))
+        out.append(Matrix(name="experts_down", k=sh.expert_intermediate, n=h, layers=nm, copies=moe.num_experts))
+        if sh.shared_intermediate:
+            out.append(Matrix(name="shared_gate_up", k=h, n=2 * sh.shared_intermediate, layers=nm))
+            out.append(Matrix(name="shared_down", k=sh.shared_intermediate, n=h, layers=nm))
+    out.append(Matrix(name="embedding", k=sh.vocab, n=h, layers=1))
+    if not cfg.tie_embeddings:
+        out.append(Matrix(name="lm_head", k=h, n=sh.vocab, layers=1))
+    return out
+
+
+def matrix_bytes(mat: Matrix, weight_dtype: str, act_dtype: str) -> float:
+    """Bytes of one copy of mat: elements x itemsize, plus f32 per-channel scales when quantized."""
+    dt = act_dtype if mat.high_precision else weight_dtype
+    scales = mat.n * SCALE_BYTES if is_quantized(dt) else 0
+    return mat.k * mat.n * DTYPES[dt].itemsize_bytes + scales
+
+
+def weight_bytes_per_chip(cfg: ModelConfig, sh: Shard, weight_dtype: str, act_dtype: str) -> float:
+    """HBM bytes of one chip's share of the weights (norm weights in the activation dtype)."""
+    mats = sum(m.layers * m.copies * matrix_bytes(m, weight_dtype, act_dtype) for m in weight_matrices(cfg, sh))
+    norms = (cfg.num_layers * cfg.norms_per_layer + 1) * cfg.hidden_size * DTYPES[act_dtype].itemsize_bytes
+    return mats + norms
+
+
+def _matrix(cfg: ModelConfig, sh: Shard, name: str) -> Matrix:
+    return next(m for m in weight_matrices(cfg, sh) if m.name == name)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+def kv_scale_mode(kv_dtype: str) -> str | None:
+    """KV scales used throughout: per-token f32 scales for a quantized cache, none otherwise."""
+    return "per-token" if is_quantized(kv_dtype) else None
+
+
+def kv_bytes_per_token_per_layer(cfg: ModelConfig, sh: Shard, kv_dtype: str) -> float:
+    """KV-cache bytes one token takes in one layer on one chip."""
+    item = DTYPES[kv_dtype].itemsize_bytes
+    if cfg.mla is not None:  # one latent + rope row per token, replicated on every chip
+        width = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
+        return width * item + (SCALE_BYTES if is_quantized(kv_dtype) else 0)
+    return float(kvcache.kv_bytes_per_token(layers=1, kv_heads=sh.kv_heads, head_dim=cfg.head_dim,
+                                            kv_dtype=kv_dtype, kv_scale=kv_scale_mode(kv_dtype)))
+
+
+def layer_kv_tokens(cfg: ModelConfig, tokens: int) -> list[tuple[int, int]]:
+    """(layers, tokens each keeps) for the global and the sliding-window layers."""
+    out = [(cfg.num_global_layers, tokens)]
+    if cfg.sliding_window_tokens:
+        out.append((cfg.num_sliding_window_layers, min(tokens, cfg.sliding_window_tokens)))
+    return [(n, t) for n, t in out if n]
+
+
+def kv_bytes_per_sequence(cfg: ModelConfig, sh: Shard, kv_dtype: str, tokens: int, page_size: int) -> float:
+    """KV bytes one sequence of ``tokens`` takes on one chip, in whole pages (window layers keep the window)."""
+    per_token = kv_bytes_per_token_per_layer(cfg, sh, kv_dtype)
+    return sum(n * math.ceil(t / page_size) * page_size * per_token for n, t in layer_kv_tokens(cfg, tokens))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryFit:
+    """Whether weights + KV fit in one chip's HBM."""
+
+    hbm_bytes: float
+    #: Share of HBM usable for weights + KV (the rest: activations, scratch, fragmentation).
+    hbm_utilization: float
+    usable_bytes: float
+    weight_bytes: float
+    kv_bytes: float
+    kv_bytes_per_sequence: float
+    fits: bool
+    #: Bytes over the usable HBM (0 when it fits).
+    shortfall_bytes: float
+    #: Largest batch whose weights + KV fit (0: the weights alone do not).
+    max_batch: int
+
+
+def memory_fit(cfg: ModelConfig, step: Step, chip: Any, *,
+               hbm_utilization: float = kvcache.DEFAULT_HBM_UTILIZATION) -> MemoryFit:
+    """Weights + KV of ``step`` against ``hbm_utilization`` of the chip's HBM (per chip)."""
+    if not 0.0 < hbm_utilization <= 1.0:
+        raise InputError(f"--hbm-utilization must be in (0, 1], got {hbm_utilization}")
+    sh = shard(cfg, step.tp)
+    hbm = float(chip.memory.hbm_bytes_per_chip)
+    usable = hbm * hbm_utilization
+    weights = weight_bytes_per_chip(cfg, sh, step.weight_dtype, step.act_dtype)
+    per_seq = kv_bytes_per_sequence(cfg, sh, step.kv_dtype, step.kv_tokens, step.page_size)
+    kv = per_seq * step.batch
+    need = weights + kv
+    max_batch = int(max(usable - weights, 0.0) // per_seq) if per_seq > 0 else 0
+    return MemoryFit(hbm_bytes=hbm, hbm_utilization=hbm_utilization, usable_bytes=usable, weight_bytes=weights,
+                     kv_bytes=kv, kv_bytes_per_sequence=per_seq, fits=need <= usable,
+                     shortfall_bytes=max(need - usable, 0.0), max_batch=max_batch)
+
+
+# --------------------------------------------------------------------------- MoE routing
+
+
+@dataclass(frozen=True, kw_only=True)
+class Routing:
+    """How one MoE layer's tokens spread over experts (uniform routing)."""
+
+    #: Token-expert assignments: tokens x top-k.
+    assignments: int
+    #: Mean tokens per expert over all experts: tokens * top_k / experts.
+    tokens_per_expert: float
+    #: Expected distinct experts the step touches.
+    experts_touched: int
+    #: Tokens per touched expert: ``heavy`` experts get ``light + 1``, the rest ``light``.
+    light_tokens: int
+    heavy_experts: int
+
+
+def routing(tokens: int, experts: int, top_k: int) -> Routing:
+    """Expected spread of ``tokens`` over ``experts`` with top-``top_k`` uniform routing."""
+    assignments = tokens * top_k
+    expected = experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    touched = int(min(max(round(expected), top_k), experts, assignments))
+    light, heavy = divmod(assignments, touched)
+    return Routing(assignments=assignments, tokens_per_expert=assignments / experts, experts_touched=touched,
+                   light_tokens=light, heavy_experts=heavy)
+
+
+def _expert_gemm(name: str, r: Routing, *, n: int, k: int, step: Step, chip: Any) -> OpCost:
+    """Grouped GEMM over the touched experts: ``heavy`` experts of light+1 tokens, the rest of light tokens."""
+    groups = [(r.heavy_experts, r.light_tokens + 1), (r.experts_touched - r.heavy_experts, r.light_tokens)]
+    parts = [gemm(m=m, n=n, k=k, batch=count, lhs_dtype=step.act_dtype, rhs_dtype=step.weight_dtype,
+                  out_dtype=step.act_dtype, chip=chip) for count, m in groups if count and m]
+    return _named(_sum(parts), name)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sum(parts: list[OpCost]) -> OpCost:
+    """Work of several same-dtype costs added into one (one kernel doing all of it)."""
+    if len(parts) == 1:
+        return parts[0]
+    fields = ("mxu_flops", "useful_flops", "vpu_ops", "vpu_padding_ops", "eup_ops", "hbm_read_bytes",
+              "hbm_write_bytes", "ici_bytes", "fixed_s")
+    total = {f: sum(getattr(p, f) for p in parts) for f in fields}
+    notes = tuple(dict.fromkeys(n for p in parts for n in p.notes))
+    return dataclasses.replace(parts[0], notes=notes, **total)
+
+
+def _named(cost: OpCost, name: str) -> OpCost:
+    return dataclasses.replace(cost, name=name)
+
+
+def _local(name: str, *, vpu: float = 0.0, eup: float = 0.0, read: float = 0.0, write: float = 0.0,
+           notes: tuple[str, ...] = ()) -> OpCost:
+    """A small op the op library does not model (embedding gather, router top-k, MoE dispatch / combine)."""
+    return OpCost(name=name, vpu_ops=vpu, eup_ops=eup, hbm_read_bytes=read, hbm_write_bytes=write, notes=notes)
+
+
+def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any, *, batch: int = 1) -> OpCost:
+    """[m, k] x [k, n] projection with the step's activation and weight dtypes."""
+    rhs = step.act_dtype if mat.high_precision else step.weight_dtype
+    return _named(gemm(m=m, n=mat.n, k=mat.k, batch=batch, lhs_dtype=step.act_dtype, rhs_dtype=rhs,
+                       out_dtype=step.act_dtype, chip=chip), name)
+
+
+# --------------------------------------------------------------------------- the op list
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepOp:
+    """One op of the step as one chip runs it, ``count`` times (once per layer of its kind)."""
+
+    name: str
+    #: "embed", "attention", "mlp", "moe", "tp" (collectives) or "head".
+    block: str
+    count: int
+    cost: OpCost
+    roofline: Roofline
+
+    @property
+    def floor_s(self) -> float:
+        return self.count * float(self.roofline.floor_s)
+
+    @property
+    def expected_s(self) -> float:
+        return self.count * float(self.roofline.expected_s)
+
+    @property
+    def no_overlap_s(self) -> float:
+        return self.count * float(self.roofline.no_overlap_s)
+
+    @property
+    def bound(self) -> str:
+        return str(self.roofline.bound)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.count * float(self.cost.hbm_bytes)
+
+    @property
+    def useful_flops(self) -> float:
+        return self.count * float(self.cost.useful_flops)
+
+    @property
+    def ici_bytes(self) -> float:
+        return self.count * float(self.cost.ici_bytes)
+
+
+def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, int, OpCost]]:
+    """(name, count, cost) of one attention block, for every layer."""
+    L, T, act = cfg.num_layers, step.tokens, step.act_dtype
+    h = cfg.hidden_size
+    ops: list[tuple[str, int, OpCost]] = [
+        ("attn_norm", L, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip))]
+    kv_scale = kv_scale_mode(step.kv_dtype)
+    if cfg.mla is None:
+        ops.append(("qkv_proj", L, _proj("qkv_proj", _matrix(cfg, sh, "qkv_proj"), T, step, chip)))
+        if cfg.qk_norm:
+            ops.append(("qk_norm", L, fused.rms_norm(tokens=T * (sh.q_heads + sh.kv_heads), hidden=cfg.head_dim,
+                                                     dtype=act, residual=False, chip=chip)))
+        ops.append(("rope", L, fused.rope(tokens=T, heads=sh.q_heads + sh.kv_heads, head_dim=cfg.head_dim,
+                                          dtype=act, chip=chip)))
+        ops.append(("kv_write", L, kvcache.kv_cache_update(
+            num_tokens=T, kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size,
+            kv_dtype=step.kv_dtype, src_dtype=act, kv_scale=kv_scale, chip=chip)))
+        for label, layers, window in _attention_kinds(cfg):
+            if step.phase == "decode":
+                cost = attention.paged_decode_attention(
+                    context_lens=min(step.kv_tokens, window or step.kv_tokens), batch=step.batch,
+                    q_heads=sh.q_heads, kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size,
+                    kv_dtype=step.kv_dtype, q_dtype=act, kv_scale=kv_scale, chip=chip)
+            else:
+                cost = attention.flash_attention(
+                    batch=step.batch, q_len=step.chunk_tokens, kv_len=step.kv_tokens, q_heads=sh.q_heads,
+                    kv_heads=sh.kv_heads, head_dim=cfg.head_dim, causal=True, sliding_window=window, dtype=act,
+                    chip=chip)
+            ops.append((label, layers, cost))
+        ops.append(("o_proj", L, _proj("o_proj", _matrix(cfg, sh, "o_proj"), T, step, chip)))
+    else:
+        ops += _mla_ops(cfg, sh, step, chip)
+    if sh.tp > 1:
+        ops.append(("all_reduce(attn)", L, collectives.all_reduce(bytes_per_chip=T * h * DTYPES[act].itemsize_bytes,
+                                                                  num_chips=sh.tp, chip=chip)))
+    return ops
+
+
+def _attention_kinds(cfg: ModelConfig) -> list[tuple[str, int, int | None]]:
+    """(row label, layers, window) for global and sliding-window attention layers."""
+    kinds = [("attention" if not cfg.sliding_window_tokens else "attention(global)", cfg.num_global_layers, None)]
+    if cfg.sliding_window_tokens:
+        kinds.append((f"attention(window {cfg.sliding_window_tokens})", cfg.num_sliding_window_layers,
+                      cfg.sliding_window_tokens))
+    return [k for k in kinds if k[1]]
+
+
+def _mla_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, int, OpCost]]:
+    """Latent attention: down projections, latent norms, rope, latent cache write, attention, up / out projections."""
+    m, L, T, act = cfg.mla, cfg.num_layers, step.tokens, step.act_dtype
+    latent = m.kv_lora_rank + m.qk_rope_head_dim
+    kv_scale = kv_scale_mode(step.kv_dtype)
+    ops: list[tuple[str, int, OpCost]] = []
+    if m.q_lora_rank is None:
+        ops.append(("q_proj", L, _proj("q_proj", _matrix(cfg, sh, "q_proj"), T, step, chip)))
+        ops.append(("kv_down", L, _proj("kv_down", _matrix(cfg, sh, "kv_down"), T, step, chip)))
+        ops.append(("latent_norm", L, fused.rms_norm(tokens=T, hidden=m.kv_lora_rank, dtype=act, residual=False,
+                                                     chip=chip)))
+    else:
+        ops.append(("qkv_down", L, _proj("qkv_down", _matrix(cfg, sh, "qkv_down"), T, step, chip)))
+        ops.append(("latent_norms", L, fused.rms_norm(tokens=T, hidden=m.q_lora_rank + m.kv_lora_rank, dtype=act,
+                                                      residual=False, chip=chip)))
+        ops.append(("q_up", L, _proj("q_up", _matrix(cfg, sh, "q_up"), T, step, chip)))
+    ops.append(("rope", L, fused.rope(tokens=T, heads=sh.q_heads + 1, head_dim=m.qk_rope_head_dim, dtype=act,
+                                      chip=chip)))
+    # kv_cache_update writes K and V rows of head_dim each; MLA writes one latent row of `latent` values:
+    # the same bytes as K and V rows of latent/2 (exact for even widths, e.g. DeepSeek's 576).
+    ops.append(("kv_write", L, kvcache.kv_cache_update(
+        num_tokens=T, kv_heads=1, head_dim=max(latent // 2, 1), page_size=step.page_size, kv_dtype=step.kv_dtype,
+        src_dtype=act, kv_scale=kv_scale, chip=chip)))
+    kv_up = _matrix(cfg, sh, "kv_up")
+    if step.phase == "decode":
+        # Absorbed form: q_nope x W_UK per head into latent space, attention over the latent cache,
+        # latent output x W_UV per head (W_UK and W_UV are the two halves of kv_up).
+        ops.append(("q_absorb", L, _named(gemm(m=T, n=m.kv_lora_rank, k=m.qk_nope_head_dim, batch=sh.q_heads,
+                                               lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip),
+                                          "q_absorb")))
+        ops.append(("mla_attention", L, attention.mla_decode(
+            context_lens=step.kv_tokens, batch=step.batch, q_heads=sh.q_heads, page_size=step.page_size,
+            kv_lora_rank=m.kv_lora_rank, rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act,
+            chip=chip)))
+        ops.append(("v_absorb", L, _named(gemm(m=T, n=m.v_head_dim, k=m.kv_lora_rank, batch=sh.q_heads,
+                                               lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip),
+                                          "v_absorb")))
+    else:
+        # Prefill: expand every cached and new latent to per-head K_nope and V, then flash attention with
+        # the 192-wide query/key heads (V is 128 wide: the PV product is over-counted by 192/128).
+        ops.append(("kv_up", L, _proj("kv_up", kv_up, step.batch * step.kv_tokens, step, chip)))
+        ops.append(("attention", L, attention.flash_attention(
+            batch=step.batch, q_len=step.chunk_tokens, kv_len=step.kv_tokens, q_heads=sh.q_heads,
+            kv_heads=sh.q_heads, head_dim=cfg.head_dim, causal=True, dtype=act, chip=chip)))
+    ops.append(("o_proj", L, _proj("o_proj", _matrix(cfg, sh, "o_proj"), T, step, chip)))
+    return ops
+
+
+def _mlp_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, str, int, OpCost]]:
+    """(block, name, count, cost) of the MLP / MoE half of every layer."""
+    T, act, h = step.tokens, step.act_dtype, cfg.hidden_size
+    glu = "swiglu" if cfg.mlp_activation == "silu" else "geglu"
+    ops: list[tuple[str, str, int, OpCost]] = [
+        ("mlp", "mlp_norm", cfg.num_layers, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip))]
+    nd = cfg.num_dense_layers
+    if nd:
+        ops += [
+            ("mlp", "gate_up", nd, _proj("gate_up", _matrix(cfg, sh, "gate_up"), T, step, chip)),
+            ("mlp", glu, nd, fused.glu(tokens=T, intermediate=sh.intermediate, dtype=act, kind=glu, chip=chip)),
+            ("mlp", "down", nd, _proj("down", _matrix(cfg, sh, "down"), T, step, chip)),
+        ]
+    if cfg.moe is not None:
+        moe, nm = cfg.moe, cfg.moe.num_moe_layers
+        r = routing(T, moe.num_experts, moe.experts_per_token)
+        item = DTYPES[act].itemsize_bytes
+        scores = T * moe.num_experts
+        topk = _local("topk", vpu=scores * (ROUTER_SCORE_VPU_OPS + ROUTER_TOPK_VPU_OPS_PER_ROUND *
+                                            moe.experts_per_token),
+                      eup=scores * ROUTER_SCORE_EUP_OPS, read=scores * item, write=T * moe.experts_per_token * 8)
+        router = _proj("router", _matrix(cfg, sh, "router"), T, step, chip)
+        ops.append(("moe", "router+topk", nm, _sum([router, dataclasses.replace(topk, mxu_dtype=router.mxu_dtype)])))
+        ops.append(("moe", "dispatch", nm, _local(
+            "dispatch", read=T * h * item, write=r.assignments * h * item,
+            notes=("tokens gathered into expert order (one row per token-expert assignment)",))))
+        gate_up, down = _matrix(cfg, sh, "experts_gate_up"), _matrix(cfg, sh, "experts_down")
+        ops += [
+            ("moe", "experts_gate_up", nm, _expert_gemm("experts_gate_up", r, n=gate_up.n, k=gate_up.k, step=step,
+                                                          chip=chip)),
+            ("moe", f"experts_{glu}", nm, fused.glu(tokens=r.assignments, intermediate=sh.expert_intermediate,
+                                                     dtype=act, kind=glu, chip=chip)),
+            ("moe", "experts_down", nm, _expert_gemm("experts_down", r, n=down.n, k=down.k, step=step, chip=chip)),
+        ]
+        if sh.shared_intermediate:
+            ops += [
+                ("moe", "shared_gate_up", nm, _proj("shared_gate_up", _matrix(cfg, sh, "shared_gate_up"), T, step,
+                                                    chip)),
+                ("moe", f"shared_{glu}", nm, fused.glu(tokens=T, intermediate=sh.shared_intermediate, dtype=act,
+                                                        kind=glu, chip=chip)),
+                ("moe", "shared_down", nm, _proj("shared_down", _matrix(cfg, sh, "shared_down"), T, step, chip)),
+            ]
+        ops.append(("moe", "combine", nm, _local(
+            "combine", vpu=r.assignments * h * MOE_COMBINE_VPU_OPS, read=r.assignments * h * item,
+            write=T * h * item, notes=("expert outputs weighted and summed back into token order",))))
+    if sh.tp > 1:
+        ops.append(("tp", "all_reduce(mlp)", cfg.num_layers, collectives.all_reduce(
+            bytes_per_chip=T * h * DTYPES[act].itemsize_bytes, num_chips=sh.tp, chip=chip)))
+    return ops
+
+
+def _head_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, str, int, OpCost]]:
+    """Embedding lookup, final norm, vocab projection, logits all-gather, sampling."""
+    T, B, act, h = step.tokens, step.batch, step.act_dtype, cfg.hidden_size
+    act_item, w_item = DTYPES[act].itemsize_bytes, DTYPES[step.weight_dtype].itemsize_bytes
+    ops: list[tuple[str, str, int, OpCost]] = [
+        ("embed", "embed", 1, _local("embed", read=T * h * w_item + T * 4, write=T * h * act_item,
+                                     notes=("embedding rows gathered by token id",))),
+        ("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)),
+    ]
+    head = _matrix(cfg, sh, "lm_head" if not cfg.tie_embeddings else "embedding")
+    head = dataclasses.replace(head, k=h, n=sh.vocab)  # a tied head reads the embedding table transposed
+    ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=head.n, k=head.k, lhs_dtype=act, rhs_dtype=step.weight_dtype,
+                                                  out_dtype=LOGITS_DTYPE, chip=chip), "lm_head")))
+    if sh.tp > 1:
+        ops.append(("tp", "all_gather(logits)", 1, collectives.all_gather(
+            bytes_per_chip=B * sh.vocab * DTYPES[LOGITS_DTYPE].itemsize_bytes, num_chips=sh.tp, chip=chip)))
+    ops.append(("head", "sampling", 1, sampling.sampling(batch=B, vocab=cfg.vocab_size, dtype=LOGITS_DTYPE,
+                                                         temperature=True, chip=chip)))
+    return ops
+
+
+def step_ops(cfg: ModelConfig, step: Step, chip: Any) -> list[StepOp]:
+    """Every op of the step, in execution order, evaluated on chip (one instance; ``count`` = layers)."""
+    sh = shard(cfg, step.tp)
+    rows: list[tuple[str, str, int, OpCost]] = []
+    head = _head_ops(cfg, sh, step, chip)
+    rows.append(head[0])
+    rows += [("tp" if name.startswith("all_") else "attention", name, n, c)
+             for name, n, c in _attention_ops(cfg, sh, step, chip)]
+    rows += _mlp_ops(cfg, sh, step, chip)
+    rows += head[1:]
+    return [StepOp(name=name, block=block, count=n, cost=_named(c, name), roofline=evaluate(c, chip))
+            for block, name, n, c in rows if n]
+
+
+# --------------------------------------------------------------------------- the prediction
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPrediction:
+    """One step of a model on one chip (times are per step; every chip of the TP group runs the same ops)."""
+
+    model: ModelConfig
+    chip: Any
+    step: Step
+    ops: tuple[StepOp, ...]
+    memory: MemoryFit
+    routing: Routing | None
+
+    # ----- totals
+
+    @property
+    def floor_s(self) -> float:
+        """Sum of the op floors (each op a kernel bounded by its slowest unit)."""
+        return sum(op.floor_s for op in self.ops)
+
+    @property
+    def expected_s(self) -> float:
+        return sum(op.expected_s for op in self.ops)
+
+    @property
+    def no_overlap_s(self) -> float:
+        return sum(op.no_overlap_s for op in self.ops)
+
+    @property
+    def unit_s(self) -> dict[str, float]:
+        """Seconds per unit at peak, summed over the step (the fully overlapped bound is their max)."""
+        return {u: sum(op.count * float(op.roofline.unit_s[u]) for op in self.ops) for u in UNITS}
+
+    @property
+    def overlapped_floor_s(self) -> float:
+        """Lower bound if every op overlapped every other: the busiest unit's total time."""
+        return max(self.unit_s.values())
+
+    @property
+    def hbm_bytes(self) -> float:
+        return sum(op.hbm_bytes for op in self.ops)
+
+    @property
+    def useful_flops(self) -> float:
+        return sum(op.useful_flops for op in self.ops)
+
+    @property
+    def ici_bytes(self) -> float:
+        return sum(op.ici_bytes for op in self.ops)
+
+    @property
+    def bound_shares(self) -> dict[str, float]:
+        """Share of the floor spent in ops of each bound ("HBM-bound": 0.93, ...), largest first."""
+        total = self.floor_s or 1.0
+        shares: dict[str, float] = {}
+        for op in self.ops:
+            shares[op.bound] = shares.get(op.bound, 0.0) + op.floor_s / total
+        return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+    @property
+    def bound(self) -> str:
+        """The bound of the ops that take most of the floor."""
+        return next(iter(self.bound_shares))
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens produced (decode) or ingested (prefill) by the whole TP group in one step."""
+        return self.step.tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        """System throughput at the floor (all tp chips together)."""
+        return self.tokens_per_step / self.floor_s
+
+    @property
+    def tokens_per_s_per_chip(self) -> float:
+        return self.tokens_per_s / self.step.tp
+
+    @property
+    def tokens_per_s_expected(self) -> float:
+        return self.tokens_per_step / self.expected_s
+
+    @property
+    def compute_dtype(self) -> str:
+        """MXU dtype of the weight GEMMs (whose peak MFU is measured against)."""
+        return matmul_path(self.chip, self.step.act_dtype, self.step.weight_dtype).compute_dtype
+
+    @property
+    def mbu_at_floor(self) -> float:
+        """HBM bytes moved / (floor x peak HBM bandwidth), per chip."""
+        return self.hbm_bytes / (self.floor_s * self.chip.memory.hbm_bw_bytes_per_s_per_chip)
+
+    @property
+    def mfu_at_floor(self) -> float:
+        """Useful FLOPs / (floor x peak matmul rate of the compute dtype), per chip."""
+        return self.useful_flops / (self.floor_s * self.chip.matmul_rate(self.compute_dtype))
+
+    def share(self, op: StepOp) -> float:
+        return op.floor_s / self.floor_s
+
+
+def predict_step(cfg: ModelConfig, step: Step, chip: Any, *,
+                 hbm_utilization: float = kvcache.DEFAULT_HBM_UTILIZATION) -> StepPrediction:
+    """Compose and evaluate one step of cfg on chip (see the module docstring)."""
+    ops = tuple(step_ops(cfg, step, chip))
+    r = routing(step.tokens, cfg.moe.num_experts, cfg.moe.experts_per_token) if cfg.moe else None
+    return StepPrediction(model=cfg, chip=chip, step=step, ops=ops,
+                          memory=memory_fit(cfg, step, chip, hbm_utilization=hbm_utilization), routing=r)
+
+
+def prediction_record(p: StepPrediction) -> dict[str, Any]:
+    """JSON-ready summary of a prediction (the CLI's --json)."""
+    mem = p.memory
+    return {
+        "model": p.model.name,
+        "chip": p.chip.name,
+        "step": dataclasses.asdict(p.step),
+        "floor_s": p.floor_s,
+        "expected_s": p.expected_s,
+        "no_overlap_s": p.no_overlap_s,
+        "overlapped_floor_s": p.overlapped_floor_s,
+        "unit_s": p.unit_s,
+        "bound": p.bound,
+        "bound_shares": p.bound_shares,
+        "tokens_per_step": p.tokens_per_step,
+        "tokens_per_s": p.tokens_per_s,
+        "tokens_per_s_per_chip": p.tokens_per_s_per_chip,
+        "tokens_per_s_expected": p.tokens_per_s_expected,
+        "compute_dtype": p.compute_dtype,
+        "mbu_at_floor": p.mbu_at_floor,
+        "mfu_at_floor": p.mfu_at_floor,
+        "hbm_bytes": p.hbm_bytes,
+        "useful_flops": p.useful_flops,
+        "ici_bytes": p.ici_bytes,
+        "memory": dataclasses.asdict(mem),
+        "routing": dataclasses.asdict(p.routing) if p.routing else None,
+        "ops": [
+            {"name": op.name, "block": op.block, "count": op.count, "floor_s": op.floor_s,
+             "expected_s": op.expected_s, "bound": op.bound, "share": p.share(op), "hbm_bytes": op.hbm_bytes,
+             "useful_flops": op.useful_flops, "ici_bytes": op.ici_bytes, "mxu_dtype": op.cost.mxu_dtype,
+             "notes": list(op.cost.notes)}
+            for op in p.ops
+        ],
+    }

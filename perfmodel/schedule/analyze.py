@@ -1,0 +1,314 @@
+"""``analyze(fn, *args)``: the schedule model of every pallas_call a function runs.
+
+Steps for each pallas_call: read it (:mod:`.extract`), evaluate its index
+maps at every grid step (:mod:`.indexmaps`), simulate the pipeline's fetches
+and write-backs (:mod:`.pipeline`), count the body's work per step
+(:mod:`.body`), size its VMEM (:mod:`.vmem`) and time it (:mod:`.timing`),
+next to the op floor of the same work with every byte moved once
+(:func:`perfmodel.model.core.evaluate`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from perfmodel.errors import InputError
+from perfmodel.hw.spec import ChipSpec
+from perfmodel.model.core import OpCost, combine, evaluate
+from perfmodel.schedule import pipeline as pl_sim
+from perfmodel.schedule.body import WorkCounter, count_body_work
+from perfmodel.schedule.extract import PallasCall, find_pallas_calls, trace
+from perfmodel.schedule.indexmaps import block_indices, grid_points
+from perfmodel.schedule.results import (
+    Analysis,
+    BodyWork,
+    KernelAnalysis,
+    OperandTraffic,
+    ScratchBuffer,
+    StepTimes,
+    TimeEstimate,
+    VmemUsage,
+)
+from perfmodel.schedule.timing import (
+    DEFAULT_HOST_DISPATCH,
+    DISPATCH_DOMINATED_RATIO,
+    StepWork,
+    core_rates,
+    pipeline_time,
+)
+from perfmodel.schedule.vmem import buffer_bytes, vmem_status
+
+
+def resolve_chip(chip: str | ChipSpec) -> ChipSpec:
+    if isinstance(chip, ChipSpec):
+        return chip
+    from perfmodel.hw.registry import get_chip
+
+    spec = get_chip(chip)
+    if spec.kind != "tpu":
+        raise InputError(f"--hw: {spec.name} is not a TPU; the schedule model describes Pallas TPU kernels")
+    return spec
+
+
+def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = "tpu-v5e", host_dispatch_s: float | None = None,
+            keep_step_times: bool = False, **kwargs: Any) -> Analysis:
+    """Trace ``fn(*args, **kwargs)`` and model every pallas_call it runs on ``chip``.
+
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``; scalar-prefetch
+    operands that index maps read must be concrete arrays. Returns an
+    :class:`~perfmodel.schedule.results.Analysis`.
+    """
+    spec = resolve_chip(chip)
+    closed = trace(fn, *args, **kwargs)
+    calls = find_pallas_calls(closed, args)
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or repr(fn)
+    notes: tuple[str, ...] = ()
+    if not calls:
+        notes = (f"{name} runs no pallas_call; nothing to model (use `perfmodel predict` for XLA ops)",)
+    kernels = tuple(
+        analyze_call(c, spec, host_dispatch_s=host_dispatch_s, keep_step_times=keep_step_times) for c in calls
+    )
+    return Analysis(function=str(name), chip=spec.name, kernels=kernels, notes=notes)
+
+
+def cores_for(call: PallasCall, chip: ChipSpec) -> int:
+    """TensorCores the grid runs on: all of a megacore chip's when the grid has a leading parallel dimension."""
+    if chip.cores.megacore and call.dimension_semantics and "parallel" in call.dimension_semantics[0]:
+        return chip.cores.cores_per_chip
+    return 1
+
+
+def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None = None, cores: int | None = None,
+                 host_dispatch_s: float | None = None, keep_step_times: bool = False) -> KernelAnalysis:
+    """Model one pallas_call. ``order``: an explicit traversal (``(n, ndim)`` grid points), e.g.
+    the one a TPU-interpret run recorded; by default Pallas' row-major order."""
+    notes: list[str] = []
+    points = grid_points(call.grid) if order is None else np.asarray(order, dtype=np.int32).reshape(-1, len(call.grid))
+    n = points.shape[0]
+    ncores = cores_for(call, chip) if cores is None else cores
+    seg = pl_sim.split_over_cores(call.grid, call.dimension_semantics, ncores) if order is None else pl_sim.single_segment(n)
+    if ncores > 1 and seg.cores > 1:
+        notes.append(f"grid split over {seg.cores} TensorCores along its leading parallel dimension(s) (megacore)")
+
+    operands, fetch, wb = _operand_traffic(call, chip, points, seg, notes)
+    counter = count_body_work(call.body, chip, call.grid, points, call.prefetch_values)
+    notes.extend(counter.notes)
+    manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
+    if manual:
+        notes.append(
+            "manual DMA: operands left in HBM (memory_space ANY) are copied by the body's own async copies; "
+            "their traffic is estimated from its dma_start ops, not simulated as a pipeline"
+        )
+
+    scratch, scratch_vmem, scratch_smem = _scratch(call, chip, counter)
+    vmem = _vmem(call, chip, operands, scratch_vmem, scratch_smem)
+    if vmem.status != "fits":
+        notes.append(_vmem_note(vmem))
+
+    dma = pl_sim.dma_schedule(fetch, wb, seg)
+    work = StepWork(mxu_issued_flops=counter.issued, vpu_ops=counter.vpu, eup_ops=counter.eup,
+                    manual_dma_bytes=counter.dma)
+    prefetch_bytes = sum(int(np.asarray(v).nbytes) for v in call.prefetch_values if v is not None)
+    pt = pipeline_time(work, dma, seg, core_rates(chip), n, extra_prologue_bytes=prefetch_bytes)
+
+    floor = _op_floor(call, chip, counter, operands, prefetch_bytes, ncores)
+    dispatch = DEFAULT_HOST_DISPATCH.seconds if host_dispatch_s is None else host_dispatch_s
+    limiter = max(pt.steps_limited_by, key=pt.steps_limited_by.get)
+    time = TimeEstimate(
+        expected_s=pt.expected_s,
+        prologue_s=float(pt.prologue_s[pt.slowest_core]),
+        steps_s=float(pt.steps_s[pt.slowest_core]),
+        epilogue_s=float(pt.epilogue_s[pt.slowest_core]),
+        mean_step_compute_s=float(pt.compute_s.mean()) if n else 0.0,
+        mean_step_dma_s=float(pt.dma_s.mean()) if n else 0.0,
+        step_overhead_s=pt.overhead_s,
+        steps_limited_by=pt.steps_limited_by,
+        limiter=limiter,
+        op_floor_s=floor[0],
+        op_floor_limiter=floor[1],
+        efficiency=floor[0] / pt.expected_s if pt.expected_s > 0 else float("nan"),
+        host_dispatch_s=dispatch,
+        dispatch_dominated=pt.expected_s < DISPATCH_DOMINATED_RATIO * dispatch,
+    )
+    if time.dispatch_dominated:
+        notes.append(
+            f"dispatch-dominated: the kernel's expected time is under {DISPATCH_DOMINATED_RATIO:g}x the "
+            f"~{dispatch * 1e6:.0f} us host dispatch of one call; a wall-clock timing of a single call measures "
+            "mostly dispatch"
+        )
+    issued_total = float(sum(np.sum(np.broadcast_to(v, (n,))) for v in counter.issued.values()))
+    body = BodyWork(
+        mxu_useful_flops=_total(counter.useful, n),
+        mxu_issued_flops=issued_total,
+        mxu_dtype=_dominant_key(counter, n),
+        vpu_ops=_total(counter.vpu, n),
+        eup_ops=_total(counter.eup, n),
+        manual_dma_bytes=_total(counter.dma, n),
+        dot_generals=counter.dots,
+        mean_step_mxu_issued_flops=issued_total / n if n else 0.0,
+        mean_step_vpu_ops=_total(counter.vpu, n) / n if n else 0.0,
+        mean_step_eup_ops=_total(counter.eup, n) / n if n else 0.0,
+    )
+    waste = 1 - body.mxu_useful_flops / body.mxu_issued_flops if body.mxu_issued_flops else 0.0
+    if waste > 0.01 and counter.dots and "f32 matmuls" not in " ".join(notes):
+        notes.append(f"MXU padding: {waste:.0%} of issued MXU FLOPs pad dot_generals to the {chip.cores.mxu_dim}-wide MXU")
+    steps = StepTimes(compute_s=pt.compute_s, dma_s=pt.dma_s, overhead_s=pt.overhead_s) if keep_step_times else None
+    return KernelAnalysis(
+        name=call.name,
+        chip=chip.name,
+        grid=call.grid,
+        dimension_semantics=call.dimension_semantics,
+        steps=n,
+        cores_used=seg.cores,
+        manual_dma=bool(manual),
+        num_scalar_prefetch=call.num_scalar_prefetch,
+        operands=tuple(operands),
+        scratch=tuple(scratch),
+        vmem=vmem,
+        work=body,
+        time=time,
+        cost_estimate=call.cost_estimate,
+        notes=tuple(dict.fromkeys(notes)),
+        step_times=steps,
+    )
+
+
+def _total(x: Any, n: int) -> float:
+    return float(np.sum(np.broadcast_to(np.asarray(x, dtype=float), (n,))))
+
+
+def _dominant_key(counter: WorkCounter, n: int) -> str:
+    if not counter.issued:
+        return "none"
+    return next(iter(counter.issued)) if len(counter.issued) == 1 else "mixed"
+
+
+def _operand_traffic(call: PallasCall, chip: ChipSpec, points: np.ndarray, seg: pl_sim.Segments,
+                     notes: list[str]) -> tuple[list[OperandTraffic], np.ndarray, np.ndarray]:
+    n = points.shape[0]
+    fetch = np.zeros(n)
+    wb = np.zeros(n)
+    out: list[OperandTraffic] = []
+    for b in call.blocks:
+        approx = {k for k in b.block_kinds if k in ("bounded_slice", "indirect")}
+        if approx:
+            notes.append(f"operand '{b.name}' uses {', '.join(sorted(approx))} block dimensions; "
+                         "its windows are approximated by their full block size")
+        array_bytes = int(math.prod(b.array_shape)) * b.itemsize_bytes
+        per_buffer = buffer_bytes(b.ref_shape, b.itemsize_bytes, b.memory_space, chip)
+        if not b.pipelined:
+            out.append(OperandTraffic(
+                name=b.name, role=b.role, array=b.array_label, dtype=b.dtype.name, array_shape=b.array_shape,
+                block_shape=b.block_shape, block_kinds=b.block_kinds, memory_space=b.memory_space, pipelined=False,
+                buffer_count=0, transfers=0, hbm_bytes=0, ideal_hbm_bytes=array_bytes, buffer_bytes=0,
+            ))
+            continue
+        idx = block_indices(call, b, points)
+        t = pl_sim.simulate_block(idx, role=b.role, block_shape=b.block_shape, block_kinds=b.block_kinds,
+                                  array_shape=b.array_shape, itemsize_bytes=b.itemsize_bytes, seg=seg)
+        if b.role == "input":
+            fetch += t.step_bytes
+        else:
+            wb += t.step_bytes
+        out.append(OperandTraffic(
+            name=b.name, role=b.role, array=b.array_label, dtype=b.dtype.name, array_shape=b.array_shape,
+            block_shape=b.block_shape, block_kinds=b.block_kinds, memory_space=b.memory_space, pipelined=True,
+            buffer_count=b.buffer_count, transfers=t.transfers, hbm_bytes=t.total_bytes,
+            ideal_hbm_bytes=t.ideal_bytes, buffer_bytes=b.buffer_count * per_buffer,
+        ))
+    return out, fetch, wb
+
+
+def _scratch(call: PallasCall, chip: ChipSpec, counter: WorkCounter) -> tuple[list[ScratchBuffer], int, int]:
+    out = []
+    vmem = smem = 0
+    for name, aval in call.scratch:
+        ms = str(getattr(aval, "memory_space", "vmem")).lower().rsplit(".", 1)[-1]
+        dtype = getattr(aval, "dtype", None)
+        shape = tuple(getattr(aval, "shape", ()))
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            np_dtype = None
+        if np_dtype is None or "sem" in ms:
+            label = f"{getattr(dtype, 'name', str(dtype))}[{','.join(map(str, shape))}]"
+            out.append(ScratchBuffer(name=name, shape=label, memory_space="semaphore" if "sem" in ms else ms, padded_bytes=0))
+            continue
+        space = ms if ms in ("vmem", "smem") else "vmem"
+        nbytes = buffer_bytes(shape, np_dtype.itemsize, space, chip)
+        if space == "vmem":
+            vmem += nbytes
+        else:
+            smem += nbytes
+        out.append(ScratchBuffer(name=name, shape=f"{np_dtype.name}[{','.join(map(str, shape))}]", memory_space=space,
+                                 padded_bytes=nbytes))
+    for space, nbytes in counter.scoped_bytes.items():
+        out.append(ScratchBuffer(name="run_scoped", shape="(allocated in the body)", memory_space=space, padded_bytes=nbytes))
+        if space == "vmem":
+            vmem += nbytes
+        else:
+            smem += nbytes
+    return out, vmem, smem
+
+
+def _vmem(call: PallasCall, chip: ChipSpec, operands: Sequence[OperandTraffic], scratch_vmem: int,
+          scratch_smem: int) -> VmemUsage:
+    blocks = sum(o.buffer_bytes for o in operands if o.memory_space == "vmem")
+    smem_blocks = sum(o.buffer_bytes for o in operands if o.memory_space == "smem")
+    prefetch_smem = sum(int(np.asarray(v).size) * 4 for v in call.prefetch_values if v is not None)
+    total = blocks + scratch_vmem
+    return VmemUsage(
+        blocks_bytes=blocks,
+        scratch_bytes=scratch_vmem,
+        total_bytes=total,
+        smem_bytes=smem_blocks + scratch_smem + prefetch_smem,
+        default_scoped_limit_bytes=chip.memory.vmem_default_scoped_limit_bytes_per_core,
+        capacity_bytes=chip.memory.vmem_bytes_per_core,
+        requested_limit_bytes=call.vmem_limit_bytes,
+        status=vmem_status(total, chip, call.vmem_limit_bytes),
+    )
+
+
+def _vmem_note(v: VmemUsage) -> str:
+    from perfmodel.units import binary
+
+    if v.status == "does not fit":
+        return f"VMEM: {binary(v.total_bytes)} of buffers exceed the {binary(v.capacity_bytes)} of VMEM per core"
+    limit = v.requested_limit_bytes if v.requested_limit_bytes is not None else v.default_scoped_limit_bytes
+    which = "its vmem_limit_bytes" if v.requested_limit_bytes is not None else "the default scoped limit"
+    return (f"VMEM: {binary(v.total_bytes)} of buffers exceed {which} ({binary(limit)}); "
+            f"set pltpu.CompilerParams(vmem_limit_bytes>={v.total_bytes})")
+
+
+def _op_floor(call: PallasCall, chip: ChipSpec, counter: WorkCounter, operands: Sequence[OperandTraffic],
+              prefetch_bytes: int, cores_used: int) -> tuple[float, str]:
+    """Roofline floor of the same work with each byte moved once and no MXU padding, on the cores used.
+
+    On chips whose JAX device is one of several TensorCores (cores_used <
+    cores_per_chip), the chip-wide floor is scaled up accordingly.
+    """
+    n = call.steps
+    reads = sum(o.ideal_hbm_bytes for o in operands if o.role == "input") + prefetch_bytes
+    writes = sum(o.ideal_hbm_bytes for o in operands if o.role == "output")
+    useful = _total(counter.useful, n)
+    unpadded = {k: _total(v, n) for k, v in counter.unpadded.items()} or {_default_key(chip): 0.0}
+    total = sum(unpadded.values())
+    parts = []
+    for i, (key, flops) in enumerate(unpadded.items()):
+        share = flops / total if total else 1.0
+        extra = dict(vpu_ops=_total(counter.vpu, n), eup_ops=_total(counter.eup, n),
+                     hbm_read_bytes=reads, hbm_write_bytes=writes) if i == 0 else {}
+        parts.append(OpCost(name=f"{call.name}:{key}", mxu_flops=flops, useful_flops=useful * share, mxu_dtype=key,
+                            **extra))
+    cost = parts[0] if len(parts) == 1 else combine(call.name, parts)
+    roof = evaluate(cost, chip)
+    scale = chip.cores.cores_per_chip / max(1, cores_used)
+    return float(roof.floor_s) * scale, str(roof.limiter)
+
+
+def _default_key(chip: ChipSpec) -> str:
+    rates = chip.compute.matmul_flops_per_s_per_chip
+    return "bf16" if "bf16" in rates else next(iter(rates))

@@ -1,0 +1,271 @@
+"""Work of a kernel body per grid step: MXU, VPU, EUP and manual DMA.
+
+The body jaxpr is run through the vectorized interpreter with a
+:class:`WorkCounter` hook, so a ``pl.when`` whose predicate depends only on
+``program_id`` and scalar prefetch (causal block skipping, accumulator init)
+counts its work only at the steps where it runs, and loops multiply their
+body by their trip count.
+
+Counting rules (per executed equation, times its weight):
+
+* ``dot_general``: useful FLOPs 2*B*M*N*K; issued FLOPs pad M to the sublane
+  count and K and N to the MXU dimension (a 128x128 or 256x256 systolic
+  array processes whole tiles). The MXU rate is that of the operand dtypes
+  (see :func:`mxu_rate_key`).
+* element-wise arithmetic, comparisons, selects, casts and reductions on
+  vectors: one VPU op per element (reductions: per input element);
+* transcendentals (exp, log, tanh, rsqrt, ...) and float division: one EUP op
+  per element (division also one VPU op);
+* layout ops (broadcast, reshape, slicing, transposes), loads and stores: no
+  VPU work (transposes use the XLU, which is not modelled);
+* ``dma_start``: bytes of the copied window (manual DMA).
+
+Scalar ops (single elements) run on the scalar unit and are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from perfmodel.hw.spec import ChipSpec
+from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue
+
+#: f32 x f32 matmuls on a chip whose MXU has no f32 rate are modelled as this
+#: many bf16 passes (XLA's "HIGH" precision, bf16_3x). Mosaic's choice for a
+#: given kernel is not documented; treat as an assumption.
+F32_MATMUL_BF16_PASSES = 3
+
+EUP_PRIMITIVES = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
+    "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "sqrt", "cbrt", "erf", "erfc", "erf_inv",
+    "pow", "lgamma", "digamma",
+})
+
+VPU_PRIMITIVES = frozenset({
+    "add", "sub", "mul", "neg", "abs", "sign", "max", "min", "select_n", "clamp", "eq", "ne", "lt", "le", "gt",
+    "ge", "and", "or", "not", "xor", "convert_element_type", "floor", "ceil", "round", "integer_pow", "square",
+    "rem", "shift_left", "shift_right_logical", "shift_right_arithmetic", "is_finite", "nextafter",
+    "population_count", "iota", "reduce_precision", "add_any", "stochastic_round", "prng_random_bits",
+    "random_bits", "threefry2x32",
+})
+
+REDUCTIONS = frozenset({
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
+    "argmax", "argmin", "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp",
+})
+
+_DTYPE_KEYS = {
+    "float32": "fp32", "float64": "fp32", "bfloat16": "bf16", "float16": "bf16",
+    "int8": "int8", "uint8": "int8", "int4": "int4", "uint4": "int4",
+}
+#: Wider operand wins when the two differ (bf16 x int8 runs at the bf16 rate).
+_WIDTH = {"fp32": 4, "bf16": 3, "fp8": 2, "int8": 2, "int4": 1}
+
+
+def _dtype_key(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    if name.startswith("float8"):
+        return "fp8"
+    return _DTYPE_KEYS.get(name, "fp32")
+
+
+def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec) -> tuple[str, int, str | None]:
+    """(rate key in chip.compute.matmul_flops_per_s_per_chip, passes, note) for a dot of these operand dtypes."""
+    a, b = _dtype_key(lhs), _dtype_key(rhs)
+    key = a if _WIDTH[a] >= _WIDTH[b] else b
+    if a != b and {a, b} == {"fp8", "int8"}:
+        key = "bf16"
+    rates = chip.compute.matmul_flops_per_s_per_chip
+    if key in rates:
+        return key, 1, None
+    if key == "fp32" and "bf16" in rates:
+        return "bf16", F32_MATMUL_BF16_PASSES, (
+            f"f32 matmuls modelled as {F32_MATMUL_BF16_PASSES} bf16 MXU passes ({chip.name} lists no f32 MXU rate)"
+        )
+    if "bf16" in rates:
+        return "bf16", 1, f"{key} matmul operands run at the bf16 MXU rate ({chip.name} has no native {key} MXU path)"
+    fallback = next(iter(rates))
+    return fallback, 1, f"{key} matmul operands run at the {fallback} rate ({chip.name} lists no {key} or bf16 rate)"
+
+
+def _size(aval: Any) -> int:
+    shape = getattr(aval, "shape", None)
+    return int(math.prod(shape)) if shape is not None else 1
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m if m else x
+
+
+def dot_flops(eqn: Any, chip: ChipSpec) -> tuple[int, int]:
+    """(useful, issued) FLOPs of one dot_general, issued padded to the MXU tile."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    batch = int(math.prod(lhs[d] for d in lb))
+    k = int(math.prod(lhs[d] for d in lc))
+    m = int(math.prod(lhs[d] for d in range(len(lhs)) if d not in lc and d not in lb))
+    n = int(math.prod(rhs[d] for d in range(len(rhs)) if d not in rc and d not in rb))
+    mxu = chip.cores.mxu_dim or 1
+    sub = chip.cores.vreg_sublanes or 1
+    useful = 2 * batch * m * n * k
+    issued = 2 * batch * _ceil_to(m, sub) * _ceil_to(n, mxu) * _ceil_to(k, mxu)
+    return useful, issued
+
+
+def dma_window_bytes(eqn: Any) -> tuple[int, str, str]:
+    """(bytes, source memory space, destination memory space) of one dma_start."""
+    import jax
+
+    leaves = list(eqn.invars)
+    try:
+        src, src_t, dst, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], leaves)
+    except Exception:  # noqa: BLE001 - unfamiliar layout
+        return 0, "?", "?"
+    aval = src.aval
+    shape = list(aval.shape)
+    for t in src_t or ():
+        shape = _indexed_shape(t, shape)
+    itemsize = np.dtype(aval.dtype).itemsize
+    src_ms = str(getattr(aval, "memory_space", "any")).lower().rsplit(".", 1)[-1]
+    dst_ms = str(getattr(getattr(dst, "aval", None), "memory_space", "any")).lower().rsplit(".", 1)[-1]
+    return int(math.prod(shape)) * itemsize, src_ms, dst_ms
+
+
+def _indexed_shape(t: Any, shape: list[int]) -> list[int]:
+    """Shape of a ref window after one indexing transform (dynamic slice sizes: the whole dimension)."""
+    from jax._src.state.indexing import NDIndexer, Slice
+
+    if not isinstance(t, NDIndexer):
+        return list(getattr(t, "shape", shape))
+    out: list[int] = []
+    for idx, dim in zip(t.indices, shape):
+        if isinstance(idx, Slice):
+            out.append(int(idx.size) if isinstance(idx.size, (int, np.integer)) else int(dim))
+        else:
+            out.extend(getattr(getattr(idx, "aval", None), "shape", ()) or ())
+    return out
+
+
+class WorkCounter(Hook):
+    """Accumulates per-step work (scalars or ``(n,)`` arrays) while the body is interpreted."""
+
+    def __init__(self, chip: ChipSpec, notes: list[str] | None = None):
+        self.chip = chip
+        self.useful: Any = 0.0
+        #: rate key -> issued FLOPs (padding and multi-pass included).
+        self.issued: dict[str, Any] = {}
+        #: rate key -> FLOPs without padding (multi-pass included): what the op floor uses.
+        self.unpadded: dict[str, Any] = {}
+        self.vpu: Any = 0.0
+        self.eup: Any = 0.0
+        self.dma: Any = 0.0
+        self.dots = 0
+        self.notes: list[str] = notes if notes is not None else []
+        #: Bytes of run_scoped VMEM / SMEM allocations, by memory space (largest seen).
+        self.scoped_bytes: dict[str, int] = {}
+        self.dma_directions: set[tuple[str, str]] = set()
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def child(self) -> "WorkCounter":
+        return WorkCounter(self.chip, self.notes)
+
+    def absorb_costliest(self, children: Sequence[Hook], reason: str) -> None:
+        kids = [c for c in children if isinstance(c, WorkCounter)]
+        if not kids:
+            return
+        best = max(kids, key=lambda c: float(np.sum(c.seconds_at_peak())))
+        if len(kids) > 1:
+            self.note(f"{reason}: the costliest branch is assumed to run at every step")
+        self.useful = self.useful + best.useful
+        for k, v in best.issued.items():
+            self.issued[k] = self.issued.get(k, 0.0) + v
+        for k, v in best.unpadded.items():
+            self.unpadded[k] = self.unpadded.get(k, 0.0) + v
+        self.vpu = self.vpu + best.vpu
+        self.eup = self.eup + best.eup
+        self.dma = self.dma + best.dma
+        self.dots += best.dots
+        for k, v in best.scoped_bytes.items():
+            self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
+        self.dma_directions |= best.dma_directions
+
+    def seconds_at_peak(self) -> Any:
+        """Per-step seconds of the body's work at peak rates (for comparing branches)."""
+        c = self.chip
+        mxu = sum(v / c.compute.matmul_flops_per_s_per_chip[k] for k, v in self.issued.items())
+        return mxu + self.vpu / c.compute.vpu_flops_per_s_per_chip + self.eup / c.compute.eup_ops_per_s_per_chip \
+            + self.dma / c.memory.hbm_bw_bytes_per_s_per_chip
+
+    def eqn(self, eqn: Any, weight: Any, interp: Interpreter) -> None:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            useful, issued = dot_flops(eqn, self.chip)
+            key, passes, note = mxu_rate_key(eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, self.chip)
+            if note:
+                self.note(note)
+            self.useful = self.useful + weight * useful
+            self.issued[key] = self.issued.get(key, 0.0) + weight * issued * passes
+            self.unpadded[key] = self.unpadded.get(key, 0.0) + weight * useful * passes
+            self.dots += 1
+            return
+        if name == "dma_start":
+            nbytes, src, dst = dma_window_bytes(eqn)
+            self.dma = self.dma + weight * nbytes
+            self.dma_directions.add((src, dst))
+            return
+        if name == "run_scoped":
+            from perfmodel.schedule.vmem import buffer_bytes
+
+            for v in eqn.params["jaxpr"].invars:
+                aval = v.aval
+                ms = str(getattr(aval, "memory_space", "vmem")).lower().rsplit(".", 1)[-1]
+                if not hasattr(aval, "dtype") or "sem" in ms:
+                    continue
+                try:
+                    itemsize = np.dtype(aval.dtype).itemsize
+                except TypeError:
+                    continue
+                b = buffer_bytes(aval.shape, itemsize, ms if ms in ("vmem", "smem") else "vmem", self.chip)
+                key = ms if ms in ("vmem", "smem") else "vmem"
+                self.scoped_bytes[key] = self.scoped_bytes.get(key, 0) + b
+            return
+        out = eqn.outvars[0].aval if eqn.outvars else None
+        if out is None or not getattr(out, "shape", ()):
+            return  # scalar-unit work is not counted
+        if name in EUP_PRIMITIVES:
+            self.eup = self.eup + weight * _size(out)
+        elif name == "div":
+            elems = _size(out)
+            if np.issubdtype(np.dtype(out.dtype), np.floating):
+                self.eup = self.eup + weight * elems
+            self.vpu = self.vpu + weight * elems
+        elif name in VPU_PRIMITIVES:
+            self.vpu = self.vpu + weight * _size(out)
+        elif name in REDUCTIONS:
+            self.vpu = self.vpu + weight * _size(eqn.invars[0].aval)
+
+
+def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,
+                    prefetch_values: Sequence[Any]) -> WorkCounter:
+    """Interpret the kernel body once for all grid steps; returns the filled counter.
+
+    The body's parameters are (*scalar prefetch, *blocks, *scratch); only the
+    scalar-prefetch refs have known contents.
+    """
+    n = points.shape[0]
+    counter = WorkCounter(chip)
+    interp = Interpreter(n, grid, [points[:, d] for d in range(points.shape[1])], counter)
+    args: list[Any] = []
+    for i, v in enumerate(body.invars):
+        ms = str(getattr(v.aval, "memory_space", "")).lower()
+        known = i < len(prefetch_values) and prefetch_values[i] is not None
+        content = np.asarray(prefetch_values[i])[None, ...] if known else UNKNOWN
+        args.append(RefValue(content, ms) if hasattr(v.aval, "memory_space") or known else UNKNOWN)
+    interp.run(body, [], args)
+    return counter

@@ -1,0 +1,344 @@
+"""Find the pallas_calls in a traced function and read their schedules.
+
+:func:`trace` runs ``jax.make_jaxpr`` on the function; :func:`find_pallas_calls`
+walks the jaxpr (through ``jit``, custom-derivative calls and control flow)
+and returns one :class:`PallasCall` per ``pallas_call`` equation with its grid,
+block mappings (block shapes, index-map jaxprs, memory spaces, buffering),
+scalar-prefetch operands (and their values when the function's arguments are
+concrete), scratch shapes, dimension semantics, ``vmem_limit_bytes`` and the
+kernel body jaxpr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from perfmodel.errors import InputError
+
+#: Block-dimension classes of jax._src.pallas.core -> our names.
+_BLOCK_KINDS = {
+    "Blocked": "blocked",
+    "Squeezed": "squeezed",
+    "Element": "element",
+    "BoundedSlice": "bounded_slice",
+    "Indirect": "indirect",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockMapping:
+    """One blocked operand of a pallas_call, as the schedule model needs it."""
+
+    name: str
+    role: str
+    position: int
+    array_shape: tuple[int, ...]
+    dtype: np.dtype
+    block_shape: tuple[int, ...]
+    block_kinds: tuple[str, ...]
+    memory_space: str
+    buffer_count: int
+    #: ClosedJaxpr: (*grid indices, *scalar-prefetch refs) -> block indices.
+    index_map: Any
+
+    @property
+    def pipelined(self) -> bool:
+        return self.memory_space in ("vmem", "smem")
+
+    @property
+    def itemsize_bytes(self) -> int:
+        return int(self.dtype.itemsize)
+
+    @property
+    def ref_shape(self) -> tuple[int, ...]:
+        """Shape of the kernel's ref: the block without squeezed dimensions."""
+        return tuple(b for b, k in zip(self.block_shape, self.block_kinds) if k != "squeezed")
+
+    @property
+    def array_label(self) -> str:
+        return f"{self.dtype.name}[{','.join(str(d) for d in self.array_shape)}]"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PallasCall:
+    """A pallas_call equation, read."""
+
+    name: str
+    grid: tuple[int, ...]
+    dimension_semantics: tuple[str, ...]
+    blocks: tuple[BlockMapping, ...]
+    num_scalar_prefetch: int
+    #: Concrete values of the scalar-prefetch operands (None where unknown).
+    prefetch_values: tuple[Any, ...]
+    #: (name, aval) of each scratch operand.
+    scratch: tuple[tuple[str, Any], ...]
+    vmem_limit_bytes: int | None
+    cost_estimate: dict[str, int] | None
+    #: The kernel body (open jaxpr) and the names of its parameters.
+    body: Any
+    input_output_aliases: tuple[tuple[int, int], ...]
+    eqn: Any = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def steps(self) -> int:
+        return int(math.prod(self.grid))
+
+
+def trace(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``jax.make_jaxpr(fn)(*args, **kwargs)``; args may be arrays or ShapeDtypeStructs."""
+    import jax
+
+    try:
+        return jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+    except (TypeError, ValueError) as exc:
+        name = getattr(fn, "__name__", repr(fn))
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"tracing {name} failed: {first}") from exc
+
+
+def _memory_space_name(ms: Any) -> str:
+    if ms is None:
+        return "vmem"
+    text = str(ms).lower()
+    if "." in text:
+        text = text.rsplit(".", 1)[-1]
+    return {"semaphore_mem": "semaphore", "default": "vmem"}.get(text, text)
+
+
+def _semantics(params: Any, ndim: int) -> tuple[str, ...]:
+    cp = params.get("compiler_params")
+    ds = getattr(cp, "dimension_semantics", None)
+    if ds is None and isinstance(cp, dict):
+        for v in cp.values():
+            ds = getattr(v, "dimension_semantics", None) or (v.get("dimension_semantics") if isinstance(v, dict) else None)
+            if ds is not None:
+                break
+    if ds is None:
+        return ("arbitrary",) * ndim
+    out = []
+    for d in ds:
+        text = str(getattr(d, "value", d)).lower()
+        out.append(text.rsplit(".", 1)[-1])
+    return tuple(out)
+
+
+def _vmem_limit(params: Any) -> int | None:
+    cp = params.get("compiler_params")
+    limit = getattr(cp, "vmem_limit_bytes", None)
+    if limit is None and isinstance(cp, dict):
+        for v in cp.values():
+            limit = getattr(v, "vmem_limit_bytes", None)
+            if limit is not None:
+                break
+    return int(limit) if limit is not None else None
+
+
+def _cost_estimate(params: Any) -> dict[str, int] | None:
+    ce = params.get("cost_estimate")
+    if ce is None:
+        return None
+    return {
+        "flops": int(getattr(ce, "flops", 0) or 0),
+        "transcendentals": int(getattr(ce, "transcendentals", 0) or 0),
+        "bytes_accessed": int(getattr(ce, "bytes_accessed", 0) or 0),
+    }
+
+
+def _block_dims(block_shape: Sequence[Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    sizes, kinds = [], []
+    for b in block_shape:
+        kind = _BLOCK_KINDS.get(type(b).__name__)
+        if kind is None:
+            kind, size = "blocked", int(b) if b is not None else 1
+        elif kind == "squeezed":
+            size = 1
+        else:
+            size = int(b.block_size)
+        sizes.append(size)
+        kinds.append(kind)
+    return tuple(sizes), tuple(kinds)
+
+
+def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None) -> PallasCall:
+    """Read one pallas_call equation."""
+    p = eqn.params
+    gm = p["grid_mapping"]
+    body = p["jaxpr"]
+    if any(not isinstance(g, (int, np.integer)) for g in gm.grid):
+        raise InputError(
+            "pallas_call has a dynamic grid; the schedule model needs static grid sizes "
+            "(pass concrete shapes to analyze)"
+        )
+    grid = tuple(int(g) for g in gm.grid)
+    n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    arg_names = getattr(getattr(body, "debug_info", None), "arg_names", None)
+    names = list(arg_names) if arg_names and len(arg_names) == len(body.invars) else None
+    block_names = names[n_idx : n_idx + n_in + n_out] if names else None
+    scratch_names = names[n_idx + n_in + n_out :] if names else None
+    blocks = []
+    for i, bm in enumerate(gm.block_mappings):
+        role = "input" if i < n_in else "output"
+        pos = i if i < n_in else i - n_in
+        name = block_names[i] if block_names and block_names[i] else f"{'in' if role == 'input' else 'out'}{pos}"
+        sizes, kinds = _block_dims(bm.block_shape)
+        buffers = getattr(bm.pipeline_mode, "buffer_count", None) or 2
+        blocks.append(
+            BlockMapping(
+                name=_clean_name(name),
+                role=role,
+                position=pos,
+                array_shape=tuple(int(d) for d in bm.array_aval.shape),
+                dtype=np.dtype(bm.array_aval.dtype),
+                block_shape=sizes,
+                block_kinds=kinds,
+                memory_space=_memory_space_name(getattr(bm.transformed_block_aval, "memory_space", None)),
+                buffer_count=int(buffers),
+                index_map=bm.index_map_jaxpr,
+            )
+        )
+    scratch = []
+    for j, aval in enumerate(gm.scratch_avals):
+        sname = scratch_names[j] if scratch_names and j < len(scratch_names) and scratch_names[j] else f"scratch{j}"
+        scratch.append((_clean_name(sname), aval))
+    values = tuple(prefetch_values) if prefetch_values is not None else (None,) * n_idx
+    func_name = getattr(getattr(body, "debug_info", None), "func_name", None)
+    name = p.get("name") or func_name or "pallas_call"
+    aliases = tuple(tuple(int(x) for x in pair) for pair in (p.get("input_output_aliases") or ()))
+    return PallasCall(
+        name=_clean_name(str(name)),
+        grid=grid,
+        dimension_semantics=_semantics(p, len(grid)),
+        blocks=tuple(blocks),
+        num_scalar_prefetch=n_idx,
+        prefetch_values=values,
+        scratch=tuple(scratch),
+        vmem_limit_bytes=_vmem_limit(p),
+        cost_estimate=_cost_estimate(p),
+        body=body,
+        input_output_aliases=aliases,
+        eqn=eqn,
+    )
+
+
+def _clean_name(name: str) -> str:
+    """Kernel argument names come as e.g. "x_tile_ref" or "args[0]"; keep them readable."""
+    return name.replace(" ", "")
+
+
+def find_pallas_calls(closed: Any, args: Sequence[Any] = ()) -> list[PallasCall]:
+    """Every pallas_call in a ClosedJaxpr, in program order.
+
+    When ``args`` are concrete arrays, the values of scalar-prefetch operands
+    are computed (everything before each pallas_call is evaluated eagerly on
+    the CPU; pallas_calls themselves are not run).
+    """
+    found: list[tuple[Any, list[Any] | None]] = []
+    need_values = _any_prefetch(closed.jaxpr)
+    if need_values:
+        env_args = [_concrete_or_none(a) for a in args]
+        _walk_eval(closed.jaxpr, [np.asarray(c) if _is_array_like(c) else None for c in closed.consts], env_args, found)
+    else:
+        _walk(closed.jaxpr, found)
+    return [read_pallas_call(eqn, values) for eqn, values in found]
+
+
+def _sub_jaxprs(params: dict) -> list[Any]:
+    from jax.extend.core import jaxprs_in_params
+
+    return list(jaxprs_in_params(params))
+
+
+def _any_prefetch(jaxpr: Any) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            if eqn.params["grid_mapping"].num_index_operands:
+                return True
+            continue
+        if any(_any_prefetch(sub) for sub in _sub_jaxprs(eqn.params)):
+            return True
+    return False
+
+
+def _walk(jaxpr: Any, found: list) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append((eqn, None))
+            continue
+        for sub in _sub_jaxprs(eqn.params):
+            _walk(sub, found)
+
+
+def _is_array_like(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not type(x).__name__ == "ShapeDtypeStruct"
+
+
+def _concrete_or_none(x: Any) -> Any:
+    if type(x).__name__ == "ShapeDtypeStruct":
+        return None
+    if isinstance(x, (int, float, bool, np.number)):
+        return np.asarray(x)
+    if _is_array_like(x):
+        try:
+            return np.asarray(x)
+        except Exception:  # noqa: BLE001 - a tracer or abstract value
+            return None
+    return None
+
+
+def _walk_eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], found: list) -> list[Any]:
+    """Evaluate jaxpr eagerly where inputs are known; record pallas_calls with their prefetch values."""
+    from jax.extend.core import ClosedJaxpr, Literal
+
+    env: dict = {}
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, args):
+        env[v] = x
+
+    def read(v: Any) -> Any:
+        if isinstance(v, Literal):
+            return np.asarray(v.val)
+        return env.get(v)
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        outs: list[Any]
+        if name == "pallas_call":
+            gm = eqn.params["grid_mapping"]
+            n_dyn = gm.num_dynamic_grid_bounds
+            values = invals[n_dyn : n_dyn + gm.num_index_operands]
+            found.append((eqn, values))
+            outs = [None] * len(eqn.outvars)
+        elif name in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call"):
+            sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+            if isinstance(sub, ClosedJaxpr):
+                outs = _walk_eval(sub.jaxpr, [np.asarray(c) if _is_array_like(c) else None for c in sub.consts], invals, found)
+            elif sub is not None:
+                outs = _walk_eval(sub, [], invals, found)
+            else:
+                outs = [None] * len(eqn.outvars)
+        elif any(_sub_jaxprs(eqn.params)):
+            for sub in _sub_jaxprs(eqn.params):
+                _walk(sub, found)
+            outs = _bind(eqn, invals)
+        else:
+            outs = _bind(eqn, invals)
+        for v, x in zip(eqn.outvars, outs):
+            env[v] = x
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
+    if any(x is None for x in invals) or eqn.effects:
+        return [None] * len(eqn.outvars)
+    try:
+        out = eqn.primitive.bind(*invals, **eqn.params)
+    except Exception:  # noqa: BLE001 - anything we cannot run eagerly is unknown
+        return [None] * len(eqn.outvars)
+    out = out if eqn.primitive.multiple_results else [out]
+    return [np.asarray(o) for o in out]

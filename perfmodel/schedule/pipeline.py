@@ -1,0 +1,201 @@
+"""Pallas TPU pipeline simulation over the whole grid, vectorized.
+
+Pallas' TPU pipeline keeps two buffers per blocked operand. At each grid step
+it fetches an input's block only if the block index differs from the
+previous step's (the first step of a core always fetches), and writes an
+output's block back only when the next step's index differs (or the core's
+last step is reached). While step t computes, the DMA engine brings in step
+t+1's changed inputs and writes back step t-1's finished outputs.
+
+All functions take the block indices of every step at once (``(n, ndim)``
+arrays, in traversal order) and a :class:`Segments` describing which steps
+each TensorCore runs, and return numpy arrays; no Python loop over steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segments:
+    """The traversal split into per-core sequences (contiguous runs of steps)."""
+
+    #: True at the first step of each core's sequence.
+    starts: np.ndarray
+    #: True at the last step of each core's sequence.
+    ends: np.ndarray
+    #: Core id of each step.
+    core: np.ndarray
+    cores: int
+
+
+def split_over_cores(grid: Sequence[int], semantics: Sequence[str], cores: int) -> Segments:
+    """Steps per core when the leading "parallel" dimensions are split over ``cores``.
+
+    As in Pallas' TPU interpreter (and Mosaic on megacore chips), the
+    parallel dimensions form a prefix of the grid; the points of that
+    sub-grid are divided into ``cores`` contiguous chunks (rounded up), each
+    followed by all of the remaining "arbitrary" dimensions.
+    """
+    grid = tuple(int(g) for g in grid)
+    n = int(np.prod(grid)) if grid else 1
+    parallel = 0
+    for s in semantics:
+        if "parallel" not in s:
+            break
+        parallel += 1
+    outer = int(np.prod(grid[:parallel])) if parallel else 1
+    if cores <= 1 or outer <= 1:
+        return single_segment(n)
+    inner = n // outer
+    per_core = -(-outer // cores)
+    core = (np.arange(n) // inner) // per_core
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    starts[1:] = core[1:] != core[:-1]
+    ends = np.zeros(n, dtype=bool)
+    ends[-1] = True
+    ends[:-1] = core[1:] != core[:-1]
+    return Segments(starts=starts, ends=ends, core=core, cores=int(core.max()) + 1)
+
+
+def single_segment(n: int) -> Segments:
+    starts = np.zeros(n, dtype=bool)
+    ends = np.zeros(n, dtype=bool)
+    if n:
+        starts[0] = True
+        ends[-1] = True
+    return Segments(starts=starts, ends=ends, core=np.zeros(n, dtype=np.int64), cores=1)
+
+
+def window_starts(indices: np.ndarray, block_shape: Sequence[int], block_kinds: Sequence[str]) -> np.ndarray:
+    """Element offset of each step's window: block index x block size for blocked dimensions,
+    the index itself for squeezed / element (and, approximately, bounded-slice / indirect) ones."""
+    scale = np.array([b if k == "blocked" else 1 for b, k in zip(block_shape, block_kinds)], dtype=np.int64)
+    return indices.astype(np.int64) * scale
+
+
+def window_bytes(starts: np.ndarray, block_shape: Sequence[int], array_shape: Sequence[int], itemsize_bytes: int) -> np.ndarray:
+    """In-bounds bytes of each step's window (partial edge blocks move only their valid part).
+
+    Only dimensions where a window can overhang the array are computed per
+    step; the rest contribute their full block size.
+    """
+    n = starts.shape[0]
+    full = 1
+    partial = []
+    for d, (b, dim) in enumerate(zip(block_shape, array_shape)):
+        col = starts[:, d]
+        if n and (col.min() < 0 or int(col.max()) + b > dim):
+            partial.append(d)
+        else:
+            full *= int(b)
+    out = np.full(n, full * itemsize_bytes, dtype=np.int64)
+    for d in partial:
+        out *= np.clip(np.minimum(block_shape[d], array_shape[d] - starts[:, d]), 0, None)
+    return out
+
+
+def window_keys(indices: np.ndarray) -> tuple[np.ndarray, int]:
+    """One int64 per step identifying its window, and the size of the key space."""
+    n, nd = indices.shape
+    if nd == 0 or n == 0:
+        return np.zeros(n, dtype=np.int64), 1
+    idx = np.clip(indices.astype(np.int64), 0, None)
+    radix = idx.max(axis=0) + 1
+    key = idx[:, 0].copy()
+    space = int(radix[0])
+    for d in range(1, nd):
+        key *= int(radix[d])
+        key += idx[:, d]
+        space *= int(radix[d])
+    return key, space
+
+
+def changed_from_previous(keys: np.ndarray, seg: Segments) -> np.ndarray:
+    """True where the window differs from the previous step's, or a core's sequence begins."""
+    out = np.ones(keys.shape[0], dtype=bool)
+    np.not_equal(keys[1:], keys[:-1], out=out[1:])
+    return out | seg.starts
+
+
+def changes_next(keys: np.ndarray, seg: Segments) -> np.ndarray:
+    """True where the next step's window differs, or a core's sequence ends (write-back points)."""
+    out = np.ones(keys.shape[0], dtype=bool)
+    np.not_equal(keys[1:], keys[:-1], out=out[:-1])
+    return out | seg.ends
+
+
+#: Key spaces up to this size use a dense scatter instead of a sort to find distinct windows.
+DENSE_KEY_SPACE = 1 << 26
+
+
+def distinct_window_bytes(keys: np.ndarray, space: int, moved: np.ndarray, nbytes: np.ndarray) -> int:
+    """Bytes of the distinct windows among the steps that moved one: each byte once."""
+    k = keys[moved]
+    if k.shape[0] == 0:
+        return 0
+    b = nbytes[moved]
+    if space <= DENSE_KEY_SPACE:
+        per_key = np.zeros(space, dtype=np.int64)
+        per_key[k] = b
+        return int(per_key.sum())
+    _, first = np.unique(k, return_index=True)
+    return int(b[first].sum())
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockTraffic:
+    """Per-step traffic of one operand."""
+
+    #: Bytes moved at each step (fetch for inputs, write-back for outputs), 0 where nothing moves.
+    step_bytes: np.ndarray
+    transfers: int
+    total_bytes: int
+    ideal_bytes: int
+
+
+def simulate_block(indices: np.ndarray, *, role: str, block_shape: Sequence[int], block_kinds: Sequence[str],
+                   array_shape: Sequence[int], itemsize_bytes: int, seg: Segments) -> BlockTraffic:
+    """Fetches (inputs) or write-backs (outputs) of one pipelined operand over the traversal."""
+    starts = window_starts(indices, block_shape, block_kinds)
+    nbytes = window_bytes(starts, block_shape, array_shape, itemsize_bytes)
+    keys, space = window_keys(indices)
+    moved = changed_from_previous(keys, seg) if role == "input" else changes_next(keys, seg)
+    step_bytes = np.where(moved, nbytes, 0)
+    return BlockTraffic(
+        step_bytes=step_bytes,
+        transfers=int(np.count_nonzero(moved)),
+        total_bytes=int(step_bytes.sum()),
+        ideal_bytes=distinct_window_bytes(keys, space, moved, nbytes),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaSchedule:
+    """When the pipeline's DMAs happen relative to the compute steps."""
+
+    #: Bytes in flight while step t computes: step t+1's fetches + step t-1's write-backs.
+    overlapped_bytes: np.ndarray
+    #: Per core: fetches before its first step (not overlapped).
+    prologue_bytes: np.ndarray
+    #: Per core: write-backs after its last step (not overlapped).
+    epilogue_bytes: np.ndarray
+
+
+def dma_schedule(fetch_bytes: np.ndarray, writeback_bytes: np.ndarray, seg: Segments) -> DmaSchedule:
+    """Place fetches one step early and write-backs one step late, within each core's sequence."""
+    n = fetch_bytes.shape[0]
+    over = np.zeros(n, dtype=np.float64)
+    if n > 1:
+        nxt = np.where(seg.starts[1:], 0, fetch_bytes[1:])
+        over[:-1] += nxt
+        prev = np.where(seg.starts[1:], 0, writeback_bytes[:-1])
+        over[1:] += prev
+    prologue = np.bincount(seg.core[seg.starts], weights=fetch_bytes[seg.starts], minlength=seg.cores)
+    epilogue = np.bincount(seg.core[seg.ends], weights=writeback_bytes[seg.ends], minlength=seg.cores)
+    return DmaSchedule(overlapped_bytes=over, prologue_bytes=prologue, epilogue_bytes=epilogue)

@@ -1,0 +1,155 @@
+"""Count the block transfers a real Pallas TPU-interpret run performs.
+
+Pallas' TPU interpret mode (``pltpu.InterpretParams``) runs a kernel on the
+CPU with the same pipeline rule as the hardware: at each grid step it copies
+an input block into its kernel buffer only when the block's window changed
+since the previous step, and copies an output block back to HBM only when
+the next step's window differs (or at the last step). :func:`record_traffic`
+runs a function in that mode with
+
+* a ``grid_point_recorder`` (the interpreter's own hook) logging the grid
+  points in the order the interpreter visits them (it permutes "parallel"
+  dimensions at random), and
+* the interpreter's block copy functions wrapped to log every block copy-in
+  and write-back with its window,
+
+so the schedule model's predicted transfers can be checked against what the
+interpreter actually did, step by step.
+
+The wrapped functions are private to JAX (``jax._src.pallas.mosaic.interpret
+.interpret_pallas_call.get`` / ``store``, jax 0.10); a JAX version that
+renames them makes :func:`record_traffic` raise a clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class Transfer:
+    """One block copy the interpreter performed."""
+
+    #: "input" (HBM -> kernel buffer) or "output" (kernel buffer -> HBM).
+    role: str
+    #: The kernel argument's name (as in the kernel signature).
+    name: str
+    block_indices: tuple[int, ...]
+    grid_point: tuple[int, ...]
+    #: In-bounds bytes of the copied window.
+    nbytes: int
+
+
+@dataclass(kw_only=True)
+class Recording:
+    """What one interpret-mode run did."""
+
+    grid_points: list[tuple[int, ...]] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    outputs: Any = None
+
+    def count(self, role: str, name: str) -> tuple[int, int]:
+        """(transfers, bytes) of one operand."""
+        hits = [t for t in self.transfers if t.role == role and t.name == name]
+        return len(hits), sum(t.nbytes for t in hits)
+
+
+def _window_bytes(transforms: Any, itemsize: int) -> int:
+    """In-bounds bytes of an NDIndexer window (ints: squeezed dims of size 1)."""
+    from jax._src.state.indexing import NDIndexer, Slice
+
+    total = 1
+    for t in transforms:
+        if not isinstance(t, NDIndexer):
+            continue
+        for idx, dim in zip(t.indices, t.shape):
+            if isinstance(idx, Slice):
+                start, size = int(idx.start), int(idx.size)
+                total *= max(0, min(size, int(dim) - start))
+            else:
+                total *= 1 if 0 <= int(idx) < int(dim) else 0
+    return total * itemsize
+
+
+def _interpreter_module() -> Any:
+    try:
+        from jax._src.pallas.mosaic.interpret import interpret_pallas_call as mod
+    except ImportError as exc:  # pragma: no cover - depends on the JAX version
+        raise RuntimeError("record_traffic needs jax's Pallas TPU interpreter (jax._src.pallas.mosaic.interpret)") from exc
+    for attr in ("get", "store"):
+        if not callable(getattr(mod, attr, None)):  # pragma: no cover
+            raise RuntimeError(f"record_traffic: this JAX's TPU interpreter has no '{attr}' to instrument")
+    return mod
+
+
+@contextlib.contextmanager
+def _instrumented(rec: Recording) -> Iterator[None]:
+    import jax
+
+    mod = _interpreter_module()
+    orig_get, orig_store = mod.get, mod.store
+
+    def get(*args: Any, input_name: Any = None, **kwargs: Any) -> Any:
+        token, value = orig_get(*args, input_name=input_name, **kwargs)
+        if input_name is not None:
+            transforms = jax.tree.map(int, args[5])
+            grid = tuple(int(x) for x in tuple(args[7])) if len(args) > 7 else ()
+            rec.transfers.append(Transfer(
+                role="input", name=str(input_name), block_indices=tuple(int(x) for x in tuple(args[6])),
+                grid_point=grid, nbytes=_window_bytes(transforms, np.dtype(value.dtype).itemsize)))
+        return token, value
+
+    def store(*args: Any, output_name: Any = None, **kwargs: Any) -> Any:
+        token = orig_store(*args, output_name=output_name, **kwargs)
+        if output_name is not None:
+            transforms = jax.tree.map(int, args[5])
+            val = np.asarray(args[6])
+            grid = tuple(int(x) for x in tuple(args[8])) if len(args) > 8 else ()
+            rec.transfers.append(Transfer(
+                role="output", name=str(output_name), block_indices=tuple(int(x) for x in tuple(args[7])),
+                grid_point=grid, nbytes=_window_bytes(transforms, val.dtype.itemsize)))
+        return token
+
+    mod.get, mod.store = get, store
+    try:
+        yield
+    finally:
+        mod.get, mod.store = orig_get, orig_store
+
+
+def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
+    """Run ``fn(*args, **kwargs)`` in Pallas TPU interpret mode and log its grid order and block copies.
+
+    Every pallas_call the function makes runs in interpret mode (the forced
+    mode overrides a kernel's own ``interpret=``). Use it on functions with a
+    single pallas_call: the log is not split per call. JAX's compilation
+    caches are cleared before and after so the instrumented copy functions
+    are the ones traced in.
+    """
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    rec = Recording()
+
+    def on_grid_point(token: Any, grid_point: Any, core: Any) -> Any:
+        rec.grid_points.append(tuple(int(x) for x in np.asarray(grid_point).reshape(-1)))
+        return token
+
+    params = pltpu.InterpretParams(grid_point_recorder=on_grid_point)
+    jax.clear_caches()
+    try:
+        with _instrumented(rec), pltpu.force_tpu_interpret_mode(params):
+            out = fn(*args, **kwargs)
+            rec.outputs = jax.block_until_ready(out)
+    finally:
+        jax.clear_caches()
+    return rec
+
+
+def block_bytes_total(rec: Recording, role: str) -> int:
+    return int(math.fsum(t.nbytes for t in rec.transfers if t.role == role))

@@ -1,0 +1,221 @@
+"""What the schedule model reports: plain frozen dataclasses (no jax, JSON-able).
+
+A :class:`KernelAnalysis` describes one ``pallas_call``; an :class:`Analysis`
+every ``pallas_call`` a traced function runs. Per-step arrays that the
+block-size advisor needs live in :class:`StepTimes`, which the JSON output
+leaves out (see :func:`perfmodel.schedule.report.to_json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperandTraffic:
+    """HBM traffic of one blocked operand over the whole grid.
+
+    For inputs ``transfers`` counts block fetches (HBM -> VMEM); for outputs,
+    write-backs (VMEM -> HBM). ``hbm_bytes`` counts only the in-bounds part
+    of each block (a partial edge block moves fewer bytes).
+    """
+
+    name: str
+    #: "input" or "output".
+    role: str
+    #: e.g. "bfloat16[4096,4096]".
+    array: str
+    dtype: str
+    array_shape: tuple[int, ...]
+    #: Window size per array dimension (1 for squeezed dimensions).
+    block_shape: tuple[int, ...]
+    #: Per dimension: "blocked", "squeezed", "element", "bounded_slice" or "indirect".
+    block_kinds: tuple[str, ...]
+    #: "vmem" (pipelined by Pallas), "smem", or "any" / "hbm" (left in HBM: manual DMA).
+    memory_space: str
+    #: Whether Pallas pipelines this operand (fetches / writes back blocks itself).
+    pipelined: bool
+    #: Buffers Pallas allocates for it (2 = double buffering; pl.Buffered(n) changes it).
+    buffer_count: int
+    transfers: int
+    hbm_bytes: int
+    #: Bytes of the distinct blocks touched: each byte moved once.
+    ideal_hbm_bytes: int
+    #: VMEM (or SMEM) bytes of its buffers, padded to the chip's tiling.
+    buffer_bytes: int
+
+    @property
+    def reread_factor(self) -> float:
+        return self.hbm_bytes / self.ideal_hbm_bytes if self.ideal_hbm_bytes else float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScratchBuffer:
+    """One scratch operand (``scratch_shapes``) or scoped allocation."""
+
+    name: str
+    #: e.g. "float32[512,1024]" or "dma_sem[2]".
+    shape: str
+    memory_space: str
+    #: Bytes it occupies, padded to the chip's tiling (0 for semaphores).
+    padded_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class VmemUsage:
+    """VMEM footprint against the chip's limits.
+
+    ``status`` is "fits" (within the default scoped limit, or within the
+    kernel's own ``vmem_limit_bytes``), "needs vmem_limit_bytes" (over the
+    limit that applies but within the physical VMEM) or "does not fit".
+    """
+
+    blocks_bytes: int
+    scratch_bytes: int
+    total_bytes: int
+    smem_bytes: int
+    default_scoped_limit_bytes: int | None
+    capacity_bytes: int | None
+    #: The kernel's compiler_params vmem_limit_bytes, if it sets one.
+    requested_limit_bytes: int | None
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BodyWork:
+    """Work of the kernel body, totals over the grid and the mean per step.
+
+    ``mxu_issued_flops`` includes the padding of every dot_general to the MXU
+    tile (M to the sublane count, K and N to the MXU dimension);
+    ``mxu_useful_flops`` is 2*M*N*K summed. Steps where a ``pl.when`` skips the
+    work count zero for it when the predicate depends only on program ids and
+    scalar prefetch.
+    """
+
+    mxu_useful_flops: float
+    mxu_issued_flops: float
+    #: Operand dtype whose MXU rate applies ("bf16", "int8", ... or "mixed").
+    mxu_dtype: str
+    vpu_ops: float
+    eup_ops: float
+    #: Bytes the body's own async copies move (manual DMA), estimated from dma_start ops.
+    manual_dma_bytes: float
+    dot_generals: int
+    mean_step_mxu_issued_flops: float
+    mean_step_vpu_ops: float
+    mean_step_eup_ops: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeEstimate:
+    """Expected time of the pipelined grid and where it goes.
+
+    ``expected_s`` = prologue (first blocks' fetch) + sum over steps of
+    max(step compute, step DMA, per-step overhead) + epilogue (last
+    write-backs), for the slowest core. ``op_floor_s`` is the roofline floor of
+    the same work with every byte moved once (perfmodel.model); efficiency =
+    op_floor_s / expected_s.
+    """
+
+    expected_s: float
+    prologue_s: float
+    steps_s: float
+    epilogue_s: float
+    #: Means over the grid steps of the three terms of the per-step max.
+    mean_step_compute_s: float
+    mean_step_dma_s: float
+    step_overhead_s: float
+    #: How many steps each term limits ("compute", "dma", "overhead").
+    steps_limited_by: dict[str, int]
+    #: The term that limits the most steps.
+    limiter: str
+    op_floor_s: float
+    op_floor_limiter: str
+    efficiency: float
+    #: Host dispatch time of one call (what a timed call adds to expected_s).
+    host_dispatch_s: float
+    #: True when a timed single call would be dominated by dispatch (expected_s < 2 x host_dispatch_s).
+    dispatch_dominated: bool
+
+    @property
+    def expected_wall_s(self) -> float:
+        """What a wall-clock timing of one call (dispatch included) should read."""
+        return self.expected_s + self.host_dispatch_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelAnalysis:
+    """Everything the schedule model says about one pallas_call."""
+
+    name: str
+    chip: str
+    grid: tuple[int, ...]
+    dimension_semantics: tuple[str, ...]
+    steps: int
+    #: TensorCores the grid is split over (2 on megacore chips with a "parallel" dimension).
+    cores_used: int
+    #: True when an operand stays in HBM (memory_space ANY) and the body copies it itself.
+    manual_dma: bool
+    num_scalar_prefetch: int
+    operands: tuple[OperandTraffic, ...]
+    scratch: tuple[ScratchBuffer, ...]
+    vmem: VmemUsage
+    work: BodyWork
+    time: TimeEstimate
+    #: The kernel's own pl.CostEstimate (flops, transcendentals, bytes_accessed), if it has one.
+    cost_estimate: dict[str, int] | None
+    notes: tuple[str, ...]
+    #: Per-step arrays (not serialized); None when dropped.
+    step_times: "StepTimes | None" = field(default=None, repr=False, compare=False)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return sum(o.hbm_bytes for o in self.operands)
+
+    @property
+    def ideal_hbm_bytes(self) -> int:
+        return sum(o.ideal_hbm_bytes for o in self.operands)
+
+    @property
+    def vmem_bytes(self) -> int:
+        return self.vmem.total_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimes:
+    """Per grid step (in traversal order) seconds of each term, for the advisor and plots."""
+
+    compute_s: np.ndarray
+    dma_s: np.ndarray
+    overhead_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis:
+    """All pallas_calls of one traced function, in program order."""
+
+    function: str
+    chip: str
+    kernels: tuple[KernelAnalysis, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def expected_s(self) -> float:
+        return sum(k.time.expected_s for k in self.kernels)
+
+    def kernel(self, name: str) -> KernelAnalysis:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        from perfmodel.errors import InputError
+
+        known = ", ".join(k.name for k in self.kernels) or "none"
+        raise InputError(f"no pallas_call named '{name}' in {self.function}; kernels: {known}")
+
+    def as_dict(self) -> dict[str, Any]:
+        from perfmodel.schedule.report import to_json
+
+        return to_json(self)

@@ -1,0 +1,301 @@
+"""ragged_paged_attention: interpret mode vs the jnp reference (and JAX's own reference), TPU lowering,
+cost estimate, block sizes and input errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.ragged_paged_attention import (
+    DEFAULT_BLOCK_SIZES,
+    BlockSizes,
+    default_block_sizes,
+    ragged_paged_attention,
+    ragged_paged_attention_reference,
+)
+from kernels.ragged_paged_attention.kernel import assumed_lengths
+
+#: assert_allclose tolerances by dtype. bf16: probabilities are rounded to bf16 before the PV
+#: matmul and the output carries one bf16 rounding (rel 2^-8) of O(1) values.
+TOL = {
+    jnp.dtype(jnp.float32): dict(rtol=1e-5, atol=1e-5),
+    jnp.dtype(jnp.bfloat16): dict(rtol=2e-2, atol=2e-2),
+}
+HEAD_DIM = 128
+S = jax.ShapeDtypeStruct
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Batch:
+    q: jax.Array
+    k_pages: jax.Array
+    v_pages: jax.Array
+    kv_lens: jax.Array
+    page_table: jax.Array
+    cu_q_lens: jax.Array
+    num_seqs: jax.Array
+
+    def args(self) -> tuple:
+        return (self.q, self.k_pages, self.v_pages, self.kv_lens, self.page_table, self.cu_q_lens, self.num_seqs)
+
+
+def make_batch(seed: int, q_lens: list[int], kv_lens: list[int], *, q_heads: int, kv_heads: int, page_size: int,
+               dtype, total_tokens: int | None = None, spare_seqs: int = 2, pages_per_seq: int | None = None) -> Batch:
+    """Random ragged batch. Slots past num_seqs and page-table entries past each context hold garbage
+    (out-of-range page ids, huge lengths), so reading any of them would fail or show in the output."""
+    rng = np.random.default_rng(seed)
+    n = len(q_lens)
+    max_seqs = n + spare_seqs
+    needed = [-(-kv // page_size) for kv in kv_lens]
+    pages_per_seq = pages_per_seq or max(needed) + 1
+    num_pages = sum(needed) + 3
+    total = sum(q_lens)
+    total_tokens = total_tokens or total
+    cu = np.full(max_seqs + 1, 10**6, np.int32)  # garbage past num_seqs
+    cu[: n + 1] = np.concatenate([[0], np.cumsum(q_lens)])
+    lens = np.full(max_seqs, 10**6, np.int32)
+    lens[:n] = kv_lens
+    table = np.full((max_seqs, pages_per_seq), num_pages + 999, np.int32)  # out of the cache
+    ids = rng.permutation(num_pages).astype(np.int32)
+    start = 0
+    for s, count in enumerate(needed):
+        table[s, :count] = ids[start:start + count]
+        start += count
+    shape = (kv_heads, num_pages, page_size, HEAD_DIM)
+    return Batch(
+        q=jnp.asarray(rng.standard_normal((total_tokens, q_heads, HEAD_DIM)), dtype),
+        k_pages=jnp.asarray(rng.standard_normal(shape), dtype),
+        v_pages=jnp.asarray(rng.standard_normal(shape), dtype),
+        kv_lens=jnp.asarray(lens),
+        page_table=jnp.asarray(table),
+        cu_q_lens=jnp.asarray(cu),
+        num_seqs=jnp.asarray([n], jnp.int32),
+    )
+
+
+def assert_matches(out: jax.Array, ref: jax.Array, live_tokens: int) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    out32, ref32 = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    # Interpret mode fills fresh buffers with NaN, so a row the kernel never wrote shows up here.
+    assert np.isfinite(out32).all()
+    np.testing.assert_allclose(out32[:live_tokens], ref32[:live_tokens], **TOL[jnp.dtype(out.dtype)])
+    assert not out32[live_tokens:].any(), "padding rows must be zero"
+
+
+# (name, q_lens, kv_lens): partial last pages everywhere; "mixed" has decode tokens, a prefill
+# chunk with cached context (37 new of 60) and a fresh prefill (5 of 5) in one call.
+CASES = {
+    "mixed": ([1, 37, 1, 5, 1], [17, 60, 100, 5, 33]),
+    "decode": ([1, 1, 1, 1, 1, 1], [1, 16, 17, 64, 129, 40]),
+    "prefill": ([23, 40], [23, 40]),
+}
+# (case, (q_heads, kv_heads), dtype, page_size, block_q, block_kv, total_tokens or None)
+MATRIX = [
+    ("mixed", (8, 2), jnp.float32, 16, 16, 128, 48),  # 3 padding rows; q blocks straddle sequences
+    ("mixed", (8, 2), jnp.bfloat16, 16, 16, 128, None),  # 45 tokens: partial last q block
+    ("decode", (2, 2), jnp.float32, 8, 8, 128, 8),  # GQA 1, 16 pages per KV block
+    ("decode", (8, 1), jnp.bfloat16, 32, 16, 128, None),  # GQA 8
+    ("prefill", (8, 1), jnp.float32, 16, 16, 256, 64),  # GQA 8, one KV block spans 16 pages
+    ("prefill", (2, 2), jnp.bfloat16, 16, 32, 128, None),  # GQA 1
+]
+
+
+@pytest.mark.parametrize("case,heads,dtype,page_size,block_q,block_kv,total_tokens", MATRIX,
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_matches_reference(case, heads, dtype, page_size, block_q, block_kv, total_tokens):
+    q_lens, kv_lens = CASES[case]
+    batch = make_batch(len(q_lens) + block_q, q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1],
+                       page_size=page_size, dtype=dtype, total_tokens=total_tokens)
+    out = ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=block_q, block_kv=block_kv),
+                                 interpret=True)
+    assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
+
+
+def test_under_an_outer_jit_with_traced_lengths_and_custom_scale():
+    q_lens, kv_lens = [3, 1, 12], [40, 7, 12]
+    batch = make_batch(7, q_lens, kv_lens, q_heads=4, kv_heads=1, page_size=16, dtype=jnp.float32)
+    blocks = BlockSizes(block_q=8, block_kv=128)
+    fn = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.05, block_sizes=blocks, interpret=True))
+    out = fn(*batch.args())
+    assert_matches(out, ragged_paged_attention_reference(*batch.args(), sm_scale=0.05), sum(q_lens))
+
+
+def test_agrees_with_jax_reference_implementation():
+    """JAX ships its own ragged paged attention (jax.experimental.pallas.ops.tpu.ragged_paged_attention),
+    with K and V interleaved per head in one [pages, page_size, 2 * kv_heads, head_dim] array. Its kernel
+    does not run in TPU interpret mode in this jax (its reshaped-ref DMAs are not interpretable), so our
+    kernel is compared with its reference function on the same batch, converted to its layout."""
+    from jax.experimental.pallas.ops.tpu import ragged_paged_attention as jax_rpa
+
+    q_lens, kv_lens = CASES["mixed"]
+    batch = make_batch(11, q_lens, kv_lens, q_heads=8, kv_heads=2, page_size=16, dtype=jnp.float32, spare_seqs=0)
+    out = ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=16, block_kv=128), interpret=True)
+    kv_heads, num_pages, page_size, head_dim = batch.k_pages.shape
+    interleaved = jnp.stack([batch.k_pages, batch.v_pages], axis=2)  # [kv_heads, pages, 2, page_size, d]
+    kv_pages = interleaved.transpose(1, 3, 0, 2, 4).reshape(num_pages, page_size, 2 * kv_heads, head_dim)
+    theirs = jax_rpa.ref_ragged_paged_attention(batch.q, kv_pages, batch.kv_lens, batch.page_table, batch.cu_q_lens,
+                                                batch.num_seqs, sm_scale=1 / np.sqrt(head_dim))
+    np.testing.assert_allclose(np.asarray(out)[: sum(q_lens)], np.asarray(theirs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads", [(4, 4), (16, 4), (16, 2)], ids=["gqa1", "gqa4", "gqa8"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_matches_reference_larger(heads, dtype):
+    rng = np.random.default_rng(heads[0] + heads[1])
+    q_lens = [int(x) for x in rng.integers(1, 4, 20)] + [97, 150]
+    kv_lens = [q + int(rng.integers(0, 300)) for q in q_lens]
+    batch = make_batch(3, q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1], page_size=16, dtype=dtype,
+                       total_tokens=320)
+    out = ragged_paged_attention(*batch.args(), interpret=True)  # tpu-v5e defaults: 32 x 256
+    assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
+
+
+# ----- TPU lowering, named scope, cost estimate -----
+
+
+def _production_structs(dtype=jnp.bfloat16):
+    # 512 tokens of a mixed batch, Llama-3-8B attention (32 q / 8 kv heads, head_dim 128), 16-token pages,
+    # 64 sequences of up to 2048 tokens in a 4096-page cache.
+    return (S((512, 32, 128), dtype), S((8, 4096, 16, 128), dtype), S((8, 4096, 16, 128), dtype),
+            S((64,), jnp.int32), S((64, 128), jnp.int32), S((65,), jnp.int32), S((1,), jnp.int32))
+
+
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e"])
+def test_lowers_to_mosaic_at_production_shape(chip):
+    text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip=chip), *_production_structs())
+    assert MOSAIC_CUSTOM_CALL in text
+    blocks = DEFAULT_BLOCK_SIZES[chip]
+    lowered = jax.jit(lambda *a: ragged_paged_attention(*a, chip=chip)).lower(*_production_structs())
+    assert f"ragged_paged_attention_bq{blocks.block_q}_bkv{blocks.block_kv}" in lowered.as_text(debug_info=True)
+
+
+def test_assumed_lengths_share_tokens_and_cache_evenly():
+    # 512 tokens over min(64 seqs, 512) = 64 sequences: 8 each; cache share min(128, 4096 // 64 = 64) pages
+    # of 16 tokens = 1024 tokens of context each.
+    q_lens, kv_lens = assumed_lengths(total_tokens=512, max_seqs=64, pages_per_seq=128, num_pages=4096,
+                                      page_size=16)
+    assert q_lens.tolist() == [8] * 64 and kv_lens.tolist() == [1024] * 64
+    # 10 tokens over min(4, 10) = 4 sequences: 3, 3, 2, 2; share min(2, 5 // 4 = 1) page of 8 = 8 tokens,
+    # raised to the query length where that is longer (a context includes its queries).
+    q_lens, kv_lens = assumed_lengths(total_tokens=10, max_seqs=4, pages_per_seq=2, num_pages=5, page_size=8)
+    assert q_lens.tolist() == [3, 3, 2, 2] and kv_lens.tolist() == [8, 8, 8, 8]
+
+
+def test_cost_estimate_equals_the_op_model():
+    from perfmodel.model.attention import ragged_paged_attention as model
+    from perfmodel.model.core import to_cost_estimate
+
+    q_lens, kv_lens = assumed_lengths(total_tokens=512, max_seqs=64, pages_per_seq=128, num_pages=4096,
+                                      page_size=16)
+    expected = to_cost_estimate(model(query_lens=q_lens, context_lens=kv_lens, q_heads=32, kv_heads=8, head_dim=128,
+                                      page_size=16, kv_dtype="bf16", q_dtype="bf16", block_q=32))
+    text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip="tpu-v5e"), *_production_structs())
+    (found,) = cost_estimates(text)
+    assert found["flops"] == expected.flops
+    assert found["transcendentals"] == expected.transcendentals
+    assert found["bytes_accessed"] == expected.bytes_accessed
+    assert expected.flops > 0 and expected.bytes_accessed > 0
+
+
+# ----- block sizes -----
+
+
+@pytest.mark.parametrize("chip", sorted(DEFAULT_BLOCK_SIZES))
+def test_defaults_fit_every_chip(chip):
+    blocks = default_block_sizes(chip, q_dtype=jnp.bfloat16, page_size=16)
+    assert blocks == DEFAULT_BLOCK_SIZES[chip]
+    blocks.validate(q_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, page_size=16, q_heads_per_kv_head=8, head_dim=128,
+                    chip=chip)
+
+
+def test_defaults_round_to_dtype_and_page_size():
+    # tpu-v5e: block_q 32 (already a multiple of 16), block_kv 256 -> lcm(128, 384) = 384 for 384-token pages.
+    assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=384) == BlockSizes(block_q=32, block_kv=384)
+
+
+def test_vmem_bytes_by_hand():
+    # block_q 16, block_kv 128, G 2, head_dim 128, f32 q and KV: rows = 32.
+    # q+out blocks 2*2*16*2*128*4 = 65536; stacked q 32*128*4 = 16384; KV slots 2*2*128*128*4 = 262144;
+    # acc 32*128*4 = 16384; max/sum 2*32*128*4 = 32768; scores 3*32*128*4 = 49152. Sum 442368.
+    need = BlockSizes(block_q=16, block_kv=128).vmem_bytes(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32,
+                                                           kv_dtype=jnp.float32)
+    assert need == 442368
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block_q=0, block_kv=128), "block_q must be a positive int"),
+    (dict(block_q=16, block_kv=-128), "block_kv must be a positive int"),
+    (dict(block_q=16, block_kv=200), r"block_kv=200 must be a multiple of 128.*try 256"),
+])
+def test_block_sizes_reject_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BlockSizes(**kwargs)
+
+
+@pytest.mark.parametrize("blocks,page_size,match", [
+    (BlockSizes(block_q=8, block_kv=128), 16, r"block_q=8 must be a multiple of 16 for bfloat16"),
+    (BlockSizes(block_q=16, block_kv=128), 48, r"block_kv=128 must be a multiple of page_size=48"),
+    (BlockSizes(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16 MiB scoped limit of tpu-v5e"),
+])
+def test_block_sizes_validate_against_the_call(blocks, page_size, match):
+    with pytest.raises(ValueError, match=match):
+        blocks.validate(q_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, page_size=page_size, q_heads_per_kv_head=4,
+                        head_dim=128, chip="tpu-v5e")
+
+
+def test_block_sizes_for_a_gpu_chip_are_refused():
+    with pytest.raises(ValueError, match="chip: 'h100-sxm'"):
+        BlockSizes(block_q=16, block_kv=128).validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=16,
+                                                      q_heads_per_kv_head=1, head_dim=128, chip="h100-sxm")
+
+
+# ----- input errors -----
+
+
+def _good() -> Batch:
+    return make_batch(5, [2, 1], [20, 9], q_heads=4, kv_heads=2, page_size=16, dtype=jnp.float32)
+
+
+def _replace(**changes) -> tuple:
+    return dataclasses.replace(_good(), **changes).args()
+
+
+@pytest.mark.parametrize("make_args,match", [
+    (lambda: _replace(q=jnp.zeros((3, 4))), r"q must be \[total_tokens, q_heads, head_dim\]"),
+    (lambda: _replace(v_pages=_good().v_pages[:, :-1]), "v_pages shape .* must equal k_pages shape"),
+    (lambda: _replace(v_pages=_good().v_pages.astype(jnp.bfloat16)), "v_pages dtype"),
+    (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 must divide q q_heads=3"),
+    (lambda: _replace(q=jnp.ones((3, 4, 256))), "k_pages head_dim 128 must equal q head_dim 256"),
+    (lambda: _replace(q=jnp.ones((3, 4, 64)), k_pages=jnp.ones((2, 4, 16, 64)), v_pages=jnp.ones((2, 4, 16, 64))),
+     "head_dim=64 must be a multiple of 128"),
+    (lambda: _replace(k_pages=jnp.ones((2, 8, 12, 128)), v_pages=jnp.ones((2, 8, 12, 128))),
+     "page_size=12 must be a multiple of 8"),
+    (lambda: _replace(kv_lens=_good().kv_lens[:-1]), r"kv_lens shape .* must be \(4,\)"),
+    (lambda: _replace(cu_q_lens=_good().cu_q_lens[:-1]), r"cu_q_lens shape .* must be \(5,\)"),
+    (lambda: _replace(kv_lens=_good().kv_lens.astype(jnp.float32)), "kv_lens must be int32"),
+    (lambda: _replace(num_seqs=jnp.array([1, 2], jnp.int32)), "num_seqs must be an int or a \\[1\\] array"),
+    (lambda: _replace(num_seqs=jnp.array([5], jnp.int32)), r"num_seqs=5 must be in \[0, 4\]"),
+    (lambda: _replace(page_table=_good().page_table.at[1, 0].set(1000)),
+     r"page_table\[1, 0\]=1000 points outside the cache"),
+    (lambda: _replace(page_table=_good().page_table.at[0, 1].set(-1)), r"page_table\[0, 1\]=-1 points outside"),
+    (lambda: _replace(kv_lens=_good().kv_lens.at[1].set(0)), r"kv_lens\[1\]=0 is smaller than .* query length 1"),
+    (lambda: _replace(kv_lens=_good().kv_lens.at[0].set(100)), r"kv_lens\[0\]=100 needs more than pages_per_seq"),
+    (lambda: _replace(cu_q_lens=_good().cu_q_lens.at[0].set(1)), r"cu_q_lens\[0\] must be 0"),
+    (lambda: _replace(cu_q_lens=_good().cu_q_lens.at[2].set(1)), "cu_q_lens must be non-decreasing"),
+    (lambda: _replace(cu_q_lens=_good().cu_q_lens.at[2].set(9)), r"cu_q_lens\[num_seqs\]=9 exceeds q's total"),
+])
+def test_bad_inputs_raise_naming_the_argument(make_args, match):
+    with pytest.raises(ValueError, match=match):
+        ragged_paged_attention(*make_args(), block_sizes=BlockSizes(block_q=8, block_kv=128), interpret=True)
+
+
+def test_bad_block_sizes_raise_before_running():
+    with pytest.raises(ValueError, match="block_kv=128 must be a multiple of page_size=48"):
+        batch = make_batch(5, [2], [20], q_heads=2, kv_heads=2, page_size=48, dtype=jnp.float32)
+        ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=8, block_kv=128), interpret=True)
