@@ -33,7 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
-from kernels.flash_attention.tiling import FLOAT_DTYPES, FP8_DTYPES, LANES, check_dtype, div, tpu_chip, vmem_limit_bytes
+from kernels.flash_attention.tiling import FLOAT_DTYPES, LANES, check_dtype, div, tpu_chip, vmem_limit_bytes
 
 #: Finite "minus infinity" for masked scores: exp() of it underflows to 0
 #: without the inf - inf = NaN a true -inf would give in the max update.
@@ -254,7 +254,7 @@ def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | Non
     """Validate everything static about a call and fix its tiling (ValueError naming the argument)."""
     spec = tpu_chip(chip)
     _check_inputs(q, k, v, causal=causal, sliding_window=sliding_window)
-    check_dtype("q", q.dtype, FLOAT_DTYPES + FP8_DTYPES, spec)
+    check_dtype("q", q.dtype, FLOAT_DTYPES, spec)
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     shape = dict(q_dtype=q.dtype, kv_dtype=k.dtype, head_dim=head_dim, group=q_heads // kv_heads, q_len=q_len,
@@ -305,7 +305,7 @@ def flash_attention(
     Args:
       q, k, v: queries and keys/values; ``kv_heads`` must divide ``q_heads``
         (grouped-query attention: q head ``h`` uses kv head ``h // (q_heads // kv_heads)``).
-        All three share one dtype: float32, bfloat16, or fp8 on chips with fp8.
+        All three share one dtype: float32 or bfloat16.
       causal: each query sees keys at or before its position. Queries are the
         last ``q_len`` positions of the key sequence (``q_len <= kv_len``).
       sliding_window: with ``causal``, a query sees only its w most recent

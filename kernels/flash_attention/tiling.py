@@ -68,10 +68,13 @@ def tpu_chip(chip: str) -> "ChipSpec":
     from perfmodel.hw.registry import get_chip
 
     spec = get_chip(chip)
-    if spec.kind != "tpu" or spec.memory.vmem_default_scoped_limit_bytes_per_core is None:
+    if spec.kind != "tpu":
+        raise ValueError(f"chip: '{chip}' is a {spec.kind.upper()}; these Pallas kernels target TPUs "
+                         "(e.g. chip='tpu-v5e')")
+    if spec.memory.vmem_default_scoped_limit_bytes_per_core is None:
         raise ValueError(
-            f"chip: '{chip}' is a {spec.kind.upper()} without a TPU VMEM limit in its spec; "
-            "these Pallas kernels target TPUs (e.g. chip='tpu-v5e')"
+            f"chip: the spec of '{chip}' has no memory.vmem_default_scoped_limit_bytes_per_core to size "
+            "blocks against; use a TPU generation with Pallas support (tpu-v4 or later)"
         )
     return spec
 
@@ -99,8 +102,3 @@ def check_dtype(arg: str, dtype: Any, allowed: tuple[str, ...], spec: "ChipSpec"
             f"{arg}: dtype {name} needs fp8 support, which {spec.name} lacks; "
             "use bfloat16 or int8, or a chip with fp8 (e.g. chip='tpu-7x')"
         )
-
-
-def block_rows_ok(rows: int, dtype: Any) -> bool:
-    """Whether a block's second-minor size respects the sublane tiling of dtype."""
-    return rows % sublane_multiple(dtype) == 0

@@ -1,8 +1,23 @@
-"""Paged KV-cache update Pallas TPU kernel (scalar-prefetched slot mapping, in-place, optional int8 quantize on write)."""
+"""Paged KV-cache update Pallas TPU kernel (scalar-prefetched slot mapping, in place, optional int8 quantize on write).
 
-from kernels.kv_cache_update.blocks import DEFAULT_BLOCK_SIZES, KvCacheUpdateBlockSizes, default_block_sizes
-from kernels.kv_cache_update.kernel import PADDING_SLOT, kv_cache_update
-from kernels.kv_cache_update.reference import kv_cache_update_reference
+Exports load lazily so that ``kernels.kv_cache_update.blocks`` imports without jax.
+"""
 
-__all__ = ["DEFAULT_BLOCK_SIZES", "KvCacheUpdateBlockSizes", "PADDING_SLOT", "default_block_sizes",
-           "kv_cache_update", "kv_cache_update_reference"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DEFAULT_BLOCK_SIZES": "kernels.kv_cache_update.blocks",
+    "KvCacheUpdateBlockSizes": "kernels.kv_cache_update.blocks",
+    "default_block_sizes": "kernels.kv_cache_update.blocks",
+    "PADDING_SLOT": "kernels.kv_cache_update.kernel",
+    "kv_cache_update": "kernels.kv_cache_update.kernel",
+    "kv_cache_update_reference": "kernels.kv_cache_update.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kernels.kv_cache_update' has no attribute '{name}'")

@@ -1,7 +1,24 @@
-"""Tiled GEMM Pallas TPU kernel with int8/fp8 weight quantization and a fused bias/activation epilogue."""
+"""Tiled GEMM Pallas TPU kernel with int8/fp8 weight quantization and a fused bias/activation epilogue.
 
-from kernels.matmul.blocks import DEFAULT_BLOCK_SIZES, MatmulBlockSizes, default_block_sizes
-from kernels.matmul.kernel import matmul
-from kernels.matmul.reference import ACTIVATIONS, matmul_reference
+Exports load lazily so that ``kernels.matmul.blocks`` / ``.tiling`` (block-size tables and
+tiling rules) import without jax.
+"""
 
-__all__ = ["ACTIVATIONS", "DEFAULT_BLOCK_SIZES", "MatmulBlockSizes", "default_block_sizes", "matmul", "matmul_reference"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DEFAULT_BLOCK_SIZES": "kernels.matmul.blocks",
+    "MatmulBlockSizes": "kernels.matmul.blocks",
+    "default_block_sizes": "kernels.matmul.blocks",
+    "matmul": "kernels.matmul.kernel",
+    "ACTIVATIONS": "kernels.matmul.reference",
+    "matmul_reference": "kernels.matmul.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kernels.matmul' has no attribute '{name}'")

@@ -184,11 +184,18 @@ def _paged_kernel(
     jax.lax.fori_loop(0, total, body, 0)
 
 
-def _scale_row(scale_ref, *, plan: _Plan, h: Any, j: Any) -> jax.Array:
-    """[1, tokens] f32 scale of each token of compute block j of kv head h."""
+def _scale_row(scale_ref, *, plan: _Plan, h: Any, j: Any, length: Any) -> jax.Array:
+    """[1, tokens] f32 scale of each token of compute block j of kv head h.
+
+    Per token, scales of dead rows pass through (the caller masks them); per
+    page, dead pages' scales (possibly NaN) are zeroed first, since the
+    expansion matmul would spread a NaN to every lane.
+    """
     row = scale_ref[h, pl.ds(j, 1), :]  # [1, tokens] per token, [1, pages_per_compute_block] per page
     if plan.per_token_scales:
         return row
+    page_pos = j * plan.pages_per_compute_block + jax.lax.broadcasted_iota(jnp.int32, row.shape, 1)
+    row = jnp.where(page_pos * plan.page_size < length, row, 0.0)
     # Per page: spread page i's scale over its page_size lanes with a 0/1 matmul
     # (exact at HIGHEST precision): expand[i, t] = (i == t // page_size).
     shape = (plan.pages_per_compute_block, plan.tokens_per_block)
@@ -211,10 +218,11 @@ def _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, a
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                             precision=precision)  # [q_per_kv, tokens]
     if plan.quantized:
-        s = s * _scale_row(k_scale_ref, plan=plan, h=h, j=j)
+        s = s * _scale_row(k_scale_ref, plan=plan, h=h, j=j, length=length)
     s = s * plan.sm_scale
     token_pos = j * tokens + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    s = jnp.where(token_pos < length, s, MASK_VALUE)
+    live = token_pos < length  # [q_per_kv, tokens]
+    s = jnp.where(live, s, MASK_VALUE)
     # Rows past the length were not fetched and hold stale data (NaN in interpret
     # mode); zero them so that 0 * NaN cannot reach the accumulator.
     row_pos = j * tokens + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
@@ -226,7 +234,8 @@ def _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, a
     l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
     m_ref[...] = m_next
     if plan.quantized:
-        p = p * _scale_row(v_scale_ref, plan=plan, h=h, j=j)
+        # Dead rows of a partial page may carry any scale (even NaN): keep their p at 0.
+        p = jnp.where(live, p * _scale_row(v_scale_ref, plan=plan, h=h, j=j, length=length), 0.0)
     pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32, precision=precision)  # [q_per_kv, head_dim]
     acc_ref[...] = acc_ref[...] * alpha[:, 0:1] + pv

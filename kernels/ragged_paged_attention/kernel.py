@@ -384,17 +384,15 @@ def _ragged_paged_attention_kernel(
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
         def kv_block(j, slot):
+            # Prefetch the step's next (sequence, KV block): the next block of s, else the first of s + 1.
             more_here = j + 1 < n
+            following = jnp.minimum(s + 1, seq_hi - 1)  # clamped: SMEM reads stay in bounds
+            next_s = jnp.where(more_here, s, following)
+            has_next = more_here | ((s + 1 < seq_hi) & (kv_blocks_needed(following) > 0))
 
-            @pl.when(more_here)
+            @pl.when(has_next)
             def _():
-                start_fetch(s, j + 1, 1 - slot)
-
-            next_s = jnp.minimum(s + 1, seq_hi - 1)  # clamped: SMEM reads stay in bounds
-
-            @pl.when(jnp.logical_not(more_here) & (s + 1 < seq_hi) & (kv_blocks_needed(next_s) > 0))
-            def _():
-                start_fetch(next_s, 0, 1 - slot)
+                start_fetch(next_s, jnp.where(more_here, j + 1, 0), 1 - slot)
 
             wait_fetch(s, j, slot)
             attend(s, j, slot)

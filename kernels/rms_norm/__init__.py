@@ -1,7 +1,22 @@
-"""Fused residual add + RMSNorm Pallas TPU kernel, with optional per-row int8 quantization of the output."""
+"""Fused residual add + RMSNorm Pallas TPU kernel, with optional per-row int8 quantization of the output.
 
-from kernels.rms_norm.blocks import DEFAULT_BLOCK_SIZES, RmsNormBlockSizes, default_block_sizes
-from kernels.rms_norm.kernel import rms_norm
-from kernels.rms_norm.reference import rms_norm_reference
+Exports load lazily so that ``kernels.rms_norm.blocks`` imports without jax.
+"""
 
-__all__ = ["DEFAULT_BLOCK_SIZES", "RmsNormBlockSizes", "default_block_sizes", "rms_norm", "rms_norm_reference"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DEFAULT_BLOCK_SIZES": "kernels.rms_norm.blocks",
+    "RmsNormBlockSizes": "kernels.rms_norm.blocks",
+    "default_block_sizes": "kernels.rms_norm.blocks",
+    "rms_norm": "kernels.rms_norm.kernel",
+    "rms_norm_reference": "kernels.rms_norm.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'kernels.rms_norm' has no attribute '{name}'")

@@ -42,9 +42,9 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 @predict.command()
-@click.option("-m", "--m", "m", type=int, required=True, help="Rows of the activations (tokens).")
-@click.option("-n", "--n", "n", type=int, required=True, help="Output features (weight columns).")
-@click.option("-k", "--k", "k", type=int, required=True, help="Contraction size.")
+@click.option("-m", "--m", "m", type=int, default=None, help="Rows of the activations (tokens). Required.")
+@click.option("-n", "--n", "n", type=int, default=None, help="Output features (weight columns). Required.")
+@click.option("-k", "--k", "k", type=int, default=None, help="Contraction size. Required.")
 @click.option("--batch", type=int, default=1, show_default=True, help="Independent GEMMs (batched matmul).")
 @click.option("--lhs-dtype", default="bf16", show_default=True, help="Activations dtype: " + _DTYPE_HELP)
 @click.option("--rhs-dtype", default="bf16", show_default=True, help="Weights dtype.")
@@ -60,7 +60,8 @@ def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: boo
     """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue."""
     from perfmodel.model.gemm import gemm as model
 
-    run_prediction("gemm", model, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction("gemm", model, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
+                   required=("m", "n", "k"))
 
 
 # ----------------------------------------------------------------------------- attention
@@ -75,7 +76,7 @@ def _head_options(fn: Any) -> Any:
 
 @predict.command()
 @click.option("--batch", type=int, default=1, show_default=True)
-@click.option("--q-len", type=int, required=True, help="Query tokens (a prefill chunk).")
+@click.option("--q-len", type=int, default=None, help="Query tokens (a prefill chunk). Required.")
 @click.option("--kv-len", type=int, default=None, help="Key tokens, prefix included (default: --q-len).")
 @_head_options
 @click.option("--causal/--no-causal", default=True, show_default=True)
@@ -93,7 +94,8 @@ def attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv
         return flash_attention(chip=chip, kv_len=kw["q_len"] if kv_len is None else kv_len,
                                kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
 
-    run_prediction("attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction("attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
+                   required=("q_len",))
 
 
 def _paged_options(fn: Any) -> Any:
@@ -178,8 +180,8 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 
 
 @predict.command()
-@click.option("--batch", type=int, required=True)
-@click.option("--vocab", type=int, required=True)
+@click.option("--batch", type=int, default=None, help="Rows of logits. Required.")
+@click.option("--vocab", type=int, default=None, help="Vocabulary size. Required.")
 @click.option("--dtype", default="fp32", show_default=True, help="Logits dtype.")
 @click.option("--temperature/--greedy", default=True, show_default=True,
               help="Temperature sampling, or greedy argmax (with no filters).")
@@ -205,7 +207,8 @@ def sampling(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv:
         costs = {m: model(chip=chip, method=m, include_projection_hidden=projection_hidden, **kw) for m in methods}
         return costs if len(costs) > 1 else costs[methods[0]]
 
-    run_prediction("sampling", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction("sampling", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
+                   required=("batch", "vocab"))
 
 
 # ----------------------------------------------------------------------------- kv cache
@@ -217,7 +220,7 @@ def kv_cache() -> None:
 
 
 @kv_cache.command("update")
-@click.option("--tokens", "num_tokens", type=int, required=True, help="New tokens written (per layer).")
+@click.option("--tokens", "num_tokens", type=int, default=None, help="New tokens written (per layer). Required.")
 @click.option("--kv-heads", type=int, default=8, show_default=True)
 @click.option("--head-dim", type=int, default=128, show_default=True)
 @click.option("--page-size", type=int, default=16, show_default=True)
@@ -231,7 +234,8 @@ def kv_update(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv
     """Scatter new K / V rows into their page slots, quantizing on write."""
     from perfmodel.model.kvcache import kv_cache_update
 
-    run_prediction("kv-cache update", kv_cache_update, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction("kv-cache update", kv_cache_update, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
+                   required=("num_tokens",))
 
 
 @kv_cache.command("gather")
@@ -258,8 +262,8 @@ def kv_gather_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as
 @click.option("--weight-bytes", type=float, default=None, help="Model weight bytes (all chips together).")
 @click.option("--params-b", type=float, default=None, help="Or: billions of parameters (with --weight-dtype).")
 @click.option("--weight-dtype", default="bf16", show_default=True)
-@click.option("--layers", type=int, required=True)
-@click.option("--kv-heads", type=int, required=True)
+@click.option("--layers", type=int, default=None, help="Required.")
+@click.option("--kv-heads", type=int, default=None, help="Required.")
 @click.option("--head-dim", type=int, default=128, show_default=True)
 @click.option("--kv-dtype", default="bf16", show_default=True)
 @click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token"]), default=None)
@@ -287,16 +291,17 @@ def fused() -> None:
     """Fused elementwise ops: fused vs unfused HBM traffic side by side."""
 
 
-def _fused_run(op: str, fn: Any, params: dict[str, Any], hw: Any, sweep: Any, as_json: bool, as_csv: bool) -> None:
+def _fused_run(op: str, fn: Any, params: dict[str, Any], hw: Any, sweep: Any, as_json: bool, as_csv: bool,
+               required: tuple[str, ...]) -> None:
     def build(*, chip: Any, **kw: Any) -> Any:
         return {"fused": fn(chip=chip, fused=True, **kw), "unfused": fn(chip=chip, fused=False, **kw)}
 
-    run_prediction(op, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction(op, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=required)
 
 
 @fused.command("rms-norm")
-@click.option("--tokens", type=int, required=True)
-@click.option("--hidden", type=int, required=True)
+@click.option("--tokens", type=int, default=None, help="Required.")
+@click.option("--hidden", type=int, default=None, help="Required.")
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--residual/--no-residual", default=True, show_default=True, help="Residual add before the norm.")
 @click.option("--out-dtype", default=None)
@@ -306,20 +311,21 @@ def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: A
     """Residual add + RMSNorm."""
     from perfmodel.model.fused import rms_norm
 
-    _fused_run("rms-norm", rms_norm, params, hw, sweep, as_json, as_csv)
+    _fused_run("rms-norm", rms_norm, params, hw, sweep, as_json, as_csv, ("tokens", "hidden"))
 
 
 def _glu_command(kind: str) -> Any:
     @fused.command(kind, help=f"{'SiLU' if kind == 'swiglu' else 'GELU'}(gate) * up over [tokens, intermediate].")
-    @click.option("--tokens", type=int, required=True)
-    @click.option("--intermediate", type=int, required=True)
+    @click.option("--tokens", type=int, default=None, help="Required.")
+    @click.option("--intermediate", type=int, default=None, help="Required.")
     @click.option("--dtype", default="bf16", show_default=True)
     @predict_options
     @user_errors
     def cmd(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
         from perfmodel.model.fused import glu
 
-        _fused_run(kind, lambda **kw: glu(kind=kind, **kw), params, hw, sweep, as_json, as_csv)
+        _fused_run(kind, lambda **kw: glu(kind=kind, **kw), params, hw, sweep, as_json, as_csv,
+                   ("tokens", "intermediate"))
 
     return cmd
 
@@ -329,8 +335,8 @@ _glu_command("geglu")
 
 
 @fused.command("rope")
-@click.option("--tokens", type=int, required=True)
-@click.option("--heads", type=int, required=True)
+@click.option("--tokens", type=int, default=None, help="Required.")
+@click.option("--heads", type=int, default=None, help="Required.")
 @click.option("--head-dim", type=int, default=128, show_default=True)
 @click.option("--rotary-dim", type=int, default=None, help="Rotated dims (default: head dim).")
 @click.option("--dtype", default="bf16", show_default=True)
@@ -340,13 +346,13 @@ def fused_rope(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) 
     """Rotary position embedding with cos / sin tables."""
     from perfmodel.model.fused import rope
 
-    _fused_run("rope", rope, params, hw, sweep, as_json, as_csv)
+    _fused_run("rope", rope, params, hw, sweep, as_json, as_csv, ("tokens", "heads"))
 
 
 @fused.command("dequant-gemm")
-@click.option("-m", "--m", "m", type=int, required=True)
-@click.option("-n", "--n", "n", type=int, required=True)
-@click.option("-k", "--k", "k", type=int, required=True)
+@click.option("-m", "--m", "m", type=int, default=None, help="Required.")
+@click.option("-n", "--n", "n", type=int, default=None, help="Required.")
+@click.option("-k", "--k", "k", type=int, default=None, help="Required.")
 @click.option("--weight-dtype", default="int8", show_default=True)
 @click.option("--act-dtype", default="bf16", show_default=True)
 @click.option("--out-dtype", default="bf16", show_default=True)
@@ -358,7 +364,7 @@ def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **param
     """Quantized-weight GEMM: dequantize in VMEM (fused) vs a separate dequantize kernel."""
     from perfmodel.model.fused import dequant_gemm
 
-    _fused_run("dequant-gemm", dequant_gemm, params, hw, sweep, as_json, as_csv)
+    _fused_run("dequant-gemm", dequant_gemm, params, hw, sweep, as_json, as_csv, ("m", "n", "k"))
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -370,7 +376,7 @@ def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **param
               help="Bytes each chip holds before the op (all-gather: its shard; the others: the full array).")
 @click.option("--shape", default=None, metavar="D0,D1,...", help="Or: the per-chip array shape (with --dtype).")
 @click.option("--dtype", default="bf16", show_default=True)
-@click.option("--num-chips", type=int, required=True, help="Chips on the axis.")
+@click.option("--num-chips", type=int, default=None, help="Chips on the axis. Required.")
 @click.option("--topology", type=click.Choice(["ring", "line", "torus"]), default="ring", show_default=True,
               help="ring: one torus axis with wraparound; line: no wraparound; torus: all axes.")
 @predict_options
@@ -383,7 +389,7 @@ def collective(kind: str, hw: Any, sweep: Any, as_json: bool, as_csv: bool, **pa
         dims = None if shape is None else _shape(shape)
         return COLLECTIVES[kind](chip=chip, shape=dims, bytes_per_chip=bytes_per_chip, **kw)
 
-    run_prediction(kind, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_prediction(kind, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("num_chips",))
 
 
 def _shape(text: str) -> list[int]:

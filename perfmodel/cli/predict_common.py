@@ -211,26 +211,35 @@ def report_rows(preds: list[Prediction]) -> list[list[str]]:
     ]
     rows += [_unit_row(f"  {u.upper()} time (share of peak)", preds, u) for u in UNITS
              if any(_num(p.roofline.unit_s[u]) for p in preds)]
+    has = lambda field: any(_num(getattr(p.cost, field)) for p in preds)  # noqa: E731
+    if has("mxu_flops"):
+        rows += [
+            row("MXU FLOPs issued", lambda p: f"{si(_num(c(p).mxu_flops), 'FLOP')} ({c(p).mxu_dtype})"),
+            row("useful FLOPs", lambda p: si(_num(c(p).useful_flops), "FLOP")),
+            row("MXU padding waste", lambda p: percent(_num(c(p).padding_waste))),
+        ]
+    if has("vpu_ops"):
+        rows += [row("VPU ops", lambda p: si(_num(c(p).vpu_ops), "op")),
+                 row("VPU padding waste", lambda p: percent(_num(c(p).vpu_padding_waste)))]
+    if has("eup_ops"):
+        rows.append(row("EUP ops", lambda p: si(_num(c(p).eup_ops), "op")))
     rows += [
-        row("MXU FLOPs issued", lambda p: f"{si(_num(c(p).mxu_flops), 'FLOP')} ({c(p).mxu_dtype})"),
-        row("useful FLOPs", lambda p: si(_num(c(p).useful_flops), "FLOP")),
-        row("MXU padding waste", lambda p: percent(_num(c(p).padding_waste))),
-        row("VPU ops", lambda p: si(_num(c(p).vpu_ops), "op")),
-        row("VPU padding waste", lambda p: percent(_num(c(p).vpu_padding_waste))),
-        row("EUP ops", lambda p: si(_num(c(p).eup_ops), "op")),
         row("HBM read", lambda p: nbytes(_num(c(p).hbm_read_bytes))),
         row("HBM write", lambda p: nbytes(_num(c(p).hbm_write_bytes))),
     ]
-    if any(_num(p.cost.ici_bytes) for p in preds):
+    if has("ici_bytes"):
         rows.append(row("ICI bytes sent per chip", lambda p: nbytes(_num(c(p).ici_bytes))))
-    if any(_num(p.cost.vmem_bytes) for p in preds):
+    if has("vmem_bytes"):
         rows.append(row("VMEM working set", lambda p: nbytes(_num(c(p).vmem_bytes))))
+    if has("useful_flops"):
+        rows += [
+            row("arithmetic intensity", lambda p: si(_num(r(p).arithmetic_intensity), "FLOP/B")),
+            row("ridge point", lambda p: si(r(p).ridge_point, "FLOP/B")),
+            row("attainable FLOP/s", lambda p: si(_num(r(p).attainable_flops_per_s), "FLOP/s")),
+            row("MFU at floor", lambda p: percent(_num(r(p).mfu_at_floor))),
+        ]
     rows += [
-        row("arithmetic intensity", lambda p: si(_num(r(p).arithmetic_intensity), "FLOP/B")),
-        row("ridge point", lambda p: si(r(p).ridge_point, "FLOP/B")),
-        row("attainable FLOP/s", lambda p: si(_num(r(p).attainable_flops_per_s), "FLOP/s")),
         row("attainable HBM BW", lambda p: si(_num(r(p).attainable_hbm_bytes_per_s), "B/s")),
-        row("MFU at floor", lambda p: percent(_num(r(p).mfu_at_floor))),
         row("MBU at floor", lambda p: percent(_num(r(p).mbu_at_floor))),
     ]
     for part_idx in range(max(len(p.cost.parts) for p in preds)):
@@ -284,7 +293,7 @@ def sweep_rows(preds: list[Prediction], keys: list[str]) -> tuple[list[str], lis
     multi_chip = len({p.chip.name for p in preds}) > 1
     variants = any(p.variant for p in preds)
     headers = (["chip"] if multi_chip else []) + (["variant"] if variants else []) + [k.replace("_", "-") for k in keys]
-    headers += ["floor", "expected", "bound", "intensity", "MFU@floor", "MBU@floor", "HBM bytes", ""]
+    headers += ["floor", "expected", "bound", "intensity", "MFU@floor", "MBU@floor", "HBM bytes"]
     rows = []
     last: dict[tuple[str, str], str] = {}
     for p in preds:
@@ -299,6 +308,10 @@ def sweep_rows(preds: list[Prediction], keys: list[str]) -> tuple[list[str], lis
                 si(_num(r.arithmetic_intensity), "FLOP/B"), percent(_num(r.mfu_at_floor)),
                 percent(_num(r.mbu_at_floor)), nbytes(_num(p.cost.hbm_bytes)), mark]
         rows.append(row)
+    if any(r[-1] for r in rows):
+        headers.append("")
+    else:
+        rows = [r[:-1] for r in rows]
     return headers, rows
 
 
@@ -367,16 +380,29 @@ def render(op: str, params: dict[str, Any], preds: list[Prediction], *, swept: l
     click.echo(table(headers, rows))
 
 
+def check_required(params: dict[str, Any], swept: Iterable[str], required: Iterable[str]) -> None:
+    """InputError for a required option that is neither given nor swept (options stay optional in click so
+    that ``--sweep`` can supply them)."""
+    swept = set(swept)
+    for name in required:
+        if params.get(name) is None and name not in swept:
+            flag = "--" + name.replace("_", "-")
+            raise InputError(f"missing option {flag}: give {flag} VALUE or --sweep {name.replace('_', '-')}=V1,V2")
+
+
 def run_prediction(op: str, build: Build, params: dict[str, Any], *, hw: Iterable[str], sweep: Iterable[str],
-                   as_json: bool, as_csv: bool, sweepable: Iterable[str] | None = None) -> list[Prediction]:
+                   as_json: bool, as_csv: bool, sweepable: Iterable[str] | None = None,
+                   required: Iterable[str] = ()) -> list[Prediction]:
     """Resolve chips and sweep points, evaluate, print; returns the predictions (for callers and tests).
 
     ``build(chip=..., **params)`` returns an OpCost or {variant: OpCost}.
-    ``sweepable`` defaults to every key of params.
+    ``sweepable`` defaults to every key of params; ``required`` names options
+    that must be given or swept.
     """
-    chips = resolve_chips(hw)
     points = sweep_points(sweep, sweepable if sweepable is not None else params)
     swept = list(points[0]) if points and points[0] else []
+    check_required(params, swept, required)
+    chips = resolve_chips(hw)
     preds = evaluate_all(op, build, params, chips, points)
     render(op, params, preds, swept=swept, as_json=as_json, as_csv=as_csv)
     return preds
@@ -436,8 +462,9 @@ def run_capacity(params: dict[str, Any], *, hw: Iterable[str], sweep: Iterable[s
 
     if as_json and as_csv:
         raise InputError("--json and --csv: pick one output format")
-    chips = resolve_chips(hw)
     points = sweep_points(sweep, [k for k in params if k not in ("weight_dtype", "kv_dtype", "kv_scale")])
+    check_required(params, points[0], ("layers", "kv_heads"))
+    chips = resolve_chips(hw)
     records = []
     for chip in chips:
         for point in points:

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.errors import InputError
-from perfmodel.model import attention, collectives, fused, kvcache, sampling
+from perfmodel.model import attention, collectives, core, fused, kvcache, sampling
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
@@ -79,6 +79,9 @@ class Step:
     #: Tensor-parallel degree (chips, over ICI).
     tp: int
     page_size: int
+    #: Decode only: one KV length per sequence (then ``batch`` is their count and ``context_tokens`` their
+    #: maximum); None when all sequences share ``context_tokens``.
+    context_lens: tuple[int, ...] | None = None
 
     @property
     def tokens(self) -> int:
@@ -90,19 +93,40 @@ class Step:
         """KV tokens per sequence after the step (what attention reads and the cache holds)."""
         return self.context_tokens if self.phase == "decode" else self.context_tokens + self.chunk_tokens
 
+    def sequence_kv_tokens(self) -> np.ndarray:
+        """KV tokens of each sequence after the step (length ``batch``)."""
+        if self.context_lens is not None:
+            return np.asarray(self.context_lens, dtype=np.int64)
+        return np.full(self.batch, self.kv_tokens, dtype=np.int64)
 
-def make_step(*, phase: str = "decode", batch: int = 1, context: int | None = None, prefill_len: int | None = None,
-              weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
+
+def make_step(*, phase: str = "decode", batch: int | None = None, context: int | None = None,
+              prefill_len: int | None = None, context_lens: Any = None, weight_dtype: str = "bf16",
+              act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
               page_size: int = DEFAULT_PAGE_SIZE) -> Step:
     """Validated :class:`Step`; one-line InputError naming the flag for bad input.
 
-    Decode: ``context`` = KV length each sequence attends to (default 1024).
-    Prefill: ``prefill_len`` = new tokens per sequence (default 2048) and
-    ``context`` = tokens already cached before the chunk (default 0).
-    ``kv_dtype`` defaults to ``act_dtype``.
+    Decode: ``context`` = KV length each sequence attends to (default 1024),
+    or ``context_lens`` = one length per sequence (a mixed batch; ``batch``
+    is then their count). Prefill: ``prefill_len`` = new tokens per sequence
+    (default 2048) and ``context`` = tokens already cached before the chunk
+    (default 0). ``batch`` defaults to 1; ``kv_dtype`` to ``act_dtype``.
     """
     if phase not in PHASES:
         raise InputError(f"--phase: got '{phase}'; use prefill or decode")
+    lens = None
+    if context_lens is not None:
+        if phase != "decode":
+            raise InputError("--context-lens / --context-dist apply to --phase decode; prefill takes one --context")
+        if context is not None:
+            raise InputError("give --context or --context-lens / --context-dist, not both")
+        arr = np.atleast_1d(np.asarray(context_lens))
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or np.any(arr < 1):
+            raise InputError(f"--context-lens: give whole numbers >= 1, one per sequence, got {context_lens!r}")
+        if batch is not None and batch != arr.size:
+            raise InputError(f"--batch {batch} disagrees with the {arr.size} --context-lens given; drop --batch")
+        lens, batch, context = tuple(int(x) for x in arr), int(arr.size), int(arr.max())
+    batch = 1 if batch is None else batch
     _positive("--batch", batch)
     _positive("--tp", tp)
     _positive("--page-size", page_size)
@@ -119,8 +143,10 @@ def make_step(*, phase: str = "decode", batch: int = 1, context: int | None = No
         if not isinstance(context, (int, np.integer)) or context < 0:
             raise InputError(f"--context must be >= 0 for prefill (tokens cached before the chunk), got {context}")
     return Step(phase=phase, batch=int(batch), context_tokens=int(context), chunk_tokens=int(chunk),
-                weight_dtype=parse_dtype(weight_dtype, "--weight-dtype"), act_dtype=parse_dtype(act_dtype, "--act-dtype"),
-                kv_dtype=parse_dtype(kv_dtype or act_dtype, "--kv-dtype"), tp=int(tp), page_size=int(page_size))
+                weight_dtype=parse_dtype(weight_dtype, "--weight-dtype"),
+                act_dtype=parse_dtype(act_dtype, "--act-dtype"),
+                kv_dtype=parse_dtype(kv_dtype or act_dtype, "--kv-dtype"), tp=int(tp), page_size=int(page_size),
+                context_lens=lens)
 
 
 def _positive(flag: str, value: Any) -> None:
@@ -280,11 +306,12 @@ class MemoryFit:
     usable_bytes: float
     weight_bytes: float
     kv_bytes: float
+    #: KV bytes of one sequence (the mean over a mixed batch).
     kv_bytes_per_sequence: float
     fits: bool
     #: Bytes over the usable HBM (0 when it fits).
     shortfall_bytes: float
-    #: Largest batch whose weights + KV fit (0: the weights alone do not).
+    #: Largest batch (of sequences like these, on average) whose weights + KV fit (0: the weights alone do not).
     max_batch: int
 
 
@@ -297,8 +324,10 @@ def memory_fit(cfg: ModelConfig, step: Step, chip: Any, *,
     hbm = float(chip.memory.hbm_bytes_per_chip)
     usable = hbm * hbm_utilization
     weights = weight_bytes_per_chip(cfg, sh, step.weight_dtype, step.act_dtype)
-    per_seq = kv_bytes_per_sequence(cfg, sh, step.kv_dtype, step.kv_tokens, step.page_size)
-    kv = per_seq * step.batch
+    lengths, counts = np.unique(step.sequence_kv_tokens(), return_counts=True)
+    kv = float(sum(c * kv_bytes_per_sequence(cfg, sh, step.kv_dtype, int(t), step.page_size)
+                   for t, c in zip(lengths, counts)))
+    per_seq = kv / step.batch  # the mean, for a mixed batch
     need = weights + kv
     max_batch = int(max(usable - weights, 0.0) // per_seq) if per_seq > 0 else 0
     return MemoryFit(hbm_bytes=hbm, hbm_utilization=hbm_utilization, usable_bytes=usable, weight_bytes=weights,
@@ -349,9 +378,7 @@ def _sum(parts: list[OpCost]) -> OpCost:
     """Work of several same-dtype costs added into one (one kernel doing all of it)."""
     if len(parts) == 1:
         return parts[0]
-    fields = ("mxu_flops", "useful_flops", "vpu_ops", "vpu_padding_ops", "eup_ops", "hbm_read_bytes",
-              "hbm_write_bytes", "ici_bytes", "fixed_s")
-    total = {f: sum(getattr(p, f) for p in parts) for f in fields}
+    total = {f: sum(getattr(p, f) for p in parts) for f in core._ADDITIVE}  # the fields core.combine adds
     notes = tuple(dict.fromkeys(n for p in parts for n in p.notes))
     return dataclasses.replace(parts[0], notes=notes, **total)
 
@@ -366,10 +393,10 @@ def _local(name: str, *, vpu: float = 0.0, eup: float = 0.0, read: float = 0.0, 
     return OpCost(name=name, vpu_ops=vpu, eup_ops=eup, hbm_read_bytes=read, hbm_write_bytes=write, notes=notes)
 
 
-def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any, *, batch: int = 1) -> OpCost:
+def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any) -> OpCost:
     """[m, k] x [k, n] projection with the step's activation and weight dtypes."""
     rhs = step.act_dtype if mat.high_precision else step.weight_dtype
-    return _named(gemm(m=m, n=mat.n, k=mat.k, batch=batch, lhs_dtype=step.act_dtype, rhs_dtype=rhs,
+    return _named(gemm(m=m, n=mat.n, k=mat.k, lhs_dtype=step.act_dtype, rhs_dtype=rhs,
                        out_dtype=step.act_dtype, chip=chip), name)
 
 
@@ -435,10 +462,10 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[t
             kv_dtype=step.kv_dtype, src_dtype=act, kv_scale=kv_scale, chip=chip)))
         for label, layers, window in _attention_kinds(cfg):
             if step.phase == "decode":
+                lens, batch = _decode_lens(step, window)
                 cost = attention.paged_decode_attention(
-                    context_lens=min(step.kv_tokens, window or step.kv_tokens), batch=step.batch,
-                    q_heads=sh.q_heads, kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size,
-                    kv_dtype=step.kv_dtype, q_dtype=act, kv_scale=kv_scale, chip=chip)
+                    context_lens=lens, batch=batch, q_heads=sh.q_heads, kv_heads=sh.kv_heads, head_dim=cfg.head_dim,
+                    page_size=step.page_size, kv_dtype=step.kv_dtype, q_dtype=act, kv_scale=kv_scale, chip=chip)
             else:
                 cost = attention.flash_attention(
                     batch=step.batch, q_len=step.chunk_tokens, kv_len=step.kv_tokens, q_heads=sh.q_heads,
@@ -452,6 +479,14 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[t
         ops.append(("all_reduce(attn)", L, collectives.all_reduce(bytes_per_chip=T * h * DTYPES[act].itemsize_bytes,
                                                                   num_chips=sh.tp, chip=chip)))
     return ops
+
+
+def _decode_lens(step: Step, window: int | None = None) -> tuple[Any, int | None]:
+    """(context_lens, batch) for the paged-attention models: one shared length and the batch, or the list."""
+    if step.context_lens is None:
+        return min(step.kv_tokens, window or step.kv_tokens), step.batch
+    lens = step.sequence_kv_tokens()
+    return (np.minimum(lens, window) if window else lens), None
 
 
 def _attention_kinds(cfg: ModelConfig) -> list[tuple[str, int, int | None]]:
@@ -493,8 +528,9 @@ def _mla_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[s
         ops.append(("q_absorb", L, _named(gemm(m=T, n=m.kv_lora_rank, k=m.qk_nope_head_dim, batch=sh.q_heads,
                                                lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip),
                                           "q_absorb")))
+        lens, batch = _decode_lens(step)
         ops.append(("mla_attention", L, attention.mla_decode(
-            context_lens=step.kv_tokens, batch=step.batch, q_heads=sh.q_heads, page_size=step.page_size,
+            context_lens=lens, batch=batch, q_heads=sh.q_heads, page_size=step.page_size,
             kv_lora_rank=m.kv_lora_rank, rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act,
             chip=chip)))
         ops.append(("v_absorb", L, _named(gemm(m=T, n=m.v_head_dim, k=m.kv_lora_rank, batch=sh.q_heads,
@@ -571,9 +607,8 @@ def _head_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[
                                      notes=("embedding rows gathered by token id",))),
         ("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)),
     ]
-    head = _matrix(cfg, sh, "lm_head" if not cfg.tie_embeddings else "embedding")
-    head = dataclasses.replace(head, k=h, n=sh.vocab)  # a tied head reads the embedding table transposed
-    ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=head.n, k=head.k, lhs_dtype=act, rhs_dtype=step.weight_dtype,
+    # [B, hidden] x [hidden, vocab / tp] for the last token of each sequence (a tied head reads the embedding table)
+    ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=sh.vocab, k=h, lhs_dtype=act, rhs_dtype=step.weight_dtype,
                                                   out_dtype=LOGITS_DTYPE, chip=chip), "lm_head")))
     if sh.tp > 1:
         ops.append(("tp", "all_gather(logits)", 1, collectives.all_gather(

@@ -152,8 +152,9 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         mean_step_vpu_ops=_total(counter.vpu, n) / n if n else 0.0,
         mean_step_eup_ops=_total(counter.eup, n) / n if n else 0.0,
     )
-    waste = 1 - body.mxu_useful_flops / body.mxu_issued_flops if body.mxu_issued_flops else 0.0
-    if waste > 0.01 and counter.dots and "f32 matmuls" not in " ".join(notes):
+    unpadded_total = sum(_total(v, n) for v in counter.unpadded.values())
+    waste = 1 - unpadded_total / issued_total if issued_total else 0.0
+    if waste > 0.01:
         notes.append(f"MXU padding: {waste:.0%} of issued MXU FLOPs pad dot_generals to the {chip.cores.mxu_dim}-wide MXU")
     steps = StepTimes(compute_s=pt.compute_s, dma_s=pt.dma_s, overhead_s=pt.overhead_s) if keep_step_times else None
     return KernelAnalysis(

@@ -11,7 +11,7 @@ Counting rules (per executed equation, times its weight):
 * ``dot_general``: useful FLOPs 2*B*M*N*K; issued FLOPs pad M to the sublane
   count and K and N to the MXU dimension (a 128x128 or 256x256 systolic
   array processes whole tiles). The MXU rate is that of the operand dtypes
-  (see :func:`mxu_rate_key`).
+  (see :func:`mxu_rate_key`, which uses the op model's dtype rules).
 * element-wise arithmetic, comparisons, selects, casts and reductions on
   vectors: one VPU op per element (reductions: per input element);
 * transcendentals (exp, log, tanh, rsqrt, ...) and float division: one EUP op
@@ -33,11 +33,6 @@ import numpy as np
 from perfmodel.hw.spec import ChipSpec
 from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue
 
-#: f32 x f32 matmuls on a chip whose MXU has no f32 rate are modelled as this
-#: many bf16 passes (XLA's "HIGH" precision, bf16_3x). Mosaic's choice for a
-#: given kernel is not documented; treat as an assumption.
-F32_MATMUL_BF16_PASSES = 3
-
 EUP_PRIMITIVES = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
     "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "rsqrt", "sqrt", "cbrt", "erf", "erfc", "erf_inv",
@@ -57,38 +52,28 @@ REDUCTIONS = frozenset({
     "argmax", "argmin", "cumsum", "cummax", "cummin", "cumprod", "cumlogsumexp",
 })
 
-_DTYPE_KEYS = {
-    "float32": "fp32", "float64": "fp32", "bfloat16": "bf16", "float16": "bf16",
-    "int8": "int8", "uint8": "int8", "int4": "int4", "uint4": "int4",
-}
-#: Wider operand wins when the two differ (bf16 x int8 runs at the bf16 rate).
-_WIDTH = {"fp32": 4, "bf16": 3, "fp8": 2, "int8": 2, "int4": 1}
+def _model_dtype(dtype: Any) -> str:
+    """perfmodel's dtype name for a numpy / jax dtype (unknown ones count as fp32)."""
+    from perfmodel.errors import InputError
+    from perfmodel.model.dtypes import parse_dtype
+
+    try:
+        return parse_dtype(np.dtype(dtype).name)
+    except (InputError, TypeError):
+        return "fp32"
 
 
-def _dtype_key(dtype: Any) -> str:
-    name = np.dtype(dtype).name
-    if name.startswith("float8"):
-        return "fp8"
-    return _DTYPE_KEYS.get(name, "fp32")
+def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec) -> tuple[str, int, tuple[str, ...]]:
+    """(rate key, MXU passes, notes) for a dot of these operand dtypes on chip.
 
+    Delegates to the op model's per-generation rule
+    (:func:`perfmodel.model.dtypes.matmul_path`), so the schedule model and
+    ``perfmodel predict`` agree on which rate applies and on multi-pass fp32.
+    """
+    from perfmodel.model.dtypes import matmul_path
 
-def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec) -> tuple[str, int, str | None]:
-    """(rate key in chip.compute.matmul_flops_per_s_per_chip, passes, note) for a dot of these operand dtypes."""
-    a, b = _dtype_key(lhs), _dtype_key(rhs)
-    key = a if _WIDTH[a] >= _WIDTH[b] else b
-    if a != b and {a, b} == {"fp8", "int8"}:
-        key = "bf16"
-    rates = chip.compute.matmul_flops_per_s_per_chip
-    if key in rates:
-        return key, 1, None
-    if key == "fp32" and "bf16" in rates:
-        return "bf16", F32_MATMUL_BF16_PASSES, (
-            f"f32 matmuls modelled as {F32_MATMUL_BF16_PASSES} bf16 MXU passes ({chip.name} lists no f32 MXU rate)"
-        )
-    if "bf16" in rates:
-        return "bf16", 1, f"{key} matmul operands run at the bf16 MXU rate ({chip.name} has no native {key} MXU path)"
-    fallback = next(iter(rates))
-    return fallback, 1, f"{key} matmul operands run at the {fallback} rate ({chip.name} lists no {key} or bf16 rate)"
+    path = matmul_path(chip, _model_dtype(lhs), _model_dtype(rhs))
+    return path.compute_dtype, path.passes, path.notes
 
 
 def _size(aval: Any) -> int:
@@ -206,8 +191,8 @@ class WorkCounter(Hook):
         name = eqn.primitive.name
         if name == "dot_general":
             useful, issued = dot_flops(eqn, self.chip)
-            key, passes, note = mxu_rate_key(eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, self.chip)
-            if note:
+            key, passes, notes = mxu_rate_key(eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, self.chip)
+            for note in notes:
                 self.note(note)
             self.useful = self.useful + weight * useful
             self.issued[key] = self.issued.get(key, 0.0) + weight * issued * passes

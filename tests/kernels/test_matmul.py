@@ -310,3 +310,19 @@ def test_gpu_chip_is_rejected(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ValueError, match=r"chip='.*gpu-test.yaml' is a GPU; these Pallas kernels target TPUs"):
         matmul(jnp.ones((16, 128), jnp.bfloat16), jnp.ones((128, 128), jnp.bfloat16), chip=str(path))
+
+
+# ----- larger cases (pytest -m slow) -----
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_default_blocks_at_a_larger_shape(weights):
+    # v5e defaults (512x1024x1024) clamp to bn=768 here: grid (1, 1, 2) with full-size tiles.
+    m, k, n = 512, 2048, 768
+    x, w, bias = _inputs(11, m, k, n, jnp.bfloat16)
+    scale = None
+    if weights == "int8":
+        scale = jnp.max(jnp.abs(w.astype(jnp.float32)), axis=0) / 127
+        w = jnp.round(w.astype(jnp.float32) / scale).astype(jnp.int8)
+    out = matmul(x, w, w_scale=scale, bias=bias, activation="gelu", interpret=True)
+    _assert_matches(out, matmul_reference(x, w, w_scale=scale, bias=bias, activation="gelu"))

@@ -171,8 +171,7 @@ def test_lowers_to_mosaic_at_production_shape(chip):
     text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip=chip), *_production_structs())
     assert MOSAIC_CUSTOM_CALL in text
     blocks = DEFAULT_BLOCK_SIZES[chip]
-    lowered = jax.jit(lambda *a: ragged_paged_attention(*a, chip=chip)).lower(*_production_structs())
-    assert f"ragged_paged_attention_bq{blocks.block_q}_bkv{blocks.block_kv}" in lowered.as_text(debug_info=True)
+    assert f"ragged_paged_attention_bq{blocks.block_q}_bkv{blocks.block_kv}/" in text  # the named scope
 
 
 def test_assumed_lengths_share_tokens_and_cache_evenly():

@@ -207,3 +207,19 @@ def test_bad_input_raises_value_error_naming_it(case, match):
     }
     with pytest.raises(ValueError, match=match):
         calls[case]()
+
+
+# ----- larger cases (pytest -m slow) -----
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quantize", [False, True], ids=["bf16-out", "int8-out"])
+def test_default_blocks_at_a_larger_shape(quantize):
+    x, residual, weight = _inputs(12, 1000, 4096, jnp.bfloat16)
+    outs = rms_norm(x, residual, weight, quantize=quantize, interpret=True)
+    refs = rms_norm_reference(x, residual, weight, quantize=quantize)
+    _assert_close(outs[-1], refs[-1])
+    if quantize:
+        assert np.abs(np.asarray(outs[0], np.int32) - np.asarray(refs[0], np.int32)).max() <= 1
+        np.testing.assert_allclose(np.asarray(outs[1]), np.asarray(refs[1]), rtol=1e-5)
+    else:
+        _assert_close(outs[0], refs[0])

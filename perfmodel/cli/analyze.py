@@ -1,0 +1,194 @@
+"""`perfmodel analyze` and `perfmodel tune`: the kernel-schedule model on the command line.
+
+``analyze MODULE:FUNCTION`` traces any function that runs Pallas TPU kernels
+and models each pallas_call; ``tune KERNEL`` ranks block sizes of a kernel
+from the catalog (`perfmodel tune --list`). Both take array arguments as
+``--shape NAME=DIMS[:DTYPE][=FILL]`` (see perfmodel.schedule.shapes).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect as pyinspect
+from typing import Any, Callable, Sequence
+
+import click
+
+from perfmodel.cli.common import UserError, echo_json, json_option, to_jsonable, user_errors
+from perfmodel.errors import InputError
+
+DEFAULT_CHIP = "tpu-v5e"
+
+SHAPE_HELP = (
+    "Array argument NAME=DIMS[:DTYPE][=FILL], repeatable; e.g. x=4096x4096:bf16, lengths=8:int32=1024, "
+    "page_table=8x64:int32=arange. DTYPE defaults to bf16; without FILL the array is abstract "
+    "(give scalar-prefetch operands a FILL)."
+)
+
+_ANALYZE_HELP = """Model every pallas_call that MODULE:FUNCTION runs: grid, HBM traffic per operand
+(fetches when a block index changes, write-backs likewise, ideal bytes, re-read factor), VMEM
+footprint against the chip's limits, MXU/VPU/EUP work, and an expected time next to the op floor.
+
+\b
+Arguments of FUNCTION are bound by name: arrays from --shape, Python values from --arg
+(parsed as Python literals, e.g. --arg block_shape=512,1024 --arg causal=True). A FUNCTION
+with a `chip` parameter gets --hw unless --arg chip=... is given.
+
+\b
+Examples:
+  perfmodel analyze jax.experimental.pallas.ops.tpu.matmul:matmul --hw v5e \\
+      --shape x=4096x4096:bf16 --shape y=4096x4096:bf16 --arg block_shape=512,1024 --arg block_k=1024
+  perfmodel analyze kernels.matmul:matmul --shape x=8192x8192:bf16 --shape w=8192x8192:bf16 --hw v6e --json
+"""
+
+
+def parse_arg(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` with VALUE a Python literal (strings may be unquoted)."""
+    if "=" not in text:
+        raise InputError(f"--arg '{text}': expected NAME=VALUE, e.g. --arg block_k=1024 or --arg causal=True")
+    name, value = text.split("=", 1)
+    name = name.strip()
+    if not name.isidentifier():
+        raise InputError(f"--arg '{text}': '{name}' is not a valid argument name")
+    try:
+        return name, ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        return name, value.strip()
+
+
+def _parameters(fn: Callable) -> tuple[list[str], bool]:
+    """Parameter names of fn and whether it takes **kwargs (unknown signature: accept anything)."""
+    try:
+        sig = pyinspect.signature(fn)
+    except (TypeError, ValueError):
+        return [], True
+    names = [p.name for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return names, any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip: str) -> tuple[Callable, tuple[Any, ...]]:
+    """Resolve MODULE:FUNCTION and build (wrapper of the arrays, arrays) from --shape and --arg."""
+    from perfmodel.schedule.catalog import load
+    from perfmodel.schedule.shapes import materialize, parse_shape
+
+    fn = load(target, "MODULE:FUNCTION")
+    if not callable(fn):
+        raise InputError(f"MODULE:FUNCTION '{target}' is not callable")
+    specs = [parse_shape(s) for s in shapes]
+    if not specs:
+        raise InputError("--shape: give at least one array argument, e.g. --shape x=4096x4096:bf16")
+    static = dict(parse_arg(a) for a in args)
+    params, open_kwargs = _parameters(fn)
+    for name in [s.name for s in specs] + list(static):
+        if not open_kwargs and name not in params:
+            flag = "--shape" if name in {s.name for s in specs} else "--arg"
+            raise InputError(f"{flag}: '{name}' is not a parameter of {target}; its parameters: {', '.join(params)}")
+    dup = {s.name for s in specs} & set(static)
+    if dup:
+        raise InputError(f"--arg: {', '.join(sorted(dup))} also given as --shape; give each argument once")
+    if "chip" in params and "chip" not in static:
+        static["chip"] = chip
+    names = [s.name for s in specs]
+
+    def call(*arrays: Any) -> Any:
+        return fn(**dict(zip(names, arrays)), **static)
+
+    call.__name__ = target.split(":", 1)[1]
+    return call, tuple(materialize(s) for s in specs)
+
+
+@click.command("analyze", help=_ANALYZE_HELP, context_settings={"max_content_width": 110})
+@click.argument("target", metavar="MODULE:FUNCTION")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
+@click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Non-array argument (Python literal), repeatable.")
+@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@json_option
+@user_errors
+def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, as_json: bool) -> None:
+    from perfmodel.schedule.analyze import analyze as run_analysis
+    from perfmodel.schedule.analyze import resolve_chip
+    from perfmodel.schedule.report import render, to_json
+
+    chip = resolve_chip(hw)
+    fn, arrays = bind_function(target, shapes, args, chip.name)
+    result = run_analysis(fn, *arrays, chip=chip)
+    if as_json:
+        echo_json(to_json(result))
+    else:
+        click.echo(render(result))
+
+
+_TUNE_HELP = """Rank the legal block sizes of KERNEL (divisibility, (8,128) tiling, VMEM) by the
+schedule model's expected time and print the best few with traffic, VMEM and the reason.
+
+\b
+KERNEL is one of the catalog (see --list); shapes default to the kernel's example.
+Examples:
+  perfmodel tune jax-matmul --hw v5e --shape x=8192x8192:bf16 --shape y=8192x8192:bf16
+  perfmodel tune matmul --hw v6e --shape x=4096x8192:bf16 --shape w=8192x28672:bf16 --top 8
+"""
+
+
+@click.command("tune", help=_TUNE_HELP, context_settings={"max_content_width": 110})
+@click.argument("kernel", required=False)
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
+@click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument of the kernel (Python literal).")
+@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(min=1), help="How many candidates to print.")
+@click.option("--list", "list_kernels", is_flag=True, help="List the kernels tune and inspect know, and exit.")
+@json_option
+@user_errors
+def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
+         list_kernels: bool, as_json: bool) -> None:
+    from perfmodel.schedule.catalog import ENTRIES
+
+    if list_kernels:
+        click.echo(catalog_table(ENTRIES))
+        return
+    if kernel is None:
+        raise UserError("KERNEL: missing; pick one of " + ", ".join(e.name for e in ENTRIES if e.tunable)
+                        + " (perfmodel tune --list)")
+    from perfmodel.schedule.tune import tune as run_tune
+
+    result = run_tune(kernel, shapes, hw, extra=dict(parse_arg(a) for a in args))
+    if as_json:
+        out = to_jsonable(result)
+        out["ranked"] = out["ranked"][:top]
+        echo_json(out)
+        return
+    click.echo(render_tune(result, top))
+
+
+def catalog_table(entries: Sequence[Any]) -> str:
+    from perfmodel.units import table
+
+    rows = [[e.name, ", ".join(ax.field for ax in e.block_axes) or "-", " ".join(e.example), e.summary] for e in entries]
+    return table(["kernel", "tuned blocks", "example --shape", "what"], rows, align="llll")
+
+
+def render_tune(result: Any, top: int) -> str:
+    from perfmodel.units import binary, nbytes, seconds, table
+
+    if not result.ranked:
+        reasons = "; ".join(f"{k} ({v}x)" for k, v in result.rejected.items()) or "no candidates"
+        raise InputError(f"tune {result.kernel}: no legal block sizes on {result.chip}: {reasons}")
+    best = result.ranked[0]
+    base = result.baseline
+    rows = []
+    for i, c in enumerate(result.ranked[:top], start=1):
+        vs = f"{c.expected_s / base.expected_s:.3f}x" if base else "-"
+        rows.append([str(i), c.label, seconds(c.expected_s), vs, nbytes(c.hbm_bytes), f"{c.reread_factor:.2f}x",
+                     binary(c.vmem_bytes), f"{c.steps:,}", c.reason])
+    head = ["#", "blocks", "expected", f"vs {result.baseline_label}", "HBM moved", "re-read", "VMEM", "steps", "reason"]
+    lines = [f"tune {result.kernel} on {result.chip}: {' '.join(result.shapes)}", "",
+             table(head, rows, align="llrrrrrrl"), ""]
+    if base:
+        lines.append(f"{result.baseline_label} ({base.label or 'wrapper default'}): {seconds(base.expected_s)}; "
+                     f"best is {base.expected_s / best.expected_s:.3f}x faster" if best.expected_s < base.expected_s
+                     else f"{result.baseline_label} ({base.label or 'wrapper default'}): {seconds(base.expected_s)}; "
+                          "no candidate is predicted faster")
+    lines.append(f"{result.evaluated} candidates evaluated, {len(result.ranked)} legal, "
+                 f"{sum(result.rejected.values())} rejected, {result.pruned} pruned by the steps x overhead bound")
+    for reason, count in result.rejected.items():
+        lines.append(f"  rejected {count}x: {reason}")
+    return "\n".join(lines)

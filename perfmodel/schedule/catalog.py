@@ -1,0 +1,287 @@
+"""Kernels `perfmodel tune` and `perfmodel inspect` know by name.
+
+Each entry says where the kernel's public wrapper and its pure-jnp reference
+live, which array arguments it takes (bound by name from ``--shape``), an
+example set of shapes, and which block-size fields tile which array
+dimension (what the advisor enumerates). The bundled kernels come first;
+``jax-matmul`` and ``jax-flash-attention`` are JAX's own example kernels
+(``jax.experimental.pallas.ops.tpu``), the first being the kernel of the JAX
+Pallas TPU matmul guide whose published v5e timings calibrate the model.
+
+Nothing here imports jax or the kernels until an entry is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from perfmodel.errors import InputError
+from perfmodel.hw.spec import ChipSpec
+from perfmodel.schedule.shapes import ShapeSpec, abstract, materialize, parse_shape
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockAxis:
+    """One block-size field and the array dimension it tiles."""
+
+    field: str
+    #: --shape name of the array, and the dimension (may be negative).
+    array: str
+    dim: int
+    #: Candidates are multiples of this (tiling rule).
+    align: int
+    #: True when the block must divide the dimension (no partial last block).
+    divides: bool = False
+    #: Smallest candidate (blocks below it cost more in per-step overhead than they save).
+    minimum: int = 128
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelEntry:
+    name: str
+    summary: str
+    #: "module:attribute" of the public wrapper and of the jnp reference.
+    function: str
+    reference: str | None
+    #: Array parameters, in call order; optional ones are passed only when given.
+    arrays: tuple[str, ...]
+    optional_arrays: tuple[str, ...] = ()
+    #: Example --shape strings (used when none are given).
+    example: tuple[str, ...]
+    #: Static keyword arguments of the example (e.g. causal=True).
+    static: Mapping[str, Any] = field(default_factory=dict)
+    block_axes: tuple[BlockAxis, ...] = ()
+    #: "module:Class" of the kernel's block-size dataclass (built with the block fields as keywords).
+    block_class: str | None = None
+    #: Turns block fields into the wrapper's keyword arguments (default: block_sizes=block_class(**blocks)).
+    block_kwargs: Callable[[Mapping[str, int]], dict[str, Any]] | None = None
+    #: Whether the wrapper takes chip= (the bundled kernels do).
+    takes_chip: bool = True
+    #: Blocks to compare the advisor's choice with when the wrapper has no default (e.g. the tutorial's).
+    reference_blocks: Mapping[str, int] | None = None
+    #: perfmodel op model of the call (an OpCost), for kernels without a pl.CostEstimate from perfmodel.
+    op_model: Callable[[Mapping[str, ShapeSpec], Mapping[str, Any]], Any] | None = None
+
+    @property
+    def tunable(self) -> bool:
+        return bool(self.block_axes)
+
+    def wrapper(self) -> Callable:
+        return load(self.function, "KERNEL")
+
+    def reference_fn(self) -> Callable | None:
+        return load(self.reference, "KERNEL") if self.reference else None
+
+    def kwargs(self, blocks: Mapping[str, int] | None, chip: ChipSpec) -> dict[str, Any]:
+        """Static keyword arguments of one call: the example's, block sizes, chip."""
+        out = dict(self.static)
+        if self.takes_chip:
+            out["chip"] = chip.name
+        if blocks is not None:
+            if self.block_kwargs is not None:
+                out.update(self.block_kwargs(blocks))
+            elif self.block_class is not None:
+                out["block_sizes"] = load(self.block_class, "KERNEL")(**dict(blocks))
+        return out
+
+    def specs(self, shape_texts: Sequence[str]) -> dict[str, ShapeSpec]:
+        """Parse --shape texts (the example when empty) and check them against the entry's arrays."""
+        texts = list(shape_texts) or list(self.example)
+        specs = {}
+        for t in texts:
+            s = parse_shape(t)
+            specs[s.name] = s
+        known = set(self.arrays) | set(self.optional_arrays)
+        for name in specs:
+            if name not in known:
+                raise InputError(f"--shape: '{name}' is not an array argument of {self.name}; "
+                                 f"it takes {', '.join(self.arrays + self.optional_arrays)}")
+        missing = [a for a in self.arrays if a not in specs]
+        if missing:
+            example = " ".join(f"--shape {t}" for t in self.example)
+            raise InputError(f"--shape: {self.name} needs {', '.join(missing)}; e.g. {example}")
+        return specs
+
+    def names(self, specs: Mapping[str, ShapeSpec]) -> list[str]:
+        return [a for a in self.arrays + self.optional_arrays if a in specs]
+
+    def arguments(self, specs: Mapping[str, ShapeSpec], *, concrete: bool = True) -> tuple[Any, ...]:
+        """The array arguments in call order: concrete where a fill is given (or ShapeDtypeStructs only)."""
+        return tuple(materialize(specs[n]) if concrete else abstract(specs[n]) for n in self.names(specs))
+
+    def make_function(self, specs: Mapping[str, ShapeSpec], blocks: Mapping[str, int] | None, chip: ChipSpec, *,
+                 reference: bool = False, extra: Mapping[str, Any] | None = None) -> Callable:
+        """A function of the arrays (positional, in call order) running the kernel (or its reference)."""
+        names = self.names(specs)
+        target = self.reference_fn() if reference else self.wrapper()
+        if target is None:
+            raise InputError(f"{self.name} has no jnp reference")
+        static = dict(self.static) if reference else self.kwargs(blocks, chip)
+        static.update(extra or {})
+
+        def fn(*arrays: Any) -> Any:
+            return target(**dict(zip(names, arrays)), **static)
+
+        fn.__name__ = f"{self.name}_reference" if reference else self.name
+        return fn
+
+    def dims(self, specs: Mapping[str, ShapeSpec]) -> dict[str, int]:
+        """Size of the dimension each block field tiles."""
+        out = {}
+        for ax in self.block_axes:
+            shape = specs[ax.array].shape
+            out[ax.field] = int(shape[ax.dim])
+        return out
+
+
+def load(target: str, flag: str) -> Any:
+    """Import "module:attr.attr"; InputError naming flag when it cannot."""
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise InputError(f"{flag} '{target}': expected MODULE:FUNCTION, e.g. kernels.matmul:matmul")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise InputError(f"{flag} '{target}': cannot import module '{module}' ({type(exc).__name__}: {exc})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise InputError(f"{flag} '{target}': module '{module}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _jax_matmul_blocks(b: Mapping[str, int]) -> dict[str, Any]:
+    return {"block_shape": (b["bm"], b["bn"]), "block_k": b["bk"]}
+
+
+def _jax_flash_blocks(b: Mapping[str, int]) -> dict[str, Any]:
+    fa = importlib.import_module("jax.experimental.pallas.ops.tpu.flash_attention")
+    return {"block_sizes": fa.BlockSizes(block_q=b["block_q"], block_k_major=b["block_k"], block_k=b["block_k"],
+                                         block_b=1)}
+
+
+def _model_dtype(spec: ShapeSpec) -> str:
+    from perfmodel.model.dtypes import parse_dtype
+
+    return parse_dtype(spec.dtype)
+
+
+def _jax_matmul_op(specs: Mapping[str, ShapeSpec], static: Mapping[str, Any]) -> Any:
+    from perfmodel.model.gemm import gemm
+
+    x, y = specs["x"], specs["y"]
+    return gemm(m=x.shape[0], k=x.shape[1], n=y.shape[1], lhs_dtype=_model_dtype(x), rhs_dtype=_model_dtype(y),
+                out_dtype=_model_dtype(x), chip=None)
+
+
+def _jax_flash_op(specs: Mapping[str, ShapeSpec], static: Mapping[str, Any]) -> Any:
+    from perfmodel.model.attention import flash_attention
+
+    q, k = specs["q"].shape, specs["k"].shape
+    return flash_attention(batch=q[0], q_len=q[2], kv_len=k[2], q_heads=q[1], kv_heads=k[1], head_dim=q[3],
+                           causal=bool(static.get("causal", False)), dtype=_model_dtype(specs["q"]))
+
+
+_MATMUL_AXES = (
+    BlockAxis(field="bm", array="x", dim=0, align=16),
+    BlockAxis(field="bk", array="x", dim=1, align=128),
+    BlockAxis(field="bn", array="w", dim=1, align=128),
+)
+
+ENTRIES: tuple[KernelEntry, ...] = (
+    KernelEntry(
+        name="matmul", summary="bundled tiled GEMM (bf16/f32; int8/fp8 weights with scales; bias/activation)",
+        function="kernels.matmul:matmul", reference="kernels.matmul:matmul_reference",
+        arrays=("x", "w"), optional_arrays=("bias", "w_scale"),
+        example=("x=4096x4096:bf16", "w=4096x4096:bf16"),
+        block_axes=_MATMUL_AXES, block_class="kernels.matmul:MatmulBlockSizes",
+    ),
+    KernelEntry(
+        name="rms_norm", summary="bundled fused residual add + RMSNorm",
+        function="kernels.rms_norm:rms_norm", reference="kernels.rms_norm:rms_norm_reference",
+        arrays=("x", "residual", "weight"),
+        example=("x=8192x4096:bf16", "residual=8192x4096:bf16", "weight=4096:f32"),
+        block_axes=(BlockAxis(field="block_tokens", array="x", dim=0, align=8, minimum=8),),
+        block_class="kernels.rms_norm:RmsNormBlockSizes",
+    ),
+    KernelEntry(
+        name="kv_cache_update", summary="bundled paged KV-cache write (slot mapping as scalar prefetch)",
+        function="kernels.kv_cache_update:kv_cache_update",
+        reference="kernels.kv_cache_update:kv_cache_update_reference",
+        arrays=("new_k", "new_v", "k_cache", "v_cache", "slot_mapping"),
+        example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x256x16x128:bf16",
+                 "v_cache=8x256x16x128:bf16", "slot_mapping=64:int32=arange"),
+        block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
+    ),
+    KernelEntry(
+        name="flash_attention", summary="bundled prefill flash attention (causal, GQA, sliding window)",
+        function="kernels.flash_attention:flash_attention",
+        reference="kernels.flash_attention:flash_attention_reference",
+        arrays=("q", "k", "v"),
+        example=("q=1x32x2048x128:bf16", "k=1x8x2048x128:bf16", "v=1x8x2048x128:bf16"),
+        static={"causal": True},
+        block_axes=(BlockAxis(field="block_q", array="q", dim=2, align=8),
+                    BlockAxis(field="block_kv", array="k", dim=2, align=128)),
+        block_class="kernels.flash_attention:FlashAttentionBlockSizes",
+    ),
+    KernelEntry(
+        name="paged_attention", summary="bundled decode attention over a paged KV cache",
+        function="kernels.paged_attention:paged_attention",
+        reference="kernels.paged_attention:paged_attention_reference",
+        arrays=("q", "k_pages", "v_pages", "page_table", "lengths"), optional_arrays=("k_scales", "v_scales"),
+        example=("q=8x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16",
+                 "page_table=8x64:int32=arange", "lengths=8:int32=1000"),
+        block_axes=(BlockAxis(field="pages_per_compute_block", array="page_table", dim=1, align=1, divides=True,
+                              minimum=1),),
+        block_class="kernels.paged_attention:PagedAttentionBlockSizes",
+    ),
+    KernelEntry(
+        name="ragged_paged_attention", summary="bundled mixed prefill/decode attention over a paged KV cache",
+        function="kernels.ragged_paged_attention:ragged_paged_attention",
+        reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
+        arrays=("q", "k_pages", "v_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
+        example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
+                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange",
+                 "num_seqs=1:int32=4"),
+        block_class="kernels.ragged_paged_attention:BlockSizes",
+    ),
+    KernelEntry(
+        name="sampling", summary="bundled fused temperature / top-k / top-p sampling",
+        function="kernels.sampling:sampling", reference="kernels.sampling:sampling_reference",
+        arrays=("logits",), example=("logits=64x128256:f32",),
+        block_axes=(BlockAxis(field="block_b", array="logits", dim=0, align=8, minimum=8),
+                    BlockAxis(field="block_v", array="logits", dim=1, align=128)),
+        block_class="kernels.sampling:BlockSizes",
+    ),
+    KernelEntry(
+        name="jax-matmul", summary="JAX's example matmul (jax.experimental.pallas.ops.tpu.matmul; the matmul guide's kernel)",
+        function="jax.experimental.pallas.ops.tpu.matmul:matmul", reference="jax.numpy:matmul",
+        arrays=("x", "y"), example=("x=4096x4096:bf16", "y=4096x4096:bf16"),
+        block_axes=(BlockAxis(field="bm", array="x", dim=0, align=16, divides=True),
+                    BlockAxis(field="bk", array="x", dim=1, align=128, divides=True),
+                    BlockAxis(field="bn", array="y", dim=1, align=128, divides=True)),
+        block_kwargs=_jax_matmul_blocks, takes_chip=False,
+        reference_blocks={"bm": 512, "bk": 1024, "bn": 1024}, op_model=_jax_matmul_op,
+    ),
+    KernelEntry(
+        name="jax-flash-attention", summary="JAX's example flash attention (jax.experimental.pallas.ops.tpu.flash_attention)",
+        function="jax.experimental.pallas.ops.tpu.flash_attention:flash_attention",
+        reference="jax.experimental.pallas.ops.tpu.flash_attention:mha_reference",
+        arrays=("q", "k", "v"),
+        example=("q=1x8x2048x128:bf16", "k=1x8x2048x128:bf16", "v=1x8x2048x128:bf16"),
+        static={"causal": True},
+        block_axes=(BlockAxis(field="block_q", array="q", dim=2, align=128, divides=True),
+                    BlockAxis(field="block_k", array="k", dim=2, align=128, divides=True)),
+        block_kwargs=_jax_flash_blocks, takes_chip=False,
+        reference_blocks={"block_q": 128, "block_k": 128}, op_model=_jax_flash_op,
+    ),
+)
+
+
+def get_entry(name: str) -> KernelEntry:
+    for e in ENTRIES:
+        if e.name == name or e.name.replace("-", "_") == name.replace("-", "_"):
+            return e
+    raise InputError(f"KERNEL '{name}' is not known; known kernels: {', '.join(e.name for e in ENTRIES)}")

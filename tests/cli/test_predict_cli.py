@@ -1,0 +1,161 @@
+"""`perfmodel predict ...` through click's test runner."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args, code=0):
+    result = CliRunner().invoke(main, ["predict", *args])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+def run_json(*args):
+    return json.loads(run(*args, "--json"))
+
+
+def test_gemm_report_hand_worked():
+    out = run("gemm", "--hw", "v5e", "-m", "8192", "-n", "8192", "-k", "8192")
+    # 2*8192^3 / 1.97e14 = 5.58 ms; 3*8192^2*2 = 402.7 MB split 268 MB read + 134 MB written
+    assert "MXU-bound" in out and "5.58 ms" in out
+    assert "268 MB" in out and "134 MB" in out
+    rec = run_json("gemm", "--hw", "v5e", "-m", "8192", "-n", "8192", "-k", "8192")[0]
+    assert rec["roofline"]["floor_s"] == pytest.approx(2 * 8192**3 / 1.97e14)
+    assert rec["cost"]["hbm_bytes"] == 3 * 8192**2 * 2
+    assert rec["roofline"]["bound"] == "MXU-bound" and rec["chip"] == "tpu-v5e"
+
+
+def test_side_by_side_chips():
+    out = run("gemm", "--hw", "v5e,v6e", "--hw", "tpu-v5e", "-m", "1", "-n", "8192", "-k", "8192")
+    header = out.splitlines()[2]
+    assert "tpu-v5e" in header and "tpu-v6e" in header
+    recs = run_json("gemm", "--hw", "v5e", "--hw", "v6e", "-m", "1", "-n", "8192", "-k", "8192")
+    assert [r["chip"] for r in recs] == ["tpu-v5e", "tpu-v6e"]
+    # GEMV is HBM-bound; v6e's 1638 GB/s vs v5e's 819 GB/s: half the floor
+    assert recs[1]["roofline"]["floor_s"] == pytest.approx(recs[0]["roofline"]["floor_s"] / 2, rel=1e-3)
+
+
+def test_sweep_marks_bound_change():
+    out = run("gemm", "--hw", "v5e", "--sweep", "m=1,16,512", "-n", "8192", "-k", "8192")
+    lines = [l for l in out.splitlines() if l.startswith(("1 ", "16 ", "512 "))]
+    assert len(lines) == 3
+    assert "HBM-bound" in lines[0] and "<- bound changes" not in lines[0]
+    # m=512: intensity ~ 2*512*8192^2 / (8192^2*2) = 512 FLOP/B > v5e's ridge of 240 -> MXU-bound
+    assert "MXU-bound" in lines[2] and "<- bound changes" in lines[2]
+
+
+def test_sweep_cross_product_csv():
+    text = run("gemm", "--hw", "v5e", "--sweep", "m=1,64", "--sweep", "k=128,256", "-n", "128", "--csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [(r["m"], r["k"]) for r in rows] == [("1", "128"), ("1", "256"), ("64", "128"), ("64", "256")]
+    # useful FLOPs 2*m*n*k
+    assert [float(r["useful_flops"]) for r in rows] == [2 * m * 128 * k for m in (1, 64) for k in (128, 256)]
+
+
+def test_decode_attention_report():
+    out = run("decode-attention", "--hw", "v5e", "--context", "4096", "--batch", "32", "--q-heads", "32",
+              "--kv-heads", "8")
+    assert "HBM-bound" in out
+    # KV: 32 sequences * 4096 tokens * 8 kv heads * 128 * 2 (K, V) * 2 bytes = 537 MB
+    assert "537 MB" in out
+    rec = run_json("decode-attention", "--context-lens", "17,1000x2", "--q-heads", "8", "--kv-heads", "8")[0]
+    assert rec["cost"]["metrics"]["kv_pages_read"] == 2 + 63 * 2
+
+
+def test_decode_context_distribution():
+    rec = run_json("decode-attention", "--context-dist", "uniform:1000:3000", "--batch", "4", "--q-heads", "8")[0]
+    # quantiles at 1/8, 3/8, 5/8, 7/8 of [1000, 3000]: 1250, 1750, 2250, 2750
+    assert rec["cost"]["metrics"]["context_tokens"] == 1250 + 1750 + 2250 + 2750
+
+
+def test_attention_and_ragged_and_mla():
+    rec = run_json("attention", "--q-len", "1024", "--q-heads", "8", "--block-q", "128", "--block-kv", "128")[0]
+    assert rec["cost"]["metrics"]["kv_tiles"] == 36  # 8 q blocks: 1 + 2 + ... + 8
+    out = run("ragged-attention", "--query-lens", "1x8,256", "--context-lens", "1024x8,512", "--q-heads", "16",
+              "--kv-heads", "4")
+    assert "part: prefill" in out and "part: decode" in out
+    rec = run_json("mla-decode", "--context", "4096", "--batch", "4")[0]
+    assert rec["cost"]["metrics"]["kv_bytes"] == 4 * 4096 * 576 * 2
+
+
+def test_sampling_shows_both_methods():
+    out = run("sampling", "--batch", "64", "--vocab", "128256", "--top-p", "0.9")
+    assert "threshold" in out and "sort" in out
+    recs = run_json("sampling", "--batch", "64", "--vocab", "128256", "--top-p", "0.9")
+    by = {r["variant"]: r["roofline"]["floor_s"] for r in recs}
+    assert by["threshold"] < by["sort"]
+
+
+def test_kv_cache_commands():
+    rec = run_json("kv-cache", "update", "--tokens", "128", "--kv-dtype", "int8")[0]
+    assert rec["cost"]["hbm_write_bytes"] == 2 * 128 * 8 * 128 + 2 * 128 * 8 * 4
+    run("kv-cache", "gather", "--context-lens", "100,200")
+    out = run("kv-cache", "capacity", "--hw", "v5e", "--params-b", "8", "--weight-dtype", "bf16", "--layers", "32",
+              "--kv-heads", "8", "--context", "4096")
+    # 16e9 bytes of weights exceed 90% of 16 GiB (15.46e9)
+    assert "no: weights exceed usable HBM" in out
+    recs = json.loads(run("kv-cache", "capacity", "--hw", "v6e", "--params-b", "8", "--weight-dtype", "int8",
+                          "--layers", "32", "--kv-heads", "8", "--json"))
+    free = 0.9 * 32 * 2**30 - 8e9
+    assert recs[0]["capacity"]["tokens"] == (free // (131072 * 16)) * 16
+
+
+def test_fused_commands_show_both_forms():
+    recs = run_json("fused", "rms-norm", "--tokens", "4096", "--hidden", "8192")
+    by = {r["variant"]: r["cost"]["hbm_bytes"] for r in recs}
+    act = 4096 * 8192 * 2
+    assert by["fused"] == 4 * act + 8192 * 2
+    assert by["unfused"] > by["fused"]
+    for args in (["swiglu", "--tokens", "8", "--intermediate", "1024"], ["geglu", "--tokens", "8", "--intermediate",
+                                                                           "1024"],
+                 ["rope", "--tokens", "8", "--heads", "4"], ["dequant-gemm", "-m", "8", "-n", "256", "-k", "256"]):
+        out = run("fused", *args)
+        assert "fused" in out and "unfused" in out
+
+
+def test_collective():
+    rec = run_json("collective", "all-gather", "--bytes-per-chip", "64e6", "--num-chips", "8", "--hw", "v5e")[0]
+    assert rec["roofline"]["floor_s"] == pytest.approx(7 * 64e6 / 1e11)  # 2 links of 50 GB/s
+    run("collective", "all-reduce", "--shape", "8,4096", "--num-chips", "4", "--topology", "torus")
+
+
+@pytest.mark.parametrize("args,code,match", [
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", "tpu-v99"], 2, "unknown chip 'tpu-v99'"),
+    (["gemm", "-m", "0", "-n", "8", "-k", "8"], 1, "--m must be >= 1, got 0"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--rhs-dtype", "int3"], 1, "--rhs-dtype: unknown dtype 'int3'"),
+    (["gemm", "-n", "8", "-k", "8"], 1, "missing option --m"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "q=1,2"], 1, "--sweep: 'q' cannot be swept here"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "m"], 1, "--sweep 'm': write NAME=V1,V2"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "m=1,x"], 1, "--sweep m:"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--json", "--csv"], 1, "pick one output format"),
+    (["attention", "--q-len", "64", "--q-heads", "6", "--kv-heads", "4"], 1, "--kv-heads 4 must divide --q-heads 6"),
+    (["decode-attention", "--context", "5000", "--pages-per-seq", "4"], 1, "needs 313 pages but --pages-per-seq is 4"),
+    (["decode-attention", "--context", "10", "--context-lens", "3"], 1, "give exactly one of --context"),
+    (["decode-attention", "--context-dist", "zipf:1:2"], 1, "--context-dist: 'zipf:1:2'"),
+    (["ragged-attention", "--query-lens", "9", "--context-lens", "4"], 1, "--query-lens 9 exceeds --context-lens 4"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2"], 1, "give exactly one of --weight-bytes"),
+    (["collective", "all-gather", "--num-chips", "4"], 1, "give exactly one of --bytes-per-chip and --shape"),
+])
+def test_errors_are_one_line(args, code, match):
+    result = CliRunner().invoke(main, ["predict", *args])
+    assert result.exit_code == code
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and match in lines[0], result.output
+
+
+def test_predict_path_does_not_import_jax():
+    code = ("import sys\nfrom perfmodel.cli.main import main\n"
+            "try:\n    main(['predict', 'gemm', '-m', '1', '-n', '8', '-k', '8'])\nexcept SystemExit:\n    pass\n"
+            "assert 'jax' not in sys.modules, 'jax imported'\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)

@@ -1,0 +1,335 @@
+"""flash_attention (prefill) kernel: interpret mode vs the pure-jnp reference and JAX's shipped kernel,
+block skipping, TPU lowering, cost estimate and input validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
+
+from kernels.flash_attention import (
+    FlashAttentionBlockSizes,
+    attention_mask,
+    default_block_sizes,
+    flash_attention,
+    flash_attention_reference,
+)
+from kernels.flash_attention.kernel import kv_block_range, make_plan
+from perfmodel.hw import get_chip
+
+#: (atol, rtol) per input dtype. bf16: the kernel feeds bf16 probabilities to
+#: the PV matmul and rounds the output to bf16 (8 mantissa bits, ~4e-3 relative).
+TOLERANCES = {"float32": (2e-5, 2e-5), "bfloat16": (1.5e-2, 1.5e-2)}
+
+BS = FlashAttentionBlockSizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool
+    window: int | None
+    blocks: FlashAttentionBlockSizes
+
+
+CASES = [
+    # MHA, aligned: 2 q blocks x 2 kv blocks, diagonal tiles masked, the upper one skipped.
+    Case("mha-causal", 1, 2, 2, 256, 256, 128, True, None, BS(block_q=128, block_kv=128)),
+    # GQA 4, prefill chunk after a 260-token prefix, unaligned: kv tail block of 44 rows,
+    # two 128-row compute slices per 256-row K/V block.
+    Case("gqa4-causal-prefix", 1, 4, 1, 40, 300, 128, True, None, BS(block_q=16, block_kv=256, block_kv_compute=128)),
+    # GQA 8, bidirectional, unaligned q and kv, head_dim 64.
+    Case("gqa8-full", 2, 8, 1, 72, 200, 64, False, None, BS(block_q=32, block_kv=128)),
+    # GQA 4 with a sliding window: blocks skipped on both sides of the band.
+    Case("gqa4-window", 1, 8, 2, 256, 256, 128, True, 100, BS(block_q=32, block_kv=128)),
+    # Sequences shorter than one block: blocks shrink to the whole sequence.
+    Case("short", 2, 2, 1, 8, 72, 128, True, None, BS(block_q=128, block_kv=512)),
+    # A window wider than the sequence behaves as plain causal.
+    Case("wide-window", 1, 2, 1, 48, 160, 128, True, 1000, BS(block_q=16, block_kv=128)),
+]
+
+
+def _inputs(case: Case, dtype, seed: int = 0):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (case.batch, case.q_heads, case.q_len, case.head_dim), jnp.float32)
+    k = jax.random.normal(kk, (case.batch, case.kv_heads, case.kv_len, case.head_dim), jnp.float32)
+    v = jax.random.normal(kv, (case.batch, case.kv_heads, case.kv_len, case.head_dim), jnp.float32)
+    # Scale q up a little so the softmax is peaked, not near-uniform.
+    return (2.0 * q).astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+def _check(out, ref, dtype_name):
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    # Interpret mode fills unwritten buffers with NaN: a skipped write shows up here.
+    assert not np.isnan(out).any(), f"{np.isnan(out).sum()} output elements never written"
+    atol, rtol = TOLERANCES[dtype_name]
+    np.testing.assert_allclose(out, np.asarray(ref), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_reference(case, dtype):
+    q, k, v = _inputs(case, dtype)
+    out = flash_attention(q, k, v, causal=case.causal, sliding_window=case.window, block_sizes=case.blocks,
+                          interpret=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = flash_attention_reference(q, k, v, causal=case.causal, sliding_window=case.window)
+    _check(out, ref, jnp.dtype(dtype).name)
+
+
+def test_custom_sm_scale():
+    case = CASES[0]
+    q, k, v = _inputs(case, jnp.float32, seed=3)
+    out = flash_attention(q, k, v, sm_scale=0.3, block_sizes=case.blocks, interpret=True)
+    _check(out, flash_attention_reference(q, k, v, sm_scale=0.3), "float32")
+
+
+def test_never_visible_blocks_are_not_computed():
+    # 128 queries at positions 384..511 with a 64-key window see keys >= 384 - 63 = 321,
+    # i.e. K/V blocks 2 and 3 (block_kv = 128); blocks 0 and 1 (keys 0..255) are never
+    # visible. Poison their V with NaN: computing them (even masked, p = 0) would give
+    # 0 * NaN = NaN in the output.
+    case = Case("poison", 1, 4, 1, 128, 512, 128, True, 64, BS(block_q=32, block_kv=128))
+    q, k, v = _inputs(case, jnp.float32, seed=1)
+    v_poisoned = v.at[:, :, :256].set(jnp.nan)
+    k_poisoned = k.at[:, :, :256].set(jnp.nan)
+    out = flash_attention(q, k_poisoned, v_poisoned, sliding_window=64, block_sizes=case.blocks, interpret=True)
+    _check(out, flash_attention_reference(q, k, v, sliding_window=64), "float32")
+
+
+def _jax_blocks(block: int) -> jax_flash.BlockSizes:
+    return jax_flash.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_agrees_with_jax_shipped_kernel(causal):
+    # Independent check: JAX's own Pallas TPU flash attention (MHA only, so K/V heads
+    # are repeated for it), run in TPU interpret mode. With q_len == kv_len both
+    # kernels put query i at position i.
+    case = Case("jax", 1, 4, 2, 256, 256, 128, causal, None, BS(block_q=128, block_kv=128))
+    q, k, v = _inputs(case, jnp.float32, seed=2)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    ours = flash_attention(q, k, v, causal=causal, block_sizes=case.blocks, interpret=True)
+    k_rep, v_rep = (jnp.repeat(x, case.q_heads // case.kv_heads, axis=1) for x in (k, v))
+    with pltpu.force_tpu_interpret_mode():
+        theirs = jax_flash.flash_attention(q, k_rep, v_rep, causal=causal, sm_scale=scale,
+                                           block_sizes=_jax_blocks(128))
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0].id, CASES[2].id])
+def test_reference_agrees_with_jax_reference(case):
+    # JAX's pure-jnp mha_reference_no_custom_vjp, on repeated K/V heads (it has no GQA).
+    q, k, v = _inputs(case, jnp.float32, seed=4)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    k_rep, v_rep = (jnp.repeat(x, case.q_heads // case.kv_heads, axis=1) for x in (k, v))
+    with jax.default_matmul_precision("highest"):
+        theirs = jax_flash.mha_reference_no_custom_vjp(q, k_rep, v_rep, causal=case.causal, sm_scale=scale)
+    ours = flash_attention_reference(q, k, v, causal=case.causal)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- block skipping
+
+
+def _plan(q_len, kv_len, *, causal=True, window=None, block_q=128, block_kv=128, heads=(1, 1), head_dim=128):
+    q = jax.ShapeDtypeStruct((1, heads[0], q_len, head_dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, heads[1], kv_len, head_dim), jnp.bfloat16)
+    return make_plan(q, kv, kv, causal=causal, sliding_window=window, sm_scale=None,
+                     block_sizes=BS(block_q=block_q, block_kv=block_kv), chip="tpu-v5e")
+
+
+@pytest.mark.parametrize(
+    "q_len, kv_len, causal, window, block_q, block_kv",
+    [(256, 256, True, None, 32, 128), (40, 300, True, None, 16, 128), (300, 300, True, 50, 32, 128),
+     (200, 1000, True, 130, 64, 128), (72, 200, False, None, 32, 128), (96, 640, True, 1, 32, 128)],
+)
+def test_kv_block_range_is_exact(q_len, kv_len, causal, window, block_q, block_kv):
+    """The visited K/V blocks of each query block are exactly those with a visible key."""
+    plan = _plan(q_len, kv_len, causal=causal, window=window, block_q=block_q, block_kv=block_kv)
+    mask = np.asarray(attention_mask(q_len, kv_len, causal=causal, sliding_window=window))
+    spans = []
+    for qi in range(plan.q_blocks):
+        rows = mask[qi * block_q:(qi + 1) * block_q]
+        needed = [kb for kb in range(plan.kv_blocks) if rows[:, kb * block_kv:(kb + 1) * block_kv].any()]
+        first, last = (int(x) for x in kv_block_range(plan, qi, np))
+        assert needed == list(range(first, last + 1)), f"q block {qi}"
+        spans.append(last - first + 1)
+    assert plan.kv_steps == max(spans)
+
+
+def test_sliding_window_shrinks_the_grid():
+    # 8k causal, window 1024, 512-blocks: q block i needs keys [512 i - 1023, 512 i + 511],
+    # which start in block i - 2 (512 (i-2) + 1) and end in block i: 3 blocks, not 16.
+    assert _plan(8192, 8192, window=1024, block_q=512, block_kv=512).kv_steps == 3
+    # Plain causal: the last q block needs all 16.
+    assert _plan(8192, 8192, block_q=512, block_kv=512).kv_steps == 16
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+@pytest.mark.parametrize("window", [None, 4096], ids=["causal", "window"])
+def test_lowers_to_mosaic_at_production_shape(window):
+    # Llama-3-8B-like prefill: 8k tokens, 32 q heads, 8 kv heads, head_dim 128, bf16.
+    q = jax.ShapeDtypeStruct((1, 32, 8192, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 8, 8192, 128), jnp.bfloat16)
+    fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, sliding_window=window))
+    exported = jax.export.export(fn, platforms=["tpu"])(q, kv, kv)
+    assert "tpu_custom_call" in exported.mlir_module()
+
+
+@pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v5p", "tpu-v6e", "tpu-7x"])
+def test_lowers_with_each_chip_default(chip):
+    q = jax.ShapeDtypeStruct((1, 32, 2048, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 8, 2048, 128), jnp.bfloat16)
+    fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, chip=chip))
+    assert "tpu_custom_call" in jax.export.export(fn, platforms=["tpu"])(q, kv, kv).mlir_module()
+
+
+# ----------------------------------------------------------------------------- cost estimate
+
+
+def _pallas_cost_estimate(fn, *args):
+    """The CostEstimate the wrapper handed to pallas_call (found in the traced jaxpr)."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append(eqn.params["cost_estimate"])
+            for param in eqn.params.values():
+                if isinstance(param, jax.extend.core.ClosedJaxpr):
+                    walk(param.jaxpr)
+                elif isinstance(param, jax.extend.core.Jaxpr):
+                    walk(param)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    assert len(found) == 1
+    return found[0]
+
+
+def test_cost_estimate_is_the_models():
+    from perfmodel.model import attention
+    from perfmodel.model.core import to_cost_estimate
+
+    q = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
+    blocks = BS(block_q=128, block_kv=128)
+    est = _pallas_cost_estimate(lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), q, kv, kv)
+    model = to_cost_estimate(attention.flash_attention(
+        batch=1, q_heads=2, kv_heads=2, q_len=256, kv_len=256, head_dim=128, dtype="fp32", causal=True,
+        block_q=128, block_kv=128))
+    assert (est.flops, est.transcendentals, est.bytes_accessed) == (
+        model.flops, model.transcendentals, model.bytes_accessed)
+    # Hand-worked traffic of this kernel: q read and out written once, 2 x 256 x 128 x 4 B
+    # = 262144 B each; K and V read once per visited (q block, kv block) tile per kv head:
+    # 3 tiles (q block 0 -> kv 0; q block 1 -> kv 0, 1) x 2 kv heads x 2 (K, V) x 128 x 128 x 4 B
+    # = 786432 B. Total 1310720 B.
+    assert est.bytes_accessed == 1_310_720
+    # Useful matmul FLOPs alone: 4 x head_dim per visible pair per head:
+    # 4 x 128 x (256 x 257 / 2) x 2 heads = 33685504; flops adds the softmax vector work.
+    assert est.flops > 33_685_504
+
+
+# ----------------------------------------------------------------------------- block sizes
+
+
+def test_defaults_exist_for_every_pallas_tpu_and_fit_vmem():
+    for chip in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x"):
+        limit = get_chip(chip).memory.vmem_default_scoped_limit_bytes_per_core
+        for group in (1, 4, 8, 16):
+            sizes = default_block_sizes(chip, group=group, head_dim=128, vmem_limit=limit)
+            assert sizes.vmem_bytes(q_dtype="bfloat16", kv_dtype="bfloat16", head_dim=128, group=group,
+                                    q_len=8192, kv_len=8192) <= limit, (chip, group)
+
+
+def test_defaults_shrink_block_q_for_large_groups():
+    limit = get_chip("tpu-v5e").memory.vmem_default_scoped_limit_bytes_per_core
+    small = default_block_sizes("tpu-v5e", group=1, vmem_limit=limit)
+    big = default_block_sizes("tpu-v5e", group=16, vmem_limit=limit)
+    assert big.block_q < small.block_q
+    assert big.block_kv == small.block_kv
+
+
+def test_effective_blocks_shrink_to_short_sequences():
+    sizes = BS(block_q=512, block_kv=1024, block_kv_compute=256)
+    assert sizes.effective(q_len=40, kv_len=100) == (40, 100, 100)  # one slice: whole sequence
+    assert sizes.effective(q_len=40, kv_len=700) == (40, 512, 256)  # 2 slices of 256 fit in 700
+    assert sizes.effective(q_len=4096, kv_len=4096) == (512, 1024, 256)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(block_q=0, block_kv=128), r"block_sizes\.block_q: must be a positive int"),
+        (dict(block_q=True, block_kv=128), r"block_sizes\.block_q: must be a positive int"),
+        (dict(block_q=12, block_kv=128), r"block_sizes\.block_q: 12 is not a multiple of 8"),
+        (dict(block_q=16, block_kv=200), r"block_sizes\.block_kv: 200 is not a multiple of 128"),
+        (dict(block_q=16, block_kv=512, block_kv_compute=384), r"block_kv_compute: 384 does not divide"),
+        (dict(block_q=16, block_kv=256, block_kv_compute=100), r"block_kv_compute: 100 is not a multiple of 128"),
+    ],
+)
+def test_block_sizes_validate_themselves(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BS(**kwargs)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _sds(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+Q = _sds((1, 8, 256, 128))
+KV = _sds((1, 2, 256, 128))
+
+
+@pytest.mark.parametrize(
+    "q, k, v, kwargs, match",
+    [
+        (_sds((8, 256, 128)), KV, KV, {}, r"q: expected rank 4"),
+        (Q, KV, _sds((1, 2, 128, 128)), {}, r"v: shape .* must equal k's shape"),
+        (Q, _sds((2, 2, 256, 128)), _sds((2, 2, 256, 128)), {}, r"k: batch 2 does not match q's batch 1"),
+        (Q, _sds((1, 2, 256, 64)), _sds((1, 2, 256, 64)), {}, r"k: head_dim 64 does not match"),
+        (Q, _sds((1, 3, 256, 128)), _sds((1, 3, 256, 128)), {}, r"k: kv_heads=3 does not divide q_heads=8"),
+        (Q, _sds((1, 2, 256, 128), jnp.float32), _sds((1, 2, 256, 128), jnp.float32), {},
+         r"k, v: dtypes .* must equal q's dtype"),
+        (_sds((1, 8, 256, 128), jnp.float16), _sds((1, 2, 256, 128), jnp.float16),
+         _sds((1, 2, 256, 128), jnp.float16), {}, r"q: dtype float16 is not supported"),
+        (_sds((1, 8, 256, 128), jnp.float8_e4m3fn), _sds((1, 2, 256, 128), jnp.float8_e4m3fn),
+         _sds((1, 2, 256, 128), jnp.float8_e4m3fn), {}, r"q: dtype float8_e4m3fn is not supported"),
+        (_sds((1, 8, 300, 128)), KV, KV, {}, r"q: q_len=300 > kv_len=256"),
+        (Q, KV, KV, dict(sliding_window=0), r"sliding_window: must be a positive int"),
+        (Q, KV, KV, dict(sliding_window=64, causal=False), r"sliding_window: needs causal=True"),
+        (Q, KV, KV, dict(block_sizes=BS(block_q=8, block_kv=128)), r"block_q: 8 is not a multiple of 16"),
+        (Q, KV, KV, dict(block_sizes=(128, 128)), r"block_sizes: expected FlashAttentionBlockSizes"),
+        (_sds((1, 8, 8192, 128)), _sds((1, 2, 8192, 128)), _sds((1, 2, 8192, 128)),
+         dict(block_sizes=BS(block_q=4096, block_kv=8192)), r"block_sizes: .* B of VMEM .* scoped limit"),
+        (Q, KV, KV, dict(chip="tpu-v9z"), r"unknown chip 'tpu-v9z'"),
+        (Q, KV, KV, dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
+        (Q, KV, KV, dict(chip="tpu-v3"), r"chip: the spec of 'tpu-v3' has no memory\.vmem_default"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(q, k, v, kwargs, match):
+    fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, **kwargs))
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(fn, q, k, v)
+
+
+def test_unknown_chip_defaults_name_the_chip():
+    with pytest.raises(ValueError, match=r"chip: no flash_attention block-size defaults for 'tpu-v3'"):
+        default_block_sizes("tpu-v3")

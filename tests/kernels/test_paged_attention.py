@@ -1,0 +1,442 @@
+"""paged_attention (decode) kernel: interpret mode vs the pure-jnp reference and JAX's shipped kernel,
+quantized caches, TPU lowering, cost estimate and input validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel as jax_paged
+from jax.experimental.pallas.ops.tpu.paged_attention import quantization_utils as jax_quant
+from jax.experimental.pallas.ops.tpu.paged_attention import util as jax_paged_util
+
+from kernels.paged_attention import (
+    PagedAttentionBlockSizes,
+    default_block_sizes,
+    dequantize_pages,
+    paged_attention,
+    paged_attention_reference,
+    quantize_pages,
+)
+
+#: (atol, rtol) per (q dtype, cache dtype). bf16 queries run bf16 matmuls with bf16
+#: probabilities and a bf16 output (~4e-3 relative); quantized caches are compared
+#: with the reference on the same dequantized values, so quantization error cancels.
+TOLERANCES = {
+    ("float32", "float32"): (2e-5, 2e-5),
+    ("bfloat16", "bfloat16"): (1.5e-2, 1.5e-2),
+    ("float32", "int8"): (2e-5, 2e-5),
+    ("bfloat16", "int8"): (1.5e-2, 1.5e-2),
+    ("bfloat16", "float8_e4m3fn"): (1.5e-2, 1.5e-2),
+}
+
+PBS = PagedAttentionBlockSizes
+#: A page-table value that is no page at all: the kernel must never follow it.
+GARBAGE_PAGE = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Cache:
+    """One KV-cache format: query dtype, stored dtype, scale layout and a page size that tiles it."""
+
+    id: str
+    q_dtype: str
+    kv_dtype: str
+    per_token: bool | None  # None: unquantized
+    page_size: int
+    chip: str = "tpu-v5e"
+
+
+FORMATS = [
+    Cache("f32", "float32", "float32", None, 16),
+    Cache("bf16", "bfloat16", "bfloat16", None, 16),
+    Cache("int8-per-token", "bfloat16", "int8", True, 32),
+    Cache("int8-per-page", "float32", "int8", False, 32),
+    Cache("fp8-per-token", "bfloat16", "float8_e4m3fn", True, 32, chip="tpu-7x"),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    id: str
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    #: Context lengths as a share of the table's capacity, resolved per page size.
+    fill: tuple[float, ...]
+    blocks_per_seq: int  # compute blocks of 128 tokens
+
+
+SHAPES = [
+    # MHA; lengths 0 (empty), 1, one page, a partial last page, full capacity.
+    Shape("mha", 2, 2, 128, (0.0, 1.0 / 256, 0.0625, 0.52, 1.0), 2),
+    # GQA 4: ragged lengths, each ending inside a page.
+    Shape("gqa4", 8, 2, 128, (0.33, 0.71, 0.05), 2),
+    # GQA 8 (all q heads on one kv head), head_dim 64, three compute blocks.
+    Shape("gqa8", 8, 1, 64, (0.9, 0.4), 3),
+]
+
+
+def _lengths(shape: Shape, capacity: int) -> np.ndarray:
+    # fill 1/256 -> 1 token; 0.52 of 256 -> 133 tokens (page 8 of 16, 5 rows in); etc.
+    return np.array([max(0, min(capacity, round(f * capacity))) if f else 0 for f in shape.fill], np.int32)
+
+
+def _make(shape: Shape, fmt: Cache, seed: int = 0):
+    """Random queries and cache; a shuffled page table whose unused entries are garbage.
+
+    Pages no sequence uses, and the rows of each last page past its sequence's
+    length, hold NaN: reading or using any of them would show in the output.
+    """
+    rng = np.random.default_rng(seed)
+    batch = len(shape.fill)
+    ps = fmt.page_size
+    ppcb = 128 // ps
+    pages_per_seq = shape.blocks_per_seq * ppcb
+    capacity = pages_per_seq * ps
+    lengths = _lengths(shape, capacity)
+    num_pages = batch * pages_per_seq + 5  # a few pages nobody owns
+    table = rng.permutation(num_pages)[: batch * pages_per_seq].reshape(batch, pages_per_seq).astype(np.int32)
+    used = np.arange(pages_per_seq)[None, :] * ps < lengths[:, None]
+    table = np.where(used, table, GARBAGE_PAGE).astype(np.int32)
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = 2.0 * jax.random.normal(kq, (batch, shape.q_heads, shape.head_dim), jnp.float32)
+    cache_shape = (shape.kv_heads, num_pages, ps, shape.head_dim)
+    k = jax.random.normal(kk, cache_shape, jnp.float32)
+    v = jax.random.normal(kv, cache_shape, jnp.float32)
+    if fmt.per_token is None:
+        k, v = k.astype(fmt.kv_dtype), v.astype(fmt.kv_dtype)
+        k_scales = v_scales = None
+    else:
+        k, k_scales = quantize_pages(k, dtype=fmt.kv_dtype, per_token=fmt.per_token)
+        v, v_scales = quantize_pages(v, dtype=fmt.kv_dtype, per_token=fmt.per_token)
+    # Poison: every row that is not a live token of some sequence.
+    live = np.zeros((num_pages, ps), bool)
+    for b in range(batch):
+        for t in range(lengths[b]):
+            live[table[b, t // ps], t % ps] = True
+    if jnp.issubdtype(k.dtype, jnp.floating):
+        poison = jnp.asarray(~live)[None, :, :, None]
+        k, v = jnp.where(poison, jnp.nan, k).astype(k.dtype), jnp.where(poison, jnp.nan, v).astype(v.dtype)
+    else:  # int8 cannot hold NaN: poison the scales of dead rows instead (per token), or of dead pages
+        if fmt.per_token:
+            k_scales = jnp.where(jnp.asarray(~live)[None], jnp.nan, k_scales)
+            v_scales = jnp.where(jnp.asarray(~live)[None], jnp.nan, v_scales)
+        else:
+            dead = jnp.asarray(~live.any(axis=1))[None]
+            k_scales, v_scales = jnp.where(dead, jnp.nan, k_scales), jnp.where(dead, jnp.nan, v_scales)
+    return dict(q=q.astype(fmt.q_dtype), k_pages=k, v_pages=v, page_table=jnp.asarray(table),
+                lengths=jnp.asarray(lengths), k_scales=k_scales, v_scales=v_scales), ppcb
+
+
+def _reference_inputs(inputs):
+    """The same problem with poison replaced by finite values (the reference reads every row)."""
+    clean = dict(inputs)
+    table = np.asarray(inputs["page_table"])
+    clean["page_table"] = jnp.asarray(np.where(table == GARBAGE_PAGE, 0, table))
+    for name in ("k_pages", "v_pages", "k_scales", "v_scales"):
+        if clean[name] is not None:
+            clean[name] = jnp.nan_to_num(clean[name], nan=0.0)
+    return clean
+
+
+def _check(out, ref, fmt: Cache):
+    out = np.asarray(jnp.asarray(out, jnp.float32))
+    # Interpret mode fills unwritten buffers with NaN; poisoned pages would give NaN too.
+    assert not np.isnan(out).any(), f"{np.isnan(out).sum()} NaN output elements"
+    atol, rtol = TOLERANCES[(fmt.q_dtype, fmt.kv_dtype)]
+    np.testing.assert_allclose(out, np.asarray(ref), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.id for f in FORMATS])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+def test_matches_reference(shape, fmt):
+    inputs, ppcb = _make(shape, fmt)
+    out = paged_attention(**inputs, block_sizes=PBS(pages_per_compute_block=ppcb), chip=fmt.chip, interpret=True)
+    q = inputs["q"]
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref = paged_attention_reference(**_reference_inputs(inputs))
+    _check(out, ref, fmt)
+    # Empty sequences give exact zeros.
+    empty = np.asarray(inputs["lengths"]) == 0
+    assert np.all(np.asarray(out, np.float32)[empty] == 0.0)
+
+
+def test_default_block_sizes_and_sm_scale():
+    fmt = FORMATS[0]
+    inputs, _ = _make(SHAPES[1], fmt, seed=5)
+    out = paged_attention(**inputs, sm_scale=0.2, interpret=True)
+    _check(out, paged_attention_reference(**_reference_inputs(inputs), sm_scale=0.2), fmt)
+
+
+# ----------------------------------------------------------------------------- JAX's kernel
+
+
+def _dense_inputs(seed=7):
+    """A problem JAX's kernel also accepts: every page-table entry valid, lengths >= 1."""
+    rng = np.random.default_rng(seed)
+    batch, q_heads, kv_heads, head_dim, ps, pps = 3, 8, 2, 128, 32, 8
+    num_pages = batch * pps
+    table = jnp.asarray(rng.permutation(num_pages).reshape(batch, pps).astype(np.int32))
+    lengths = jnp.asarray(np.array([5, 130, 256], np.int32))
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (batch, q_heads, head_dim), jnp.float32)
+    k = jax.random.normal(kk, (kv_heads, num_pages, ps, head_dim), jnp.float32)
+    v = jax.random.normal(kv, (kv_heads, num_pages, ps, head_dim), jnp.float32)
+    return q, k, v, table, lengths
+
+
+def test_agrees_with_jax_shipped_kernel_bf16():
+    # Independent check: JAX's Pallas TPU paged_attention (same cache layout), in TPU
+    # interpret mode. It applies no softmax scale, so both get q / 16 (exact in bf16)
+    # and ours runs with sm_scale=1.
+    q, k, v, table, lengths = _dense_inputs()
+    q, k, v = (q / 16).astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+    ours = paged_attention(q, k, v, table, lengths, sm_scale=1.0, block_sizes=PBS(pages_per_compute_block=4),
+                           interpret=True)
+    with pltpu.force_tpu_interpret_mode():
+        theirs = jax_paged.paged_attention(q, k, v, lengths, table, pages_per_compute_block=4)
+    np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(theirs, np.float32), atol=2e-2, rtol=2e-2)
+
+
+def test_agrees_with_jax_shipped_kernel_int8_per_token():
+    # JAX's int8 cache: value = stored * h / 127.5 with h broadcast over head_dim;
+    # ours: value = stored * scale with one scale per token, so scale = h / 127.5.
+    q, k, v, table, lengths = _dense_inputs(seed=8)
+    q = q / 16
+    qk, qv = jax_quant.quantize_to_int8(k), jax_quant.quantize_to_int8(v)
+    k_scales, v_scales = (x.scales[..., 0] / jax_quant.MAX_INT8 for x in (qk, qv))
+    ours = paged_attention(q, qk.weight, qv.weight, table, lengths, k_scales=k_scales, v_scales=v_scales,
+                           sm_scale=1.0, block_sizes=PBS(pages_per_compute_block=4), interpret=True)
+    with pltpu.force_tpu_interpret_mode():
+        theirs = jax_paged.paged_attention(q, qk, qv, lengths, table, pages_per_compute_block=4)
+    # JAX's kernel dequantizes to bf16 before its f32 matmul: bf16-level agreement.
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=2e-2, rtol=2e-2)
+
+
+def test_reference_agrees_with_jax_reference():
+    # JAX's pure-jnp grouped_query_attention_reference on the gathered dense cache.
+    q, k, v, table, lengths = _dense_inputs(seed=9)
+    kv_heads, _, ps, head_dim = k.shape
+    dense = [x[:, table].reshape(kv_heads, table.shape[0], -1, head_dim).transpose(1, 0, 2, 3) for x in (k, v)]
+    with jax.default_matmul_precision("highest"):
+        theirs = jax_paged_util.grouped_query_attention_reference(q, *dense, lengths)
+    ours = paged_attention_reference(q, k, v, table, lengths, sm_scale=1.0)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=1e-5, rtol=1e-5)
+
+
+def test_quantize_round_trip():
+    x = jax.random.normal(jax.random.key(0), (2, 3, 32, 128), jnp.float32)
+    for per_token in (True, False):
+        stored, scales = quantize_pages(x, dtype="int8", per_token=per_token)
+        assert stored.dtype == jnp.int8 and scales.shape == (x.shape[:3] if per_token else x.shape[:2])
+        # Rounding error at most half a step: |x - q*s| <= s / 2.
+        step = scales[..., None] if per_token else scales[..., None, None]
+        err = jnp.abs(dequantize_pages(stored, scales) - x)
+        assert bool(jnp.all(err <= step / 2 + 1e-6))
+
+
+# ----------------------------------------------------------------------------- lowering
+
+
+@pytest.mark.parametrize(
+    "kv_dtype, page_size, scales",
+    [("bfloat16", 16, None), ("int8", 32, "per-token"), ("int8", 32, "per-page")],
+)
+def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
+    # Decode batch 64 with 2k contexts, 32 q heads over 8 kv heads (GQA 4), head_dim 128.
+    batch, q_heads, kv_heads, head_dim, context = 64, 32, 8, 128, 2048
+    pps = context // page_size
+    num_pages = batch * pps
+    sds = jax.ShapeDtypeStruct
+    args = [sds((batch, q_heads, head_dim), jnp.bfloat16),
+            sds((kv_heads, num_pages, page_size, head_dim), kv_dtype),
+            sds((kv_heads, num_pages, page_size, head_dim), kv_dtype),
+            sds((batch, pps), jnp.int32), sds((batch,), jnp.int32)]
+    if scales is None:
+        fn = jax.jit(lambda q, k, v, t, n: paged_attention(q, k, v, t, n))
+    else:
+        shape = (kv_heads, num_pages, page_size) if scales == "per-token" else (kv_heads, num_pages)
+        args += [sds(shape, jnp.float32)] * 2
+        fn = jax.jit(lambda q, k, v, t, n, ks, vs: paged_attention(q, k, v, t, n, k_scales=ks, v_scales=vs))
+    exported = jax.export.export(fn, platforms=["tpu"])(*args)
+    assert "tpu_custom_call" in exported.mlir_module()
+
+
+# ----------------------------------------------------------------------------- cost estimate
+
+
+def _pallas_cost_estimate(fn, *args):
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append(eqn.params["cost_estimate"])
+            for param in eqn.params.values():
+                if isinstance(param, jax.extend.core.ClosedJaxpr):
+                    walk(param.jaxpr)
+                elif isinstance(param, jax.extend.core.Jaxpr):
+                    walk(param)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("scales", [None, "per-token", "per-page"])
+def test_cost_estimate_is_the_models(scales):
+    from perfmodel.model import attention
+    from perfmodel.model.core import to_cost_estimate
+
+    batch, q_heads, kv_heads, head_dim, ps, pps = 2, 4, 1, 128, 32, 8
+    kv_dtype = "bfloat16" if scales is None else "int8"
+    sds = jax.ShapeDtypeStruct
+    args = [sds((batch, q_heads, head_dim), jnp.bfloat16), sds((kv_heads, 64, ps, head_dim), kv_dtype),
+            sds((kv_heads, 64, ps, head_dim), kv_dtype), sds((batch, pps), jnp.int32), sds((batch,), jnp.int32)]
+    if scales is not None:
+        args += [sds((kv_heads, 64, ps) if scales == "per-token" else (kv_heads, 64), jnp.float32)] * 2
+    fn = lambda q, k, v, t, n, *s: paged_attention(q, k, v, t, n, k_scales=s[0] if s else None,  # noqa: E731
+                                                   v_scales=s[1] if s else None)
+    est = _pallas_cost_estimate(fn, *args)
+    model = to_cost_estimate(attention.paged_decode_attention(
+        context_lens=pps * ps, batch=batch, pages_per_seq=pps, q_heads=q_heads, kv_heads=kv_heads,
+        head_dim=head_dim, page_size=ps, q_dtype="bf16", kv_dtype="int8" if scales else "bf16",
+        kv_scale=scales or "none"))
+    assert (est.flops, est.transcendentals, est.bytes_accessed) == (
+        model.flops, model.transcendentals, model.bytes_accessed)
+    if scales is None:
+        # Hand-worked traffic, lengths unknown at trace time so every sequence is assumed
+        # full (256 tokens): per sequence K and V 2 x 1 kv head x 256 x 128 x 2 B = 131072 B,
+        # q read and out written 4 x 128 x 2 B = 1024 B each, page table + length + start
+        # (8 + 2) x 4 B = 40 B; x 2 sequences = 266240 B.
+        assert est.bytes_accessed == 266_240
+
+
+# ----------------------------------------------------------------------------- block sizes
+
+
+@pytest.mark.parametrize(
+    "chip, page_size, pages_per_seq, expected",
+    [
+        ("tpu-v5e", 16, 128, 32),  # target 512 tokens: 32 pages of 16, and 32 divides 128
+        ("tpu-v5e", 16, 24, 24),  # lane-aligned divisors of 24 (n x 16 % 128 == 0): 8, 24; both <= 32 pages
+        ("tpu-v5e", 32, 64, 16),  # 512 / 32 = 16 pages
+        ("tpu-v6e", 32, 64, 32),  # target 1024 tokens: 32 pages of 32
+        ("tpu-v5e", 256, 4, 2),  # 1 or 2 pages of 256 fit in 512 tokens: 2
+        ("tpu-v5e", 1024, 4, 1),  # one 1024-token page already exceeds the target: the smallest block
+    ],
+)
+def test_default_pages_per_compute_block(chip, page_size, pages_per_seq, expected):
+    sizes = default_block_sizes(chip, page_size=page_size, pages_per_seq=pages_per_seq)
+    assert sizes.pages_per_compute_block == expected
+
+
+def test_default_block_sizes_errors():
+    with pytest.raises(ValueError, match=r"page_table: 12 pages per sequence of 16 tokens admit no compute block"):
+        default_block_sizes("tpu-v5e", page_size=16, pages_per_seq=12)
+    with pytest.raises(ValueError, match=r"chip: no paged_attention block-size defaults for 'tpu-v3'"):
+        default_block_sizes("tpu-v3", page_size=16, pages_per_seq=16)
+
+
+@pytest.mark.parametrize("value", [0, -2, True, 2.0])
+def test_block_sizes_validate_themselves(value):
+    with pytest.raises(ValueError, match=r"block_sizes\.pages_per_compute_block: must be a positive int"):
+        PBS(pages_per_compute_block=value)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _sds(shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+Q = _sds((2, 8, 128))
+KP = _sds((2, 64, 16, 128))
+PT = _sds((2, 16), jnp.int32)
+LN = _sds((2,), jnp.int32)
+K8 = _sds((2, 64, 32, 128), jnp.int8)
+PT8 = _sds((2, 8), jnp.int32)
+S8 = _sds((2, 64, 32), jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        ((_sds((2, 8, 1, 128)), KP, KP, PT, LN), {}, r"q: expected rank 3"),
+        ((Q, _sds((2, 64, 128)), _sds((2, 64, 128)), PT, LN), {}, r"k_pages: expected rank 4"),
+        ((Q, KP, _sds((2, 32, 16, 128)), PT, LN), {}, r"v_pages: shape .* must equal k_pages' shape"),
+        ((Q, KP, _sds((2, 64, 16, 128), jnp.float32), PT, LN), {}, r"v_pages: dtype float32 must equal"),
+        ((Q, _sds((2, 64, 16, 64)), _sds((2, 64, 16, 64)), PT, LN), {}, r"k_pages: head_dim 64 does not match"),
+        ((Q, _sds((3, 64, 16, 128)), _sds((3, 64, 16, 128)), PT, LN), {}, r"k_pages: kv_heads=3 does not divide"),
+        ((Q, KP, KP, _sds((3, 16), jnp.int32), LN), {}, r"page_table: expected shape \[batch=2"),
+        ((Q, KP, KP, PT, _sds((3,), jnp.int32)), {}, r"lengths: expected shape \[batch=2\]"),
+        ((Q, KP, KP, _sds((2, 16), jnp.int16), LN), {}, r"page_table: dtype must be int32"),
+        ((Q, K8, K8, PT8, LN), {}, r"k_scales: required for int8 pages"),
+        ((Q, KP, KP, PT, LN), dict(k_scales=S8, v_scales=S8), r"k_scales: given for bfloat16 pages"),
+        ((Q, K8, K8, PT8, LN), dict(k_scales=_sds((2, 64, 16), jnp.float32), v_scales=S8),
+         r"k_scales: shape \(2, 64, 16\) must be \[kv_heads, num_pages\]"),
+        ((Q, K8, K8, PT8, LN), dict(k_scales=S8, v_scales=_sds((2, 64, 32), jnp.bfloat16)),
+         r"v_scales: dtype must be float32"),
+        ((Q, K8, K8, PT8, LN), dict(k_scales=S8, v_scales=_sds((2, 64), jnp.float32)),
+         r"v_scales: shape \(2, 64\) must equal k_scales' shape"),
+        ((_sds((2, 8, 128), jnp.float16), KP, KP, PT, LN), {}, r"q: dtype float16 is not supported"),
+        ((Q, _sds((2, 64, 16, 128), jnp.float32), _sds((2, 64, 16, 128), jnp.float32), PT, LN), {},
+         r"k_pages: float pages must match q's dtype"),
+        ((Q, _sds((2, 64, 32, 128), jnp.float8_e4m3fn), _sds((2, 64, 32, 128), jnp.float8_e4m3fn), PT8, LN),
+         dict(k_scales=S8, v_scales=S8), r"k_pages: dtype float8_e4m3fn needs fp8 support, which tpu-v5e lacks"),
+        ((Q, _sds((2, 64, 8, 128)), _sds((2, 64, 8, 128)), PT, LN), {},
+         r"k_pages: page_size 8 is not a multiple of 16, the sublane tile of bfloat16"),
+        ((Q, _sds((2, 64, 16, 128), jnp.int8), _sds((2, 64, 16, 128), jnp.int8), PT, LN),
+         dict(k_scales=_sds((2, 64), jnp.float32), v_scales=_sds((2, 64), jnp.float32)),
+         r"k_pages: page_size 16 is not a multiple of 32, the sublane tile of int8"),
+        ((Q, KP, KP, PT, LN), dict(block_sizes=PBS(pages_per_compute_block=3)),
+         r"pages_per_compute_block: 3 does not divide the page table's 16 pages"),
+        ((Q, KP, KP, PT, LN), dict(block_sizes=PBS(pages_per_compute_block=4)),
+         r"pages_per_compute_block: 4 pages x page_size 16 = 64 tokens, not a multiple of 128"),
+        ((Q, _sds((2, 8192, 16, 128)), _sds((2, 8192, 16, 128)), _sds((2, 4096), jnp.int32), LN),
+         dict(block_sizes=PBS(pages_per_compute_block=4096)), r"pages_per_compute_block: 4096 pages need .* VMEM"),
+        ((Q, KP, KP, PT, LN), dict(block_sizes=16), r"block_sizes: expected PagedAttentionBlockSizes"),
+        ((Q, KP, KP, PT, LN), dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
+    ],
+)
+def test_bad_shapes_raise_value_error_naming_the_argument(args, kwargs, match):
+    fn = jax.jit(lambda *a: paged_attention(*a, **kwargs))
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(fn, *args)
+
+
+def _concrete(table, lengths):
+    q = jnp.ones((2, 4, 128), jnp.bfloat16)
+    k = jnp.ones((1, 8, 16, 128), jnp.bfloat16)
+    return q, k, k, jnp.asarray(table, jnp.int32), jnp.asarray(lengths, jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "table, lengths, match",
+    [
+        # Sequence 1 uses 17 tokens -> pages 0 and 1 of its row; entry [1, 1] = 8 is past 8 pages.
+        ([[0, 1, 2, 3, 4, 5, 6, 7], [2, 8, 0, 0, 0, 0, 0, 0]], [5, 17],
+         r"page_table: page_table\[1, 1\] = 8 points past the cache of 8 pages"),
+        ([[0, 1, 2, 3, 4, 5, 6, 7], [-1, 0, 0, 0, 0, 0, 0, 0]], [5, 3],
+         r"page_table: page_table\[1, 0\] = -1 points past"),
+        ([[0] * 8, [1] * 8], [5, 129], r"lengths: lengths\[1\] = 129 is outside \[0, 128\]"),
+        ([[0] * 8, [1] * 8], [-1, 3], r"lengths: lengths\[0\] = -1 is outside"),
+    ],
+)
+def test_bad_values_raise_value_error_naming_the_argument(table, lengths, match):
+    with pytest.raises(ValueError, match=match):
+        paged_attention(*_concrete(table, lengths), interpret=True)
+
+
+def test_garbage_past_the_length_is_allowed():
+    # Entries past each sequence's length are never read, so garbage there is fine.
+    table = [[0, 99, -5, 0, 0, 0, 0, 0], [3, 4, 1 << 30, 0, 0, 0, 0, 0]]
+    out = paged_attention(*_concrete(table, [16, 32]), block_sizes=PBS(pages_per_compute_block=8), interpret=True)
+    # All-ones cache: every value row is ones, so the output is exactly one.
+    np.testing.assert_array_equal(np.asarray(out, np.float32), 1.0)

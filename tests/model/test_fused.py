@@ -1,0 +1,78 @@
+"""Fused elementwise ops: fused vs unfused HBM traffic, same vector work."""
+
+import pytest
+
+from perfmodel.errors import InputError
+from perfmodel.model.core import evaluate
+from perfmodel.model.fused import dequant_gemm, geglu, rms_norm, rope, swiglu
+
+
+def test_rms_norm_hand_worked(v5e):
+    t, h = 4096, 8192
+    act = t * h * 2  # one bf16 [tokens, hidden] array
+    fused = rms_norm(tokens=t, hidden=h, chip=v5e)
+    # read x and the residual and the weight; write the output and the new residual
+    assert fused.hbm_read_bytes == 2 * act + h * 2
+    assert fused.hbm_write_bytes == 2 * act
+    unfused = rms_norm(tokens=t, hidden=h, fused=False, chip=v5e)
+    # add: read x, r, write s; reduce: read s, write rms (f32 per token); normalize: read s, rms, weight, write out
+    assert unfused.hbm_read_bytes == 3 * act + act + t * 4 + h * 2
+    assert unfused.hbm_write_bytes == 2 * act + t * 4
+    assert unfused.vpu_ops == fused.vpu_ops and unfused.eup_ops == fused.eup_ops == t
+    assert unfused.metrics["kernels"] == 3 and fused.metrics["kernels"] == 1
+
+
+def test_rms_norm_without_residual(v6e):
+    t, h = 16, 4096
+    fused = rms_norm(tokens=t, hidden=h, residual=False, chip=v6e)
+    assert fused.hbm_read_bytes == t * h * 2 + h * 2 and fused.hbm_write_bytes == t * h * 2
+
+
+@pytest.mark.parametrize("fn", [swiglu, geglu])
+def test_glu_traffic(v5e, fn):
+    t, i = 512, 14336
+    a = t * i * 2
+    fused, unfused = fn(tokens=t, intermediate=i, chip=v5e), fn(tokens=t, intermediate=i, fused=False, chip=v5e)
+    assert (fused.hbm_read_bytes, fused.hbm_write_bytes) == (2 * a, a)
+    assert (unfused.hbm_read_bytes, unfused.hbm_write_bytes) == (3 * a, 2 * a)
+    assert evaluate(unfused, v5e).floor_s > evaluate(fused, v5e).floor_s
+
+
+def test_swiglu_eup_work(v5e):
+    # SiLU: exp and reciprocal per element
+    assert swiglu(tokens=8, intermediate=128, chip=v5e).eup_ops == 2 * 8 * 128
+
+
+def test_rope_traffic(v5e):
+    t, h, d = 1024, 32, 128
+    x = t * h * d * 2
+    tables = 2 * t * (d // 2) * 4
+    fused = rope(tokens=t, heads=h, head_dim=d, chip=v5e)
+    assert fused.hbm_read_bytes == x + tables and fused.hbm_write_bytes == x
+    unfused = rope(tokens=t, heads=h, head_dim=d, fused=False, chip=v5e)
+    assert unfused.hbm_read_bytes == 5 * x + tables and unfused.hbm_write_bytes == 4 * x
+
+
+def test_dequant_gemm_unfused_writes_weights_back(v5e):
+    m, n, k = 16, 4096, 4096
+    fused = dequant_gemm(m=m, n=n, k=k, chip=v5e)
+    unfused = dequant_gemm(m=m, n=n, k=k, fused=False, chip=v5e)
+    assert [p.name for p in unfused.parts] == ["dequantize", "gemm"]
+    deq = unfused.parts[0]
+    # reads int8 weights + f32 per-channel scales, writes bf16 weights
+    assert deq.hbm_read_bytes == k * n + n * 4 and deq.hbm_write_bytes == k * n * 2
+    # fused: int8 weights + scales read once by the GEMM; unfused adds the bf16 write and re-read
+    assert unfused.hbm_bytes - fused.hbm_bytes == pytest.approx(k * n * 2 * 2)
+
+
+@pytest.mark.parametrize("fn,kwargs,match", [
+    (rms_norm, dict(tokens=0, hidden=8), r"^--tokens must be >= 1"),
+    (rms_norm, dict(tokens=8, hidden=8, dtype="x"), r"^--dtype: unknown dtype 'x'"),
+    (swiglu, dict(tokens=8, intermediate=-1), r"^--intermediate must be >= 1"),
+    (rope, dict(tokens=8, heads=2, head_dim=64, rotary_dim=128), r"^--rotary-dim must be <= --head-dim$"),
+    (dequant_gemm, dict(m=1, n=8, k=8, weight_dtype="bf16", weight_scale="per-channel"),
+     r"^--weight-scale per-channel: weights of dtype bf16 are not quantized"),
+])
+def test_bad_input(v5e, fn, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        fn(chip=v5e, **kwargs)

@@ -1,0 +1,74 @@
+"""Sampling model: greedy, filters, the two top-p algorithms, projection, errors."""
+
+import math
+
+import pytest
+
+from perfmodel.errors import InputError
+from perfmodel.model.core import evaluate
+from perfmodel.model.sampling import sampling
+
+
+def test_greedy_hand_worked(v5e):
+    cost = sampling(batch=8, vocab=1024, temperature=False, chip=v5e)
+    # argmax: compare + select value + select index per logit; fp32 logits read once; one int32 id per row written
+    assert cost.vpu_ops == 3 * 8 * 1024
+    assert cost.hbm_read_bytes == 8 * 1024 * 4
+    assert cost.hbm_write_bytes == 8 * 4
+    assert cost.eup_ops == 0
+
+
+def test_batch_one_pads_to_sublanes(v5e):
+    cost = sampling(batch=1, vocab=1024, temperature=False, chip=v5e)
+    assert cost.vpu_padding_waste == pytest.approx(7 / 8)
+
+
+def test_threshold_beats_sort_for_top_p(v5e):
+    vocab = 128256
+    thr = sampling(batch=64, vocab=vocab, top_p=0.9, method="threshold", chip=v5e)
+    srt = sampling(batch=64, vocab=vocab, top_p=0.9, method="sort", chip=v5e)
+    # bitonic network over 2^17 elements: 17*18/2 = 153 stages of 3 ops, vs 32 bisection passes of 3 ops
+    stages = math.ceil(math.log2(vocab)) * (math.ceil(math.log2(vocab)) + 1) // 2
+    assert stages == 153
+    assert srt.metrics["vpu_ops_per_logit"] - thr.metrics["vpu_ops_per_logit"] == pytest.approx(
+        3 * 153 + (2 * 7 + 1) - 3 * 32)
+    # the sort path round-trips HBM, the threshold path reads the logits once
+    assert thr.hbm_read_bytes == 64 * vocab * 4
+    assert srt.hbm_bytes > 5 * thr.hbm_bytes
+    assert evaluate(thr, v5e).floor_s < evaluate(srt, v5e).floor_s
+
+
+def test_passes_scale_threshold_work(v6e):
+    a = sampling(batch=8, vocab=32000, top_k=50, passes=16, chip=v6e)
+    b = sampling(batch=8, vocab=32000, top_k=50, passes=32, chip=v6e)
+    # 16 more passes of 3 ops per logit, padded rows and lanes: 8 x 32000 (32000 = 250 * 128)
+    assert b.vpu_ops - a.vpu_ops == 16 * 3 * 8 * 32000
+
+
+def test_penalties_read_count_table(v5e):
+    base = sampling(batch=4, vocab=32000, chip=v5e)
+    pen = sampling(batch=4, vocab=32000, penalties=True, chip=v5e)
+    assert pen.hbm_read_bytes - base.hbm_read_bytes == 4 * 32000 * 4
+
+
+def test_projection_is_a_part(v5e):
+    cost = sampling(batch=16, vocab=32000, include_projection_hidden=4096, chip=v5e)
+    assert [p.name for p in cost.parts] == ["vocab projection", "sampling"]
+    assert cost.parts[0].useful_flops == 2 * 16 * 32000 * 4096
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(top_k=0), r"^--top-k must be >= 1, got 0$"),
+    (dict(top_k=40000), r"^--top-k 40000 exceeds --vocab 32000"),
+    (dict(top_p=0.0), r"^--top-p must be in \(0, 1\], got 0.0$"),
+    (dict(top_p=1.5), r"^--top-p must be in \(0, 1\]"),
+    (dict(min_p=1.0), r"^--min-p must be in \[0, 1\), got 1.0$"),
+    (dict(method="heap"), r"^--method: got 'heap'; use one of threshold, sort$"),
+    (dict(vocab=0), r"^--vocab must be >= 1"),
+    (dict(dtype="fp64"), r"^--dtype: unknown dtype 'fp64'"),
+    (dict(passes=0, top_p=0.9), r"^--passes must be >= 1"),
+])
+def test_bad_input(v5e, kwargs, match):
+    args = dict(batch=4, vocab=32000, chip=v5e) | kwargs
+    with pytest.raises(InputError, match=match):
+        sampling(**args)
