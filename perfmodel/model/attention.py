@@ -19,12 +19,14 @@ Conventions
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, matmul_path, parse_dtype
-from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
+from perfmodel.model.shapes import cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
 
 #: VPU ops per computed score element: running max, subtract, row sum, cast of p to the matmul dtype.
 SOFTMAX_VPU_OPS_PER_SCORE = 4
@@ -451,8 +453,6 @@ def ragged_paged_attention(
     notes = ("parts: prefill (query_lens > 1) and decode (query_lens == 1) sequences of one kernel launch",)
     cost = combine("ragged-attention", [prefill_part, decode_part], notes=notes + prefill_part.notes)
     metrics = {f"{p.name}_{k}": v for p in (prefill_part, decode_part) for k, v in p.metrics.items()}
-    import dataclasses
-
     return dataclasses.replace(cost, metrics=metrics)
 
 

@@ -288,7 +288,8 @@ def to_cost_estimate(cost: OpCost) -> Any:
     """``pl.CostEstimate`` for a pallas_call from the model's algorithmic counts.
 
     flops = useful matrix FLOPs plus vector ops, transcendentals = EUP ops,
-    bytes_accessed = HBM read + write. Scalars only (one shape).
+    bytes_accessed = HBM read + write, remote_bytes_transferred = ICI bytes
+    (where this jax has the field). Scalars only (one shape).
     """
     from jax.experimental import pallas as pl
 
@@ -298,8 +299,11 @@ def to_cost_estimate(cost: OpCost) -> Any:
             raise ValueError("to_cost_estimate takes the cost of one shape, not a batch")
         return int(round(float(arr)))
 
-    return pl.CostEstimate(
+    fields = dict(
         flops=_int(cost.useful_flops) + _int(cost.vpu_ops),
         transcendentals=_int(cost.eup_ops),
         bytes_accessed=_int(cost.hbm_bytes),
     )
+    if _int(cost.ici_bytes) and "remote_bytes_transferred" in getattr(pl.CostEstimate, "__dataclass_fields__", {}):
+        fields["remote_bytes_transferred"] = _int(cost.ici_bytes)
+    return pl.CostEstimate(**fields)

@@ -105,28 +105,32 @@ class CostCount:
     note: str = ""
 
 
-def xla_cost(fn: Callable, *args: Any) -> CostCount:
-    """XLA's cost analysis of ``jax.jit(fn)`` compiled for the CPU."""
+def xla_cost(fn: Callable, *args: Any) -> tuple[CostCount, CostCount]:
+    """XLA's cost analysis of ``jax.jit(fn)``: compiled for the CPU, and of the HLO before optimization."""
     import jax
 
     cpu = jax.devices("cpu")[0]
     with jax.default_device(cpu):
-        compiled = jax.jit(fn).lower(*args).compile()
-    ca = compiled.cost_analysis()
-    if isinstance(ca, (list, tuple)):
-        ca = ca[0] if ca else {}
-    ca = ca or {}
-    return CostCount(
-        source="XLA cost analysis of the jnp reference (CPU)",
-        flops=_get(ca, "flops"),
-        transcendentals=_get(ca, "transcendentals"),
-        hbm_bytes=_get(ca, "bytes accessed"),
-        note="counts every op of the reference, including intermediates XLA:CPU materializes",
+        lowered = jax.jit(fn).lower(*args)
+        compiled = lowered.compile()
+    return (
+        _count(compiled.cost_analysis(), "XLA cost analysis, jnp reference compiled for CPU"),
+        _count(lowered.cost_analysis(), "XLA cost analysis, jnp reference before optimization"),
     )
 
 
+def _count(ca: Any, source: str) -> CostCount:
+    if isinstance(ca, (list, tuple)):
+        ca = ca[0] if ca else {}
+    ca = dict(ca or {})
+    # XLA leaves out zero counts; an analysis that has FLOPs but no transcendentals had none.
+    return CostCount(source=source, flops=_get(ca, "flops"),
+                     transcendentals=_get(ca, "transcendentals") if ca else None,
+                     hbm_bytes=_get(ca, "bytes accessed"))
+
+
 def _get(d: dict, key: str) -> float | None:
-    v = d.get(key)
+    v = d.get(key, 0.0 if d else None)
     return None if v is None else float(v)
 
 
@@ -137,7 +141,8 @@ class Comparison:
     disagreements: tuple[tuple[str, str, float], ...]
 
 
-def compare_costs(xla: CostCount, others: Sequence[CostCount]) -> Comparison:
+def compare_costs(xla: CostCount, others: Sequence[CostCount], context: Sequence[CostCount] = ()) -> Comparison:
+    """Flag counts of ``others`` more than DISAGREEMENT from ``xla``'s; ``context`` rows are shown, not flagged."""
     flagged = []
     for row in others:
         for f in ("flops", "transcendentals", "hbm_bytes"):
@@ -149,4 +154,4 @@ def compare_costs(xla: CostCount, others: Sequence[CostCount]) -> Comparison:
             rel = (ours - ref) / ref if ref else float("inf")
             if abs(rel) > DISAGREEMENT:
                 flagged.append((row.source, f, rel))
-    return Comparison(rows=(xla, *others), disagreements=tuple(flagged))
+    return Comparison(rows=(xla, *context, *others), disagreements=tuple(flagged))

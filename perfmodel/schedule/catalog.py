@@ -121,10 +121,19 @@ class KernelEntry:
         static = dict(self.static) if reference else self.kwargs(blocks, chip)
         static.update(extra or {})
 
-        def fn(*arrays: Any) -> Any:
-            return target(**dict(zip(names, arrays)), **static)
+        if reference:
+            # References take the required arrays positionally (jnp.matmul's are a, b), optional ones by name.
+            required = [n for n in names if n in self.arrays]
 
-        fn.__name__ = f"{self.name}_reference" if reference else self.name
+            def fn(*arrays: Any) -> Any:
+                by_name = dict(zip(names, arrays))
+                optional = {n: v for n, v in by_name.items() if n not in self.arrays}
+                return target(*(by_name[n] for n in required), **optional, **static)
+        else:
+            def fn(*arrays: Any) -> Any:
+                return target(**dict(zip(names, arrays)), **static)
+
+        fn.__name__ = (f"{self.name}_reference" if reference else self.name).replace("-", "_")
         return fn
 
     def dims(self, specs: Mapping[str, ShapeSpec]) -> dict[str, int]:
