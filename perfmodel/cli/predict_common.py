@@ -60,32 +60,6 @@ def predict_options(fn: Callable) -> Callable:
     return fn
 
 
-def _fast_builtin(name: str) -> Any:
-    """The built-in spec whose file is named after ``name`` (or ``tpu-<name>``), loading only that file.
-
-    Loading every spec costs ~10 ms each (pure-Python YAML); `predict` must
-    start in well under 0.3 s. Only used when no user spec directory could
-    shadow the built-in; anything else goes through get_chip.
-    """
-    import importlib.resources
-    import os
-    from pathlib import Path
-
-    from perfmodel.hw.registry import ENV_VAR, load_spec_file, normalize
-
-    if os.environ.get(ENV_VAR) or name.endswith((".yaml", ".yml")) or os.sep in name:
-        return None
-    root = Path(str(importlib.resources.files("hwspecs")))
-    key = normalize(name)
-    for stem in (key, f"tpu-{key}"):
-        f = root / f"{stem}.yaml"
-        if f.is_file():
-            spec = load_spec_file(str(f))
-            if spec.name == stem:
-                return spec
-    return None
-
-
 def resolve_chips(hw: Iterable[str]) -> list:
     """ChipSpecs for --hw values (comma lists allowed), in order, without duplicates."""
     from perfmodel.hw import get_chip
@@ -93,7 +67,7 @@ def resolve_chips(hw: Iterable[str]) -> list:
     names = [n.strip() for value in (hw or (DEFAULT_CHIP,)) for n in str(value).split(",") if n.strip()]
     chips, seen = [], set()
     for name in names or [DEFAULT_CHIP]:
-        chip = _fast_builtin(name) or get_chip(name)
+        chip = get_chip(name)
         if chip.name not in seen:
             seen.add(chip.name)
             chips.append(chip)

@@ -101,22 +101,34 @@ def dot_flops(eqn: Any, chip: ChipSpec) -> tuple[int, int]:
 
 
 def dma_window_bytes(eqn: Any) -> tuple[int, str, str]:
-    """(bytes, source memory space, destination memory space) of one dma_start."""
+    """(bytes, source memory space, destination memory space) of one dma_start.
+
+    The equation's operands unflatten (with its ``tree`` param) to
+    (source ref, destination ref, semaphore, ...), each a TransformedRef
+    whose indexing transforms give the copied window's shape.
+    """
     import jax
 
-    leaves = list(eqn.invars)
     try:
-        src, src_t, dst, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], leaves)
-    except Exception:  # noqa: BLE001 - unfamiliar layout
+        items = jax.tree_util.tree_unflatten(eqn.params["tree"], list(eqn.invars))
+        src, dst = items[0], items[1]
+        src_var, src_t = getattr(src, "ref", src), tuple(getattr(src, "transforms", ()) or ())
+        dst_var = getattr(dst, "ref", dst)
+        aval = src_var.aval
+        shape = list(aval.shape)
+        for t in src_t:
+            shape = _indexed_shape(t, shape)
+        itemsize = np.dtype(aval.dtype).itemsize
+    except Exception:  # noqa: BLE001 - an unfamiliar dma_start layout: count nothing, say so
         return 0, "?", "?"
-    aval = src.aval
-    shape = list(aval.shape)
-    for t in src_t or ():
-        shape = _indexed_shape(t, shape)
-    itemsize = np.dtype(aval.dtype).itemsize
-    src_ms = str(getattr(aval, "memory_space", "any")).lower().rsplit(".", 1)[-1]
-    dst_ms = str(getattr(getattr(dst, "aval", None), "memory_space", "any")).lower().rsplit(".", 1)[-1]
+    src_ms = _space(aval)
+    dst_ms = _space(getattr(dst_var, "aval", None))
     return int(math.prod(shape)) * itemsize, src_ms, dst_ms
+
+
+def _space(aval: Any) -> str:
+    text = str(getattr(aval, "memory_space", None) or "vmem").lower().rsplit(".", 1)[-1]
+    return "any" if text in ("any", "hbm") else text
 
 
 def _indexed_shape(t: Any, shape: list[int]) -> list[int]:
@@ -201,6 +213,11 @@ class WorkCounter(Hook):
             return
         if name == "dma_start":
             nbytes, src, dst = dma_window_bytes(eqn)
+            if src == "?":
+                self.note("a dma_start whose operands could not be read is not counted")
+                return
+            if src != "any" and dst != "any":
+                return  # VMEM <-> VMEM / SMEM copies do not touch HBM
             self.dma = self.dma + weight * nbytes
             self.dma_directions.add((src, dst))
             return

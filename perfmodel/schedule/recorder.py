@@ -59,15 +59,20 @@ class Recording:
         return len(hits), sum(t.nbytes for t in hits)
 
 
-def _window_bytes(transforms: Any, itemsize: int) -> int:
-    """In-bounds bytes of an NDIndexer window (ints: squeezed dims of size 1)."""
+def _window_bytes(transforms: Any, itemsize: int, logical_shape: tuple[int, ...] | None = None) -> int:
+    """In-bounds bytes of an NDIndexer window (ints: squeezed dims of size 1).
+
+    The interpreter pads input arrays up to a whole number of blocks; bytes
+    are counted against the array's logical shape (what exists in HBM).
+    """
     from jax._src.state.indexing import NDIndexer, Slice
 
     total = 1
     for t in transforms:
         if not isinstance(t, NDIndexer):
             continue
-        for idx, dim in zip(t.indices, t.shape):
+        shape = logical_shape if logical_shape is not None and len(logical_shape) == len(t.shape) else t.shape
+        for idx, dim in zip(t.indices, shape):
             if isinstance(idx, Slice):
                 start, size = int(idx.start), int(idx.size)
                 total *= max(0, min(size, int(dim) - start))
@@ -88,7 +93,7 @@ def _interpreter_module() -> Any:
 
 
 @contextlib.contextmanager
-def _instrumented(rec: Recording) -> Iterator[None]:
+def _instrumented(rec: Recording, shapes: dict[tuple[str, str], tuple[int, ...]]) -> Iterator[None]:
     import jax
 
     mod = _interpreter_module()
@@ -101,7 +106,8 @@ def _instrumented(rec: Recording) -> Iterator[None]:
             grid = tuple(int(x) for x in tuple(args[7])) if len(args) > 7 else ()
             rec.transfers.append(Transfer(
                 role="input", name=str(input_name), block_indices=tuple(int(x) for x in tuple(args[6])),
-                grid_point=grid, nbytes=_window_bytes(transforms, np.dtype(value.dtype).itemsize)))
+                grid_point=grid, nbytes=_window_bytes(transforms, np.dtype(value.dtype).itemsize,
+                                                      shapes.get(("input", str(input_name))))))
         return token, value
 
     def store(*args: Any, output_name: Any = None, **kwargs: Any) -> Any:
@@ -112,9 +118,13 @@ def _instrumented(rec: Recording) -> Iterator[None]:
             grid = tuple(int(x) for x in tuple(args[8])) if len(args) > 8 else ()
             rec.transfers.append(Transfer(
                 role="output", name=str(output_name), block_indices=tuple(int(x) for x in tuple(args[7])),
-                grid_point=grid, nbytes=_window_bytes(transforms, val.dtype.itemsize)))
+                grid_point=grid, nbytes=_window_bytes(transforms, val.dtype.itemsize,
+                                                      shapes.get(("output", str(output_name))))))
         return token
 
+    # The interpreter's DMA engine calls the undecorated functions through __wrapped__.
+    get.__wrapped__ = getattr(orig_get, "__wrapped__", orig_get)  # type: ignore[attr-defined]
+    store.__wrapped__ = getattr(orig_store, "__wrapped__", orig_store)  # type: ignore[attr-defined]
     mod.get, mod.store = get, store
     try:
         yield
@@ -134,7 +144,10 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
+    from perfmodel.schedule.extract import find_pallas_calls, trace
+
     rec = Recording()
+    shapes = {(b.role, b.name): b.array_shape for c in find_pallas_calls(trace(fn, *args, **kwargs)) for b in c.blocks}
 
     def on_grid_point(token: Any, grid_point: Any, core: Any) -> Any:
         rec.grid_points.append(tuple(int(x) for x in np.asarray(grid_point).reshape(-1)))
@@ -143,7 +156,7 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
     params = pltpu.InterpretParams(grid_point_recorder=on_grid_point)
     jax.clear_caches()
     try:
-        with _instrumented(rec), pltpu.force_tpu_interpret_mode(params):
+        with _instrumented(rec, shapes), pltpu.force_tpu_interpret_mode(params):
             out = fn(*args, **kwargs)
             rec.outputs = jax.block_until_ready(out)
     finally:

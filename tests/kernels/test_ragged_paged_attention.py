@@ -241,7 +241,7 @@ def test_block_sizes_reject_bad_values(kwargs, match):
 @pytest.mark.parametrize("blocks,page_size,match", [
     (BlockSizes(block_q=8, block_kv=128), 16, r"block_q=8 must be a multiple of 16 for bfloat16"),
     (BlockSizes(block_q=16, block_kv=128), 48, r"block_kv=128 must be a multiple of page_size=48"),
-    (BlockSizes(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16(\\.0)? MiB scoped limit of tpu-v5e"),
+    (BlockSizes(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16(\.0)? MiB scoped limit of tpu-v5e"),
 ])
 def test_block_sizes_validate_against_the_call(blocks, page_size, match):
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,295 @@
+"""sampling: interpret mode vs the sort-based jnp reference (greedy ids, kept sets, draws), the noise
+hash, TPU lowering, cost estimate, block sizes and input errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.sampling import (
+    DEFAULT_BLOCK_SIZES,
+    BlockSizes,
+    default_block_sizes,
+    kept_mask_reference,
+    sampling,
+    sampling_reference,
+)
+from kernels.sampling import rng as noise_rng
+
+#: Block sizes for the small cases: 10 rows -> 2 row blocks (the second mostly padding);
+#: 1000 entries -> 4 vocab blocks, the last one partial (232 of 256).
+SMALL = {jnp.dtype(jnp.float32): BlockSizes(block_b=8, block_v=256),
+         jnp.dtype(jnp.bfloat16): BlockSizes(block_b=16, block_v=256)}
+BATCH, VOCAB = 10, 1000
+#: Relative margin kept between a chosen top_p / min_p and the nearest cumulative mass / probability
+#: ratio, so f32 summation order (kernel: blocked; reference: sorted cumsum) cannot flip a token.
+#: The kernel and the reference must otherwise agree exactly: same noise, same f32 formulas.
+MIN_MARGIN = {jnp.dtype(jnp.float32): 1e-3, jnp.dtype(jnp.bfloat16): 1e-3}
+S = jax.ShapeDtypeStruct
+
+
+def distinct_logits(seed: int, batch: int, vocab: int, dtype) -> jax.Array:
+    """Rows of pairwise-distinct values in [-8, 8], exactly representable in dtype."""
+    rng = np.random.default_rng(seed)
+    if jnp.dtype(dtype) == jnp.bfloat16:
+        # All bf16 values with 1/8 <= |x| < 8: 6 octaves x 128 mantissas x 2 signs = 1536 values.
+        lo, hi = (np.array([0.125, 8.0], np.float32).view(np.uint32) >> 16).astype(np.int64)
+        magnitudes = (np.arange(lo, hi, dtype=np.uint32) << 16).view(np.float32)
+        pool = np.concatenate([magnitudes, -magnitudes])
+    else:
+        pool = (np.arange(2 * vocab) - vocab) * np.float32(8.0 / vocab)
+    assert pool.size >= vocab
+    rows = [rng.choice(pool, size=vocab, replace=False) for _ in range(batch)]
+    return jnp.asarray(np.stack(rows), dtype)
+
+
+def scaled(logits, temperature) -> np.ndarray:
+    """z exactly as both implementations compute it: f32(x) * f32(1 / T) (1 for greedy rows)."""
+    t = np.asarray(temperature, np.float32)
+    inv = np.where(t > 0, np.float32(1) / np.where(t > 0, t, 1), 1).astype(np.float32)
+    return np.asarray(logits, np.float32) * inv[:, None]
+
+
+def safe_top_p(z: np.ndarray, top_k: int, keep: int, dtype) -> float:
+    """A top_p that keeps exactly `keep` tokens of the top-k set, halfway between two cumulative masses."""
+    s = np.sort(z.astype(np.float64))[::-1][:top_k]
+    probs = np.exp(s - s[0]) / np.exp(s - s[0]).sum()
+    cum = np.cumsum(probs)
+    p = (cum[keep - 2] + cum[keep - 1]) / 2  # keep j iff mass before j < p: j = 0 .. keep - 1
+    assert min(p - cum[keep - 2], cum[keep - 1] - p) > MIN_MARGIN[jnp.dtype(dtype)] * p
+    return float(p)
+
+
+def safe_min_p(z: np.ndarray, keep: int) -> float:
+    """A min_p that keeps exactly `keep` tokens: geometric mean of two consecutive probability ratios."""
+    s = np.sort(z.astype(np.float64))[::-1]
+    ratios = np.exp(s - s[0])
+    return float(np.sqrt(ratios[keep - 1] * ratios[keep]))
+
+
+def row_options(logits, dtype):
+    """Per-row options covering each filter alone, combined, a greedy row and an unfiltered row."""
+    temperature = np.array([0.7, 1.0, 1.3, 0.9, 0.5, 1.1, 1.0, 0.8, 0.0, 1.2], np.float32)
+    z = scaled(logits, temperature)
+    top_k = np.full(BATCH, VOCAB, np.int32)
+    top_p = np.ones(BATCH, np.float32)
+    min_p = np.zeros(BATCH, np.float32)
+    top_k[0], top_k[1], top_k[2] = 1, 5, VOCAB - 1  # top-k alone
+    top_p[3] = safe_top_p(z[3], VOCAB, 3, dtype)  # top-p alone
+    top_p[4] = safe_top_p(z[4], VOCAB, 40, dtype)
+    min_p[5] = safe_min_p(z[5], 12)  # min-p alone
+    top_k[6], top_p[6] = 50, safe_top_p(z[6], 50, 17, dtype)  # top-p on the renormalised top-50
+    top_k[7], top_p[7], min_p[7] = 20, safe_top_p(z[7], 20, 9, dtype), safe_min_p(z[7], 6)  # all three
+    top_k[8], top_p[8] = 3, 0.5  # greedy row: filters ignored
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_kept_sets_and_key_draws_match_the_sort_based_reference(dtype):
+    logits = distinct_logits(1, BATCH, VOCAB, dtype)
+    opts = row_options(logits, dtype)
+    key = jax.random.key(7)
+    ids, threshold = sampling(logits, **opts, key=key, return_threshold=True, block_sizes=SMALL[jnp.dtype(dtype)],
+                              interpret=True)
+    kept = scaled(logits, opts["temperature"]) >= np.asarray(threshold)[:, None]
+    expected = np.asarray(kept_mask_reference(logits, **opts))
+    sampled_rows = opts["temperature"] > 0
+    np.testing.assert_array_equal(kept[sampled_rows], expected[sampled_rows])
+    # The sizes the options were built for (hand-chosen above), so the check is not vacuous.
+    assert kept.sum(axis=1)[:8].tolist() == [1, 5, VOCAB - 1, 3, 40, 12, 17, 6]
+    assert kept[9].all()
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(sampling_reference(logits, **opts, key=key)))
+    assert kept[np.arange(BATCH), np.asarray(ids)].all()
+    assert int(ids[8]) == int(np.argmax(np.asarray(logits, np.float32)[8]))
+
+
+def test_draws_with_pre_drawn_noise_match_the_reference():
+    logits = distinct_logits(2, BATCH, VOCAB, jnp.float32)
+    opts = row_options(logits, jnp.float32)
+    noise = jax.random.uniform(jax.random.key(3), (BATCH, VOCAB), jnp.float32, minval=1e-7, maxval=1.0)
+    ids = sampling(logits, **opts, noise=noise, block_sizes=SMALL[jnp.dtype(jnp.float32)], interpret=True)
+    ref = sampling_reference(logits, **opts, noise=noise)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref))
+    # Gumbel-max by hand for the unfiltered row 9: argmax of z - log(-log(u)).
+    z9 = scaled(logits, opts["temperature"])[9]
+    assert int(ids[9]) == int(np.argmax(z9 - np.log(-np.log(np.asarray(noise[9])))))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_greedy_is_the_first_argmax(dtype):
+    rng = np.random.default_rng(4)
+    logits = np.asarray(jnp.asarray(rng.standard_normal((BATCH, VOCAB)) * 4, dtype), np.float32)
+    # Ties: row 0's max appears in vocab blocks 0 and 3, row 1's twice in block 1; the first index wins.
+    logits[0, [3, 900]] = 20.0
+    logits[1, [300, 301]] = 20.0
+    logits = jnp.asarray(logits, dtype)
+    ids = sampling(logits, temperature=0.7, top_k=5, block_sizes=SMALL[jnp.dtype(dtype)], interpret=True)
+    expected = np.argmax(np.asarray(logits, np.float32), axis=1)
+    np.testing.assert_array_equal(np.asarray(ids), expected)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(sampling_reference(logits, temperature=0.7)))
+    assert ids[0] == 3 and ids[1] == 300
+
+
+def test_ties_at_the_top_k_threshold_are_all_kept():
+    logits = distinct_logits(5, 8, 256, jnp.float32)
+    logits = logits.at[0, jnp.array([10, 100, 200])].set(9.0)  # three-way tie above every other value
+    ids, threshold = sampling(logits, top_k=2, key=jax.random.key(0), return_threshold=True,
+                              block_sizes=BlockSizes(block_b=8, block_v=128), interpret=True)
+    assert float(threshold[0]) == 9.0  # all three tied tokens kept (the reference keeps the first two)
+    assert int(ids[0]) in (10, 100, 200)
+    kept = np.asarray(logits) >= np.asarray(threshold)[:, None]
+    assert kept.sum(axis=1).tolist() == [3] + [2] * 7
+
+
+def test_under_an_outer_jit_with_traced_options():
+    logits = distinct_logits(6, BATCH, VOCAB, jnp.float32)
+    opts = row_options(logits, jnp.float32)
+    key = jax.random.key(11)
+    fn = jax.jit(lambda x, t, k, p, m, key: sampling(x, temperature=t, top_k=k, top_p=p, min_p=m, key=key,
+                                                      block_sizes=SMALL[jnp.dtype(jnp.float32)], interpret=True))
+    ids = fn(logits, opts["temperature"], opts["top_k"], opts["top_p"], opts["min_p"], key)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(sampling_reference(logits, **opts, key=key)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_larger_batch_with_default_blocks(dtype):
+    batch, vocab = 20, 5000
+    logits = distinct_logits(8, batch, vocab, jnp.float32) * 2  # wider spread: sharper distributions
+    logits = logits.astype(dtype)
+    rng = np.random.default_rng(9)
+    opts = dict(temperature=rng.uniform(0.5, 1.5, batch).astype(np.float32),
+                top_k=rng.integers(1, vocab + 1, batch).astype(np.int32),
+                min_p=np.where(rng.uniform(size=batch) < 0.3, 0.0, 1e-3).astype(np.float32))
+    key = jax.random.key(12)
+    ids, threshold = sampling(logits, **opts, key=key, return_threshold=True, interpret=True)
+    kept = scaled(logits, opts["temperature"]) >= np.asarray(threshold)[:, None]
+    np.testing.assert_array_equal(kept, np.asarray(kept_mask_reference(logits, **opts)))
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(sampling_reference(logits, **opts, key=key)))
+
+
+# ----- the noise hash and the draw's distribution (reference only: the kernel matches it bit for bit) -----
+
+
+def test_hash_uniform_is_uniform_and_seed_dependent():
+    seeds = noise_rng.row_seeds(jax.random.key(0), 4)
+    u = np.asarray(noise_rng.hash_uniform(seeds[:, None], jnp.arange(1 << 14, dtype=jnp.int32)[None, :]))
+    assert ((u > 0) & (u < 1)).all()
+    # 16 bins of 16384 draws per row: expected 1024 each; chi-square with 15 dof stays below 37.7
+    # (p = 0.001) for a uniform source.
+    for row in u:
+        counts = np.histogram(row, bins=16, range=(0, 1))[0]
+        assert ((counts - 1024.0) ** 2 / 1024.0).sum() < 37.7
+    assert abs(np.corrcoef(u[0], u[1])[0, 1]) < 0.05  # different seeds: unrelated streams
+
+
+def test_reference_draw_frequencies_follow_the_renormalised_kept_distribution():
+    # 8 tokens, top_k = 4: the draw must follow softmax over the four largest logits.
+    batch = 20000
+    row = jnp.array([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0, 1.5])
+    ids = sampling_reference(jnp.tile(row, (batch, 1)), top_k=4, key=jax.random.key(1))
+    counts = np.bincount(np.asarray(ids), minlength=8)
+    top4 = [5, 0, 7, 1]  # logits 3.0, 2.0, 1.5, 1.0
+    assert counts[[2, 3, 4, 6]].sum() == 0
+    probs = np.exp(np.asarray(row)[top4]) / np.exp(np.asarray(row)[top4]).sum()
+    chi2 = (((counts[top4] - batch * probs) ** 2) / (batch * probs)).sum()
+    assert chi2 < 16.3  # chi-square, 3 dof, p = 0.001
+
+
+# ----- TPU lowering, named scope, cost estimate -----
+
+PRODUCTION = (64, 128256)  # a Llama-3 vocabulary, 64 sequences
+
+
+@pytest.mark.parametrize("mode,dtype", [("greedy", jnp.float32), ("key", jnp.float32), ("noise", jnp.float32),
+                                        ("key", jnp.bfloat16)])
+def test_lowers_to_mosaic_at_production_shape(mode, dtype):
+    batch, vocab = PRODUCTION
+
+    def fn(logits, temperature, top_k, top_p, noise):
+        extra = {"key": dict(key=jax.random.key(0)), "noise": dict(noise=noise)}.get(mode, {})
+        return sampling(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=0.05, **extra)
+
+    text = export_for_tpu(fn, S(PRODUCTION, dtype), S((batch,), jnp.float32), S((batch,), jnp.int32),
+                          S((batch,), jnp.float32), S(PRODUCTION, jnp.float32))
+    assert MOSAIC_CUSTOM_CALL in text
+    blocks = default_block_sizes("tpu-v5e", logits_dtype=dtype, vocab=vocab)
+    assert f"sampling_bb{blocks.block_b}_bv{blocks.block_v}_{mode}/" in text  # the named scope
+
+
+# ----- block sizes -----
+
+
+@pytest.mark.parametrize("chip", sorted(DEFAULT_BLOCK_SIZES))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_defaults_fit_every_chip_at_a_llama3_vocabulary(chip, dtype):
+    blocks = default_block_sizes(chip, logits_dtype=dtype, vocab=PRODUCTION[1])
+    blocks.validate(vocab=PRODUCTION[1], logits_dtype=dtype, with_noise=True, chip=chip)
+    assert blocks.block_b == (8 if dtype == jnp.float32 else 16)
+
+
+def test_default_block_v_shrinks_to_a_small_vocabulary():
+    # 1000 entries round up to 1024 lanes, below the 2048 default.
+    assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=1000) == BlockSizes(block_b=8, block_v=1024)
+
+
+def test_vmem_bytes_by_hand():
+    # block (8, 256), vocab 1000 f32 with noise: resident rows 1024 * 8 * 4 = 32768; logits blocks
+    # 2 * 2048 * 4 = 16384; noise blocks 16384; four f32 chunk temporaries 4 * 2048 * 4 = 32768. Sum 98304.
+    need = BlockSizes(block_b=8, block_v=256).vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True)
+    assert need == 98304
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(block_b=0, block_v=128), "block_b must be a positive int"),
+    (dict(block_b=8, block_v=100), r"block_v=100 must be a multiple of 128.*try 128"),
+])
+def test_block_sizes_reject_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BlockSizes(**kwargs)
+
+
+@pytest.mark.parametrize("blocks,dtype,chip,match", [
+    (BlockSizes(block_b=4, block_v=128), jnp.float32, "tpu-v5e", "block_b=4 must be a multiple of 8 for float32"),
+    (BlockSizes(block_b=8, block_v=128), jnp.bfloat16, "tpu-v5e", "block_b=8 must be a multiple of 16 for bfloat16"),
+    (BlockSizes(block_b=512, block_v=2048), jnp.float32, "tpu-v5e", r"needs .* of VMEM .* over the 16(\.0)? MiB"),
+    (BlockSizes(block_b=8, block_v=128), jnp.float32, "h100-sxm", "chip: 'h100-sxm'"),
+])
+def test_block_sizes_validate_against_the_call(blocks, dtype, chip, match):
+    with pytest.raises(ValueError, match=match):
+        blocks.validate(vocab=PRODUCTION[1], logits_dtype=dtype, with_noise=False, chip=chip)
+
+
+# ----- input errors -----
+
+LOGITS = jnp.asarray(np.random.default_rng(0).standard_normal((4, 256)), jnp.float32)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(top_p=0.0), r"top_p=0.0 is out of range: must be in \(0, 1\]"),
+    (dict(top_p=jnp.array([0.5, 1.5, 1.0, 1.0])), r"top_p=1.5 is out of range"),
+    (dict(top_k=0), r"top_k=0 is out of range: must be >= 1"),
+    (dict(top_k=2.5), "top_k must be an integer"),
+    (dict(temperature=-1.0), r"temperature=-1.0 is out of range: must be >= 0"),
+    (dict(min_p=1.5), r"min_p=1.5 is out of range"),
+    (dict(temperature=jnp.ones(3)), r"temperature must be a scalar or a \[4\] array"),
+    (dict(noise=jnp.ones((4, 255))), "noise must be float32 uniforms shaped like logits"),
+    (dict(noise=jnp.ones((4, 256)), key=jax.random.key(0)), "key and noise are alternatives"),
+    (dict(block_sizes=BlockSizes(block_b=4, block_v=128)), "block_b=4 must be a multiple of 8"),
+])
+def test_bad_options_raise_naming_the_argument(kwargs, match):
+    kwargs = {"key": jax.random.key(0), **kwargs} if "noise" not in kwargs else kwargs
+    with pytest.raises(ValueError, match=match):
+        sampling(LOGITS, interpret=True, **kwargs)
+
+
+@pytest.mark.parametrize("logits,match", [
+    (jnp.ones((2, 3, 4)), r"logits must be \[batch, vocab\]"),
+    (jnp.ones((2, 256), jnp.int32), "logits must be float32 or bfloat16"),
+])
+def test_bad_logits_raise(logits, match):
+    with pytest.raises(ValueError, match=match):
+        sampling(logits, interpret=True)
