@@ -1,6 +1,10 @@
-"""Block sizes of the paged KV-cache update kernel and per-chip defaults.
+"""Block sizes and VMEM budgets of the paged KV-cache update kernel, and per-chip defaults.
 
-A block is ``tokens_per_block`` new tokens, each a whole [kv_heads, head_dim]
+Head-major layout (the default): one grid step per token, whose block is the
+token's whole page for every kv head; nothing to tune, see
+:func:`head_major_vmem_bytes`.
+
+Token-major layout: a block is ``tokens_per_block`` new tokens, each a whole [kv_heads, head_dim]
 slab (the block spans both minor dimensions completely, so Mosaic's tile
 rules hold at any head count or head size). Every token of a block is written
 by its own DMA; all of a block's DMAs are in flight together.
@@ -62,3 +66,36 @@ FALLBACK_BLOCK_SIZES = KvCacheUpdateBlockSizes(tokens_per_block=32)
 
 def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
     return DEFAULT_BLOCK_SIZES.get(chip, FALLBACK_BLOCK_SIZES)
+
+
+#: Pages per block of a head-major scale cache [kv_heads, num_pages, page_size]: the pages axis is its
+#: second-minor (sublane) dimension, so a block spans a whole f32 tile of 8 pages.
+SCALE_PAGES_PER_BLOCK = 8
+
+
+def scale_pages_per_block(num_pages: int) -> int:
+    """8 when it divides num_pages, else all pages (a block must be a tile multiple or the whole dimension).
+
+    No partial last block: Pallas' TPU interpret mode mishandles a partial block
+    of an aliased output (it returns the padded buffer), so the kernel avoids one.
+    """
+    return SCALE_PAGES_PER_BLOCK if num_pages % SCALE_PAGES_PER_BLOCK == 0 else num_pages
+
+
+def head_major_vmem_bytes(*, kv_heads: int, num_pages: int, page_size: int, head_dim: int, new_dtype: Any,
+                          cache_dtype: Any, quantize: bool) -> int:
+    """VMEM of the head-major kernel: one token's K/V slabs and one page of each cache, all double-buffered.
+
+    Per cache: an input and an output page block [kv_heads, page_size, head_dim],
+    two buffers each; the new token's [kv_heads, head_dim] K and V, two buffers
+    each; the f32 page row-insert temporaries (one head at a time: old and new);
+    quantizing, the scale blocks [kv_heads, scale_pages_per_block, page_size] the same way.
+    """
+    tile = tiling.padded_tile_bytes
+    buffers = 2  # double buffering
+    need = 2 * buffers * tile((kv_heads, head_dim), new_dtype)
+    need += 2 * 2 * buffers * kv_heads * tile((page_size, head_dim), cache_dtype)
+    need += 2 * tile((page_size, head_dim), "float32")
+    if quantize:
+        need += 2 * 2 * buffers * kv_heads * tile((scale_pages_per_block(num_pages), page_size), "float32")
+    return need

@@ -1,37 +1,61 @@
 """Paged KV-cache update for TPU (Pallas/Mosaic): scatter a step's new K/V tokens into their slots.
 
-Layout
-------
-* new_k, new_v: [num_tokens, kv_heads, head_dim] (bf16 or f32).
-* k_cache, v_cache: [num_pages, page_size, kv_heads, head_dim], token-major
-  pages: one token's [kv_heads, head_dim] slab is contiguous, so each token is
-  one DMA whose offsets fall only on leading (untiled) dimensions - Mosaic
-  requires DMA slices of the two tiled minor dimensions to be tile-aligned,
-  which a per-token write into [.., page_size, head_dim] minor dims is not.
-  A cache row pads to the dtype's tile in HBM when kv_heads is below its
-  sublane multiple (8 f32, 16 bf16, 32 int8).
+Two cache layouts (``layout=``); both take
+* new_k, new_v: [num_tokens, kv_heads, head_dim] (bf16 or f32);
 * slot_mapping: int32 [num_tokens]; slot = page * page_size + offset;
-  -1 marks a padding token that is not written. Slots must be distinct.
-* Quantize on write: an int8 cache takes the tokens quantized symmetrically per
-  (token, head) over head_dim, with the f32 scales in k_scale_cache /
-  v_scale_cache [num_pages, page_size, kv_heads, 1] (the trailing 1 keeps each
-  token's scales a whole (kv_heads, 1) tile, again so the per-token DMA is
-  legal); dequantize as q * scale.
+  -1 marks a padding token that is not written. Slots must be distinct;
+* an int8 cache quantizes on write, symmetrically per (token, head) over
+  head_dim, with f32 scales in k_scale_cache / v_scale_cache; dequantize as
+  q * scale.
 
-Kernel
-------
-slot_mapping is scalar-prefetched into SMEM. Grid: one "parallel" axis over
-blocks of tokens_per_block tokens whose K/V slabs are pipelined into VMEM; the
-body starts one VMEM->HBM DMA per (valid token, cache) and then waits for all
-of them (one DMA semaphore per cache, all copies the same size). The caches
-stay in HBM (memory_space=ANY) and are aliased input->output
-(input_output_aliases); the jitted wrapper donates them, so with donation the
-update is in place and the caller's cache arrays are consumed.
+Head-major (default; what kernels.paged_attention and ragged_paged_attention read)
+-------------------------------------------------------------------------------
+* k_cache, v_cache: [kv_heads, num_pages, page_size, head_dim];
+  scales [kv_heads, num_pages, page_size] (per token).
+* A token's row of one head is a single sublane row of a (page_size, head_dim)
+  tile, so it cannot be written by its own DMA (Mosaic DMAs start at
+  tile-aligned offsets in the two minor dimensions). Instead each grid step is
+  one token whose cache blocks are its whole page for all kv heads
+  ([kv_heads, page_size, head_dim], index map (0, page, 0, 0)), aliased
+  input->output; the body copies the fetched page to the output block at the
+  start of a run of tokens on that page and inserts each token's row with a
+  row-masked select (full-tile vector ops, no dynamic sublane slicing). The
+  scale caches are blocked the same way over 8 pages (their pages axis is the
+  sublane axis of an f32 tile), or over all pages when 8 does not divide
+  num_pages.
+* The wrapper sorts the tokens by slot (padding last) and scalar-prefetches
+  the order, the page of each step and its row (-1: skip), so each touched
+  page is one contiguous run of grid steps: Pallas fetches it once before its
+  first token and writes it back once after its last (same block index on
+  consecutive steps), and no page is fetched while an earlier write-back of it
+  is in flight. Padding tokens stay on the last written page (no extra DMA).
+  The grid axis is "arbitrary": a run split across two cores would race.
+* HBM traffic is page-granular: each touched page of K and V (and its 8-page
+  scale block) is read and written whole once per call.
+
+Token-major (``layout="token-major"``)
+--------------------------------------
+* k_cache, v_cache: [num_pages, page_size, kv_heads, head_dim]: one token's
+  [kv_heads, head_dim] slab is contiguous, so each token is one DMA whose
+  offsets fall only on leading (untiled) dimensions. A cache row pads to the
+  dtype's tile in HBM when kv_heads is below its sublane multiple (8 f32,
+  16 bf16, 32 int8). Scales [num_pages, page_size, kv_heads, 1] (the trailing
+  1 keeps each token's scales a whole (kv_heads, 1) tile).
+* slot_mapping is scalar-prefetched into SMEM. Grid: one "parallel" axis over
+  blocks of tokens_per_block tokens whose K/V slabs are pipelined into VMEM;
+  the body starts one VMEM->HBM DMA per (valid token, cache) and then waits
+  for all of them (one DMA semaphore per cache, all copies the same size). The
+  caches stay in HBM (memory_space=ANY).
+
+In both layouts the caches are aliased input->output (input_output_aliases)
+and the jitted wrappers donate them, so the update is in place and the
+caller's cache arrays are consumed.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -41,16 +65,346 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
-from kernels.kv_cache_update.blocks import KvCacheUpdateBlockSizes, default_block_sizes
+from kernels.kv_cache_update.blocks import (
+    SCALE_PAGES_PER_BLOCK,
+    KvCacheUpdateBlockSizes,
+    default_block_sizes,
+    head_major_vmem_bytes,
+    scale_pages_per_block,
+)
 from kernels.matmul import tiling
 from kernels.matmul.quant import quantize_int8
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: slot_mapping value of a token that is not written.
 PADDING_SLOT = -1
+#: Cache layouts: head-major [kv_heads, num_pages, page_size, head_dim] (paged_attention's), token-major
+#: [num_pages, page_size, kv_heads, head_dim].
+LAYOUTS = ("head-major", "token-major")
+DEFAULT_LAYOUT = "head-major"
 
 
-def _kv_cache_update_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, quantize: bool) -> None:
+
+# ----- head-major: one token per grid step, its page as the block -----
+
+def _head_major_kernel(order_ref: Any, pages_ref: Any, rows_ref: Any, *refs: Any, quantize: bool) -> None:
+    # Scalar prefetch (SMEM, one entry per grid step = per token in slot order): order_ref picks the token
+    # (index maps only); pages_ref: its cache page; rows_ref: its row in the page, -1 = skip.
+    del order_ref
+    n_caches = 4 if quantize else 2
+    k_ref, v_ref = refs[:2]  # [kv_heads, head_dim]: this step's new token
+    ins, outs = refs[2 : 2 + n_caches], refs[2 + n_caches : 2 + 2 * n_caches]
+    # ins/outs: K and V page blocks [kv_heads, page_size, head_dim]; (quantize) scale blocks
+    # [kv_heads, group, page_size] over the `group` pages around this one.
+    t = pl.program_id(0)
+    page, prev_page = pages_ref[t], pages_ref[jnp.maximum(t - 1, 0)]
+    _copy_at_run_start(ins[:2], outs[:2], t, page, prev_page)
+    row = rows_ref[t]
+    if quantize:
+        group = outs[2].shape[1]
+        _copy_at_run_start(ins[2:], outs[2:], t, jax.lax.div(page, group), jax.lax.div(prev_page, group))
+
+    @pl.when(row >= 0)
+    def _() -> None:
+        if quantize:
+            (kq, ks), (vq, vs) = quantize_int8(k_ref[...], axis=-1), quantize_int8(v_ref[...], axis=-1)
+            tokens = (kq, vq)
+            for out, scale in zip(outs[2:], (ks, vs)):
+                _insert_scale(out, scale, jax.lax.rem(page, group), row)
+        else:
+            tokens = (k_ref[...], v_ref[...])
+        for out, token in zip(outs[:2], tokens):
+            _insert_row(out, token, row)
+
+
+def _copy_at_run_start(ins: Any, outs: Any, t: Any, block: Any, prev_block: Any) -> None:
+    """At the first step of a run of steps on one block, start the output block from the fetched input block.
+
+    The output block stays in VMEM for the whole run (same block index on
+    consecutive steps) and collects the run's rows; the input block is fetched
+    once per run, so copying it again mid-run would drop the rows written so far.
+    """
+
+    @pl.when(jnp.logical_or(t == 0, block != prev_block))
+    def _() -> None:
+        for src, dst in zip(ins, outs):
+            dst[...] = src[...]
+
+
+def _insert_row(page_ref: Any, token: Any, row: Any) -> None:
+    """page_ref[h, row, :] = token[h, :] for every kv head, by a row-masked select over the page.
+
+    Works in f32 (bf16 and int8 widen exactly and narrow back exactly), one head
+    at a time on whole [page_size, head_dim] tiles: no dynamic sublane slicing and
+    no select on packed types.
+    """
+    kv_heads, page_size, head_dim = page_ref.shape
+    at_row = jax.lax.broadcasted_iota(jnp.int32, (page_size, head_dim), 0) == row
+    token = token.astype(jnp.float32)
+    for h in range(kv_heads):
+        new = jnp.broadcast_to(token[h : h + 1, :], (page_size, head_dim))
+        page_ref[h] = jnp.where(at_row, new, page_ref[h].astype(jnp.float32)).astype(page_ref.dtype)
+
+
+def _insert_scale(scale_ref: Any, scale: Any, page_in_block: Any, row: Any) -> None:
+    """scale_ref[h, page_in_block, row] = scale[h, 0] for every kv head (scale_ref: [kv_heads, group, page_size])."""
+    kv_heads, group, page_size = scale_ref.shape
+    at = ((jax.lax.broadcasted_iota(jnp.int32, (group, page_size), 0) == page_in_block)
+          & (jax.lax.broadcasted_iota(jnp.int32, (group, page_size), 1) == row))
+    for h in range(kv_heads):
+        new = jnp.broadcast_to(scale[h : h + 1, :], (group, page_size))
+        scale_ref[h] = jnp.where(at, new, scale_ref[h])
+
+
+def _page_runs(slot_mapping: jax.Array, *, num_pages: int, page_size: int) -> tuple[jax.Array, ...]:
+    """(order, page, row) per grid step: tokens sorted by slot, skipped tokens last.
+
+    A skipped token's step keeps the last written page (so its step moves no
+    data) and row -1; with no token to write at all every step is on page 0,
+    which is fetched and written back unchanged.
+    """
+    num_slots = num_pages * page_size
+    order = jnp.argsort(jnp.where(slot_mapping >= 0, slot_mapping, num_slots), stable=True).astype(jnp.int32)
+    slots = slot_mapping[order]
+    valid = slots >= 0
+    pages = jnp.where(valid, slots // page_size, 0)
+    pages = jnp.where(valid, pages, jnp.max(pages))
+    rows = jnp.where(valid, slots % page_size, PADDING_SLOT)
+    return order, pages.astype(jnp.int32), rows.astype(jnp.int32)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("vmem_limit_bytes", "interpret"),
+    donate_argnames=("k_cache", "v_cache", "k_scale_cache", "v_scale_cache"),
+)
+def _head_major_jit(
+    new_k: jax.Array,
+    new_v: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slot_mapping: jax.Array,
+    k_scale_cache: jax.Array | None,
+    v_scale_cache: jax.Array | None,
+    *,
+    vmem_limit_bytes: int | None,
+    interpret: bool,
+) -> tuple[jax.Array, ...]:
+    num_tokens, kv_heads, head_dim = new_k.shape
+    _, num_pages, page_size, _ = k_cache.shape
+    quantize = k_scale_cache is not None
+    caches = [k_cache, v_cache] + ([k_scale_cache, v_scale_cache] if quantize else [])
+    group = scale_pages_per_block(num_pages)
+    # Index maps take (grid index, *scalar prefetch refs): (t, order, pages, rows).
+    token_spec = pl.BlockSpec((None, kv_heads, head_dim), lambda t, order, pages, rows: (order[t], 0, 0))
+    page_spec = pl.BlockSpec((kv_heads, None, page_size, head_dim), lambda t, order, pages, rows: (0, pages[t], 0, 0))
+    scale_spec = pl.BlockSpec((kv_heads, group, page_size),
+                              lambda t, order, pages, rows: (0, jax.lax.div(pages[t], group), 0))
+    cache_specs = [page_spec, page_spec] + ([scale_spec, scale_spec] if quantize else [])
+    first_cache_input = 5  # operands: order, pages, rows (scalar prefetch), new_k, new_v, caches...
+    call = pl.pallas_call(
+        functools.partial(_head_major_kernel, quantize=quantize),
+        out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches],
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(num_tokens,),
+            in_specs=[token_spec, token_spec] + cache_specs,
+            out_specs=cache_specs,
+        ),
+        input_output_aliases={first_cache_input + c: c for c in range(len(caches))},
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem_limit_bytes),
+        cost_estimate=cost_estimate(
+            num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+            new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
+        ),
+        interpret=interpret_params(interpret),
+        name="kv_cache_update",
+    )
+    order, pages, rows = _page_runs(slot_mapping, num_pages=num_pages, page_size=page_size)
+    with jax.named_scope("kv_cache_update[layout=head-major]"):
+        return tuple(call(order, pages, rows, new_k, new_v, *caches))
+
+
+# ----- input checks and the public wrapper -----
+
+def _is_concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _CacheShapes:
+    """Expected cache and scale-cache shapes of one layout (as lists, the way errors print them)."""
+
+    cache: list[Any]
+    scales: list[Any]
+    num_pages: int
+    page_size: int
+
+
+def _cache_shapes(layout: str, k_cache: Any, kv_heads: int, head_dim: int) -> _CacheShapes:
+    """The shapes k_cache must have for new tokens of [kv_heads, head_dim]; ValueError if it does not."""
+    shape = tuple(getattr(k_cache, "shape", ()))
+    if layout == "head-major":
+        pattern = [kv_heads, "num_pages", "page_size", head_dim]
+        ok = len(shape) == 4 and (shape[0], shape[3]) == (kv_heads, head_dim)
+        pages, page_size = (shape[1], shape[2]) if ok else (0, 0)
+        scales = [kv_heads, pages, page_size]
+    else:
+        pattern = ["num_pages", "page_size", kv_heads, head_dim]
+        ok = len(shape) == 4 and shape[2:] == (kv_heads, head_dim)
+        pages, page_size = (shape[0], shape[1]) if ok else (0, 0)
+        scales = [pages, page_size, kv_heads, 1]
+    if not ok:
+        raise ValueError(f"k_cache: expected [{', '.join(map(str, pattern))}] (layout='{layout}') to match new_k, "
+                         f"got shape {getattr(k_cache, 'shape', None)}")
+    return _CacheShapes(cache=list(shape), scales=scales, num_pages=pages, page_size=page_size)
+
+
+def _check_inputs(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any,
+                  k_scale_cache: Any, v_scale_cache: Any, layout: str) -> tuple[bool, _CacheShapes]:
+    """Validate shapes/dtypes (and slot values when concrete); returns whether the caches quantize, and their shapes."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+    if getattr(new_k, "ndim", None) != 3:
+        raise ValueError(f"new_k: expected [num_tokens, kv_heads, head_dim], got shape {getattr(new_k, 'shape', None)}")
+    if getattr(new_v, "shape", None) != new_k.shape or new_v.dtype != new_k.dtype:
+        raise ValueError(f"new_v: {getattr(new_v, 'dtype', None)}{list(getattr(new_v, 'shape', []))} must match "
+                         f"new_k's {new_k.dtype}{list(new_k.shape)}")
+    if jnp.dtype(new_k.dtype).name not in _FLOAT_INPUTS:
+        raise ValueError(f"new_k: dtype {jnp.dtype(new_k.dtype).name} not supported; use bfloat16 or float32")
+    num_tokens, kv_heads, head_dim = new_k.shape
+    if num_tokens == 0:
+        raise ValueError("new_k: no tokens (num_tokens == 0)")
+    shapes = _cache_shapes(layout, k_cache, kv_heads, head_dim)
+    if getattr(v_cache, "shape", None) != k_cache.shape or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"v_cache: {getattr(v_cache, 'dtype', None)}{list(getattr(v_cache, 'shape', []))} must match "
+                         f"k_cache's {k_cache.dtype}{list(k_cache.shape)}")
+    quantize = k_cache.dtype == jnp.int8
+    if not quantize and k_cache.dtype != new_k.dtype:
+        raise ValueError(f"k_cache: dtype {k_cache.dtype} must equal new_k's ({new_k.dtype}) "
+                         "or be int8 (quantize on write)")
+    for name, scale in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+        if not quantize and scale is not None:
+            raise ValueError(f"{name}: only an int8 cache takes scales; k_cache is {k_cache.dtype}")
+        if quantize and (scale is None or list(scale.shape) != shapes.scales or scale.dtype != jnp.float32):
+            got = "None" if scale is None else f"{scale.dtype}{list(scale.shape)}"
+            raise ValueError(f"{name}: an int8 cache needs a float32 scale cache of shape {shapes.scales} "
+                             f"(layout='{layout}'), got {got}")
+    if (getattr(slot_mapping, "shape", None) != (num_tokens,)
+            or not jnp.issubdtype(slot_mapping.dtype, jnp.integer)):
+        raise ValueError(f"slot_mapping: expected int32[{num_tokens}] (one slot per token), got "
+                         f"{getattr(slot_mapping, 'dtype', None)}{list(getattr(slot_mapping, 'shape', []))}")
+    if _is_concrete(slot_mapping):
+        _check_slot_values(np.asarray(slot_mapping), shapes.num_pages * shapes.page_size)
+    return bool(quantize), shapes
+
+
+def _check_slot_values(slots: np.ndarray, num_slots: int) -> None:
+    bad = np.flatnonzero((slots >= num_slots) | (slots < PADDING_SLOT))
+    if bad.size:
+        t = int(bad[0])
+        raise ValueError(f"slot_mapping: token {t} has slot {int(slots[t])}, outside the cache's {num_slots} slots "
+                         f"(num_pages * page_size); use 0..{num_slots - 1}, or {PADDING_SLOT} to skip the token")
+    valid = slots[slots >= 0]
+    values, counts = np.unique(valid, return_counts=True)
+    if np.any(counts > 1):
+        raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} is written by more than one token; "
+                         "slots must be distinct")
+
+
+
+
+def _check_smem(what: str, smem_bytes: int, spec: Any, num_tokens: int) -> None:
+    smem = spec.memory.smem_bytes_per_core
+    if smem is not None and smem_bytes > smem // 2:
+        raise ValueError(f"slot_mapping: {num_tokens} tokens need {smem_bytes} B of SMEM ({what}), over half of "
+                         f"{spec.name}'s {smem} B; split the update into smaller calls")
+
+
+def kv_cache_update(
+    new_k: jax.Array,
+    new_v: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    slot_mapping: jax.Array,
+    *,
+    k_scale_cache: jax.Array | None = None,
+    v_scale_cache: jax.Array | None = None,
+    layout: str = DEFAULT_LAYOUT,
+    block_sizes: KvCacheUpdateBlockSizes | None = None,
+    chip: str = DEFAULT_CHIP,
+    interpret: bool = False,
+) -> tuple[jax.Array, ...]:
+    """Write each new token's K/V into its paged cache slot, in place (see the module docstring for layouts).
+
+    ``layout="head-major"`` (default): caches [kv_heads, num_pages, page_size,
+    head_dim], scales [kv_heads, num_pages, page_size], as paged_attention reads
+    them. ``layout="token-major"``: caches [num_pages, page_size, kv_heads,
+    head_dim], scales [num_pages, page_size, kv_heads, 1]; only this layout
+    takes ``block_sizes``.
+
+    The caches (and scale caches) are donated: after the call the arrays passed in
+    are consumed; use the returned ones.
+
+    Returns:
+      (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache).
+    """
+    quantize, shapes = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache,
+                                     layout)
+    spec = tiling.resolve_tpu_chip(chip)
+    num_tokens, kv_heads, head_dim = new_k.shape
+    slots = slot_mapping.astype(jnp.int32)
+    if layout == "head-major":
+        if block_sizes is not None:
+            raise ValueError("block_sizes: only layout='token-major' takes block sizes (head-major writes one token "
+                             "per grid step); drop block_sizes or pass layout='token-major'")
+        need = head_major_vmem_bytes(kv_heads=kv_heads, num_pages=shapes.num_pages, page_size=shapes.page_size,
+                                     head_dim=head_dim, new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
+                                     quantize=quantize)
+        what = f"layout='head-major' (pages of {shapes.page_size} tokens"
+        if quantize and scale_pages_per_block(shapes.num_pages) == shapes.num_pages > SCALE_PAGES_PER_BLOCK:
+            what += f"; scale blocks span all {shapes.num_pages} pages: use a multiple of {SCALE_PAGES_PER_BLOCK} pages"
+        vmem_limit = tiling.vmem_limit_bytes(need, spec, what + ")")
+        _check_smem("order, page and row per token", 3 * 4 * num_tokens, spec, num_tokens)
+        return _head_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
+                               vmem_limit_bytes=vmem_limit, interpret=interpret)
+    if block_sizes is None:
+        block_sizes = default_block_sizes(spec.name)
+    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
+        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
+    vmem_limit = block_sizes.check(
+        kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec
+    )
+    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
+    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
+    _check_smem("padded to the token block", padded_tokens * 4, spec, num_tokens)
+    return _token_major_jit(
+        new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
+        tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret,
+    )
+
+
+def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: int, new_dtype: Any,
+                  cache_dtype: Any) -> pl.CostEstimate:
+    """The kernel's CostEstimate: perfmodel's KV-cache update model, algorithmic counts (chip=None).
+
+    Counts every token of the call (padding tokens included: their number is not known under jit).
+    The model counts the new rows' bytes; the head-major kernel moves whole pages
+    (see the module docstring), which this estimate does not include.
+    """
+    from perfmodel.model.core import to_cost_estimate
+    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
+
+    cost = kv_cache_update_model(
+        num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+        kv_dtype=tiling.matmul_dtype_name(cache_dtype), src_dtype=tiling.matmul_dtype_name(new_dtype), chip=None,
+    )
+    return to_cost_estimate(cost)
+
+
+# ----- token-major: blocks of tokens, one DMA per token -----
+
+def _token_major_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, quantize: bool) -> None:
     # slots_ref: [num_tokens_padded] int32 SMEM (scalar prefetch), -1 = skip
     k_ref, v_ref = refs[:2]  # [tokens_per_block, kv_heads, head_dim] VMEM blocks of the new tokens
     n_caches = 4 if quantize else 2
@@ -92,127 +446,12 @@ def _kv_cache_update_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, q
     for_valid_tokens("wait")
 
 
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
-def _check_inputs(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any,
-                  k_scale_cache: Any, v_scale_cache: Any) -> bool:
-    """Validate shapes/dtypes (and slot values when concrete); returns whether the caches quantize."""
-    if getattr(new_k, "ndim", None) != 3:
-        raise ValueError(f"new_k: expected [num_tokens, kv_heads, head_dim], got shape {getattr(new_k, 'shape', None)}")
-    if getattr(new_v, "shape", None) != new_k.shape or new_v.dtype != new_k.dtype:
-        raise ValueError(f"new_v: {getattr(new_v, 'dtype', None)}{list(getattr(new_v, 'shape', []))} must match "
-                         f"new_k's {new_k.dtype}{list(new_k.shape)}")
-    if jnp.dtype(new_k.dtype).name not in _FLOAT_INPUTS:
-        raise ValueError(f"new_k: dtype {jnp.dtype(new_k.dtype).name} not supported; use bfloat16 or float32")
-    num_tokens, kv_heads, head_dim = new_k.shape
-    if num_tokens == 0:
-        raise ValueError("new_k: no tokens (num_tokens == 0)")
-    if getattr(k_cache, "ndim", None) != 4 or tuple(k_cache.shape[2:]) != (kv_heads, head_dim):
-        raise ValueError(f"k_cache: expected [num_pages, page_size, {kv_heads}, {head_dim}] to match new_k, "
-                         f"got shape {getattr(k_cache, 'shape', None)}")
-    if getattr(v_cache, "shape", None) != k_cache.shape or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"v_cache: {getattr(v_cache, 'dtype', None)}{list(getattr(v_cache, 'shape', []))} must match "
-                         f"k_cache's {k_cache.dtype}{list(k_cache.shape)}")
-    quantize = k_cache.dtype == jnp.int8
-    if not quantize and k_cache.dtype != new_k.dtype:
-        raise ValueError(f"k_cache: dtype {k_cache.dtype} must equal new_k's ({new_k.dtype}) or be int8 (quantize on write)")
-    pages, page_size = k_cache.shape[:2]
-    scale_shape = (pages, page_size, kv_heads, 1)
-    for name, scale in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
-        if not quantize and scale is not None:
-            raise ValueError(f"{name}: only an int8 cache takes scales; k_cache is {k_cache.dtype}")
-        if quantize and (scale is None or tuple(scale.shape) != scale_shape or scale.dtype != jnp.float32):
-            got = "None" if scale is None else f"{scale.dtype}{list(scale.shape)}"
-            raise ValueError(f"{name}: an int8 cache needs a float32 scale cache of shape {list(scale_shape)}, got {got}")
-    if (getattr(slot_mapping, "shape", None) != (num_tokens,)
-            or not jnp.issubdtype(slot_mapping.dtype, jnp.integer)):
-        raise ValueError(f"slot_mapping: expected int32[{num_tokens}] (one slot per token), got "
-                         f"{getattr(slot_mapping, 'dtype', None)}{list(getattr(slot_mapping, 'shape', []))}")
-    if _is_concrete(slot_mapping):
-        _check_slot_values(np.asarray(slot_mapping), pages * page_size)
-    return bool(quantize)
-
-
-def _check_slot_values(slots: np.ndarray, num_slots: int) -> None:
-    bad = np.flatnonzero((slots >= num_slots) | (slots < PADDING_SLOT))
-    if bad.size:
-        t = int(bad[0])
-        raise ValueError(f"slot_mapping: token {t} has slot {int(slots[t])}, outside the cache's {num_slots} slots "
-                         f"(num_pages * page_size); use 0..{num_slots - 1}, or {PADDING_SLOT} to skip the token")
-    valid = slots[slots >= 0]
-    values, counts = np.unique(valid, return_counts=True)
-    if np.any(counts > 1):
-        raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} is written by more than one token; "
-                         "slots must be distinct")
-
-
-def kv_cache_update(
-    new_k: jax.Array,
-    new_v: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
-    slot_mapping: jax.Array,
-    *,
-    k_scale_cache: jax.Array | None = None,
-    v_scale_cache: jax.Array | None = None,
-    block_sizes: KvCacheUpdateBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
-    interpret: bool = False,
-) -> tuple[jax.Array, ...]:
-    """Write each new token's K/V into its paged cache slot, in place (see the module docstring for layouts).
-
-    The caches (and scale caches) are donated: after the call the arrays passed in
-    are consumed; use the returned ones.
-
-    Returns:
-      (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache).
-    """
-    quantize = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache)
-    spec = tiling.resolve_tpu_chip(chip)
-    num_tokens, kv_heads, head_dim = new_k.shape
-    if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name)
-    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
-        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
-    vmem_limit = block_sizes.check(
-        kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec
-    )
-    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
-    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
-    smem = spec.memory.smem_bytes_per_core
-    if smem is not None and padded_tokens * 4 > smem // 2:
-        raise ValueError(f"slot_mapping: {num_tokens} tokens need {padded_tokens * 4} B of SMEM, over half of "
-                         f"{spec.name}'s {smem} B; split the update into smaller calls")
-    return _kv_cache_update_jit(
-        new_k, new_v, k_cache, v_cache, slot_mapping.astype(jnp.int32), k_scale_cache, v_scale_cache,
-        tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret,
-    )
-
-
-def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: int, new_dtype: Any,
-                  cache_dtype: Any) -> pl.CostEstimate:
-    """The kernel's CostEstimate: perfmodel's KV-cache update model, algorithmic counts (chip=None).
-
-    Counts every token of the call (padding tokens included: their number is not known under jit).
-    """
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
-
-    cost = kv_cache_update_model(
-        num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-        kv_dtype=tiling.matmul_dtype_name(cache_dtype), src_dtype=tiling.matmul_dtype_name(new_dtype), chip=None,
-    )
-    return to_cost_estimate(cost)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
     donate_argnames=("k_cache", "v_cache", "k_scale_cache", "v_scale_cache"),
 )
-def _kv_cache_update_jit(
+def _token_major_jit(
     new_k: jax.Array,
     new_v: jax.Array,
     k_cache: jax.Array,
@@ -242,7 +481,7 @@ def _kv_cache_update_jit(
     scratch.append(pltpu.SemaphoreType.DMA((len(caches),)))
     first_cache_input = 3  # operands: slots (scalar prefetch), new_k, new_v, caches...
     call = pl.pallas_call(
-        functools.partial(_kv_cache_update_kernel, tokens_per_block=tokens_per_block, quantize=quantize),
+        functools.partial(_token_major_kernel, tokens_per_block=tokens_per_block, quantize=quantize),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in flat],
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,

@@ -1,4 +1,4 @@
-"""Pure-jnp reference of the paged KV-cache update (a scatter by slot)."""
+"""Pure-jnp reference of the paged KV-cache update (a scatter by slot), in both cache layouts."""
 
 from __future__ import annotations
 
@@ -7,13 +7,24 @@ import jax.numpy as jnp
 
 from kernels.matmul.quant import quantize_int8
 
+_LAYOUTS = ("head-major", "token-major")
 
-def _scatter(cache: jax.Array, rows: jax.Array, slot_mapping: jax.Array) -> jax.Array:
+
+def _scatter_token_major(cache: jax.Array, rows: jax.Array, slot_mapping: jax.Array) -> jax.Array:
     """cache [pages, page_size, ...] with rows[t] written at flat slot slot_mapping[t] (slot -1: skipped)."""
     pages, page_size = cache.shape[:2]
     flat = cache.reshape(pages * page_size, *cache.shape[2:])
     slots = jnp.where(slot_mapping >= 0, slot_mapping, pages * page_size)  # out of range -> dropped
     return flat.at[slots].set(rows.astype(cache.dtype), mode="drop").reshape(cache.shape)
+
+
+def _scatter_head_major(cache: jax.Array, rows: jax.Array, slot_mapping: jax.Array) -> jax.Array:
+    """cache [kv_heads, pages, page_size, ...] with rows[t, h] written at [h, slot // page_size, slot % page_size]."""
+    pages, page_size = cache.shape[1:3]
+    valid = slot_mapping >= 0
+    page = jnp.where(valid, slot_mapping // page_size, pages)  # out of range -> dropped
+    row = jnp.where(valid, slot_mapping % page_size, 0)
+    return cache.at[:, page, row].set(jnp.moveaxis(rows, 0, 1).astype(cache.dtype), mode="drop")
 
 
 def kv_cache_update_reference(
@@ -25,20 +36,28 @@ def kv_cache_update_reference(
     *,
     k_scale_cache: jax.Array | None = None,
     v_scale_cache: jax.Array | None = None,
+    layout: str = "head-major",
 ) -> tuple[jax.Array, ...]:
     """Write token t of new_k/new_v [T, kv_heads, head_dim] at slot slot_mapping[t] = page * page_size + offset.
 
-    Caches are [num_pages, page_size, kv_heads, head_dim]. An int8 cache gets the
-    tokens quantized per (token, head) with scales written to the matching
-    [num_pages, page_size, kv_heads, 1] f32 scale cache.
+    Caches are [kv_heads, num_pages, page_size, head_dim] (``layout="head-major"``)
+    or [num_pages, page_size, kv_heads, head_dim] ("token-major"). An int8 cache
+    gets the tokens quantized per (token, head) with f32 scales written to the
+    scale cache, [kv_heads, num_pages, page_size] or [num_pages, page_size, kv_heads, 1].
     """
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, _LAYOUTS))}")
+    head_major = layout == "head-major"
+    scatter = _scatter_head_major if head_major else _scatter_token_major
     if k_cache.dtype != jnp.int8:
-        return _scatter(k_cache, new_k, slot_mapping), _scatter(v_cache, new_v, slot_mapping)
-    kq, ks = quantize_int8(new_k, axis=-1)
+        return scatter(k_cache, new_k, slot_mapping), scatter(v_cache, new_v, slot_mapping)
+    kq, ks = quantize_int8(new_k, axis=-1)  # ks: [T, kv_heads, 1]
     vq, vs = quantize_int8(new_v, axis=-1)
+    if head_major:
+        ks, vs = ks[..., 0], vs[..., 0]
     return (
-        _scatter(k_cache, kq, slot_mapping),
-        _scatter(v_cache, vq, slot_mapping),
-        _scatter(k_scale_cache, ks, slot_mapping),
-        _scatter(v_scale_cache, vs, slot_mapping),
+        scatter(k_cache, kq, slot_mapping),
+        scatter(v_cache, vq, slot_mapping),
+        scatter(k_scale_cache, ks, slot_mapping),
+        scatter(v_scale_cache, vs, slot_mapping),
     )

@@ -212,7 +212,10 @@ def _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, a
     k = k_buf[slot].reshape(tokens, head_dim)  # [tokens, head_dim]
     v = v_buf[slot].reshape(tokens, head_dim)  # [tokens, head_dim]
     if plan.quantized:
-        # Widen on the VPU to the query dtype (int8 -> bf16 is exact); scales come later.
+        # Widen on the VPU to the query dtype (exact: int8 and fp8 values fit bf16);
+        # int8 goes through f32, the conversion every TPU generation has. Scales come later.
+        if plan.kv_dtype == "int8":
+            k, v = k.astype(jnp.float32), v.astype(jnp.float32)
         k, v = k.astype(q.dtype), v.astype(q.dtype)
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
     s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,

@@ -24,7 +24,7 @@ SCORE_TEMPORARIES = 3
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockSizes:
+class RaggedPagedAttentionBlockSizes:
     """Tile sizes of one ragged paged attention call.
 
     The constructor checks what it can alone (positive integers, ``block_kv`` a
@@ -86,19 +86,19 @@ class BlockSizes:
 #: 32-token q blocks (G=4 gives 128 score rows); 256-wide MXUs (v6e, 7x) get 64.
 #: KV blocks of 256 / 512 tokens keep each DMA batch large while wasting at most
 #: one partial block per sequence on short decode contexts.
-DEFAULT_BLOCK_SIZES: dict[str, BlockSizes] = {
-    "tpu-v4": BlockSizes(block_q=32, block_kv=256),
-    "tpu-v5e": BlockSizes(block_q=32, block_kv=256),
-    "tpu-v5p": BlockSizes(block_q=32, block_kv=256),
-    "tpu-v6e": BlockSizes(block_q=64, block_kv=512),
-    "tpu-7x": BlockSizes(block_q=64, block_kv=512),
+DEFAULT_BLOCK_SIZES: dict[str, RaggedPagedAttentionBlockSizes] = {
+    "tpu-v4": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
+    "tpu-v5e": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
+    "tpu-v5p": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
+    "tpu-v6e": RaggedPagedAttentionBlockSizes(block_q=64, block_kv=512),
+    "tpu-7x": RaggedPagedAttentionBlockSizes(block_q=64, block_kv=512),
 }
 
 
-def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> BlockSizes:
+def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> RaggedPagedAttentionBlockSizes:
     """The chip's defaults (tpu-v5e's for chips without an entry), fitted to the dtype and page size."""
     name = tpu_chip(chip).name
     base = DEFAULT_BLOCK_SIZES.get(name, DEFAULT_BLOCK_SIZES[DEFAULT_CHIP])
     block_q = round_up(base.block_q, sublane_multiple(q_dtype))
     block_kv = round_up(base.block_kv, np.lcm(LANES, page_size))
-    return BlockSizes(block_q=int(block_q), block_kv=int(block_kv))
+    return RaggedPagedAttentionBlockSizes(block_q=int(block_q), block_kv=int(block_kv))

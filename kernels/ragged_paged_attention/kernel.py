@@ -56,14 +56,17 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.flash_attention.tiling import tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
     STATS_LANES,
-    BlockSizes,
+    RaggedPagedAttentionBlockSizes,
     default_block_sizes,
     sublane_multiple,
 )
 
+#: Bytes of one scalar-prefetched int32 (lengths, page ids, offsets).
+INDEX_BYTES = 4
 #: Finite "minus infinity" for masked scores (keeps exp() and max() NaN-free).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
@@ -78,7 +81,7 @@ def ragged_paged_attention(
     num_seqs: jax.Array | int,
     *,
     sm_scale: float | None = None,
-    block_sizes: BlockSizes | None = None,
+    block_sizes: RaggedPagedAttentionBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
 ) -> jax.Array:
@@ -111,6 +114,7 @@ def ragged_paged_attention(
         block_sizes = default_block_sizes(chip, q_dtype=q.dtype, page_size=page_size)
     block_sizes.validate(q_dtype=q.dtype, kv_dtype=k_pages.dtype, page_size=page_size, q_heads_per_kv_head=group,
                          head_dim=q.shape[2], chip=chip)
+    _check_smem(page_table, q.shape[0], block_sizes.block_q, chip)
     _check_values(q, k_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
     return _ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=scale,
@@ -151,6 +155,21 @@ def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
         if arr.dtype != jnp.int32:
             raise ValueError(f"{name} must be int32, got {arr.dtype}")
     del total_tokens
+
+
+def scalar_prefetch_bytes(*, max_seqs: int, pages_per_seq: int, total_tokens: int, block_q: int) -> int:
+    """SMEM the scalar-prefetched metadata takes: kv_lens, page table, cu_q_lens, per-q-block sequence ranges."""
+    num_blocks = -(-total_tokens // block_q)
+    return INDEX_BYTES * (max_seqs + max_seqs * pages_per_seq + max_seqs + 1 + 2 * num_blocks)
+
+
+def _check_smem(page_table, total_tokens: int, block_q: int, chip: str) -> None:
+    smem = tpu_chip(chip).memory.smem_bytes_per_core
+    need = scalar_prefetch_bytes(max_seqs=page_table.shape[0], pages_per_seq=page_table.shape[1],
+                                 total_tokens=total_tokens, block_q=block_q)
+    if smem is not None and need > smem:
+        raise ValueError(f"page_table {list(page_table.shape)} with the other scalar-prefetched metadata needs "
+                         f"{need} B of SMEM, over the {smem} B of {chip}; split the batch or shorten pages_per_seq")
 
 
 def _concrete(x) -> np.ndarray | None:
@@ -209,7 +228,7 @@ def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "chip", "interpret"))
 def _ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, sm_scale: float,
-                            block_sizes: BlockSizes, chip: str, interpret: bool):
+                            block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool):
     total_tokens, q_heads, head_dim = q.shape
     kv_heads, _, page_size, _ = k_pages.shape
     max_seqs, pages_per_seq = page_table.shape

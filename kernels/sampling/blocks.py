@@ -20,7 +20,7 @@ CHUNK_TEMPORARIES = 4
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockSizes:
+class SamplingBlockSizes:
     """Tile sizes of one sampling call; :meth:`validate` checks them against shapes and the chip."""
 
     #: Rows per grid step: a multiple of 8 for 32-bit logits, 16 for bf16.
@@ -50,7 +50,8 @@ class BlockSizes:
         sub = sublane_multiple(logits_dtype)
         if self.block_b % sub:
             raise ValueError(f"block_sizes.block_b={self.block_b} must be a multiple of {sub} for "
-                             f"{np.dtype(logits_dtype).name} logits (sublane tiling); try {round_up(self.block_b, sub)}")
+                             f"{np.dtype(logits_dtype).name} logits (sublane tiling); "
+                             f"try {round_up(self.block_b, sub)}")
         need = self.vmem_bytes(vocab=vocab, logits_dtype=logits_dtype, with_noise=with_noise)
         limit = vmem_limit_bytes(tpu_chip(chip))
         if need > limit:
@@ -63,18 +64,18 @@ class BlockSizes:
 #: Default block sizes per TPU generation (block_b is for 32-bit logits and is
 #: doubled for bf16). A (8, 2048) f32 chunk is 16 vector registers, so a pass's
 #: compare / select / add chain stays in registers.
-DEFAULT_BLOCK_SIZES: dict[str, BlockSizes] = {
-    "tpu-v4": BlockSizes(block_b=8, block_v=2048),
-    "tpu-v5e": BlockSizes(block_b=8, block_v=2048),
-    "tpu-v5p": BlockSizes(block_b=8, block_v=2048),
-    "tpu-v6e": BlockSizes(block_b=8, block_v=2048),
-    "tpu-7x": BlockSizes(block_b=8, block_v=2048),
+DEFAULT_BLOCK_SIZES: dict[str, SamplingBlockSizes] = {
+    "tpu-v4": SamplingBlockSizes(block_b=8, block_v=2048),
+    "tpu-v5e": SamplingBlockSizes(block_b=8, block_v=2048),
+    "tpu-v5p": SamplingBlockSizes(block_b=8, block_v=2048),
+    "tpu-v6e": SamplingBlockSizes(block_b=8, block_v=2048),
+    "tpu-7x": SamplingBlockSizes(block_b=8, block_v=2048),
 }
 
 
-def default_block_sizes(chip: str, *, logits_dtype, vocab: int) -> BlockSizes:
+def default_block_sizes(chip: str, *, logits_dtype, vocab: int) -> SamplingBlockSizes:
     """The chip's defaults (tpu-v5e's for chips without an entry), fitted to the dtype and vocabulary."""
     base = DEFAULT_BLOCK_SIZES.get(tpu_chip(chip).name, DEFAULT_BLOCK_SIZES[DEFAULT_CHIP])
     block_b = round_up(base.block_b, sublane_multiple(logits_dtype))
     block_v = min(base.block_v, round_up(vocab, LANES))
-    return BlockSizes(block_b=block_b, block_v=block_v)
+    return SamplingBlockSizes(block_b=block_b, block_v=block_v)

@@ -30,6 +30,7 @@ Ties at a threshold are all kept (the sort-based reference keeps the first k).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
 from kernels.sampling import rng
-from kernels.sampling.blocks import BlockSizes, default_block_sizes
+from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
 from kernels.sampling.options import row_options
 
 #: Bisection steps that always suffice: each halves a range of at most 2**32 int32 keys.
@@ -50,6 +51,15 @@ _F_INV_TEMP, _F_TOP_P, _F_MIN_P, _F_GREEDY = range(4)
 _I_TOP_K, _I_SEED = range(2)
 #: Largest vocabulary: indices are reduced as exact f32 integers.
 MAX_VOCAB = 1 << 24
+
+
+@dataclass(frozen=True, kw_only=True)
+class Filters:
+    """Which filters a call passed (static): the others are compiled out and left out of the cost estimate."""
+
+    top_k: bool
+    top_p: bool
+    min_p: bool
 
 
 def sampling(
@@ -62,7 +72,7 @@ def sampling(
     key: jax.Array | None = None,
     noise: jax.Array | None = None,
     return_threshold: bool = False,
-    block_sizes: BlockSizes | None = None,
+    block_sizes: SamplingBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
@@ -97,14 +107,16 @@ def sampling(
         block_sizes = default_block_sizes(chip, logits_dtype=logits.dtype, vocab=vocab)
     block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip)
     seeds = rng.row_seeds(key, batch) if mode == "key" else jnp.zeros((batch,), jnp.int32)
+    filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None)
     ids, threshold = _sampling(logits, noise, opts.inv_temperature, opts.greedy, opts.top_k, opts.top_p, opts.min_p,
-                               seeds, mode=mode, block_sizes=block_sizes, chip=chip, interpret=interpret)
+                               seeds, mode=mode, filters=filters, block_sizes=block_sizes, chip=chip,
+                               interpret=interpret)
     return (ids, threshold) if return_threshold else ids
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "block_sizes", "chip", "interpret"))
-def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds, *, mode: str,
-              block_sizes: BlockSizes, chip: str, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("mode", "filters", "block_sizes", "chip", "interpret"))
+def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds, *, mode: str, filters: Filters,
+              block_sizes: SamplingBlockSizes, chip: str, interpret: bool):
     batch, vocab = logits.shape
     block_b, block_v = block_sizes.block_b, block_sizes.block_v
     row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
@@ -128,7 +140,7 @@ def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds
         in_specs.append(pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * p)))
         operands.append(noise)
     out_spec = pl.BlockSpec((block_b, 1), lambda i, p, j: (i, 0))
-    kernel = functools.partial(_sampling_kernel, vocab=vocab, mode=mode)
+    kernel = functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters)
     call = pl.pallas_call(
         kernel,
         grid=(row_blocks, phases, vocab_blocks),
@@ -145,7 +157,7 @@ def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds
         ],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(batch, vocab, logits.dtype, mode),
+        cost_estimate=_cost_estimate(batch, vocab, logits.dtype, mode, filters),
         name="sampling",
     )
     with jax.named_scope(f"sampling_bb{block_b}_bv{block_v}_{mode}"):
@@ -153,8 +165,26 @@ def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds
     return ids[:, 0], threshold[:, 0]
 
 
-def _cost_estimate(batch, vocab, dtype, mode):
-    return None
+def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
+    """pl.CostEstimate from perfmodel's sampling model (threshold method, worst-case bisection passes).
+
+    The model assumes hardware random bits; with pre-drawn noise the kernel also
+    reads the [batch, vocab] f32 noise, which is added to ``bytes_accessed``.
+    """
+    from perfmodel.model.core import to_cost_estimate
+    from perfmodel.model.sampling import sampling as sampling_model
+
+    random = mode != "greedy"
+    cost = sampling_model(batch=batch, vocab=vocab, dtype=np.dtype(dtype).name, temperature=random,
+                          top_k=vocab if random and filters.top_k else None,
+                          top_p=1.0 if random and filters.top_p else None,
+                          min_p=0.0 if random and filters.min_p else None,
+                          method="threshold", passes=MAX_BISECTION_STEPS)
+    estimate = to_cost_estimate(cost)
+    if mode != "noise":
+        return estimate
+    return pl.CostEstimate(flops=estimate.flops, transcendentals=estimate.transcendentals,
+                           bytes_accessed=estimate.bytes_accessed + batch * vocab * np.dtype(np.float32).itemsize)
 
 
 def _key(x: jax.Array) -> jax.Array:
@@ -185,6 +215,7 @@ def _sampling_kernel(
     *refs,
     vocab: int,
     mode: str,
+    filters: Filters,
 ):
     if mode == "noise":
         noise_ref, *refs = refs  # VMEM [block_b, block_v] f32 uniforms: vocab block j (phase 1)
@@ -245,7 +276,8 @@ def _sampling_kernel(
 
     @pl.when((phase == 1) & (j == 0))
     def _search():
-        cut_ref[...] = _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, max_ref[...], vocab=vocab)
+        cut_ref[...] = _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, max_ref[...], vocab=vocab,
+                                   filters=filters)
         best_ref[...] = jnp.full(best_ref.shape, -jnp.inf, jnp.float32)
         pick_ref[...] = jnp.zeros(pick_ref.shape, jnp.float32)
 
@@ -267,8 +299,11 @@ def _sampling_kernel(
             thr_ref[...] = jnp.where(greedy, max_ref[...], cut_ref[...])
 
 
-def _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, z_max, *, vocab: int):
-    """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows."""
+def _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, z_max, *, vocab: int, filters: Filters):
+    """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows.
+
+    Filters the call did not pass (``filters``) are not compiled at all.
+    """
     vocab_blocks, block_b, block_v = rows_ref.shape
     shape = (block_b, 1)
     top_k = opts_i_ref[:, _I_TOP_K:_I_TOP_K + 1].astype(jnp.float32)
@@ -297,34 +332,37 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, z_max, *, vocab
         count, mass = over_rows(step, (zero, zero))
         return jnp.sum(count, axis=1, keepdims=True), jnp.sum(mass, axis=1, keepdims=True)
 
-    # top-k: largest key lo with count(z >= lo) >= k; done when the count is exactly k.
-    use_k = jnp.logical_not(greedy) & (top_k < float(vocab))
-    lo0 = jnp.full(shape, _key(jnp.float32(-jnp.inf)), jnp.int32)
+    def top_k_search():
+        """Largest key lo with count(z >= lo) >= k; a row is done when its count is exactly k."""
+        use_k = jnp.logical_not(greedy) & (top_k < float(vocab))
+        lo0 = jnp.full(shape, _key(jnp.float32(-jnp.inf)), jnp.int32)
 
-    def k_pending(state):
-        _, lo, hi, count_lo = state
-        return use_k & (count_lo != top_k) & (lo + 1 < hi)
+        def k_pending(state):
+            _, lo, hi, count_lo = state
+            return use_k & (count_lo != top_k) & (lo + 1 < hi)
 
-    def k_cond(state):
-        return (state[0] < MAX_BISECTION_STEPS) & _any(k_pending(state))
+        def k_cond(state):
+            return (state[0] < MAX_BISECTION_STEPS) & _any(k_pending(state))
 
-    def k_body(state):
-        it, lo, hi, count_lo = state
-        pending = k_pending(state)
-        mid = _midpoint(lo, hi)
-        count, _ = count_and_mass(_unkey(mid), with_mass=False)
-        up = pending & (count >= top_k)
-        down = pending & (count < top_k)
-        return it + 1, jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, count, count_lo)
+        def k_body(state):
+            it, lo, hi, count_lo = state
+            pending = k_pending(state)
+            mid = _midpoint(lo, hi)
+            count, _ = count_and_mass(_unkey(mid), with_mass=False)
+            up = pending & (count >= top_k)
+            down = pending & (count < top_k)
+            return it + 1, jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, count, count_lo)
 
-    _, k_lo, _, k_count = lax.while_loop(k_cond, k_body, (jnp.int32(0), lo0, above_max, all_count))
-    t_k = jnp.where(use_k, _unkey(k_lo), no_cut)
-    count_k = jnp.where(use_k, k_count, all_count)
+        _, k_lo, _, k_count = lax.while_loop(k_cond, k_body, (jnp.int32(0), lo0, above_max, all_count))
+        t_k = jnp.where(use_k, _unkey(k_lo), no_cut)
+        count_k = jnp.where(use_k, k_count, all_count)
+        return t_k, count_k
 
-    # top-p: largest key lo with mass(z >= lo) >= top_p * mass(top-k set); done when one element is in [lo, hi).
     use_p = jnp.logical_not(greedy) & (top_p < 1.0)
 
-    def p_search():
+    def top_p_search(t_k, count_k):
+        """Largest key lo with mass(z >= lo) >= top_p * mass(top-k set); a row is done when one element is
+        left in [lo, hi)."""
         _, mass_k = count_and_mass(t_k, with_mass=True)
         target = top_p * mass_k
 
@@ -349,6 +387,11 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, z_max, *, vocab
         _, p_lo, _, _, _ = lax.while_loop(p_cond, p_body, init)
         return jnp.where(use_p, _unkey(p_lo), no_cut)
 
-    t_p = lax.cond(_any(use_p), p_search, lambda: no_cut)
-    t_min = jnp.where(jnp.logical_not(greedy) & (min_p > 0.0), z_max + jnp.log(min_p), no_cut)
-    return jnp.maximum(jnp.maximum(t_k, t_p), t_min)
+    cut, count = no_cut, all_count
+    if filters.top_k:
+        cut, count = top_k_search()
+    if filters.top_p:
+        cut = lax.cond(_any(use_p), lambda: jnp.maximum(cut, top_p_search(cut, count)), lambda: cut)
+    if filters.min_p:
+        cut = jnp.maximum(cut, jnp.where(jnp.logical_not(greedy) & (min_p > 0.0), z_max + jnp.log(min_p), no_cut))
+    return cut

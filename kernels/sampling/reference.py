@@ -28,7 +28,8 @@ def _kept(z: jax.Array, opts: RowOptions) -> jax.Array:
     weights = jnp.where(keep, jnp.exp(z_sorted - z_sorted[:, :1]), 0.0)
     probs = weights / jnp.sum(weights, axis=1, keepdims=True)
     mass_before = jnp.cumsum(probs, axis=1) - probs
-    keep &= mass_before < opts.top_p[:, None]
+    # top_p == 1 keeps everything (a rounded cumulative sum can reach 1 before the last token).
+    keep &= (mass_before < opts.top_p[:, None]) | (opts.top_p[:, None] >= 1.0)
     rows = jnp.arange(batch)[:, None]
     kept = jnp.zeros((batch, vocab), bool).at[rows, order].set(keep)
     full = jax.nn.softmax(z, axis=1)

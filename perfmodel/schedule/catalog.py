@@ -220,8 +220,8 @@ ENTRIES: tuple[KernelEntry, ...] = (
         function="kernels.kv_cache_update:kv_cache_update",
         reference="kernels.kv_cache_update:kv_cache_update_reference",
         arrays=("new_k", "new_v", "k_cache", "v_cache", "slot_mapping"),
-        example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=256x16x8x128:bf16",
-                 "v_cache=256x16x8x128:bf16", "slot_mapping=64:int32=arange"),
+        example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x256x16x128:bf16",
+                 "v_cache=8x256x16x128:bf16", "slot_mapping=64:int32=arange"),
         block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
     ),
     KernelEntry(

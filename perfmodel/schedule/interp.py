@@ -35,6 +35,12 @@ import numpy as np
 #: Largest lanes x iterations a ``while`` loop is simulated for before its trip
 #: count is declared unknown (keeps a million-step grid under a second).
 MAX_WHILE_LANE_ITERATIONS = 20_000_000
+#: Loops up to this many lanes x iterations have their body counted iteration by
+#: iteration (exact per-iteration predicates); longer ones count the body once
+#: (at the initial carry) times the trip count.
+MAX_UNROLLED_LANE_ITERATIONS = 2_000_000
+#: Longest scan counted iteration by iteration.
+MAX_UNROLLED_SCAN_LENGTH = 4096
 
 
 class _Unknown:
@@ -422,52 +428,86 @@ class Interpreter:
         trips, final = self._simulate_while(cond_j, body_j, cconsts, bconsts, init)
         if trips is None:
             self.hook.note("a while loop with a data-dependent trip count is counted as one iteration")
-            trips_w: Any = 1.0
+            self.run_closed(body_j, list(bconsts) + list(init), weight)
+            return self._unknown_outs(eqn)
+        lanes = max(trips.shape[0], 1)
+        if int(trips.max(initial=0)) * lanes <= MAX_UNROLLED_LANE_ITERATIONS:
+            self._unrolled_while(cond_j, body_j, cconsts, bconsts, init, weight)
         else:
             trips_w = trips if trips.shape[0] > 1 else float(trips[0])
-        self.run_closed(body_j, list(bconsts) + list(init), weight * trips_w)
-        return final if final is not None else self._unknown_outs(eqn)
+            self.run_closed(body_j, list(bconsts) + list(init), weight * trips_w)
+        return final
 
-    def _simulate_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list) -> tuple[Any, Any]:
+    def _unrolled_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list, weight: Any) -> None:
+        """Run the body once per iteration with the real carries, each lane weighted while its loop runs."""
         quiet = Interpreter(self.n, self.grid, self.grid_ids, _NULL_HOOK)
         carry = list(init)
-        lanes = 1
-        trips = None
-        for it in range(10**9):
+        while True:
             pred = quiet.run_closed(cond_j, _copy_refs(cconsts) + carry)[0]
+            if _is_unknown(pred):
+                return
+            pred = np.asarray(pred).reshape(-1)
+            if not pred.any():
+                return
+            w = weight * pred if (pred.shape[0] > 1 or not pred.all()) else weight
+            new = self.run_closed(body_j, list(bconsts) + carry, w)
+            carry = _merge_carry(pred, new, carry)
+
+    def _simulate_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list) -> tuple[Any, Any]:
+        """Trip count per lane (None when unknown) and the final carries, without counting work."""
+        quiet = Interpreter(self.n, self.grid, self.grid_ids, _NULL_HOOK)
+        carry = list(init)
+        cconsts, bconsts = _copy_refs(cconsts), _copy_refs(bconsts)
+        trips = None
+        it = 0
+        while True:
+            pred = quiet.run_closed(cond_j, cconsts + carry)[0]
             if _is_unknown(pred):
                 return None, None
             pred = np.asarray(pred).reshape(-1)
-            lanes = max(lanes, pred.shape[0])
-            if trips is None:
-                trips = np.zeros(lanes, dtype=np.int64)
-            elif trips.shape[0] < lanes:
-                trips = np.broadcast_to(trips, (lanes,)).copy()
+            lanes = pred.shape[0]
+            trips = np.zeros(lanes, dtype=np.int64) if trips is None else np.broadcast_to(trips, (max(lanes, trips.shape[0]),)).copy()
             if not pred.any():
                 return trips, carry
-            if lanes * (it + 1) > MAX_WHILE_LANE_ITERATIONS:
+            it += 1
+            if lanes * it > MAX_WHILE_LANE_ITERATIONS:
                 return None, None
             trips = trips + pred
-            new = quiet.run_closed(body_j, _copy_refs(bconsts) + carry)
-            merged = []
-            for old, nv in zip(carry, new):
-                if _is_unknown(nv) or _is_unknown(old) or isinstance(nv, RefValue) or isinstance(old, RefValue):
-                    merged.append(nv if isinstance(nv, RefValue) else UNKNOWN)
-                    continue
-                nv, old = np.asarray(nv), np.asarray(old)
-                mm = pred.reshape((-1,) + (1,) * (nv.ndim - 1))
-                merged.append(np.where(mm, nv, old))
-            carry = merged
-        return None, None  # pragma: no cover
+            new = quiet.run_closed(body_j, bconsts + carry)
+            carry = _merge_carry(pred, new, carry)
 
     def _p_scan(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
         p = eqn.params
         length = int(p["length"])
         nconsts, ncarry = p["num_consts"], p["num_carry"]
         body = p["jaxpr"]
-        args = list(invals[: nconsts + ncarry]) + [UNKNOWN] * (len(invals) - nconsts - ncarry)
-        self.run_closed(body, args, weight * length)
+        consts = list(invals[:nconsts])
+        carry = list(invals[nconsts : nconsts + ncarry])
+        xs = [UNKNOWN] * (len(invals) - nconsts - ncarry)
+        lanes = max(self.n, 1) if any(isinstance(c, np.ndarray) and c.shape[0] > 1 for c in carry) else 1
+        if length * lanes <= MAX_UNROLLED_LANE_ITERATIONS and length <= MAX_UNROLLED_SCAN_LENGTH:
+            for _ in range(length):
+                outs = self.run_closed(body, consts + carry + xs, weight)
+                carry = outs[:ncarry]
+            return list(carry) + [UNKNOWN] * (len(eqn.outvars) - ncarry)
+        self.run_closed(body, consts + carry + xs, weight * length)
         return self._unknown_outs(eqn)
+
+
+def _merge_carry(pred: np.ndarray, new: Sequence[Any], old: Sequence[Any]) -> list[Any]:
+    """New carries where the loop ran (pred), old ones elsewhere."""
+    merged = []
+    for o, nv in zip(old, new):
+        if isinstance(nv, RefValue) or isinstance(o, RefValue):
+            merged.append(nv)
+            continue
+        if _is_unknown(nv) or _is_unknown(o):
+            merged.append(UNKNOWN)
+            continue
+        nv, o = np.asarray(nv), np.asarray(o)
+        mm = pred.reshape((-1,) + (1,) * (nv.ndim - 1))
+        merged.append(np.where(mm, nv, o))
+    return merged
 
 
 def _is_ref_const(c: Any) -> bool:

@@ -45,13 +45,33 @@ class Transfer:
     nbytes: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class ManualDma:
+    """One async copy the kernel body started itself (executed by the interpreter's DMA engine)."""
+
+    src_memory_space: str
+    dst_memory_space: str
+    nbytes: int
+
+    @property
+    def touches_hbm(self) -> bool:
+        return "hbm" in (self.src_memory_space, self.dst_memory_space) or "any" in (
+            self.src_memory_space, self.dst_memory_space)
+
+
 @dataclass(kw_only=True)
 class Recording:
     """What one interpret-mode run did."""
 
     grid_points: list[tuple[int, ...]] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)
+    manual_dmas: list[ManualDma] = field(default_factory=list)
     outputs: Any = None
+
+    @property
+    def manual_hbm_bytes(self) -> int:
+        """Bytes the body's own DMAs moved to or from HBM."""
+        return sum(d.nbytes for d in self.manual_dmas if d.touches_hbm)
 
     def count(self, role: str, name: str) -> tuple[int, int]:
         """(transfers, bytes) of one operand."""
@@ -125,11 +145,25 @@ def _instrumented(rec: Recording, shapes: dict[tuple[str, str], tuple[int, ...]]
     # The interpreter's DMA engine calls the undecorated functions through __wrapped__.
     get.__wrapped__ = getattr(orig_get, "__wrapped__", orig_get)  # type: ignore[attr-defined]
     store.__wrapped__ = getattr(orig_store, "__wrapped__", orig_store)  # type: ignore[attr-defined]
+    orig_read = mod.DMA.execute_read
+    names = getattr(mod, "TPU_MEMORY_SPACE_NAMES", {})
+
+    def execute_read(self: Any) -> Any:
+        out = orig_read(self)
+        if self.data is not None:
+            rec.manual_dmas.append(ManualDma(
+                src_memory_space=str(names.get(int(self.src_memory_space), self.src_memory_space)),
+                dst_memory_space=str(names.get(int(self.dst_memory_space), self.dst_memory_space)),
+                nbytes=int(self.data_size)))
+        return out
+
     mod.get, mod.store = get, store
+    mod.DMA.execute_read = execute_read
     try:
         yield
     finally:
         mod.get, mod.store = orig_get, orig_store
+        mod.DMA.execute_read = orig_read
 
 
 def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:

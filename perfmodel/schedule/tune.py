@@ -93,7 +93,9 @@ def candidate_values(ax: BlockAxis, dim: int) -> list[int]:
         values.add(v)
         v *= 2
     if dim <= MAX_BLOCK:
-        values.add(dim if ax.divides else min(cap, max(dim, start)))
+        # The whole dimension: legal as is when aligned or when blocks must divide (a block equal to the
+        # array dimension is always legal); otherwise rounded up to the alignment (a partial last block).
+        values.add(dim if ax.divides or dim % ax.align == 0 else cap)
     if ax.divides:
         values = {v for v in values if dim % v == 0}
     return sorted(values)
@@ -243,6 +245,22 @@ TUNED_SHAPE_MNK = (8192, 8192, 8192)
 TUNED_PATH = Path(__file__).resolve().parent.parent / "data" / "tuned" / "matmul.json"
 
 
+#: Candidates this close to the best expected time count as ties when picking a stored default.
+DEFAULT_TIE_BAND = 0.01
+
+
+def robust_choice(result: TuneResult) -> Candidate:
+    """The default to store: among candidates within DEFAULT_TIE_BAND of the best expected time, prefer
+    one that fits the chip's default scoped VMEM limit (no raised vmem_limit_bytes), then the fewest HBM
+    bytes moved, then the fewest steps: the choice least exposed to model error and to HBM contention."""
+    from perfmodel.schedule.analyze import resolve_chip
+
+    limit = resolve_chip(result.chip).memory.vmem_default_scoped_limit_bytes_per_core or 0
+    best = result.best
+    close = [c for c in result.ranked if c.expected_s <= best.expected_s * (1 + DEFAULT_TIE_BAND)]
+    return min(close, key=lambda c: (c.vmem_bytes > limit, c.hbm_bytes, c.steps, c.vmem_bytes))
+
+
 def tune_matmul_defaults(chips: Sequence[str] | None = None, mnk: tuple[int, int, int] = TUNED_SHAPE_MNK
                          ) -> dict[str, Any]:
     """Best blocks of the bundled matmul per TPU chip and operand pair (pairs a chip cannot run are skipped)."""
@@ -260,8 +278,7 @@ def tune_matmul_defaults(chips: Sequence[str] | None = None, mnk: tuple[int, int
             if w_name in ("int8", "fp8"):
                 shapes.append(f"w_scale={n}:f32")
             try:
-                res = tune("matmul", shapes, spec)
-                best = res.best
+                best = robust_choice(tune("matmul", shapes, spec))
             except InputError:
                 continue  # e.g. fp8 weights on a chip without an fp8 MXU path
             per_pair[f"{x_name} x {w_name}"] = {**best.blocks, "expected_s": best.expected_s,
@@ -275,8 +292,9 @@ def write_tuned_defaults(path: str | Path = TUNED_PATH, chips: Sequence[str] | N
     data = {
         "kernel": "matmul",
         "about": "Per-chip default block sizes of kernels/matmul, chosen by `perfmodel tune matmul` (the "
-                 "schedule model) on an M=N=K=%d problem; regenerate with "
-                 "`python -m perfmodel.schedule.tune --write`." % TUNED_SHAPE_MNK[0],
+                 "schedule model) on an M=N=K=%d problem: among candidates within %g%% of the best expected "
+                 "time, one within the default scoped VMEM limit moving the fewest HBM bytes. Regenerate with "
+                 "`python -m perfmodel.schedule.tune --write`." % (TUNED_SHAPE_MNK[0], DEFAULT_TIE_BAND * 100),
         "shape_mnk": list(TUNED_SHAPE_MNK),
         "defaults": tune_matmul_defaults(chips),
     }

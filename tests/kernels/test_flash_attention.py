@@ -333,3 +333,13 @@ def test_bad_input_raises_value_error_naming_the_argument(q, k, v, kwargs, match
 def test_unknown_chip_defaults_name_the_chip():
     with pytest.raises(ValueError, match=r"chip: no flash_attention block-size defaults for 'tpu-v3'"):
         default_block_sizes("tpu-v3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("window", [None, 300], ids=["causal", "window"])
+def test_larger_prefill_matches_reference(window):
+    # 1k tokens, GQA 8, bf16, several blocks on every axis.
+    case = Case("large", 1, 8, 1, 1024, 1024, 128, True, window, BS(block_q=128, block_kv=256, block_kv_compute=128))
+    q, k, v = _inputs(case, jnp.bfloat16, seed=11)
+    out = flash_attention(q, k, v, sliding_window=window, block_sizes=case.blocks, interpret=True)
+    _check(out, flash_attention_reference(q, k, v, sliding_window=window), "bfloat16")

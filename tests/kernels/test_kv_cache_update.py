@@ -1,4 +1,5 @@
-"""Paged KV-cache update kernel: interpret mode vs the jnp reference on poisoned caches, lowering, cost, errors."""
+"""Paged KV-cache update kernel, both cache layouts: interpret mode vs the jnp reference on poisoned caches,
+chaining into paged_attention (head-major), lowering, cost, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 from kernels.kv_cache_update import (
     DEFAULT_BLOCK_SIZES,
+    DEFAULT_LAYOUT,
     KvCacheUpdateBlockSizes,
+    head_major_vmem_bytes,
     kv_cache_update,
     kv_cache_update_reference,
 )
@@ -19,7 +22,7 @@ from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_f
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 
-PAGES, PAGE_SIZE, KV_HEADS, HEAD_DIM = 6, 8, 2, 128
+PAGE_SIZE, KV_HEADS, HEAD_DIM = 8, 2, 128
 #: Values untouched cache slots hold: NaN in float caches, 77 in int8 caches, -5 in scale caches.
 SENTINEL = {jnp.dtype(jnp.bfloat16): np.nan, jnp.dtype(jnp.float32): np.nan, jnp.dtype(jnp.int8): 77}
 SCALE_SENTINEL = -5.0
@@ -35,22 +38,56 @@ SMALL = KvCacheUpdateBlockSizes(tokens_per_block=4)
 S = jax.ShapeDtypeStruct
 
 
-def _caches(cache_dtype, quantize: bool) -> dict[str, np.ndarray]:
-    shape = (PAGES, PAGE_SIZE, KV_HEADS, HEAD_DIM)
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One cache layout at test size: where (page, row) sit in the cache and scale-cache shapes."""
+
+    name: str
+    pages: int
+
+    @property
+    def head_major(self) -> bool:
+        return self.name == "head-major"
+
+    def cache_shape(self, pages: int | None = None, page_size: int = PAGE_SIZE, heads: int = KV_HEADS,
+                    dim: int = HEAD_DIM) -> tuple[int, ...]:
+        pages = self.pages if pages is None else pages
+        return (heads, pages, page_size, dim) if self.head_major else (pages, page_size, heads, dim)
+
+    def scale_shape(self, pages: int | None = None, page_size: int = PAGE_SIZE, heads: int = KV_HEADS):
+        pages = self.pages if pages is None else pages
+        return (heads, pages, page_size) if self.head_major else (pages, page_size, heads, 1)
+
+    def slot_mask(self, written: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """A [pages, page_size] mask broadcast onto a cache or scale cache of ``shape``."""
+        if self.head_major:
+            mask = written.reshape(1, *written.shape, *([1] * (len(shape) - 3)))
+        else:
+            mask = written.reshape(*written.shape, *([1] * (len(shape) - 2)))
+        return np.broadcast_to(mask, shape)
+
+
+# 16 head-major pages: two 8-page scale blocks; 6 token-major pages as before.
+HEAD_MAJOR = Layout("head-major", 16)
+TOKEN_MAJOR = Layout("token-major", 6)
+LAYOUTS = [HEAD_MAJOR, TOKEN_MAJOR]
+
+
+def _caches(layout: Layout, cache_dtype, quantize: bool, pages: int | None = None) -> dict[str, np.ndarray]:
+    shape = layout.cache_shape(pages)
     fill = SENTINEL[jnp.dtype(cache_dtype)]
     caches = {"k_cache": np.full(shape, fill).astype(cache_dtype), "v_cache": np.full(shape, fill).astype(cache_dtype)}
     if quantize:
-        scale_shape = (PAGES, PAGE_SIZE, KV_HEADS, 1)
-        caches["k_scale_cache"] = np.full(scale_shape, SCALE_SENTINEL, np.float32)
-        caches["v_scale_cache"] = np.full(scale_shape, SCALE_SENTINEL, np.float32)
+        caches["k_scale_cache"] = np.full(layout.scale_shape(pages), SCALE_SENTINEL, np.float32)
+        caches["v_scale_cache"] = np.full(layout.scale_shape(pages), SCALE_SENTINEL, np.float32)
     return caches
 
 
-def _new_tokens(seed: int, num_tokens: int, dtype):
+def _new_tokens(seed: int, num_tokens: int, dtype, num_slots: int):
     rng = np.random.default_rng(seed)
     new_k = jnp.asarray(rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)), dtype)
     new_v = jnp.asarray(rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)), dtype)
-    slots = rng.choice(PAGES * PAGE_SIZE, num_tokens, replace=False).astype(np.int32)
+    slots = rng.choice(num_slots, num_tokens, replace=False).astype(np.int32)
     slots[num_tokens // 2] = -1  # a padding token: not written
     return new_k, new_v, slots
 
@@ -62,61 +99,200 @@ def _run(new_k, new_v, slots, caches, **kwargs):
     return kv_cache_update(new_k, new_v, k_cache, v_cache, jnp.asarray(slots), **args, **kwargs)
 
 
-def _written_mask(slots: np.ndarray, tail: int) -> np.ndarray:
-    mask = np.zeros(PAGES * PAGE_SIZE, bool)
+def _reference(new_k, new_v, slots, caches, layout: Layout):
+    args = {name: jnp.asarray(c) for name, c in caches.items()}
+    return kv_cache_update_reference(new_k, new_v, args.pop("k_cache"), args.pop("v_cache"), jnp.asarray(slots),
+                                     layout=layout.name, **args)
+
+
+def _written(slots: np.ndarray, pages: int, page_size: int = PAGE_SIZE) -> np.ndarray:
+    mask = np.zeros(pages * page_size, bool)
     mask[slots[slots >= 0]] = True
-    return mask.reshape(PAGES, PAGE_SIZE, *([1] * tail))
+    return mask.reshape(pages, page_size)
+
+
+def _bits(a) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def _layout_kwargs(layout: Layout) -> dict:
+    return dict(layout=layout.name) | ({} if layout.head_major else dict(block_sizes=SMALL))
+
+
+def test_head_major_is_the_default():
+    assert DEFAULT_LAYOUT == "head-major"
 
 
 @pytest.mark.parametrize("quantize", [False, True], ids=["copy", "int8"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("num_tokens", [16, 13], ids=["16tok", "13tok"])  # 13: partial last block of 4
-def test_matches_reference_and_leaves_other_slots_untouched(quantize, dtype, num_tokens):
-    new_k, new_v, slots = _new_tokens(num_tokens + 7 * quantize, num_tokens, dtype)
+@pytest.mark.parametrize(
+    "layout, num_tokens",
+    # 13: a partial last token-major block of 4 (head-major has no token blocks).
+    [(HEAD_MAJOR, 12), (TOKEN_MAJOR, 16), (TOKEN_MAJOR, 13)],
+    ids=["head-major-12tok", "token-major-16tok", "token-major-13tok"],
+)
+def test_matches_reference_and_leaves_other_slots_untouched(layout, num_tokens, quantize, dtype):
+    new_k, new_v, slots = _new_tokens(num_tokens + 7 * quantize, num_tokens, dtype, layout.pages * PAGE_SIZE)
     cache_dtype = jnp.int8 if quantize else dtype
-    caches = _caches(cache_dtype, quantize)
-    outs = _run(new_k, new_v, slots, caches, block_sizes=SMALL, interpret=True)
-    ref_caches = {name: jnp.asarray(c) for name, c in caches.items()}
-    refs = kv_cache_update_reference(new_k, new_v, ref_caches.pop("k_cache"), ref_caches.pop("v_cache"),
-                                     jnp.asarray(slots), **ref_caches)
+    caches = _caches(layout, cache_dtype, quantize)
+    outs = _run(new_k, new_v, slots, caches, **_layout_kwargs(layout), interpret=True)
+    refs = _reference(new_k, new_v, slots, caches, layout)
     assert len(outs) == len(caches)
     for (name, before), out, ref in zip(caches.items(), outs, refs):
-        out, ref = np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32))
-        assert out.shape == before.shape, name
-        written = np.broadcast_to(_written_mask(slots, out.ndim - 2), out.shape)
+        assert out.shape == before.shape and out.dtype == before.dtype, name
+        written = layout.slot_mask(_written(slots, layout.pages), out.shape)
         # Every written element matches the reference ...
+        out_f, ref_f = np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32))
         tol = SCALE_TOL if "scale" in name else TOL[jnp.dtype(cache_dtype)]
-        np.testing.assert_allclose(out[written], ref[written], **tol, err_msg=name)
-        assert np.isfinite(out[written]).all(), name
-        # ... and every other element still holds its sentinel, bit for bit.
-        np.testing.assert_array_equal(out[~written], before.astype(np.float32)[~written], err_msg=name)
+        np.testing.assert_allclose(out_f[written], ref_f[written], **tol, err_msg=name)
+        assert np.isfinite(out_f[written]).all(), name
+        # ... and every other element still holds its sentinel, bit for bit (also the untouched rows of
+        # pages the head-major kernel read and wrote back).
+        np.testing.assert_array_equal(_bits(out)[~written], _bits(before)[~written], err_msg=name)
 
 
-def test_slot_is_page_times_page_size_plus_offset():
+@pytest.mark.parametrize("quantize", [False, True], ids=["f32", "int8"])
+def test_head_major_hand_worked_slots_revisiting_pages(quantize):
+    # 11 pages of 8 (not a multiple of 8 pages: the scale block spans all pages). Token t's K row is
+    # the constant t + 1, its V row -(t + 1). Slots in call order, page = slot // 8, row = slot % 8:
+    #   t0: 19 -> (2, 3)   t1: 42 -> (5, 2)   t2: 16 -> (2, 0)   t3: -1 (skipped)
+    #   t4: 23 -> (2, 7)   t5: 43 -> (5, 3)
+    # so pages 2 and 5 are each revisited after another page in between.
+    # Quantized, a constant row c has absmax |c|: scale = |c| / 127, codes round(c * 127 / |c|) = +-127.
+    pages, n = 11, 6
+    values = np.arange(1, n + 1, dtype=np.float32)
+    new = jnp.asarray(np.broadcast_to(values[:, None, None], (n, KV_HEADS, HEAD_DIM)))
+    slots = np.array([19, 42, 16, -1, 23, 43], np.int32)
+    caches = _caches(HEAD_MAJOR, jnp.int8 if quantize else jnp.float32, quantize, pages=pages)
+    outs = _run(new, -new, slots, caches, interpret=True)
+    k, v = np.asarray(outs[0]), np.asarray(outs[1])
+    expected = {(2, 3): 1.0, (5, 2): 2.0, (2, 0): 3.0, (2, 7): 5.0, (5, 3): 6.0}
+    for (page, row), c in expected.items():
+        if quantize:
+            assert (k[:, page, row] == 127).all() and (v[:, page, row] == -127).all()
+            np.testing.assert_allclose(np.asarray(outs[2])[:, page, row], c / 127, rtol=1e-6)
+            np.testing.assert_allclose(np.asarray(outs[3])[:, page, row], c / 127, rtol=1e-6)
+        else:
+            assert (k[:, page, row] == c).all() and (v[:, page, row] == -c).all()
+    untouched = k != 77 if quantize else ~np.isnan(k)
+    assert int(untouched.sum()) == len(expected) * KV_HEADS * HEAD_DIM
+    if quantize:
+        assert int((np.asarray(outs[2]) != SCALE_SENTINEL).sum()) == len(expected) * KV_HEADS
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
+def test_all_tokens_skipped_changes_nothing(layout):
+    new_k, new_v, _ = _new_tokens(3, 5, jnp.bfloat16, layout.pages * PAGE_SIZE)
+    caches = _caches(layout, jnp.int8, True)
+    outs = _run(new_k, new_v, np.full(5, -1, np.int32), caches, **_layout_kwargs(layout), interpret=True)
+    for (name, before), out in zip(caches.items(), outs):
+        np.testing.assert_array_equal(_bits(out), _bits(before), err_msg=name)
+
+
+def test_token_major_slot_is_page_times_page_size_plus_offset():
     # Slot 19 with page_size 8 is page 19 // 8 = 2, offset 19 % 8 = 3.
     new = jnp.full((1, KV_HEADS, HEAD_DIM), 2.5, jnp.float32)
-    caches = _caches(jnp.float32, False)
-    k_cache, v_cache = _run(new, -new, np.array([19], np.int32), caches, interpret=True)
+    caches = _caches(TOKEN_MAJOR, jnp.float32, False)
+    k_cache, v_cache = _run(new, -new, np.array([19], np.int32), caches, layout="token-major", interpret=True)
     assert float(k_cache[2, 3, 0, 0]) == 2.5 and float(v_cache[2, 3, 1, 127]) == -2.5
     assert int(np.isnan(np.asarray(k_cache)).sum()) == k_cache.size - KV_HEADS * HEAD_DIM
 
 
-def test_caches_are_donated_and_updated_in_place():
-    new_k, new_v, slots = _new_tokens(1, 4, jnp.float32)
-    k_cache = jnp.asarray(_caches(jnp.float32, False)["k_cache"])
-    v_cache = jnp.asarray(_caches(jnp.float32, False)["v_cache"])
-    kv_cache_update(new_k, new_v, k_cache, v_cache, jnp.asarray(slots), interpret=True)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
+def test_caches_are_donated_and_updated_in_place(layout):
+    new_k, new_v, slots = _new_tokens(1, 4, jnp.float32, layout.pages * PAGE_SIZE)
+    k_cache = jnp.asarray(_caches(layout, jnp.float32, False)["k_cache"])
+    v_cache = jnp.asarray(_caches(layout, jnp.float32, False)["v_cache"])
+    kv_cache_update(new_k, new_v, k_cache, v_cache, jnp.asarray(slots), layout=layout.name, interpret=True)
     assert k_cache.is_deleted() and v_cache.is_deleted()
 
 
-def test_inside_an_outer_jit_with_traced_slots():
-    new_k, new_v, slots = _new_tokens(2, 5, jnp.bfloat16)
-    caches = _caches(jnp.bfloat16, False)
-    f = jax.jit(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s, interpret=True))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
+def test_inside_an_outer_jit_with_traced_slots(layout):
+    new_k, new_v, slots = _new_tokens(2, 5, jnp.bfloat16, layout.pages * PAGE_SIZE)
+    caches = _caches(layout, jnp.bfloat16, False)
+    f = jax.jit(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s, layout=layout.name, interpret=True))
     k_cache, _ = f(new_k, new_v, jnp.asarray(caches["k_cache"]), jnp.asarray(caches["v_cache"]), jnp.asarray(slots))
-    ref, _ = kv_cache_update_reference(new_k, new_v, jnp.asarray(caches["k_cache"]), jnp.asarray(caches["v_cache"]),
-                                       jnp.asarray(slots))
-    np.testing.assert_array_equal(np.asarray(k_cache.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)))
+    ref, _ = _reference(new_k, new_v, slots, caches, layout)
+    np.testing.assert_array_equal(_bits(k_cache), _bits(ref))
+
+
+# ----- chaining: kv_cache_update (head-major) -> paged_attention -----
+
+#: paged_attention output vs its reference on the same caches (bf16 queries), and vs dense attention
+#: over the original tokens (int8 adds the per-token quantization error, ~1/254 of each row's absmax).
+CHAIN_TOL = {"bfloat16": dict(atol=1.5e-2, rtol=1.5e-2), "int8": dict(atol=1.5e-2, rtol=1.5e-2)}
+DENSE_TOL = {"bfloat16": dict(atol=1.5e-2, rtol=1.5e-2), "int8": dict(atol=4e-2, rtol=4e-2)}
+
+
+def _dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """One sequence: q [q_heads, d], k/v [tokens, kv_heads, d] -> [q_heads, d] (f32, softmax over tokens)."""
+    q_heads, d = q.shape
+    kv_heads = k.shape[1]
+    group = q_heads // kv_heads
+    out = np.zeros((q_heads, d), np.float32)
+    for h in range(q_heads):
+        kh, vh = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
+        s = kh @ q[h].astype(np.float64) / np.sqrt(d)
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ vh
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype, page_size", [("bfloat16", 16), ("int8", 32)], ids=["bf16", "int8"])
+def test_written_cache_is_read_by_paged_attention(kv_dtype, page_size):
+    from kernels.paged_attention import PagedAttentionBlockSizes, paged_attention, paged_attention_reference
+
+    batch, q_heads, kv_heads, dim = 2, 4, 2, 128
+    pages_per_seq = 128 // page_size  # one compute block of 128 tokens
+    num_pages = batch * pages_per_seq + 3  # spare pages nobody owns
+    history = np.array([20, 45])  # tokens already cached; each ends inside a page, sequence 1 past its first
+    rng = np.random.default_rng(11)
+    table = rng.permutation(num_pages)[: batch * pages_per_seq].reshape(batch, pages_per_seq).astype(np.int32)
+    tokens_k = rng.standard_normal((batch, 128, kv_heads, dim)).astype(np.float32)
+    tokens_v = rng.standard_normal((batch, 128, kv_heads, dim)).astype(np.float32)
+
+    def slot(b: int, pos: int) -> int:
+        return int(table[b, pos // page_size]) * page_size + pos % page_size
+
+    quantize = kv_dtype == "int8"
+    # Unwritten rows are poison: NaN in a bf16 cache, NaN scales next to an int8 cache.
+    fill = 77 if quantize else np.nan
+    shape = (kv_heads, num_pages, page_size, dim)
+    caches = [jnp.asarray(np.full(shape, fill), kv_dtype) for _ in range(2)]
+    scales = [jnp.full((kv_heads, num_pages, page_size), np.nan, jnp.float32) for _ in range(2)] if quantize else []
+
+    def write(bs_pos: list[tuple[int, int]], extra_pad: int = 0):
+        nonlocal caches, scales
+        nk = np.stack([tokens_k[b, p] for b, p in bs_pos] + [np.zeros((kv_heads, dim), np.float32)] * extra_pad)
+        nv = np.stack([tokens_v[b, p] for b, p in bs_pos] + [np.zeros((kv_heads, dim), np.float32)] * extra_pad)
+        slots = np.array([slot(b, p) for b, p in bs_pos] + [-1] * extra_pad, np.int32)
+        kw = dict(k_scale_cache=scales[0], v_scale_cache=scales[1]) if quantize else {}
+        outs = kv_cache_update(jnp.asarray(nk, jnp.bfloat16), jnp.asarray(nv, jnp.bfloat16), *caches,
+                               jnp.asarray(slots), **kw, interpret=True)
+        caches, scales = list(outs[:2]), list(outs[2:])
+
+    # Prefill the history (one call), then a decode step: one new token per sequence plus a padding token.
+    write([(b, p) for b in range(batch) for p in range(history[b])])
+    write([(1, history[1]), (0, history[0])], extra_pad=1)
+    lengths = jnp.asarray(history + 1, jnp.int32)
+    q = jnp.asarray(rng.standard_normal((batch, q_heads, dim)), jnp.bfloat16)
+    kw = dict(k_scales=scales[0], v_scales=scales[1]) if quantize else {}
+    out = paged_attention(q, *caches, jnp.asarray(table), lengths, **kw,
+                          block_sizes=PagedAttentionBlockSizes(pages_per_compute_block=pages_per_seq), interpret=True)
+    out = np.asarray(out.astype(jnp.float32))
+    assert np.isfinite(out).all()  # no poisoned (unwritten) row was used
+    clean = {k: jnp.nan_to_num(x) for k, x in kw.items()}
+    ref = paged_attention_reference(q, *(jnp.nan_to_num(c) for c in caches), jnp.asarray(table), lengths, **clean)
+    np.testing.assert_allclose(out, np.asarray(ref), **CHAIN_TOL[kv_dtype])
+    # The cached tokens are where paged_attention looks for them: dense attention over the originals.
+    for b in range(batch):
+        n = history[b] + 1
+        k = np.asarray(jnp.asarray(tokens_k[b, :n], jnp.bfloat16).astype(jnp.float32))
+        v = np.asarray(jnp.asarray(tokens_v[b, :n], jnp.bfloat16).astype(jnp.float32))
+        dense = _dense_attention(np.asarray(q[b].astype(jnp.float32)), k, v)
+        np.testing.assert_allclose(out[b], dense, **DENSE_TOL[kv_dtype], err_msg=f"sequence {b}")
 
 
 # ----- lowering and cost estimate -----
@@ -125,35 +301,66 @@ PROD_NEW = (S((512, 8, 128), jnp.bfloat16),) * 2
 PROD_SLOTS = S((512,), jnp.int32)
 
 
-def test_lowers_to_mosaic_in_place_at_production_shape():
-    cache = S((4096, 16, 8, 128), jnp.bfloat16)
+def _model_cost(kv_dtype: str, page_size: int = 16):
+    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
+
+    return kv_cache_update_model(num_tokens=512, kv_heads=8, head_dim=128, page_size=page_size, kv_dtype=kv_dtype,
+                                 src_dtype="bf16")
+
+
+def _assert_cost_is_the_model(text: str, cost) -> None:
+    (est,) = cost_estimates(text)
+    assert est["flops"] == round(cost.useful_flops + cost.vpu_ops)
+    assert est["transcendentals"] == round(cost.eup_ops)
+    assert est["bytes_accessed"] == round(cost.hbm_read_bytes + cost.hbm_write_bytes)
+
+
+def test_head_major_lowers_to_mosaic_in_place_at_production_shape():
+    cache = S((8, 4096, 16, 128), jnp.bfloat16)
     text = export_for_tpu(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s), *PROD_NEW, cache, cache,
                           PROD_SLOTS)
     assert MOSAIC_CUSTOM_CALL in text
     assert "output_operand_aliases" in text  # the caches are aliased input -> output
-    assert "kv_cache_update[tokens_per_block=64]" in text
+    assert "kv_cache_update[layout=head-major]" in text
+    _assert_cost_is_the_model(text, _model_cost("bf16"))
+    # Independent floor: read 2 * 512*8*128 bf16 = 2 MiB, write the same = 2 MiB.
+    assert cost_estimates(text)[0]["bytes_accessed"] >= 4 * 2**20
 
 
-def test_quantized_update_lowers_and_costs_as_the_perfmodel_model():
-    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
-
-    cache, scales = S((4096, 16, 8, 128), jnp.int8), S((4096, 16, 8, 1), jnp.float32)
+def test_head_major_quantized_update_lowers_and_costs_as_the_perfmodel_model():
+    # paged_attention's int8 layout: 32-row pages, per-token scales [kv_heads, num_pages, page_size].
+    cache, scales = S((8, 4096, 32, 128), jnp.int8), S((8, 4096, 32), jnp.float32)
     text = export_for_tpu(
         lambda nk, nv, kc, vc, s, ks, vs: kv_cache_update(nk, nv, kc, vc, s, k_scale_cache=ks, v_scale_cache=vs),
         *PROD_NEW, cache, cache, PROD_SLOTS, scales, scales,
     )
+    assert MOSAIC_CUSTOM_CALL in text and "output_operand_aliases" in text
+    _assert_cost_is_the_model(text, _model_cost("int8", page_size=32))
+
+
+def test_token_major_lowers_to_mosaic_in_place_at_production_shape():
+    cache = S((4096, 16, 8, 128), jnp.bfloat16)
+    text = export_for_tpu(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s, layout="token-major"),
+                          *PROD_NEW, cache, cache, PROD_SLOTS)
     assert MOSAIC_CUSTOM_CALL in text
-    (est,) = cost_estimates(text)
-    cost = kv_cache_update_model(num_tokens=512, kv_heads=8, head_dim=128, page_size=16, kv_dtype="int8",
-                                 src_dtype="bf16")
-    assert est["flops"] == round(cost.useful_flops + cost.vpu_ops)
-    assert est["transcendentals"] == round(cost.eup_ops)
-    assert est["bytes_accessed"] == round(cost.hbm_read_bytes + cost.hbm_write_bytes)
+    assert "output_operand_aliases" in text
+    assert "kv_cache_update[tokens_per_block=64]" in text
+
+
+def test_token_major_quantized_update_lowers_and_costs_as_the_perfmodel_model():
+    cache, scales = S((4096, 16, 8, 128), jnp.int8), S((4096, 16, 8, 1), jnp.float32)
+    text = export_for_tpu(
+        lambda nk, nv, kc, vc, s, ks, vs: kv_cache_update(nk, nv, kc, vc, s, k_scale_cache=ks, v_scale_cache=vs,
+                                                          layout="token-major"),
+        *PROD_NEW, cache, cache, PROD_SLOTS, scales, scales,
+    )
+    assert MOSAIC_CUSTOM_CALL in text
+    _assert_cost_is_the_model(text, _model_cost("int8"))
     # Independent floor: read 2 * 512*8*128 bf16 = 2 MiB, write the same count as int8 = 1 MiB.
-    assert est["bytes_accessed"] >= 3 * 2**20
+    assert cost_estimates(text)[0]["bytes_accessed"] >= 3 * 2**20
 
 
-# ----- block sizes -----
+# ----- block sizes and VMEM -----
 
 def test_block_sizes_are_frozen_and_keyword_only():
     with pytest.raises(TypeError):
@@ -182,35 +389,70 @@ def test_vmem_estimate_hand_worked():
     assert blocks.vmem_bytes(kv_heads=8, head_dim=128, new_dtype=jnp.bfloat16, quantize=True) == 2**20 + 3 * 2**19
 
 
+def test_head_major_vmem_estimate_hand_worked():
+    # 8 kv heads, pages of 16 x 128, bf16:
+    #   token K and V, 2 buffers each: 4 * (8 heads pad to 16 rows) 16*128*2 B = 4 * 4 KiB = 16 KiB
+    #   K and V pages, input and output, 2 buffers each: 8 * 8 heads * 16*128*2 B = 64 * 4 KiB = 256 KiB
+    #   f32 insert temporaries: 2 * 16*128*4 B = 16 KiB                        -> 288 KiB
+    # int8 cache, 32-row pages, 4096 pages (8-page scale blocks):
+    #   tokens 16 KiB; pages 64 * 32*128 B = 256 KiB; temporaries 2 * 32*128*4 B = 32 KiB;
+    #   scales, K and V, in and out, 2 buffers: 8 * 8 heads * (8 pages x 32 -> 8 x 128 lanes) * 4 B = 256 KiB
+    #                                                                          -> 560 KiB
+    bf16 = head_major_vmem_bytes(kv_heads=8, num_pages=4096, page_size=16, head_dim=128, new_dtype=jnp.bfloat16,
+                                 cache_dtype=jnp.bfloat16, quantize=False)
+    int8 = head_major_vmem_bytes(kv_heads=8, num_pages=4096, page_size=32, head_dim=128, new_dtype=jnp.bfloat16,
+                                 cache_dtype=jnp.int8, quantize=True)
+    assert (bf16, int8) == (288 * 2**10, 560 * 2**10)
+
+
 # ----- bad input -----
 
 def _bad_call(case: str) -> None:
     new = jnp.ones((3, KV_HEADS, HEAD_DIM), jnp.bfloat16)
-    cache = jnp.zeros((PAGES, PAGE_SIZE, KV_HEADS, HEAD_DIM), jnp.bfloat16)
+    cache = jnp.zeros((6, PAGE_SIZE, KV_HEADS, HEAD_DIM), jnp.bfloat16)  # token-major
     qcache = cache.astype(jnp.int8)
-    scales = jnp.zeros((PAGES, PAGE_SIZE, KV_HEADS, 1), jnp.float32)
+    scales = jnp.zeros((6, PAGE_SIZE, KV_HEADS, 1), jnp.float32)
+    hm = jnp.zeros((KV_HEADS, 6, PAGE_SIZE, HEAD_DIM), jnp.bfloat16)  # head-major
+    hm_q, hm_scales = hm.astype(jnp.int8), jnp.zeros((KV_HEADS, 6, PAGE_SIZE), jnp.float32)
     slots = jnp.array([0, 9, 17], jnp.int32)
+
+    def tm(*args, **kwargs):
+        return kv_cache_update(*args, layout="token-major", **kwargs)
+
     calls = {
-        "new_k_2d": lambda: kv_cache_update(new[0], new[0], cache, cache, slots),
-        "new_v_shape": lambda: kv_cache_update(new, new[:2], cache, cache, slots),
-        "cache_heads": lambda: kv_cache_update(new, new, cache[:, :, :1], cache[:, :, :1], slots),
-        "v_cache_dtype": lambda: kv_cache_update(new, new, cache, cache.astype(jnp.float32), slots),
-        "cache_dtype": lambda: kv_cache_update(new, new, cache.astype(jnp.float32), cache.astype(jnp.float32), slots),
-        "slot_past_cache": lambda: kv_cache_update(new, new, cache, cache, jnp.array([0, 48, 1], jnp.int32)),
-        "slot_below_pad": lambda: kv_cache_update(new, new, cache, cache, jnp.array([0, -2, 1], jnp.int32)),
-        "slot_duplicate": lambda: kv_cache_update(new, new, cache, cache, jnp.array([5, 5, 1], jnp.int32)),
-        "slots_length": lambda: kv_cache_update(new, new, cache, cache, slots[:2]),
-        "slots_float": lambda: kv_cache_update(new, new, cache, cache, slots.astype(jnp.float32)),
-        "int8_no_scales": lambda: kv_cache_update(new, new, qcache, qcache, slots),
-        "scale_shape": lambda: kv_cache_update(new, new, qcache, qcache, slots, k_scale_cache=scales[..., 0],
-                                               v_scale_cache=scales),
-        "scales_for_bf16": lambda: kv_cache_update(new, new, cache, cache, slots, k_scale_cache=scales),
-        "block_zero": lambda: kv_cache_update(new, new, cache, cache, slots,
-                                              block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=0)),
-        "vmem": lambda: kv_cache_update(new, new, cache, cache, slots,
-                                        block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=100_000)),
-        "block_type": lambda: kv_cache_update(new, new, cache, cache, slots, block_sizes=64),
-        "gpu_name": lambda: kv_cache_update(new, new, cache, cache, slots, chip="tpu-v99"),
+        "layout": lambda: kv_cache_update(new, new, hm, hm, slots, layout="page-major"),
+        "new_k_2d": lambda: kv_cache_update(new[0], new[0], hm, hm, slots),
+        "new_v_shape": lambda: kv_cache_update(new, new[:2], hm, hm, slots),
+        "new_k_int": lambda: kv_cache_update(new.astype(jnp.int32), new.astype(jnp.int32), hm, hm, slots),
+        "hm_cache_heads": lambda: kv_cache_update(new, new, hm[:1], hm[:1], slots),
+        "hm_given_token_major": lambda: kv_cache_update(new, new, cache, cache, slots),
+        "hm_scale_shape": lambda: kv_cache_update(new, new, hm_q, hm_q, slots, k_scale_cache=scales,
+                                                  v_scale_cache=scales),
+        "hm_block_sizes": lambda: kv_cache_update(new, new, hm, hm, slots, block_sizes=SMALL),
+        "hm_slot_past_cache": lambda: kv_cache_update(new, new, hm, hm, jnp.array([0, 48, 1], jnp.int32)),
+        # 50001 pages (not a multiple of 8): each scale block is the whole [2, 50001, 8] scale cache. Traced
+        # with eval_shape: nothing allocated.
+        "hm_vmem": lambda: jax.eval_shape(
+            lambda kc, ks: kv_cache_update(new, new, kc, kc, slots, k_scale_cache=ks, v_scale_cache=ks),
+            S((KV_HEADS, 50_001, PAGE_SIZE, HEAD_DIM), jnp.int8), S((KV_HEADS, 50_001, PAGE_SIZE), jnp.float32)),
+        "cache_heads": lambda: tm(new, new, cache[:, :, :1], cache[:, :, :1], slots),
+        "v_cache_dtype": lambda: tm(new, new, cache, cache.astype(jnp.float32), slots),
+        "cache_dtype": lambda: tm(new, new, cache.astype(jnp.float32), cache.astype(jnp.float32), slots),
+        "slot_past_cache": lambda: tm(new, new, cache, cache, jnp.array([0, 48, 1], jnp.int32)),
+        "slot_below_pad": lambda: tm(new, new, cache, cache, jnp.array([0, -2, 1], jnp.int32)),
+        "slot_duplicate": lambda: tm(new, new, cache, cache, jnp.array([5, 5, 1], jnp.int32)),
+        "slots_length": lambda: tm(new, new, cache, cache, slots[:2]),
+        "slots_float": lambda: tm(new, new, cache, cache, slots.astype(jnp.float32)),
+        "int8_no_scales": lambda: tm(new, new, qcache, qcache, slots),
+        "scale_shape": lambda: tm(new, new, qcache, qcache, slots, k_scale_cache=scales[..., 0], v_scale_cache=scales),
+        "scales_for_bf16": lambda: tm(new, new, cache, cache, slots, k_scale_cache=scales),
+        "hm_scales_for_bf16": lambda: kv_cache_update(new, new, hm, hm, slots, k_scale_cache=hm_scales),
+        "block_zero": lambda: tm(new, new, cache, cache, slots,
+                                 block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=0)),
+        "vmem": lambda: tm(new, new, cache, cache, slots,
+                           block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=100_000)),
+        "block_type": lambda: tm(new, new, cache, cache, slots, block_sizes=64),
+        "gpu_name": lambda: kv_cache_update(new, new, hm, hm, slots, chip="tpu-v99"),
     }
     calls[case]()
 
@@ -218,9 +460,20 @@ def _bad_call(case: str) -> None:
 @pytest.mark.parametrize(
     "case, match",
     [
+        ("layout", r"layout: 'page-major' is not one of 'head-major', 'token-major'"),
         ("new_k_2d", r"new_k: expected \[num_tokens, kv_heads, head_dim\]"),
         ("new_v_shape", r"new_v: bfloat16\[2, 2, 128\] must match new_k's bfloat16\[3, 2, 128\]"),
-        ("cache_heads", r"k_cache: expected \[num_pages, page_size, 2, 128\] to match new_k"),
+        ("new_k_int", r"new_k: dtype int32 not supported; use bfloat16 or float32"),
+        ("hm_cache_heads",
+         r"k_cache: expected \[2, num_pages, page_size, 128\] \(layout='head-major'\) to match new_k"),
+        ("hm_given_token_major", r"k_cache: expected \[2, num_pages, page_size, 128\] \(layout='head-major'\)"),
+        ("hm_scale_shape", r"k_scale_cache: an int8 cache needs a float32 scale cache of shape \[2, 6, 8\] "
+                           r"\(layout='head-major'\), got float32\[6, 8, 2, 1\]"),
+        ("hm_block_sizes", r"block_sizes: only layout='token-major' takes block sizes"),
+        ("hm_slot_past_cache", r"slot_mapping: token 1 has slot 48, outside the cache's 48 slots"),
+        ("hm_vmem", r"layout='head-major' \(pages of 8 tokens; scale blocks span all 50001 pages: use a multiple "
+                    r"of 8 pages\) need .* MiB of VMEM"),
+        ("cache_heads", r"k_cache: expected \[num_pages, page_size, 2, 128\] \(layout='token-major'\) to match new_k"),
         ("v_cache_dtype", r"v_cache: float32\[6, 8, 2, 128\] must match k_cache's bfloat16"),
         ("cache_dtype", r"k_cache: dtype float32 must equal new_k's \(bfloat16\) or be int8"),
         ("slot_past_cache", r"slot_mapping: token 1 has slot 48, outside the cache's 48 slots"),
@@ -231,6 +484,7 @@ def _bad_call(case: str) -> None:
         ("int8_no_scales", r"k_scale_cache: an int8 cache needs a float32 scale cache of shape \[6, 8, 2, 1\]"),
         ("scale_shape", r"k_scale_cache: an int8 cache needs .* got float32\[6, 8, 2\]"),
         ("scales_for_bf16", r"k_scale_cache: only an int8 cache takes scales"),
+        ("hm_scales_for_bf16", r"k_scale_cache: only an int8 cache takes scales"),
         ("block_zero", r"block_sizes.tokens_per_block=0 must be a positive int"),
         ("vmem", r"block_sizes \(tokens_per_block=100000\) need .* MiB of VMEM"),
         ("block_type", r"block_sizes: expected a KvCacheUpdateBlockSizes, got int"),
@@ -242,29 +496,42 @@ def test_bad_input_raises_value_error_naming_it(case, match):
         _bad_call(case)
 
 
+def test_reference_rejects_an_unknown_layout():
+    new = jnp.ones((1, KV_HEADS, HEAD_DIM), jnp.float32)
+    with pytest.raises(ValueError, match=r"layout: 'rows' is not one of"):
+        kv_cache_update_reference(new, new, new, new, jnp.zeros(1, jnp.int32), layout="rows")
+
+
 def test_too_many_tokens_for_smem_is_refused():
-    # tpu-v5e SMEM is 1 MiB; half of it holds 131072 int32 slots. 131073 tokens pad to the block of 4:
-    # 131076 slots * 4 B = 524304 B > 524288 B, so the call is refused.
+    # tpu-v5e SMEM is 1 MiB; half of it is 524288 B.
+    # Token-major: 131073 tokens pad to the block of 4: 131076 slots * 4 B = 524304 B > 524288 B.
+    # Head-major: order, page and row per token, 12 B each: 43691 tokens * 12 B = 524292 B > 524288 B.
     # eval_shape traces the wrapper (no arrays allocated; slot values are not checked when traced).
     new = S((131073, 1, 128), jnp.float32)
     cache = S((1024, 16, 1, 128), jnp.float32)
     with pytest.raises(ValueError, match=r"slot_mapping: 131073 tokens need 524304 B of SMEM"):
-        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s, block_sizes=SMALL),
+        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s, block_sizes=SMALL, layout="token-major"),
                        new, cache, S((131073,), jnp.int32))
+    new = S((43691, 1, 128), jnp.float32)
+    cache = S((1, 1024, 16, 128), jnp.float32)
+    with pytest.raises(ValueError, match=r"slot_mapping: 43691 tokens need 524292 B of SMEM"):
+        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s), new, cache, S((43691,), jnp.int32))
 
 
 # ----- larger cases (pytest -m slow) -----
 
 @pytest.mark.slow
-def test_default_blocks_with_many_tokens():
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
+def test_default_blocks_with_many_tokens(layout):
     pages, page_size, heads, dim, tokens = 64, 16, 8, 128, 300
     rng = np.random.default_rng(13)
     new_k = jnp.asarray(rng.standard_normal((tokens, heads, dim)), jnp.bfloat16)
     new_v = jnp.asarray(rng.standard_normal((tokens, heads, dim)), jnp.bfloat16)
     slots = rng.choice(pages * page_size, tokens, replace=False).astype(np.int32)
-    cache = np.full((pages, page_size, heads, dim), np.nan).astype(jnp.bfloat16)
+    cache = np.full(layout.cache_shape(pages, page_size, heads, dim), np.nan).astype(jnp.bfloat16)
     k_cache, v_cache = kv_cache_update(new_k, new_v, jnp.asarray(cache), jnp.asarray(cache), jnp.asarray(slots),
-                                       interpret=True)
-    ref_k, ref_v = kv_cache_update_reference(new_k, new_v, jnp.asarray(cache), jnp.asarray(cache), jnp.asarray(slots))
+                                       layout=layout.name, interpret=True)
+    ref_k, ref_v = kv_cache_update_reference(new_k, new_v, jnp.asarray(cache), jnp.asarray(cache), jnp.asarray(slots),
+                                             layout=layout.name)
     for out, ref in ((k_cache, ref_k), (v_cache, ref_v)):
-        np.testing.assert_array_equal(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)))
+        np.testing.assert_array_equal(_bits(out), _bits(ref))

@@ -440,3 +440,21 @@ def test_garbage_past_the_length_is_allowed():
     out = paged_attention(*_concrete(table, [16, 32]), block_sizes=PBS(pages_per_compute_block=8), interpret=True)
     # All-ones cache: every value row is ones, so the output is exactly one.
     np.testing.assert_array_equal(np.asarray(out, np.float32), 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", [FORMATS[1], FORMATS[2]], ids=[FORMATS[1].id, FORMATS[2].id])
+def test_larger_decode_batch_matches_reference(fmt):
+    # 8 sequences up to 1k tokens, 32 q heads over 8 kv heads, 256-token compute blocks.
+    shape = Shape("large", 32, 8, 128, (1.0, 0.93, 0.5, 0.27, 0.61, 0.02, 0.75, 0.4), 8)
+    inputs, ppcb = _make(shape, fmt, seed=12)
+    out = paged_attention(**inputs, block_sizes=PBS(pages_per_compute_block=2 * ppcb), chip=fmt.chip,
+                          interpret=True)
+    _check(out, paged_attention_reference(**_reference_inputs(inputs)), fmt)
+
+
+def test_runs_under_an_outer_jit():
+    # Under jit the table and lengths are tracers: value checks are skipped, shapes still checked.
+    args = _concrete([[0, 1, 2, 3, 4, 5, 6, 7], [7, 6, 0, 0, 0, 0, 0, 0]], [100, 20])
+    fn = jax.jit(lambda *a: paged_attention(*a, block_sizes=PBS(pages_per_compute_block=8), interpret=True))
+    np.testing.assert_array_equal(np.asarray(fn(*args), np.float32), 1.0)

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes as Blocks
 from kernels.ragged_paged_attention import (
     DEFAULT_BLOCK_SIZES,
-    BlockSizes,
     default_block_sizes,
     ragged_paged_attention,
     ragged_paged_attention_reference,
 )
-from kernels.ragged_paged_attention.kernel import assumed_lengths
+from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
 
 #: assert_allclose tolerances by dtype. bf16: probabilities are rounded to bf16 before the PV
 #: matmul and the output carries one bf16 rounding (rel 2^-8) of O(1) values.
@@ -93,6 +93,7 @@ CASES = {
     "mixed": ([1, 37, 1, 5, 1], [17, 60, 100, 5, 33]),
     "decode": ([1, 1, 1, 1, 1, 1], [1, 16, 17, 64, 129, 40]),
     "prefill": ([23, 40], [23, 40]),
+    "empty": ([2, 0, 1, 0, 9], [30, 12, 1, 5, 9]),  # sequences with no new token in between
 }
 # (case, (q_heads, kv_heads), dtype, page_size, block_q, block_kv, total_tokens or None)
 MATRIX = [
@@ -102,6 +103,7 @@ MATRIX = [
     ("decode", (8, 1), jnp.bfloat16, 32, 16, 128, None),  # GQA 8
     ("prefill", (8, 1), jnp.float32, 16, 16, 256, 64),  # GQA 8, one KV block spans 16 pages
     ("prefill", (2, 2), jnp.bfloat16, 16, 32, 128, None),  # GQA 1
+    ("empty", (8, 2), jnp.float32, 16, 8, 128, 16),
 ]
 
 
@@ -111,15 +113,22 @@ def test_matches_reference(case, heads, dtype, page_size, block_q, block_kv, tot
     q_lens, kv_lens = CASES[case]
     batch = make_batch(len(q_lens) + block_q, q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1],
                        page_size=page_size, dtype=dtype, total_tokens=total_tokens)
-    out = ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=block_q, block_kv=block_kv),
+    out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=block_q, block_kv=block_kv),
                                  interpret=True)
     assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
+
+
+def test_no_live_sequences_gives_zeros():
+    batch = make_batch(9, [3, 1], [5, 20], q_heads=2, kv_heads=2, page_size=16, dtype=jnp.float32)
+    out = ragged_paged_attention(*dataclasses.replace(batch, num_seqs=jnp.array([0], jnp.int32)).args(),
+                                 block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)
+    assert out.shape == (4, 2, 128) and not np.asarray(out).any()
 
 
 def test_under_an_outer_jit_with_traced_lengths_and_custom_scale():
     q_lens, kv_lens = [3, 1, 12], [40, 7, 12]
     batch = make_batch(7, q_lens, kv_lens, q_heads=4, kv_heads=1, page_size=16, dtype=jnp.float32)
-    blocks = BlockSizes(block_q=8, block_kv=128)
+    blocks = Blocks(block_q=8, block_kv=128)
     fn = jax.jit(lambda *a: ragged_paged_attention(*a, sm_scale=0.05, block_sizes=blocks, interpret=True))
     out = fn(*batch.args())
     assert_matches(out, ragged_paged_attention_reference(*batch.args(), sm_scale=0.05), sum(q_lens))
@@ -135,7 +144,7 @@ def test_agrees_with_jax_reference_implementation():
     q_lens, kv_lens = [1, 20, 3], [40, 30, 3]  # decode, chunk with context, fresh prefill (JAX's reference
     batch = make_batch(11, q_lens, kv_lens, q_heads=8, kv_heads=2, page_size=16, dtype=jnp.float32,  # is eager:
                        spare_seqs=0)  # few sequences keep it quick)
-    out = ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=16, block_kv=128), interpret=True)
+    out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=16, block_kv=128), interpret=True)
     kv_heads, num_pages, page_size, head_dim = batch.k_pages.shape
     interleaved = jnp.stack([batch.k_pages, batch.v_pages], axis=2)  # [kv_heads, pages, 2, page_size, d]
     kv_pages = interleaved.transpose(1, 3, 0, 2, 4).reshape(num_pages, page_size, 2 * kv_heads, head_dim)
@@ -216,14 +225,14 @@ def test_defaults_fit_every_chip(chip):
 
 def test_defaults_round_to_dtype_and_page_size():
     # tpu-v5e: block_q 32 (already a multiple of 16), block_kv 256 -> lcm(128, 384) = 384 for 384-token pages.
-    assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=384) == BlockSizes(block_q=32, block_kv=384)
+    assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=384) == Blocks(block_q=32, block_kv=384)
 
 
 def test_vmem_bytes_by_hand():
     # block_q 16, block_kv 128, G 2, head_dim 128, f32 q and KV: rows = 32.
     # q+out blocks 2*2*16*2*128*4 = 65536; stacked q 32*128*4 = 16384; KV slots 2*2*128*128*4 = 262144;
     # acc 32*128*4 = 16384; max/sum 2*32*128*4 = 32768; scores 3*32*128*4 = 49152. Sum 442368.
-    need = BlockSizes(block_q=16, block_kv=128).vmem_bytes(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32,
+    need = Blocks(block_q=16, block_kv=128).vmem_bytes(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32,
                                                            kv_dtype=jnp.float32)
     assert need == 442368
 
@@ -235,13 +244,13 @@ def test_vmem_bytes_by_hand():
 ])
 def test_block_sizes_reject_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        BlockSizes(**kwargs)
+        Blocks(**kwargs)
 
 
 @pytest.mark.parametrize("blocks,page_size,match", [
-    (BlockSizes(block_q=8, block_kv=128), 16, r"block_q=8 must be a multiple of 16 for bfloat16"),
-    (BlockSizes(block_q=16, block_kv=128), 48, r"block_kv=128 must be a multiple of page_size=48"),
-    (BlockSizes(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16(\.0)? MiB scoped limit of tpu-v5e"),
+    (Blocks(block_q=8, block_kv=128), 16, r"block_q=8 must be a multiple of 16 for bfloat16"),
+    (Blocks(block_q=16, block_kv=128), 48, r"block_kv=128 must be a multiple of page_size=48"),
+    (Blocks(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16(\.0)? MiB scoped limit of tpu-v5e"),
 ])
 def test_block_sizes_validate_against_the_call(blocks, page_size, match):
     with pytest.raises(ValueError, match=match):
@@ -251,7 +260,7 @@ def test_block_sizes_validate_against_the_call(blocks, page_size, match):
 
 def test_block_sizes_for_a_gpu_chip_are_refused():
     with pytest.raises(ValueError, match="chip: 'h100-sxm'"):
-        BlockSizes(block_q=16, block_kv=128).validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=16,
+        Blocks(block_q=16, block_kv=128).validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=16,
                                                       q_heads_per_kv_head=1, head_dim=128, chip="h100-sxm")
 
 
@@ -292,10 +301,26 @@ def _replace(**changes) -> tuple:
 ])
 def test_bad_inputs_raise_naming_the_argument(make_args, match):
     with pytest.raises(ValueError, match=match):
-        ragged_paged_attention(*make_args(), block_sizes=BlockSizes(block_q=8, block_kv=128), interpret=True)
+        ragged_paged_attention(*make_args(), block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)
 
 
 def test_bad_block_sizes_raise_before_running():
     with pytest.raises(ValueError, match="block_kv=128 must be a multiple of page_size=48"):
         batch = make_batch(5, [2], [20], q_heads=2, kv_heads=2, page_size=48, dtype=jnp.float32)
-        ragged_paged_attention(*batch.args(), block_sizes=BlockSizes(block_q=8, block_kv=128), interpret=True)
+        ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)
+
+
+def test_scalar_prefetch_bytes_by_hand():
+    # kv_lens 64 + page table 64 * 128 + cu_q_lens 65 + two ranges of 512 / 32 = 16 q blocks:
+    # 64 + 8192 + 65 + 32 = 8353 int32 = 33412 bytes.
+    assert scalar_prefetch_bytes(max_seqs=64, pages_per_seq=128, total_tokens=512, block_q=32) == 33412
+
+
+def test_a_page_table_too_big_for_smem_is_refused():
+    # 4096 x 128 int32 = 2 MiB of page table alone; tpu-v5e has 1 MiB of SMEM.
+    q = jnp.ones((16, 2, 128), jnp.float32)
+    pages = jnp.ones((2, 8, 16, 128), jnp.float32)
+    table = jnp.zeros((4096, 128), jnp.int32)
+    with pytest.raises(ValueError, match=r"page_table \[4096, 128\] .* SMEM, over the 1048576 B of tpu-v5e"):
+        ragged_paged_attention(q, pages, pages, jnp.zeros(4096, jnp.int32), table, jnp.zeros(4097, jnp.int32), 1,
+                               block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)

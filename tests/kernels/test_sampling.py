@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.sampling import SamplingBlockSizes as Blocks
 from kernels.sampling import (
     DEFAULT_BLOCK_SIZES,
-    BlockSizes,
     default_block_sizes,
     kept_mask_reference,
     sampling,
@@ -21,8 +21,8 @@ from kernels.sampling import rng as noise_rng
 
 #: Block sizes for the small cases: 10 rows -> 2 row blocks (the second mostly padding);
 #: 1000 entries -> 4 vocab blocks, the last one partial (232 of 256).
-SMALL = {jnp.dtype(jnp.float32): BlockSizes(block_b=8, block_v=256),
-         jnp.dtype(jnp.bfloat16): BlockSizes(block_b=16, block_v=256)}
+SMALL = {jnp.dtype(jnp.float32): Blocks(block_b=8, block_v=256),
+         jnp.dtype(jnp.bfloat16): Blocks(block_b=16, block_v=256)}
 BATCH, VOCAB = 10, 1000
 #: Relative margin kept between a chosen top_p / min_p and the nearest cumulative mass / probability
 #: ratio, so f32 summation order (kernel: blocked; reference: sorted cumsum) cannot flip a token.
@@ -121,7 +121,7 @@ def test_draws_with_pre_drawn_noise_match_the_reference():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_greedy_is_the_first_argmax(dtype):
     rng = np.random.default_rng(4)
-    logits = np.asarray(jnp.asarray(rng.standard_normal((BATCH, VOCAB)) * 4, dtype), np.float32)
+    logits = np.array(jnp.asarray(rng.standard_normal((BATCH, VOCAB)) * 4, dtype), np.float32)  # a copy
     # Ties: row 0's max appears in vocab blocks 0 and 3, row 1's twice in block 1; the first index wins.
     logits[0, [3, 900]] = 20.0
     logits[1, [300, 301]] = 20.0
@@ -137,7 +137,7 @@ def test_ties_at_the_top_k_threshold_are_all_kept():
     logits = distinct_logits(5, 8, 256, jnp.float32)
     logits = logits.at[0, jnp.array([10, 100, 200])].set(9.0)  # three-way tie above every other value
     ids, threshold = sampling(logits, top_k=2, key=jax.random.key(0), return_threshold=True,
-                              block_sizes=BlockSizes(block_b=8, block_v=128), interpret=True)
+                              block_sizes=Blocks(block_b=8, block_v=128), interpret=True)
     assert float(threshold[0]) == 9.0  # all three tied tokens kept (the reference keeps the first two)
     assert int(ids[0]) in (10, 100, 200)
     kept = np.asarray(logits) >= np.asarray(threshold)[:, None]
@@ -155,11 +155,10 @@ def test_under_an_outer_jit_with_traced_options():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_larger_batch_with_default_blocks(dtype):
-    batch, vocab = 20, 5000
-    logits = distinct_logits(8, batch, vocab, jnp.float32) * 2  # wider spread: sharper distributions
-    logits = logits.astype(dtype)
+@pytest.mark.parametrize("dtype,vocab", [(jnp.float32, 5000), (jnp.bfloat16, 1536)], ids=["f32", "bf16"])
+def test_larger_batch_with_default_blocks(dtype, vocab):
+    batch = 40  # bf16: every distinct value in 1/8 <= |x| < 8, so no ties at a top-k threshold
+    logits = distinct_logits(8, batch, vocab, dtype)
     rng = np.random.default_rng(9)
     opts = dict(temperature=rng.uniform(0.5, 1.5, batch).astype(np.float32),
                 top_k=rng.integers(1, vocab + 1, batch).astype(np.int32),
@@ -220,6 +219,34 @@ def test_lowers_to_mosaic_at_production_shape(mode, dtype):
     assert f"sampling_bb{blocks.block_b}_bv{blocks.block_v}_{mode}/" in text  # the named scope
 
 
+@pytest.mark.parametrize("mode,filters", [("greedy", ()), ("key", ("top_k", "top_p")), ("noise", ("min_p",)),
+                                          ("key", ("top_k", "top_p", "min_p"))])
+def test_cost_estimate_equals_the_op_model(mode, filters):
+    from perfmodel.model.core import to_cost_estimate
+    from perfmodel.model.sampling import sampling as model
+
+    batch, vocab = PRODUCTION
+    values = {"top_k": 40, "top_p": 0.9, "min_p": 0.05}
+
+    def fn(logits, noise):
+        extra = {"key": dict(key=jax.random.key(0)), "noise": dict(noise=noise)}.get(mode, {})
+        return sampling(logits, **{f: values[f] for f in filters}, **extra)
+
+    (found,) = cost_estimates(export_for_tpu(fn, S(PRODUCTION, jnp.float32), S(PRODUCTION, jnp.float32)))
+    # The model's threshold method with the kernel's worst case of 32 bisection passes per search; the
+    # filters a call leaves out are compiled out and left out of the count; greedy = no temperature, no filters.
+    random = mode != "greedy"
+    expected = to_cost_estimate(model(
+        batch=batch, vocab=vocab, dtype="fp32", temperature=random, method="threshold", passes=32,
+        top_k=vocab if "top_k" in filters else None, top_p=1.0 if "top_p" in filters else None,
+        min_p=0.0 if "min_p" in filters else None))
+    # Pre-drawn noise adds its [64, 128256] f32 read: 64 * 128256 * 4 = 32833536 bytes.
+    noise_bytes = 32833536 if mode == "noise" else 0
+    assert found["flops"] == expected.flops > 0
+    assert found["transcendentals"] == expected.transcendentals
+    assert found["bytes_accessed"] == expected.bytes_accessed + noise_bytes
+
+
 # ----- block sizes -----
 
 
@@ -233,13 +260,13 @@ def test_defaults_fit_every_chip_at_a_llama3_vocabulary(chip, dtype):
 
 def test_default_block_v_shrinks_to_a_small_vocabulary():
     # 1000 entries round up to 1024 lanes, below the 2048 default.
-    assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=1000) == BlockSizes(block_b=8, block_v=1024)
+    assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=1000) == Blocks(block_b=8, block_v=1024)
 
 
 def test_vmem_bytes_by_hand():
     # block (8, 256), vocab 1000 f32 with noise: resident rows 1024 * 8 * 4 = 32768; logits blocks
     # 2 * 2048 * 4 = 16384; noise blocks 16384; four f32 chunk temporaries 4 * 2048 * 4 = 32768. Sum 98304.
-    need = BlockSizes(block_b=8, block_v=256).vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True)
+    need = Blocks(block_b=8, block_v=256).vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True)
     assert need == 98304
 
 
@@ -249,14 +276,14 @@ def test_vmem_bytes_by_hand():
 ])
 def test_block_sizes_reject_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        BlockSizes(**kwargs)
+        Blocks(**kwargs)
 
 
 @pytest.mark.parametrize("blocks,dtype,chip,match", [
-    (BlockSizes(block_b=4, block_v=128), jnp.float32, "tpu-v5e", "block_b=4 must be a multiple of 8 for float32"),
-    (BlockSizes(block_b=8, block_v=128), jnp.bfloat16, "tpu-v5e", "block_b=8 must be a multiple of 16 for bfloat16"),
-    (BlockSizes(block_b=512, block_v=2048), jnp.float32, "tpu-v5e", r"needs .* of VMEM .* over the 16(\.0)? MiB"),
-    (BlockSizes(block_b=8, block_v=128), jnp.float32, "h100-sxm", "chip: 'h100-sxm'"),
+    (Blocks(block_b=4, block_v=128), jnp.float32, "tpu-v5e", "block_b=4 must be a multiple of 8 for float32"),
+    (Blocks(block_b=8, block_v=128), jnp.bfloat16, "tpu-v5e", "block_b=8 must be a multiple of 16 for bfloat16"),
+    (Blocks(block_b=512, block_v=2048), jnp.float32, "tpu-v5e", r"needs .* of VMEM .* over the 16(\.0)? MiB"),
+    (Blocks(block_b=8, block_v=128), jnp.float32, "h100-sxm", "chip: 'h100-sxm'"),
 ])
 def test_block_sizes_validate_against_the_call(blocks, dtype, chip, match):
     with pytest.raises(ValueError, match=match):
@@ -278,7 +305,7 @@ LOGITS = jnp.asarray(np.random.default_rng(0).standard_normal((4, 256)), jnp.flo
     (dict(temperature=jnp.ones(3)), r"temperature must be a scalar or a \[4\] array"),
     (dict(noise=jnp.ones((4, 255))), "noise must be float32 uniforms shaped like logits"),
     (dict(noise=jnp.ones((4, 256)), key=jax.random.key(0)), "key and noise are alternatives"),
-    (dict(block_sizes=BlockSizes(block_b=4, block_v=128)), "block_b=4 must be a multiple of 8"),
+    (dict(block_sizes=Blocks(block_b=4, block_v=128)), "block_b=4 must be a multiple of 8"),
 ])
 def test_bad_options_raise_naming_the_argument(kwargs, match):
     kwargs = {"key": jax.random.key(0), **kwargs} if "noise" not in kwargs else kwargs
