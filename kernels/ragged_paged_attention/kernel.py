@@ -130,7 +130,7 @@ def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
         raise ValueError(f"v_pages shape {v_pages.shape} must equal k_pages shape {k_pages.shape}")
     if v_pages.dtype != k_pages.dtype:
         raise ValueError(f"v_pages dtype {v_pages.dtype} must equal k_pages dtype {k_pages.dtype}")
-    total_tokens, q_heads, head_dim = q.shape
+    _, q_heads, head_dim = q.shape
     kv_heads, _, page_size, kv_head_dim = k_pages.shape
     if kv_head_dim != head_dim:
         raise ValueError(f"k_pages head_dim {kv_head_dim} must equal q head_dim {head_dim}")
@@ -154,7 +154,6 @@ def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     for name, arr in (("kv_lens", kv_lens), ("page_table", page_table), ("cu_q_lens", cu_q_lens)):
         if arr.dtype != jnp.int32:
             raise ValueError(f"{name} must be int32, got {arr.dtype}")
-    del total_tokens
 
 
 def scalar_prefetch_bytes(*, max_seqs: int, pages_per_seq: int, total_tokens: int, block_q: int) -> int:
@@ -231,7 +230,7 @@ def _ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens,
                             block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool):
     total_tokens, q_heads, head_dim = q.shape
     kv_heads, _, page_size, _ = k_pages.shape
-    max_seqs, pages_per_seq = page_table.shape
+    pages_per_seq = page_table.shape[1]
     group = q_heads // kv_heads
     block_q, block_kv = block_sizes.block_q, block_sizes.block_kv
     pages_per_block = block_sizes.pages_per_block(page_size)

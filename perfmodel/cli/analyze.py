@@ -160,10 +160,13 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
 
 
 def catalog_table(entries: Sequence[Any]) -> str:
+    """One line per catalog kernel (name, tuned block fields, what it is), then its example --shape flags."""
     from perfmodel.units import table
 
-    rows = [[e.name, ", ".join(ax.field for ax in e.block_axes) or "-", " ".join(e.example), e.summary] for e in entries]
-    return table(["kernel", "tuned blocks", "example --shape", "what"], rows, align="llll")
+    rows = [[e.name, ", ".join(ax.field for ax in e.block_axes) or "-", e.summary] for e in entries]
+    lines = [table(["kernel", "tuned blocks", "what"], rows, align="lll"), "", "example shapes:"]
+    lines += [f"  {e.name}: " + " ".join(f"--shape {t}" for t in e.example) for e in entries]
+    return "\n".join(lines)
 
 
 def render_tune(result: Any, top: int) -> str:

@@ -31,6 +31,7 @@ from perfmodel.schedule.results import (
     StepTimes,
     TimeEstimate,
     VmemUsage,
+    ideal_bytes,
 )
 from perfmodel.schedule.timing import (
     DEFAULT_HOST_DISPATCH,
@@ -292,8 +293,10 @@ def _op_floor(call: PallasCall, chip: ChipSpec, counter: WorkCounter, operands: 
     cores_per_chip), the chip-wide floor is scaled up accordingly.
     """
     n = call.steps
-    reads = sum(o.ideal_hbm_bytes for o in operands if o.role == "input") + prefetch_bytes
-    writes = sum(o.ideal_hbm_bytes for o in operands if o.role == "output")
+    manual = _total(counter.dma, n)
+    reads = ideal_bytes(operands, manual, "input") + prefetch_bytes
+    writes = ideal_bytes(operands, max(0.0, manual - (reads - prefetch_bytes)), "output") if manual else \
+        ideal_bytes(operands, 0.0, "output")
     useful = _total(counter.useful, n)
     unpadded = {k: _total(v, n) for k, v in counter.unpadded.items()} or {_default_key(chip): 0.0}
     total = sum(unpadded.values())

@@ -14,8 +14,8 @@ Counting rules (per executed equation, times its weight):
   (see :func:`mxu_rate_key`, which uses the op model's dtype rules).
 * element-wise arithmetic, comparisons, selects, casts and reductions on
   vectors: one VPU op per element (reductions: per input element);
-* transcendentals (exp, log, tanh, rsqrt, ...) and float division: one EUP op
-  per element (division also one VPU op);
+* transcendentals (exp, log, tanh, rsqrt, ...): one EUP op per element;
+  division counts as one VPU op, as XLA's cost analysis and the op model do;
 * layout ops (broadcast, reshape, slicing, transposes), loads and stores: no
   VPU work (transposes use the XLU, which is not modelled);
 * ``dma_start``: bytes of the copied window (manual DMA).
@@ -159,11 +159,16 @@ class WorkCounter(Hook):
         self.vpu: Any = 0.0
         self.eup: Any = 0.0
         self.dma: Any = 0.0
-        self.dots = 0
+        #: Distinct dot_general equations executed (a loop's dot counts once).
+        self.dot_eqns: set[int] = set()
         self.notes: list[str] = notes if notes is not None else []
         #: Bytes of run_scoped VMEM / SMEM allocations, by memory space (largest seen).
         self.scoped_bytes: dict[str, int] = {}
         self.dma_directions: set[tuple[str, str]] = set()
+
+    @property
+    def dots(self) -> int:
+        return len(self.dot_eqns)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -187,7 +192,7 @@ class WorkCounter(Hook):
         self.vpu = self.vpu + best.vpu
         self.eup = self.eup + best.eup
         self.dma = self.dma + best.dma
-        self.dots += best.dots
+        self.dot_eqns |= best.dot_eqns
         for k, v in best.scoped_bytes.items():
             self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
         self.dma_directions |= best.dma_directions
@@ -209,7 +214,7 @@ class WorkCounter(Hook):
             self.useful = self.useful + weight * useful
             self.issued[key] = self.issued.get(key, 0.0) + weight * issued * passes
             self.unpadded[key] = self.unpadded.get(key, 0.0) + weight * useful * passes
-            self.dots += 1
+            self.dot_eqns.add(id(eqn))
             return
         if name == "dma_start":
             nbytes, src, dst = dma_window_bytes(eqn)
@@ -242,12 +247,7 @@ class WorkCounter(Hook):
             return  # scalar-unit work is not counted
         if name in EUP_PRIMITIVES:
             self.eup = self.eup + weight * _size(out)
-        elif name == "div":
-            elems = _size(out)
-            if np.issubdtype(np.dtype(out.dtype), np.floating):
-                self.eup = self.eup + weight * elems
-            self.vpu = self.vpu + weight * elems
-        elif name in VPU_PRIMITIVES:
+        elif name in VPU_PRIMITIVES or name == "div":
             self.vpu = self.vpu + weight * _size(out)
         elif name in REDUCTIONS:
             self.vpu = self.vpu + weight * _size(eqn.invars[0].aval)

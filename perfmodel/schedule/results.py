@@ -173,15 +173,27 @@ class KernelAnalysis:
 
     @property
     def hbm_bytes(self) -> int:
-        return sum(o.hbm_bytes for o in self.operands)
+        """Bytes the kernel moves: pipelined fetches and write-backs plus the body's own DMAs."""
+        return sum(o.hbm_bytes for o in self.operands) + int(self.work.manual_dma_bytes)
 
     @property
     def ideal_hbm_bytes(self) -> int:
-        return sum(o.ideal_hbm_bytes for o in self.operands)
+        """Each byte once: pipelined operands' distinct blocks; operands left in HBM count what the
+        body's DMAs move, at most their whole arrays (the model cannot tell which parts they touch)."""
+        return ideal_bytes(self.operands, self.work.manual_dma_bytes)
 
     @property
     def vmem_bytes(self) -> int:
         return self.vmem.total_bytes
+
+
+def ideal_bytes(operands: "tuple[OperandTraffic, ...] | list[OperandTraffic]", manual_dma_bytes: float,
+                role: str | None = None) -> int:
+    """Ideal HBM bytes of a kernel's operands (optionally of one role); see KernelAnalysis.ideal_hbm_bytes."""
+    ops = [o for o in operands if role is None or o.role == role]
+    pipelined = sum(o.ideal_hbm_bytes for o in ops if o.pipelined)
+    manual_arrays = sum(o.ideal_hbm_bytes for o in ops if not o.pipelined)
+    return int(pipelined + min(manual_arrays, manual_dma_bytes))
 
 
 @dataclass(frozen=True, kw_only=True)

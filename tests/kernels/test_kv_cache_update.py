@@ -181,6 +181,23 @@ def test_head_major_hand_worked_slots_revisiting_pages(quantize):
         assert int((np.asarray(outs[2]) != SCALE_SENTINEL).sum()) == len(expected) * KV_HEADS
 
 
+def test_head_major_steps_visit_each_page_in_one_run():
+    # The grid's step order. Slots [19, 42, 16, -1, 23, 43], page_size 8, sorted with the skipped token
+    # last: 16 (t2), 19 (t0), 23 (t4), 42 (t1), 43 (t5), -1 (t3) -> pages 2, 2, 2, 5, 5 and rows
+    # 0, 3, 7, 2, 3; the skipped step stays on page 5 with row -1. Each page is one run of steps, so
+    # Pallas fetches it once and writes it back once and never refetches a page whose write-back may
+    # still be in flight (a hazard of the real TPU pipeline that interpret mode does not reproduce).
+    from kernels.kv_cache_update.kernel import _page_runs
+
+    order, pages, rows = _page_runs(jnp.array([19, 42, 16, -1, 23, 43], jnp.int32), num_pages=11, page_size=8)
+    assert np.asarray(order).tolist() == [2, 0, 4, 1, 5, 3]
+    assert np.asarray(pages).tolist() == [2, 2, 2, 5, 5, 5]
+    assert np.asarray(rows).tolist() == [0, 3, 7, 2, 3, -1]
+    # Nothing to write: every step on page 0 (fetched and written back unchanged), no row.
+    _, pages, rows = _page_runs(jnp.full(3, -1, jnp.int32), num_pages=11, page_size=8)
+    assert np.asarray(pages).tolist() == [0, 0, 0] and np.asarray(rows).tolist() == [-1, -1, -1]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
 def test_all_tokens_skipped_changes_nothing(layout):
     new_k, new_v, _ = _new_tokens(3, 5, jnp.bfloat16, layout.pages * PAGE_SIZE)
