@@ -22,6 +22,17 @@ from kernels.matmul import tiling
 from perfmodel.hw.spec import ChipSpec
 
 
+#: Cache layouts: head-major [kv_heads, num_pages, page_size, head_dim] (what paged_attention reads),
+#: token-major [num_pages, page_size, kv_heads, head_dim].
+LAYOUTS = ("head-major", "token-major")
+DEFAULT_LAYOUT = "head-major"
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class KvCacheUpdateBlockSizes:
     """New tokens per grid step (a leading dimension: no tile-multiple rule)."""

@@ -66,8 +66,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
 from kernels.kv_cache_update.blocks import (
+    DEFAULT_LAYOUT,
     SCALE_PAGES_PER_BLOCK,
     KvCacheUpdateBlockSizes,
+    check_layout,
     default_block_sizes,
     head_major_vmem_bytes,
     scale_pages_per_block,
@@ -78,10 +80,6 @@ from kernels.matmul.quant import quantize_int8
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: slot_mapping value of a token that is not written.
 PADDING_SLOT = -1
-#: Cache layouts: head-major [kv_heads, num_pages, page_size, head_dim] (paged_attention's), token-major
-#: [num_pages, page_size, kv_heads, head_dim].
-LAYOUTS = ("head-major", "token-major")
-DEFAULT_LAYOUT = "head-major"
 
 
 
@@ -233,10 +231,9 @@ def _is_concrete(x: Any) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class _CacheShapes:
-    """Expected cache and scale-cache shapes of one layout (as lists, the way errors print them)."""
+    """Pages of a checked cache, and the scale-cache shape its layout needs (a list, the way errors print it)."""
 
-    cache: list[Any]
-    scales: list[Any]
+    scales: list[int]
     num_pages: int
     page_size: int
 
@@ -257,14 +254,13 @@ def _cache_shapes(layout: str, k_cache: Any, kv_heads: int, head_dim: int) -> _C
     if not ok:
         raise ValueError(f"k_cache: expected [{', '.join(map(str, pattern))}] (layout='{layout}') to match new_k, "
                          f"got shape {getattr(k_cache, 'shape', None)}")
-    return _CacheShapes(cache=list(shape), scales=scales, num_pages=pages, page_size=page_size)
+    return _CacheShapes(scales=scales, num_pages=pages, page_size=page_size)
 
 
 def _check_inputs(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any,
                   k_scale_cache: Any, v_scale_cache: Any, layout: str) -> tuple[bool, _CacheShapes]:
     """Validate shapes/dtypes (and slot values when concrete); returns whether the caches quantize, and their shapes."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, LAYOUTS))}")
+    check_layout(layout)
     if getattr(new_k, "ndim", None) != 3:
         raise ValueError(f"new_k: expected [num_tokens, kv_heads, head_dim], got shape {getattr(new_k, 'shape', None)}")
     if getattr(new_v, "shape", None) != new_k.shape or new_v.dtype != new_k.dtype:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels.kv_cache_update.blocks import DEFAULT_LAYOUT, check_layout
 from kernels.matmul.quant import quantize_int8
-
-_LAYOUTS = ("head-major", "token-major")
 
 
 def _scatter_token_major(cache: jax.Array, rows: jax.Array, slot_mapping: jax.Array) -> jax.Array:
@@ -36,7 +35,7 @@ def kv_cache_update_reference(
     *,
     k_scale_cache: jax.Array | None = None,
     v_scale_cache: jax.Array | None = None,
-    layout: str = "head-major",
+    layout: str = DEFAULT_LAYOUT,
 ) -> tuple[jax.Array, ...]:
     """Write token t of new_k/new_v [T, kv_heads, head_dim] at slot slot_mapping[t] = page * page_size + offset.
 
@@ -45,8 +44,7 @@ def kv_cache_update_reference(
     gets the tokens quantized per (token, head) with f32 scales written to the
     scale cache, [kv_heads, num_pages, page_size] or [num_pages, page_size, kv_heads, 1].
     """
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout: {layout!r} is not one of {', '.join(map(repr, _LAYOUTS))}")
+    check_layout(layout)
     head_major = layout == "head-major"
     scatter = _scatter_head_major if head_major else _scatter_token_major
     if k_cache.dtype != jnp.int8:

@@ -107,8 +107,7 @@ def run_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] 
     ref = entry.reference_fn()
     comparison = None
     if ref is not None:
-        ref_fn = entry.make_function(specs, None, chip, reference=True, extra=extra)
-        compiled, unoptimized = xla_cost(ref_fn, *abstract_args)
+        compiled, unoptimized = xla_cost(*_reference_call(entry, specs, chip, extra))
         comparison = compare_costs(compiled, rows, context=(unoptimized,))
     moved = sum(k.hbm_bytes for k in analysis.kernels)
     return {
@@ -124,6 +123,24 @@ def run_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] 
         "schedule_expected_s": analysis.expected_s,
         "lowered": lowered,
     }
+
+
+def _reference_call(entry: Any, specs: Mapping[str, Any], chip: Any, extra: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(function, *abstract arrays) of the jnp reference; arrays given a FILL are baked in as constants
+    (references may need concrete values, e.g. a sequence count)."""
+    full = entry.make_function(specs, None, chip, reference=True, extra=extra)
+    names = entry.names(specs)
+    values = list(entry.arguments(specs))
+    free = [i for i, n in enumerate(names) if specs[n].fill is None]
+
+    def reference(*arrays: Any) -> Any:
+        args = list(values)
+        for i, a in zip(free, arrays):
+            args[i] = a
+        return full(*args)
+
+    reference.__name__ = getattr(full, "__name__", "reference")
+    return (reference, *(values[i] for i in free))
 
 
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:

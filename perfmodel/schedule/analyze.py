@@ -147,7 +147,8 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         mxu_dtype=_dominant_key(counter, n),
         vpu_ops=_total(counter.vpu, n),
         eup_ops=_total(counter.eup, n),
-        manual_dma_bytes=_total(counter.dma, n),
+        manual_dma_read_bytes=_total(counter.dma_read, n),
+        manual_dma_write_bytes=_total(counter.dma_write, n),
         dot_generals=counter.dots,
         mean_step_mxu_issued_flops=issued_total / n if n else 0.0,
         mean_step_vpu_ops=_total(counter.vpu, n) / n if n else 0.0,
@@ -293,10 +294,8 @@ def _op_floor(call: PallasCall, chip: ChipSpec, counter: WorkCounter, operands: 
     cores_per_chip), the chip-wide floor is scaled up accordingly.
     """
     n = call.steps
-    manual = _total(counter.dma, n)
-    reads = ideal_bytes(operands, manual, "input") + prefetch_bytes
-    writes = ideal_bytes(operands, max(0.0, manual - (reads - prefetch_bytes)), "output") if manual else \
-        ideal_bytes(operands, 0.0, "output")
+    reads = ideal_bytes(operands, _total(counter.dma_read, n), "input") + prefetch_bytes
+    writes = ideal_bytes(operands, _total(counter.dma_write, n), "output")
     useful = _total(counter.useful, n)
     unpadded = {k: _total(v, n) for k, v in counter.unpadded.items()} or {_default_key(chip): 0.0}
     total = sum(unpadded.values())

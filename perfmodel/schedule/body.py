@@ -158,7 +158,9 @@ class WorkCounter(Hook):
         self.unpadded: dict[str, Any] = {}
         self.vpu: Any = 0.0
         self.eup: Any = 0.0
-        self.dma: Any = 0.0
+        #: Bytes of the body's own DMAs per step: HBM -> on-chip (reads) and on-chip -> HBM (writes).
+        self.dma_read: Any = 0.0
+        self.dma_write: Any = 0.0
         #: Distinct dot_general equations executed (a loop's dot counts once).
         self.dot_eqns: set[int] = set()
         self.notes: list[str] = notes if notes is not None else []
@@ -191,7 +193,8 @@ class WorkCounter(Hook):
             self.unpadded[k] = self.unpadded.get(k, 0.0) + v
         self.vpu = self.vpu + best.vpu
         self.eup = self.eup + best.eup
-        self.dma = self.dma + best.dma
+        self.dma_read = self.dma_read + best.dma_read
+        self.dma_write = self.dma_write + best.dma_write
         self.dot_eqns |= best.dot_eqns
         for k, v in best.scoped_bytes.items():
             self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
@@ -203,6 +206,11 @@ class WorkCounter(Hook):
         mxu = sum(v / c.compute.matmul_flops_per_s_per_chip[k] for k, v in self.issued.items())
         return mxu + self.vpu / c.compute.vpu_flops_per_s_per_chip + self.eup / c.compute.eup_ops_per_s_per_chip \
             + self.dma / c.memory.hbm_bw_bytes_per_s_per_chip
+
+    @property
+    def dma(self) -> Any:
+        """All manual DMA bytes per step (both directions share the HBM bandwidth)."""
+        return self.dma_read + self.dma_write
 
     def eqn(self, eqn: Any, weight: Any, interp: Interpreter) -> None:
         name = eqn.primitive.name
@@ -223,7 +231,10 @@ class WorkCounter(Hook):
                 return
             if src != "any" and dst != "any":
                 return  # VMEM <-> VMEM / SMEM copies do not touch HBM
-            self.dma = self.dma + weight * nbytes
+            if src == "any":
+                self.dma_read = self.dma_read + weight * nbytes
+            else:
+                self.dma_write = self.dma_write + weight * nbytes
             self.dma_directions.add((src, dst))
             return
         if name == "run_scoped":

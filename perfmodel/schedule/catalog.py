@@ -61,6 +61,8 @@ class KernelEntry:
     takes_chip: bool = True
     #: Blocks to compare the advisor's choice with when the wrapper has no default (e.g. the tutorial's).
     reference_blocks: Mapping[str, int] | None = None
+    #: Extra keyword arguments of the reference only (e.g. mha_reference's ab=None).
+    reference_static: Mapping[str, Any] = field(default_factory=dict)
     #: perfmodel op model of the call (an OpCost), for kernels without a pl.CostEstimate from perfmodel.
     op_model: Callable[[Mapping[str, ShapeSpec], Mapping[str, Any]], Any] | None = None
 
@@ -118,7 +120,7 @@ class KernelEntry:
         target = self.reference_fn() if reference else self.wrapper()
         if target is None:
             raise InputError(f"{self.name} has no jnp reference")
-        static = dict(self.static) if reference else self.kwargs(blocks, chip)
+        static = {**self.static, **self.reference_static} if reference else self.kwargs(blocks, chip)
         static.update(extra or {})
 
         if reference:
@@ -252,7 +254,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
         reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
         arrays=("q", "k_pages", "v_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
         example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
-                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange",
+                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
         block_class="kernels.ragged_paged_attention:BlockSizes",
     ),
@@ -284,7 +286,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
         block_axes=(BlockAxis(field="block_q", array="q", dim=2, align=128, divides=True),
                     BlockAxis(field="block_k", array="k", dim=2, align=128, divides=True)),
         block_kwargs=_jax_flash_blocks, takes_chip=False,
-        reference_blocks={"block_q": 128, "block_k": 128}, op_model=_jax_flash_op,
+        reference_blocks={"block_q": 128, "block_k": 128}, op_model=_jax_flash_op, reference_static={"ab": None},
     ),
 )
 

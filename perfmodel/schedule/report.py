@@ -93,8 +93,7 @@ def render_kernel(k: KernelAnalysis) -> str:
 
 
 def _reread(k: KernelAnalysis) -> str:
-    ideal = sum(o.ideal_hbm_bytes for o in k.operands if o.pipelined)
-    moved = sum(o.hbm_bytes for o in k.operands if o.pipelined)
+    ideal, moved = k.ideal_hbm_bytes, k.hbm_bytes
     return f"{moved / ideal:.2f}x ({nbytes(moved)} moved, {nbytes(ideal)} ideal)" if ideal else "n/a"
 
 
@@ -114,6 +113,11 @@ def _plain(obj: Any) -> Any:
             out["reread_factor"] = obj.reread_factor
         if hasattr(obj, "expected_wall_s"):
             out["expected_wall_s"] = obj.expected_wall_s
+        if hasattr(obj, "manual_dma_bytes"):
+            out["manual_dma_bytes"] = obj.manual_dma_bytes
+        if isinstance(obj, KernelAnalysis):
+            out["hbm_bytes"] = obj.hbm_bytes
+            out["ideal_hbm_bytes"] = obj.ideal_hbm_bytes
         return out
     if isinstance(obj, dict):
         return {str(k): _plain(v) for k, v in obj.items()}

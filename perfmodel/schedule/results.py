@@ -101,12 +101,17 @@ class BodyWork:
     mxu_dtype: str
     vpu_ops: float
     eup_ops: float
-    #: Bytes the body's own async copies move (manual DMA), estimated from dma_start ops.
-    manual_dma_bytes: float
+    #: Bytes the body's own async copies move (manual DMA), from its dma_start ops: HBM -> on-chip and back.
+    manual_dma_read_bytes: float
+    manual_dma_write_bytes: float
     dot_generals: int
     mean_step_mxu_issued_flops: float
     mean_step_vpu_ops: float
     mean_step_eup_ops: float
+
+    @property
+    def manual_dma_bytes(self) -> float:
+        return self.manual_dma_read_bytes + self.manual_dma_write_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,7 +185,9 @@ class KernelAnalysis:
     def ideal_hbm_bytes(self) -> int:
         """Each byte once: pipelined operands' distinct blocks; operands left in HBM count what the
         body's DMAs move, at most their whole arrays (the model cannot tell which parts they touch)."""
-        return ideal_bytes(self.operands, self.work.manual_dma_bytes)
+        w = self.work
+        return ideal_bytes(self.operands, w.manual_dma_read_bytes, "input") + \
+            ideal_bytes(self.operands, w.manual_dma_write_bytes, "output")
 
     @property
     def vmem_bytes(self) -> int:

@@ -8,7 +8,8 @@ Grammar (one array argument per ``--shape``)::
     DTYPE  bf16 (default), f32 / fp32 / float32, f16, fp8 / e4m3, e5m2,
            int8, uint8, int16, int32, uint32, bool
     FILL   a number (every element), "arange" (0, 1, 2, ... in row-major
-           order) or "random" (seeded normal floats, or ints in [0, 10))
+           order), "arange*N" (0, N, 2N, ...) or "random" (seeded normal
+           floats, or ints in [0, 10))
 
 Without ``=FILL`` the argument is abstract (a ``jax.ShapeDtypeStruct``):
 nothing is computed from it. Index maps that read scalar-prefetch operands
@@ -51,7 +52,7 @@ class ShapeSpec:
     shape: tuple[int, ...]
     #: numpy / ml_dtypes dtype name, e.g. "bfloat16".
     dtype: str
-    #: None (abstract), a number, "arange" or "random".
+    #: None (abstract), a number, "arange", "arange*N" or "random".
     fill: float | str | None = None
 
     def text(self) -> str:
@@ -97,12 +98,12 @@ def _parse_fill(fill: str | None, text: str, flag: str) -> float | str | None:
     if fill is None:
         return None
     fill = fill.strip().lower()
-    if fill in ("arange", "random"):
+    if fill in ("arange", "random") or re.fullmatch(r"arange\*\d+", fill):
         return fill
     try:
         return float(fill)
     except ValueError:
-        raise InputError(f"{flag} '{text}': fill '{fill}' must be a number, 'arange' or 'random'") from None
+        raise InputError(f"{flag} '{text}': fill '{fill}' must be a number, 'arange', 'arange*N' or 'random'") from None
 
 
 def materialize(spec: ShapeSpec) -> Any:
@@ -114,8 +115,9 @@ def materialize(spec: ShapeSpec) -> Any:
     if spec.fill is None:
         return jax.ShapeDtypeStruct(spec.shape, dtype)
     size = int(math.prod(spec.shape))
-    if spec.fill == "arange":
-        return jnp.asarray(np.arange(size).reshape(spec.shape), dtype=dtype)
+    if isinstance(spec.fill, str) and spec.fill.startswith("arange"):
+        step = int(spec.fill.split("*", 1)[1]) if "*" in spec.fill else 1
+        return jnp.asarray((np.arange(size) * step).reshape(spec.shape), dtype=dtype)
     if spec.fill == "random":
         rng = np.random.default_rng(_SEED)
         if np.issubdtype(np.dtype(dtype), np.integer) or dtype == jnp.bool_:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kernels.kv_cache_update as kvcu
 from kernels.kv_cache_update import (
     DEFAULT_BLOCK_SIZES,
     DEFAULT_LAYOUT,
@@ -120,8 +121,9 @@ def _layout_kwargs(layout: Layout) -> dict:
     return dict(layout=layout.name) | ({} if layout.head_major else dict(block_sizes=SMALL))
 
 
-def test_head_major_is_the_default():
+def test_head_major_is_the_default_and_both_layouts_are_tested():
     assert DEFAULT_LAYOUT == "head-major"
+    assert sorted(la.name for la in LAYOUTS) == sorted(kvcu.LAYOUTS)
 
 
 @pytest.mark.parametrize("quantize", [False, True], ids=["copy", "int8"])

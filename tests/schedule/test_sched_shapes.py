@@ -48,6 +48,7 @@ def test_materialize_fills():
     assert isinstance(materialize(parse_shape("x=4x4:bf16")), jax.ShapeDtypeStruct)
     np.testing.assert_array_equal(np.asarray(materialize(parse_shape("t=2x3:int32=arange"))), [[0, 1, 2], [3, 4, 5]])
     np.testing.assert_array_equal(np.asarray(materialize(parse_shape("l=3:int32=7"))), [7, 7, 7])
+    np.testing.assert_array_equal(np.asarray(materialize(parse_shape("c=4:int32=arange*16"))), [0, 16, 32, 48])
     r = np.asarray(materialize(parse_shape("r=64:f32=random")), dtype=np.float32)
     assert r.std() > 0.5  # normal samples, not zeros
     assert abstract(parse_shape("t=2x3:int32=arange")).shape == (2, 3)

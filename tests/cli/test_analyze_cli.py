@@ -1,0 +1,139 @@
+"""`perfmodel analyze`, `perfmodel tune` and `perfmodel inspect` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+
+JAX_MM = "jax.experimental.pallas.ops.tpu.matmul:matmul"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _one_line_error(res, *needles):
+    assert res.exit_code != 0
+    err = res.output.strip()
+    assert err.startswith("Error:") and "\n" not in err, err
+    for n in needles:
+        assert n in err, err
+
+
+def test_analyze_jax_matmul_text_report():
+    # 1024^3 bf16 with 512x1024 blocks, block_k 512: grid (2, 1, 2) = 4 steps; x and y change every
+    # step (k alternates) -> 4 fetches each; 2 output blocks written once each.
+    res = run("analyze", JAX_MM, "--hw", "v5e", "--shape", "x=1024x1024:bf16", "--shape", "y=1024x1024:bf16",
+              "--arg", "block_shape=512,1024", "--arg", "block_k=512")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "grid (2, 1, 2) = 4 steps [parallel, parallel, arbitrary]" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip().startswith(("x_tile", "y_tile", "o_tile"))}
+    assert rows["x_tile_ref"][5] == "4" and rows["y_tile_ref"][5] == "4" and rows["o_tile_ref"][5] == "2"
+    assert "fits" in out and "expected" in out and "op floor" in out
+    assert "dispatch-dominated" in out
+
+
+def test_analyze_json_has_traffic_vmem_and_time():
+    res = run("analyze", JAX_MM, "--shape", "x=512x512:f32", "--shape", "y=512x512:f32",
+              "--arg", "block_shape=(128, 128)", "--arg", "block_k=128", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    k = data["kernels"][0]
+    assert k["grid"] == [4, 4, 4]
+    x = k["operands"][0]
+    # Every step changes k: 64 fetches of a 128x128 f32 block (64 KiB).
+    assert x["transfers"] == 64 and x["hbm_bytes"] == 64 * 128 * 128 * 4
+    assert x["reread_factor"] == pytest.approx(4.0)
+    assert k["vmem"]["status"] == "fits"
+    assert k["time"]["expected_s"] > 0 and "expected_wall_s" in k["time"]
+
+
+def test_analyze_passes_hw_to_a_chip_parameter():
+    # The bundled matmul takes chip=; --hw fills it, so its v6e defaults and 256-wide MXU apply.
+    res = run("analyze", "kernels.matmul:matmul", "--hw", "v6e", "--shape", "x=512x512:bf16",
+              "--shape", "w=512x512:bf16", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["chip"] == "tpu-v6e"
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["analyze", "nomodule_xyz:f", "--shape", "x=4:bf16"], ["MODULE:FUNCTION", "cannot import module 'nomodule_xyz'"]),
+        (["analyze", "perfmodel", "--shape", "x=4:bf16"], ["MODULE:FUNCTION", "expected MODULE:FUNCTION"]),
+        (["analyze", JAX_MM, "--shape", "q=4:bf16"], ["--shape", "'q' is not a parameter"]),
+        (["analyze", JAX_MM, "--shape", "x=4x:bf16"], ["--shape 'x=4x:bf16'", "dimensions"]),
+        (["analyze", JAX_MM, "--shape", "x=8x8:bf16", "--arg", "block_k"], ["--arg 'block_k'", "NAME=VALUE"]),
+        (["analyze", JAX_MM], ["--shape", "at least one"]),
+        (["analyze", JAX_MM, "--hw", "h100-sxm", "--shape", "x=8x8:bf16"], ["--hw", "not a TPU"]),
+        (["analyze", JAX_MM, "--hw", "v99", "--shape", "x=8x8:bf16"], ["unknown chip 'v99'"]),
+        (["tune", "nope"], ["KERNEL 'nope' is not known"]),
+        (["tune"], ["KERNEL: missing"]),
+        (["tune", "kv_cache_update"], ["no block sizes the advisor enumerates"]),
+        (["inspect", "matmul", "--block", "bq=3"], ["--block", "not a block field"]),
+        (["inspect", "matmul", "--block", "bm=x"], ["--block 'bm=x'", "POSITIVE_INT"]),
+    ],
+)
+def test_user_errors_are_one_line_naming_the_flag(args, needles):
+    _one_line_error(run(*args), *needles)
+
+
+def test_tune_prints_ranked_candidates_with_reasons():
+    res = run("tune", "jax-matmul", "--hw", "v5e", "--shape", "x=2048x2048:bf16", "--shape", "y=2048x2048:bf16",
+              "--top", "3")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    ranked = [line for line in lines if line[:2] in ("1 ", "2 ", "3 ")]
+    assert len(ranked) == 3
+    assert all("VMEM" in line and "limited" in line for line in ranked)
+    assert "reference blocks (bm=512,bk=1024,bn=1024)" in res.output
+    assert "rejected" in res.output
+
+
+def test_tune_json_and_list():
+    res = run("tune", "jax-matmul", "--shape", "x=1024x1024:bf16", "--shape", "y=1024x1024:bf16", "--json", "--top", "2")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert len(data["ranked"]) == 2 and data["ranked"][0]["expected_s"] <= data["ranked"][1]["expected_s"]
+    listing = run("tune", "--list")
+    assert listing.exit_code == 0 and "jax-matmul" in listing.output and "--shape x=" in listing.output
+
+
+def test_inspect_prints_mosaic_and_costs():
+    res = run("inspect", "jax-matmul", "--shape", "x=256x256:bf16", "--shape", "y=256x256:bf16",
+              "--block", "bm=128", "--block", "bk=128", "--block", "bn=128")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "== StableHLO" in out and "tpu_custom_call" in out
+    assert "== Mosaic MLIR #0: matmul_kernel" in out and "tpu.matmul" in out
+    assert "XLA cost analysis" in out and "perfmodel op model" in out and "schedule model" in out
+    # FLOPs agree (2*256^3 = 33.6 MFLOP everywhere); bytes differ (XLA:CPU upcasts bf16) and are flagged.
+    assert "33.6 MFLOP" in out
+    assert "vs XLA!" in out
+
+
+def test_inspect_out_dir_writes_files(tmp_path):
+    res = run("inspect", "matmul", "--shape", "x=256x512:bf16", "--shape", "w=512x256:bf16", "--out", str(tmp_path),
+              "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["costs.json", "mosaic_0_matmul.mlir", "stablehlo.mlir"]
+    assert "tpu.matmul" in (tmp_path / "mosaic_0_matmul.mlir").read_text()
+    assert data["mosaic_kernels"][0]["name"] == "matmul"
+    assert all(set(d) == {"source", "field", "relative_difference"} for d in data["disagreements"])
+
+
+def test_perfmodel_import_does_not_import_jax_for_these_commands():
+    # The CLI resolves analyze/tune/inspect lazily; importing the command modules alone must not import jax.
+    code = ("import sys, perfmodel.cli.analyze, perfmodel.cli.inspect, perfmodel.schedule, "
+            "perfmodel.schedule.analyze, perfmodel.schedule.tune; print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
