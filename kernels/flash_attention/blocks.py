@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernels.flash_attention.tiling import LANES, SUBLANES_32BIT, sublane_multiple, vmem_limit_bytes
+from kernels.tiling import LANES, SUBLANES_32BIT, sublane_multiple, scoped_vmem_limit_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
@@ -87,7 +87,7 @@ class FlashAttentionBlockSizes:
             )
         need = self.vmem_bytes(q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, group=group, q_len=q_len,
                                kv_len=kv_len)
-        limit = vmem_limit_bytes(spec)
+        limit = scoped_vmem_limit_bytes(spec)
         if need > limit:
             raise ValueError(
                 f"block_sizes: block_q={self.block_q}, block_kv={self.block_kv}, "

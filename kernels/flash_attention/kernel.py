@@ -33,7 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
-from kernels.flash_attention.tiling import FLOAT_DTYPES, LANES, check_dtype, div, tpu_chip, vmem_limit_bytes
+from kernels.tiling import FLOAT_DTYPES, LANES, check_dtype, div, tpu_chip, scoped_vmem_limit_bytes
 
 #: Finite "minus infinity" for masked scores: exp() of it underflows to 0
 #: without the inf - inf = NaN a true -inf would give in the max update.
@@ -260,7 +260,7 @@ def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | Non
     shape = dict(q_dtype=q.dtype, kv_dtype=k.dtype, head_dim=head_dim, group=q_heads // kv_heads, q_len=q_len,
                  kv_len=kv_len)
     if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name, **shape, vmem_limit=vmem_limit_bytes(spec))
+        block_sizes = default_block_sizes(spec.name, **shape, vmem_limit=scoped_vmem_limit_bytes(spec))
     elif not isinstance(block_sizes, FlashAttentionBlockSizes):
         raise ValueError(f"block_sizes: expected FlashAttentionBlockSizes, got {type(block_sizes).__name__}")
     block_sizes.validate(**shape, spec=spec)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.matmul import tiling
+from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
 
@@ -58,7 +58,7 @@ class KvCacheUpdateBlockSizes:
     def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec) -> int | None:
         """Check the VMEM budget; returns the vmem_limit_bytes to compile with (None: default)."""
         need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize)
-        return tiling.vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
 
 
 #: chip name -> default blocks.

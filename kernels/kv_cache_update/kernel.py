@@ -74,8 +74,8 @@ from kernels.kv_cache_update.blocks import (
     head_major_vmem_bytes,
     scale_pages_per_block,
 )
-from kernels.matmul import tiling
-from kernels.matmul.quant import quantize_int8
+from kernels import tiling
+from kernels.quant import quantize_int8
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: slot_mapping value of a token that is not written.
@@ -347,7 +347,7 @@ def kv_cache_update(
     """
     quantize, shapes = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache,
                                      layout)
-    spec = tiling.resolve_tpu_chip(chip)
+    spec = tiling.tpu_chip(chip)
     num_tokens, kv_heads, head_dim = new_k.shape
     slots = slot_mapping.astype(jnp.int32)
     if layout == "head-major":
@@ -360,7 +360,7 @@ def kv_cache_update(
         what = f"layout='head-major' (pages of {shapes.page_size} tokens"
         if quantize and scale_pages_per_block(shapes.num_pages) == shapes.num_pages > SCALE_PAGES_PER_BLOCK:
             what += f"; scale blocks span all {shapes.num_pages} pages: use a multiple of {SCALE_PAGES_PER_BLOCK} pages"
-        vmem_limit = tiling.vmem_limit_bytes(need, spec, what + ")")
+        vmem_limit = tiling.compile_vmem_limit_bytes(need, spec, what + ")")
         _check_smem("order, page and row per token", 3 * 4 * num_tokens, spec, num_tokens)
         return _head_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
                                vmem_limit_bytes=vmem_limit, interpret=interpret)

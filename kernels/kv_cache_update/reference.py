@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.kv_cache_update.blocks import DEFAULT_LAYOUT, check_layout
-from kernels.matmul.quant import quantize_int8
+from kernels.quant import quantize_int8
 
 
 def _scatter_token_major(cache: jax.Array, rows: jax.Array, slot_mapping: jax.Array) -> jax.Array:

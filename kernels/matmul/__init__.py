@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "DEFAULT_BLOCK_SIZES": "kernels.matmul.blocks",
+    "default_block_table": "kernels.matmul.blocks",
     "MatmulBlockSizes": "kernels.matmul.blocks",
     "default_block_sizes": "kernels.matmul.blocks",
     "matmul": "kernels.matmul.kernel",

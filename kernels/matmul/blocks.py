@@ -1,17 +1,20 @@
 """Block sizes of the matmul kernel: the validated dataclass and per-chip defaults.
 
-``DEFAULT_BLOCK_SIZES`` is data (chip name -> "LHS x RHS" operand dtypes ->
-blocks) so a tuning tool can regenerate it; the hand-picked values below keep
-every double-buffered tile plus the f32 accumulator inside the chip's default
-scoped VMEM limit (16 MiB on v4/v5e/v5p, 32 MiB on v6e/7x; v2/v3 have 16 MiB of VMEM in all).
+The per-chip defaults are data chosen by the schedule model's block-size advisor
+(``perfmodel tune matmul``) and stored in ``perfmodel/data/tuned/matmul.json``
+(chip name -> "LHS x RHS" operand dtypes -> blocks); see :func:`default_block_table`.
+Blocks larger than the default scoped VMEM limit make the wrapper raise
+``vmem_limit_bytes`` up to the physical VMEM.
 """
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.matmul import tiling
+from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
 
@@ -61,33 +64,28 @@ class MatmulBlockSizes:
         tiling.check_multiple("bm", self.bm, rows, "sublane tile of the x and out dtypes")
         tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(w_dtype), "sublane tile of the w dtype")
         need = self.vmem_bytes(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors)
-        return tiling.vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
 
 
 def _b(bm: int, bk: int, bn: int) -> MatmulBlockSizes:
     return MatmulBlockSizes(bm=bm, bk=bk, bn=bn)
 
 
-#: chip name -> "x dtype x w dtype" (ChipSpec naming) -> default blocks.
-DEFAULT_BLOCK_SIZES: dict[str, dict[str, MatmulBlockSizes]] = {
-    "tpu-v2": {"bf16 x bf16": _b(256, 512, 512), "fp32 x fp32": _b(256, 256, 512),
-               "bf16 x int8": _b(256, 512, 512), "fp32 x int8": _b(256, 256, 512)},
-    "tpu-v3": {"bf16 x bf16": _b(256, 512, 512), "fp32 x fp32": _b(256, 256, 512),
-               "bf16 x int8": _b(256, 512, 512), "fp32 x int8": _b(256, 256, 512)},
-    "tpu-v4": {"bf16 x bf16": _b(512, 1024, 1024), "fp32 x fp32": _b(512, 512, 1024),
-               "bf16 x int8": _b(512, 1024, 1024), "fp32 x int8": _b(512, 512, 1024)},
-    "tpu-v5e": {"bf16 x bf16": _b(512, 1024, 1024), "fp32 x fp32": _b(512, 512, 1024),
-                "bf16 x int8": _b(512, 1024, 1024), "fp32 x int8": _b(512, 512, 1024)},
-    "tpu-v5p": {"bf16 x bf16": _b(512, 1024, 1024), "fp32 x fp32": _b(512, 512, 1024),
-                "bf16 x int8": _b(512, 1024, 1024), "fp32 x int8": _b(512, 512, 1024),
-                "bf16 x fp8": _b(512, 1024, 1024), "fp32 x fp8": _b(512, 512, 1024)},
-    "tpu-v6e": {"bf16 x bf16": _b(1024, 1024, 1024), "fp32 x fp32": _b(512, 512, 1024),
-                "bf16 x int8": _b(1024, 1024, 1024), "fp32 x int8": _b(512, 512, 1024),
-                "bf16 x fp8": _b(1024, 1024, 1024), "fp32 x fp8": _b(512, 512, 1024)},
-    "tpu-7x": {"bf16 x bf16": _b(1024, 1024, 1024), "fp32 x fp32": _b(512, 512, 1024),
-               "bf16 x int8": _b(1024, 1024, 1024), "fp32 x int8": _b(512, 512, 1024),
-               "bf16 x fp8": _b(1024, 1024, 1024), "fp32 x fp8": _b(512, 512, 1024)},
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, MatmulBlockSizes]]:
+    """chip name -> "x dtype x w dtype" (ChipSpec naming) -> default blocks.
+
+    Data chosen by the block-size advisor (``perfmodel tune matmul``) and stored
+    in ``perfmodel/data/tuned/matmul.json``; regenerate it with
+    ``python -m perfmodel.schedule.tune --write``. Read on first use, not at import.
+    """
+    from perfmodel.schedule.tune import load_tuned_defaults  # json only, no jax
+
+    return {
+        chip: {pair: _b(b["bm"], b["bk"], b["bn"]) for pair, b in pairs.items()}
+        for chip, pairs in load_tuned_defaults("matmul").items()
+    }
+
 
 #: Used for an operand pair or chip the table does not list.
 FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
@@ -95,4 +93,4 @@ FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 
 def default_block_sizes(chip: str, x_name: str, w_name: str) -> MatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes); FALLBACK_BLOCK_SIZES when not listed."""
-    return DEFAULT_BLOCK_SIZES.get(chip, {}).get(f"{x_name} x {w_name}", FALLBACK_BLOCK_SIZES)
+    return default_block_table().get(chip, {}).get(f"{x_name} x {w_name}", FALLBACK_BLOCK_SIZES)

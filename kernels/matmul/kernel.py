@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
-from kernels.matmul import tiling
+from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, default_block_sizes
 from kernels.matmul.reference import ACTIVATIONS
 
@@ -152,7 +152,7 @@ def matmul(
       bias: optional [N] float vector added after scaling.
       activation: "none", "relu", "gelu" (tanh approximation) or "silu".
       w_scale: [N] per-output-channel scales of int8 / fp8 weights.
-      block_sizes: tile sizes; default from ``DEFAULT_BLOCK_SIZES[chip]`` for the operand dtypes.
+      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes.
       chip: TPU whose VMEM budget and fp8 support are checked (name, alias or spec path).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default x.dtype).
@@ -161,7 +161,7 @@ def matmul(
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
     _check_inputs(x, w, bias, w_scale, activation, out_dtype)
-    spec = tiling.resolve_tpu_chip(chip)
+    spec = tiling.tpu_chip(chip)
     x_name = tiling.matmul_dtype_name(x.dtype)
     w_name = tiling.matmul_dtype_name(w.dtype)
     _check_fp8_support(spec, x_name, w.dtype)

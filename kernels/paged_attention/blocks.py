@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernels.flash_attention.tiling import LANES, round_up, sublane_multiple, vmem_limit_bytes
+from kernels.tiling import LANES, round_up, sublane_multiple, scoped_vmem_limit_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
@@ -55,7 +55,7 @@ class PagedAttentionBlockSizes:
         need = self.vmem_bytes(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=num_q_per_kv,
                                kv_heads=kv_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                per_token_scales=per_token_scales)
-        limit = vmem_limit_bytes(spec)
+        limit = scoped_vmem_limit_bytes(spec)
         if need > limit:
             raise ValueError(
                 f"block_sizes.pages_per_compute_block: {ppcb} pages need {need} B of VMEM with these "

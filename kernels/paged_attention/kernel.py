@@ -32,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
-from kernels.flash_attention.tiling import (
+from kernels.tiling import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     LANES,

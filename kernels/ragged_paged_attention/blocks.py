@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.common import DEFAULT_CHIP
-from kernels.flash_attention.tiling import LANES, round_up, sublane_multiple, tpu_chip, vmem_limit_bytes
+from kernels.tiling import LANES, round_up, sublane_multiple, tpu_chip, scoped_vmem_limit_bytes
 
 #: Lane-replicated width of the running max / sum scratch (one vreg row).
 STATS_LANES = LANES
@@ -74,7 +74,7 @@ class RaggedPagedAttentionBlockSizes:
                              f"(KV blocks are whole pages); try {round_up(self.block_kv, page_size)}")
         need = self.vmem_bytes(q_heads_per_kv_head=q_heads_per_kv_head, head_dim=head_dim, q_dtype=q_dtype,
                                kv_dtype=kv_dtype)
-        limit = vmem_limit_bytes(tpu_chip(chip))
+        limit = scoped_vmem_limit_bytes(tpu_chip(chip))
         if need > limit:
             from perfmodel.units import binary
 

@@ -56,7 +56,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
-from kernels.flash_attention.tiling import tpu_chip
+from kernels.tiling import tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
     STATS_LANES,

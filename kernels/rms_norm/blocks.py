@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kernels.matmul import tiling
+from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
 #: f32 temporaries per row element the kernel body holds (y, y*y / normalized out).
@@ -52,7 +52,7 @@ class RmsNormBlockSizes:
         need = self.vmem_bytes(
             hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize
         )
-        return tiling.vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
 
     def fitted(self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool,
                chip: ChipSpec) -> "RmsNormBlockSizes":

@@ -22,8 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
-from kernels.matmul import tiling
-from kernels.matmul.quant import quantize_int8
+from kernels import tiling
+from kernels.quant import quantize_int8
 from kernels.rms_norm.blocks import RmsNormBlockSizes, default_block_sizes
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
@@ -94,7 +94,7 @@ def rms_norm(
       quantize (out int8 [tokens, hidden], scales f32 [tokens], new_residual).
     """
     _check_inputs(x, residual, weight, eps)
-    spec = tiling.resolve_tpu_chip(chip)
+    spec = tiling.tpu_chip(chip)
     tokens, hidden = x.shape
     out_dtype = jnp.dtype(jnp.int8 if quantize else x.dtype)
     dtypes = dict(hidden=hidden, x_dtype=x.dtype, residual_dtype=residual.dtype, out_dtype=out_dtype,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.matmul.quant import quantize_int8
+from kernels.quant import quantize_int8
 
 
 def rms_norm_reference(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.common import DEFAULT_CHIP
-from kernels.flash_attention.tiling import LANES, round_up, sublane_multiple, tpu_chip, vmem_limit_bytes
+from kernels.tiling import LANES, round_up, sublane_multiple, tpu_chip, scoped_vmem_limit_bytes
 
 F32_BYTES = 4
 #: Chunk-sized f32 temporaries live at once in a pass (scaled logits, mask, accumulators, noise).
@@ -53,7 +53,7 @@ class SamplingBlockSizes:
                              f"{np.dtype(logits_dtype).name} logits (sublane tiling); "
                              f"try {round_up(self.block_b, sub)}")
         need = self.vmem_bytes(vocab=vocab, logits_dtype=logits_dtype, with_noise=with_noise)
-        limit = vmem_limit_bytes(tpu_chip(chip))
+        limit = scoped_vmem_limit_bytes(tpu_chip(chip))
         if need > limit:
             from perfmodel.units import binary
 

@@ -186,10 +186,10 @@ def render_tune(result: Any, top: int) -> str:
     lines = [f"tune {result.kernel} on {result.chip}: {' '.join(result.shapes)}", "",
              table(head, rows, align="llrrrrrrl"), ""]
     if base:
-        lines.append(f"{result.baseline_label} ({base.label or 'wrapper default'}): {seconds(base.expected_s)}; "
-                     f"best is {base.expected_s / best.expected_s:.3f}x faster" if best.expected_s < base.expected_s
-                     else f"{result.baseline_label} ({base.label or 'wrapper default'}): {seconds(base.expected_s)}; "
-                          "no candidate is predicted faster")
+        which = f"{result.baseline_label} ({base.label})" if base.label else result.baseline_label
+        verdict = (f"best is {base.expected_s / best.expected_s:.3f}x faster" if best.expected_s < base.expected_s
+                   else "no candidate is predicted faster")
+        lines.append(f"{which}: {seconds(base.expected_s)}; {verdict}")
     lines.append(f"{result.evaluated} candidates evaluated, {len(result.ranked)} legal, "
                  f"{sum(result.rejected.values())} rejected, {result.pruned} pruned by the steps x overhead bound")
     for reason, count in result.rejected.items():

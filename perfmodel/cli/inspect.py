@@ -82,6 +82,10 @@ def run_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] 
         if unknown:
             raise InputError(f"--block: {', '.join(sorted(unknown))} not a block field of {entry.name}; "
                              f"fields: {', '.join(sorted(fields))}")
+        missing = fields - set(blocks)
+        if missing:
+            raise InputError(f"--block: give every block field of {entry.name} together; missing "
+                             f"{', '.join(sorted(missing))}")
     use_blocks = blocks if blocks is not None else (dict(entry.reference_blocks) if entry.reference_blocks else None)
     fn = entry.make_function(specs, use_blocks, chip, extra=extra)
     abstract_args = entry.arguments(specs, concrete=False)

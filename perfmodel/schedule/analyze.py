@@ -261,7 +261,8 @@ def _vmem(call: PallasCall, chip: ChipSpec, operands: Sequence[OperandTraffic], 
           scratch_smem: int) -> VmemUsage:
     blocks = sum(o.buffer_bytes for o in operands if o.memory_space == "vmem")
     smem_blocks = sum(o.buffer_bytes for o in operands if o.memory_space == "smem")
-    prefetch_smem = sum(int(np.asarray(v).size) * 4 for v in call.prefetch_values if v is not None)
+    prefetch_smem = sum(int(math.prod(getattr(v.aval, "shape", ()))) * 4
+                        for v in call.body.invars[: call.num_scalar_prefetch])
     total = blocks + scratch_vmem
     return VmemUsage(
         blocks_bytes=blocks,

@@ -109,10 +109,16 @@ def xla_cost(fn: Callable, *args: Any) -> tuple[CostCount, CostCount]:
     """XLA's cost analysis of ``jax.jit(fn)``: compiled for the CPU, and of the HLO before optimization."""
     import jax
 
+    from perfmodel.errors import InputError
+
     cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
-        lowered = jax.jit(fn).lower(*args)
-        compiled = lowered.compile()
+    try:
+        with jax.default_device(cpu):
+            lowered = jax.jit(fn).lower(*args)
+            compiled = lowered.compile()
+    except (TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"compiling the reference {getattr(fn, '__name__', '')} for CPU failed: {first}") from exc
     return (
         _count(compiled.cost_analysis(), "XLA cost analysis, jnp reference compiled for CPU"),
         _count(lowered.cost_analysis(), "XLA cost analysis, jnp reference before optimization"),

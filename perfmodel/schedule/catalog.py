@@ -85,7 +85,11 @@ class KernelEntry:
             if self.block_kwargs is not None:
                 out.update(self.block_kwargs(blocks))
             elif self.block_class is not None:
-                out["block_sizes"] = load(self.block_class, "KERNEL")(**dict(blocks))
+                cls = load(self.block_class, "KERNEL")
+                try:
+                    out["block_sizes"] = cls(**dict(blocks))
+                except (TypeError, ValueError) as exc:
+                    raise InputError(f"--block: {self.name} block sizes {dict(blocks)} rejected: {exc}") from None
         return out
 
     def specs(self, shape_texts: Sequence[str]) -> dict[str, ShapeSpec]:
@@ -256,7 +260,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
         example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
                  "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
-        block_class="kernels.ragged_paged_attention:BlockSizes",
+        block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
     ),
     KernelEntry(
         name="sampling", summary="bundled fused temperature / top-k / top-p sampling",
@@ -264,7 +268,7 @@ ENTRIES: tuple[KernelEntry, ...] = (
         arrays=("logits",), example=("logits=64x128256:f32",),
         block_axes=(BlockAxis(field="block_b", array="logits", dim=0, align=8, minimum=8),
                     BlockAxis(field="block_v", array="logits", dim=1, align=128)),
-        block_class="kernels.sampling:BlockSizes",
+        block_class="kernels.sampling:SamplingBlockSizes",
     ),
     KernelEntry(
         name="jax-matmul", summary="JAX's example matmul (jax.experimental.pallas.ops.tpu.matmul; the matmul guide's kernel)",

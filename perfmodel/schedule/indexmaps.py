@@ -28,8 +28,9 @@ def grid_points(grid: Sequence[int]) -> np.ndarray:
     return np.stack(np.unravel_index(np.arange(n, dtype=np.int64), grid), axis=1).astype(np.int32)
 
 
-def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray) -> np.ndarray:
-    """Block indices ``(n, ndim)`` the index map of ``block`` returns at each of ``points``."""
+def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray) -> list[np.ndarray]:
+    """Block indices the index map of ``block`` returns at each of ``points``: one ``(n,)`` column per
+    array dimension (a literal index stays a zero-stride broadcast)."""
     ids = [points[:, d] for d in range(points.shape[1])]
     prefetch = list(call.prefetch_values)
     outs = evaluate_index_map(block.index_map, call.grid, ids, prefetch)
@@ -43,7 +44,7 @@ def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray) -> 
             )
         outs = _evaluate_with_jax(block, call, points)
     n = points.shape[0]
-    return np.stack([np.broadcast_to(np.asarray(o).reshape(-1), (n,)) for o in outs], axis=1).astype(np.int64)
+    return [np.broadcast_to(np.asarray(o).reshape(-1), (n,)) for o in outs]
 
 
 def _reads_unknown_prefetch(block: BlockMapping, call: PallasCall) -> list[int]:

@@ -210,9 +210,7 @@ class Interpreter:
             env[v] = x
         for eqn in jaxpr.eqns:
             invals = [self.read(env, v) for v in eqn.invars]
-            outs = self.eqn(eqn, invals, weight)
-            if not eqn.primitive.multiple_results and len(eqn.outvars) == 1 and not isinstance(outs, list):
-                outs = [outs]
+            outs = self.eqn(eqn, invals, weight)  # always a list, one value per outvar
             for v, x in zip(eqn.outvars, outs):
                 env[v] = x
         return [self.read(env, v) for v in jaxpr.outvars]

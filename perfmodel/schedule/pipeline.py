@@ -72,47 +72,61 @@ def single_segment(n: int) -> Segments:
     return Segments(starts=starts, ends=ends, core=np.zeros(n, dtype=np.int64), cores=1)
 
 
-def window_starts(indices: np.ndarray, block_shape: Sequence[int], block_kinds: Sequence[str]) -> np.ndarray:
-    """Element offset of each step's window: block index x block size for blocked dimensions,
-    the index itself for squeezed / element (and, approximately, bounded-slice / indirect) ones."""
-    scale = np.array([b if k == "blocked" else 1 for b, k in zip(block_shape, block_kinds)], dtype=np.int64)
-    return indices.astype(np.int64) * scale
+Columns = Sequence[np.ndarray]
 
 
-def window_bytes(starts: np.ndarray, block_shape: Sequence[int], array_shape: Sequence[int], itemsize_bytes: int) -> np.ndarray:
+def as_columns(indices: "np.ndarray | Columns") -> list[np.ndarray]:
+    """Block indices as one ``(n,)`` array per dimension (a 2-D ``(n, ndim)`` array is split)."""
+    if isinstance(indices, np.ndarray):
+        return [indices[:, d] for d in range(indices.shape[1])]
+    return list(indices)
+
+
+def _is_constant(col: np.ndarray) -> bool:
+    """A column broadcast from one value (an index map returning a literal)."""
+    return col.ndim == 1 and (col.shape[0] <= 1 or col.strides[0] == 0)
+
+
+def window_bytes(cols: Columns, block_shape: Sequence[int], block_kinds: Sequence[str], array_shape: Sequence[int],
+                 itemsize_bytes: int, n: int) -> np.ndarray:
     """In-bounds bytes of each step's window (partial edge blocks move only their valid part).
 
-    Only dimensions where a window can overhang the array are computed per
-    step; the rest contribute their full block size.
+    A window starts at block index x block size for blocked dimensions and at
+    the index itself for squeezed / element (and, approximately,
+    bounded-slice / indirect) ones. Only dimensions where a window can
+    overhang the array are computed per step; the rest contribute their full
+    block size.
     """
-    n = starts.shape[0]
     full = 1
     partial = []
-    for d, (b, dim) in enumerate(zip(block_shape, array_shape)):
-        col = starts[:, d]
-        if n and (col.min() < 0 or int(col.max()) + b > dim):
-            partial.append(d)
+    for col, b, kind, dim in zip(cols, block_shape, block_kinds, array_shape):
+        scale = b if kind == "blocked" else 1
+        lo, hi = (int(col[0]), int(col[0])) if _is_constant(col) else (int(col.min()), int(col.max()))
+        if n and (lo < 0 or hi * scale + b > dim):
+            partial.append((col, scale, b, dim))
         else:
             full *= int(b)
     out = np.full(n, full * itemsize_bytes, dtype=np.int64)
-    for d in partial:
-        out *= np.clip(np.minimum(block_shape[d], array_shape[d] - starts[:, d]), 0, None)
+    for col, scale, b, dim in partial:
+        out *= np.clip(np.minimum(b, dim - col.astype(np.int64) * scale), 0, None)
     return out
 
 
-def window_keys(indices: np.ndarray) -> tuple[np.ndarray, int]:
+def window_keys(cols: Columns, n: int) -> tuple[np.ndarray, int]:
     """One int64 per step identifying its window, and the size of the key space."""
-    n, nd = indices.shape
-    if nd == 0 or n == 0:
-        return np.zeros(n, dtype=np.int64), 1
-    idx = np.clip(indices.astype(np.int64), 0, None)
-    radix = idx.max(axis=0) + 1
-    key = idx[:, 0].copy()
-    space = int(radix[0])
-    for d in range(1, nd):
-        key *= int(radix[d])
-        key += idx[:, d]
-        space *= int(radix[d])
+    key = np.zeros(n, dtype=np.int64)
+    space = 1
+    for col in cols:
+        if _is_constant(col):
+            continue  # contributes nothing to telling windows apart
+        c = col.astype(np.int64, copy=False)
+        if int(c.min()) < 0:
+            c = np.clip(c, 0, None)
+        radix = int(c.max()) + 1
+        if space > 1:
+            key *= radix
+        key += c
+        space *= radix
     return key, space
 
 
@@ -159,12 +173,17 @@ class BlockTraffic:
     ideal_bytes: int
 
 
-def simulate_block(indices: np.ndarray, *, role: str, block_shape: Sequence[int], block_kinds: Sequence[str],
-                   array_shape: Sequence[int], itemsize_bytes: int, seg: Segments) -> BlockTraffic:
-    """Fetches (inputs) or write-backs (outputs) of one pipelined operand over the traversal."""
-    starts = window_starts(indices, block_shape, block_kinds)
-    nbytes = window_bytes(starts, block_shape, array_shape, itemsize_bytes)
-    keys, space = window_keys(indices)
+def simulate_block(indices: "np.ndarray | Columns", *, role: str, block_shape: Sequence[int],
+                   block_kinds: Sequence[str], array_shape: Sequence[int], itemsize_bytes: int,
+                   seg: Segments) -> BlockTraffic:
+    """Fetches (inputs) or write-backs (outputs) of one pipelined operand over the traversal.
+
+    ``indices``: the block indices at every step, as ``(n, ndim)`` or one ``(n,)`` column per dimension.
+    """
+    n = seg.starts.shape[0]
+    cols = [np.broadcast_to(np.asarray(c), (n,)) for c in as_columns(indices)]
+    nbytes = window_bytes(cols, block_shape, block_kinds, array_shape, itemsize_bytes, n)
+    keys, space = window_keys(cols, n)
     moved = changed_from_previous(keys, seg) if role == "input" else changes_next(keys, seg)
     step_bytes = np.where(moved, nbytes, 0)
     return BlockTraffic(
@@ -192,10 +211,8 @@ def dma_schedule(fetch_bytes: np.ndarray, writeback_bytes: np.ndarray, seg: Segm
     n = fetch_bytes.shape[0]
     over = np.zeros(n, dtype=np.float64)
     if n > 1:
-        nxt = np.where(seg.starts[1:], 0, fetch_bytes[1:])
-        over[:-1] += nxt
-        prev = np.where(seg.starts[1:], 0, writeback_bytes[:-1])
-        over[1:] += prev
+        over[:-1] += np.where(seg.starts[1:], 0, fetch_bytes[1:])
+        over[1:] += np.where(seg.starts[1:], 0, writeback_bytes[:-1])
     prologue = np.bincount(seg.core[seg.starts], weights=fetch_bytes[seg.starts], minlength=seg.cores)
     epilogue = np.bincount(seg.core[seg.ends], weights=writeback_bytes[seg.ends], minlength=seg.cores)
     return DmaSchedule(overlapped_bytes=over, prologue_bytes=prologue, epilogue_bytes=epilogue)

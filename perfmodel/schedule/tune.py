@@ -214,7 +214,7 @@ def _short(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else "rejected"
     line = re.sub(r"^tracing \S+ failed: ", "", line)
     line = re.sub(r"\([^)]*\)", "(...)", line)
-    line = re.sub(r"\d+(\.\d+)?", "#", line)
+    line = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "#", line)
     return line if len(line) <= 140 else line[:137] + "..."
 
 
@@ -261,20 +261,21 @@ def robust_choice(result: TuneResult) -> Candidate:
     return min(close, key=lambda c: (c.vmem_bytes > limit, c.hbm_bytes, c.steps, c.vmem_bytes))
 
 
-def tune_matmul_defaults(chips: Sequence[str] | None = None, mnk: tuple[int, int, int] = TUNED_SHAPE_MNK
+def tune_matmul_defaults(chips: Sequence[str] | None = None, mnk: tuple[int, int, int] | None = None
                          ) -> dict[str, Any]:
     """Best blocks of the bundled matmul per TPU chip and operand pair (pairs a chip cannot run are skipped)."""
     from perfmodel.hw.registry import all_chips
     from perfmodel.schedule.analyze import resolve_chip
 
     names = list(chips) if chips else [c.name for c in all_chips() if c.kind == "tpu"]
-    m, n, k = mnk
+    m, n, k = mnk or TUNED_SHAPE_MNK
     out: dict[str, Any] = {}
     for name in names:
         spec = resolve_chip(name)
         per_pair = {}
         for x_name, w_name, x_flag, w_flag in MATMUL_PAIRS:
-            shapes = [f"x={m}x{k}:{x_flag}", f"w={k}x{n}:{w_flag}"]
+            # With a bias: the stored defaults must also fit when the epilogue is fused.
+            shapes = [f"x={m}x{k}:{x_flag}", f"w={k}x{n}:{w_flag}", f"bias={n}:f32"]
             if w_name in ("int8", "fp8"):
                 shapes.append(f"w_scale={n}:f32")
             try:
@@ -293,7 +294,7 @@ def write_tuned_defaults(path: str | Path = TUNED_PATH, chips: Sequence[str] | N
         "kernel": "matmul",
         "about": "Per-chip default block sizes of kernels/matmul, chosen by `perfmodel tune matmul` (the "
                  "schedule model) on an M=N=K=%d problem: among candidates within %g%% of the best expected "
-                 "time, one within the default scoped VMEM limit moving the fewest HBM bytes. Regenerate with "
+                 "time (with a fused bias), one within the default scoped VMEM limit moving the fewest HBM bytes. Regenerate with "
                  "`python -m perfmodel.schedule.tune --write`." % (TUNED_SHAPE_MNK[0], DEFAULT_TIE_BAND * 100),
         "shape_mnk": list(TUNED_SHAPE_MNK),
         "defaults": tune_matmul_defaults(chips),

@@ -79,6 +79,8 @@ def test_analyze_passes_hw_to_a_chip_parameter():
         (["tune", "kv_cache_update"], ["no block sizes the advisor enumerates"]),
         (["inspect", "matmul", "--block", "bq=3"], ["--block", "not a block field"]),
         (["inspect", "matmul", "--block", "bm=x"], ["--block 'bm=x'", "POSITIVE_INT"]),
+        (["inspect", "matmul", "--block", "bm=128"], ["--block", "missing bk, bn"]),
+        (["inspect", "matmul", "--block", "bm=100", "--block", "bk=128", "--block", "bn=128"], ["--block", "rejected"]),
     ],
 )
 def test_user_errors_are_one_line_naming_the_flag(args, needles):

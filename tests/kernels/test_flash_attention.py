@@ -321,7 +321,7 @@ KV = _sds((1, 2, 256, 128))
          dict(block_sizes=BS(block_q=4096, block_kv=8192)), r"block_sizes: .* B of VMEM .* scoped limit"),
         (Q, KV, KV, dict(chip="tpu-v9z"), r"unknown chip 'tpu-v9z'"),
         (Q, KV, KV, dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
-        (Q, KV, KV, dict(chip="tpu-v3"), r"chip: the spec of 'tpu-v3' has no memory\.vmem_default"),
+        (Q, KV, KV, dict(chip="tpu-v3"), r"chip: no flash_attention block-size defaults for 'tpu-v3'"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(q, k, v, kwargs, match):

@@ -19,7 +19,7 @@ from kernels.kv_cache_update import (
     kv_cache_update,
     kv_cache_update_reference,
 )
-from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from kernels.matmul import DEFAULT_BLOCK_SIZES, MatmulBlockSizes, matmul, matmul_reference
-from kernels.matmul.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from kernels.matmul import MatmulBlockSizes, default_block_table, matmul, matmul_reference
+from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 
@@ -241,18 +241,20 @@ def test_blocks_over_physical_vmem_raise():
         matmul(x, w, block_sizes=huge, interpret=True)
 
 
-@pytest.mark.parametrize("chip_name", sorted(DEFAULT_BLOCK_SIZES))
+@pytest.mark.parametrize("chip_name", sorted(default_block_table()))
 def test_default_table_fits_each_chip(chip_name):
     try:
         chip = get_chip(chip_name)
     except UnknownChipError:
         pytest.skip(f"no spec for {chip_name} yet")
     dtypes = {"bf16": jnp.bfloat16, "fp32": jnp.float32, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
-    for pair, blocks in DEFAULT_BLOCK_SIZES[chip_name].items():
+    for pair, blocks in default_block_table()[chip_name].items():
         x_name, w_name = pair.split(" x ")
         x_dtype = dtypes[x_name]
-        # Raises if a default breaks the tiling rules or the chip's physical VMEM.
-        blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=2, chip=chip)
+        # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
+        # fused: a bias row, plus the per-channel scale row of quantized weights.
+        vectors = 1 + (w_name in ("int8", "fp8"))
+        blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=vectors, chip=chip)
 
 
 # ----- bad input names the argument -----
@@ -308,7 +310,7 @@ def test_gpu_chip_is_rejected(tmp_path):
     data.update(name="gpu-test", kind="gpu", aliases=[], jax_device_kinds=[])
     path = tmp_path / "gpu-test.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ValueError, match=r"chip='.*gpu-test.yaml' is a GPU; these Pallas kernels target TPUs"):
+    with pytest.raises(ValueError, match=r"chip: '.*gpu-test.yaml' is a GPU; these Pallas kernels target TPUs"):
         matmul(jnp.ones((16, 128), jnp.bfloat16), jnp.ones((128, 128), jnp.bfloat16), chip=str(path))
 
 

@@ -1,26 +1,35 @@
-"""TPU tiling and VMEM-budget rules shared by the matmul, rms_norm and
-kv_cache_update kernels (jax-free, so block-size tables load without jax).
+"""TPU tiling, VMEM-budget, chip and dtype rules shared by every bundled kernel.
 
-Mosaic tiles the two minor dimensions of every VMEM/HBM buffer: the last
-(lane) dimension in multiples of 128 and the second-minor (sublane) dimension
-in multiples of 8 rows of 32-bit words, so narrower dtypes pack more rows per
-tile: 8 for 32-bit, 16 for 16-bit, 32 for 8-bit types. A block dimension must
-be a multiple of that tile or equal the whole array dimension.
+jax-free (block-size tables and checks import without jax; the two helpers
+that need jax import it lazily).
+
+Mosaic lays every VMEM/HBM buffer out in (sublane, lane) tiles of 32-bit
+words: 8 sublanes x 128 lanes on every TPU generation. Narrower dtypes pack
+several elements into a word along the sublane axis, so the second-minor
+dimension of a block must be a multiple of 8 (32-bit), 16 (16-bit) or 32
+(8-bit) elements and the minor dimension a multiple of 128, unless the block
+spans the whole array dimension.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from perfmodel.hw.spec import ChipSpec
+if TYPE_CHECKING:  # pragma: no cover
+    from perfmodel.hw.spec import ChipSpec
 
 #: Lanes of a vreg / minor-dimension tile on every TPU generation.
 LANES = 128
 #: Sublanes of a vreg (rows of 32-bit words per tile).
 SUBLANES_32BIT = 8
+
+#: Storage dtypes (numpy names) the attention kernels accept for queries / outputs.
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+#: fp8 storage dtypes; usable only on chips that list an fp8 matmul rate.
+FP8_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2")
 
 #: Matmul dtype names of perfmodel.hw.spec.MATMUL_DTYPES by numpy dtype name.
 _MATMUL_DTYPE_NAMES: dict[str, str] = {
@@ -64,6 +73,28 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def div(a: Any, b: int) -> Any:
+    """a // b for non-negative a: Python/numpy ints stay ints; traced scalars use lax.div.
+
+    Mosaic lowers ``jnp.floor_divide`` through a sign fix-up that needs a TPU
+    at lowering time; truncating division is exact for non-negative values.
+    """
+    if isinstance(a, (int, np.integer)):
+        return a // b
+    import jax
+
+    return jax.lax.div(a, jax.numpy.asarray(b, dtype=a.dtype))
+
+
+def rem(a: Any, b: int) -> Any:
+    """a % b for non-negative a (lax.rem on traced scalars, see :func:`div`)."""
+    if isinstance(a, (int, np.integer)):
+        return a % b
+    import jax
+
+    return jax.lax.rem(a, jax.numpy.asarray(b, dtype=a.dtype))
+
+
 def padded_tile_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     """VMEM bytes of a buffer of ``shape`` once its two minor dims are padded to the dtype's tile."""
     if not shape:
@@ -89,21 +120,30 @@ def check_positive_int(field: str, value: Any) -> None:
         raise ValueError(f"block_sizes.{field}={value!r} must be a positive int")
 
 
-def resolve_tpu_chip(chip: str) -> ChipSpec:
-    """The ChipSpec for ``chip`` (name, alias or spec path); ValueError unless it is a TPU with VMEM figures."""
+def tpu_chip(chip: str) -> "ChipSpec":
+    """The ChipSpec for ``chip`` (name, alias or spec path); ValueError naming ``chip`` unless it is a TPU
+    with VMEM figures."""
     from perfmodel.hw.registry import get_chip
 
     if not isinstance(chip, str):
         raise ValueError(f"chip={chip!r} must be a chip name such as 'tpu-v5e' or a spec-file path")
     spec = get_chip(chip)
     if spec.kind != "tpu":
-        raise ValueError(f"chip='{chip}' is a {spec.kind.upper()}; these Pallas kernels target TPUs (e.g. chip='tpu-v5e')")
+        raise ValueError(f"chip: '{chip}' is a {spec.kind.upper()}; these Pallas kernels target TPUs (e.g. chip='tpu-v5e')")
     if spec.memory.vmem_bytes_per_core is None:
-        raise ValueError(f"chip='{chip}': its spec has no memory.vmem_bytes_per_core; add it to check VMEM budgets")
+        raise ValueError(f"chip: the spec of '{chip}' has no memory.vmem_bytes_per_core to size blocks against; add it")
     return spec
 
 
-def vmem_limit_bytes(need_bytes: int, chip: ChipSpec, what: str) -> int | None:
+def scoped_vmem_limit_bytes(spec: "ChipSpec") -> int:
+    """Mosaic's default scoped-VMEM limit per TensorCore: the budget block sizes must fit by default
+    (the physical VMEM where the spec records no scoped limit, e.g. v2/v3)."""
+    physical = spec.memory.vmem_bytes_per_core
+    assert physical is not None  # tpu_chip() guarantees it
+    return spec.memory.vmem_default_scoped_limit_bytes_per_core or physical
+
+
+def compile_vmem_limit_bytes(need_bytes: int, chip: "ChipSpec", what: str) -> int | None:
     """The ``vmem_limit_bytes`` compiler parameter a kernel needing ``need_bytes`` of VMEM should pass.
 
     None when the need fits Mosaic's default scoped limit; the need plus 25%
@@ -111,8 +151,7 @@ def vmem_limit_bytes(need_bytes: int, chip: ChipSpec, what: str) -> int | None:
     VMEM; ValueError naming ``what`` (the block sizes) when it fits neither.
     """
     physical = chip.memory.vmem_bytes_per_core
-    scoped = chip.memory.vmem_default_scoped_limit_bytes_per_core or physical
-    if need_bytes <= scoped:
+    if need_bytes <= scoped_vmem_limit_bytes(chip):
         return None
     if need_bytes > physical:
         raise ValueError(
@@ -120,3 +159,18 @@ def vmem_limit_bytes(need_bytes: int, chip: ChipSpec, what: str) -> int | None:
             f"{physical / 2**20:.0f} MiB per core; use smaller blocks"
         )
     return min(physical, int(need_bytes * 1.25))
+
+
+def check_dtype(arg: str, dtype: Any, allowed: tuple[str, ...], spec: "ChipSpec") -> None:
+    """ValueError naming ``arg`` unless dtype is in ``allowed`` and the chip can run it.
+
+    fp8 storage needs a chip whose spec lists an fp8 matmul rate.
+    """
+    name = np_dtype(dtype).name
+    if name not in allowed:
+        raise ValueError(f"{arg}: dtype {name} is not supported; use one of {', '.join(allowed)}")
+    if name in FP8_DTYPES and spec.matmul_rate("fp8") is None:
+        raise ValueError(
+            f"{arg}: dtype {name} needs fp8 support, which {spec.name} lacks; "
+            "use bfloat16 or int8, or a chip with fp8 (e.g. chip='tpu-7x')"
+        )
