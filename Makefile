@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/perfmodel hw compare tpu-v5e tpu-v5p tpu-v6e tpu-7x
+	$(BIN)/perfmodel predict model llama-3.1-70b --hw v5e,v6e,tpu-7x --tp 8 --sweep batch=1,32,256 --context 4096 --weight-dtype int8
+	$(BIN)/perfmodel analyze kernels.matmul:matmul --hw v5e --shape x=8192x8192:bf16 --shape w=8192x8192:bf16
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from typing import Any, Callable, Sequence
 
 #: Chip whose block-size defaults and VMEM budget apply when none is given.
 DEFAULT_CHIP = "tpu-v5e"
@@ -20,3 +21,25 @@ def interpret_params(interpret: bool) -> Any:
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.InterpretParams()
+
+
+def with_ref_names(kernel: Callable[..., Any], names: Sequence[str]) -> Callable[..., Any]:
+    """``kernel`` (which takes its refs positionally, e.g. as ``*refs``) under a signature naming each ref.
+
+    Pallas records a kernel's parameter names in its jaxpr, and profiles,
+    ``perfmodel analyze`` / ``tune`` and the interpret-mode traffic recorder
+    show them: "w_ref" instead of "refs[1]". ``names`` must list every
+    operand of the call in order (scalar prefetch, inputs, outputs, scratch).
+    """
+
+    def named_kernel(*refs: Any) -> Any:
+        if len(refs) != len(names):
+            raise TypeError(f"{kernel_name}: got {len(refs)} refs for {len(names)} names ({', '.join(names)})")
+        return kernel(*refs)
+
+    kernel_name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", "kernel")
+    named_kernel.__name__ = named_kernel.__qualname__ = kernel_name
+    named_kernel.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names]
+    )
+    return named_kernel

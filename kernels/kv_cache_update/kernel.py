@@ -64,7 +64,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.kv_cache_update.blocks import (
     DEFAULT_LAYOUT,
     SCALE_PAGES_PER_BLOCK,
@@ -200,8 +200,11 @@ def _head_major_jit(
                               lambda t, order, pages, rows: (0, jax.lax.div(pages[t], group), 0))
     cache_specs = [page_spec, page_spec] + ([scale_spec, scale_spec] if quantize else [])
     first_cache_input = 5  # operands: order, pages, rows (scalar prefetch), new_k, new_v, caches...
+    cache_names = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if quantize else [])
+    ref_names = (["order_ref", "pages_ref", "rows_ref", "new_k_ref", "new_v_ref"]
+                 + [f"{c}_in_ref" for c in cache_names] + [f"{c}_ref" for c in cache_names])
     call = pl.pallas_call(
-        functools.partial(_head_major_kernel, quantize=quantize),
+        with_ref_names(functools.partial(_head_major_kernel, quantize=quantize), ref_names),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches],
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
@@ -476,8 +479,13 @@ def _token_major_jit(
                    pltpu.VMEM(scales, jnp.float32), pltpu.VMEM(scales, jnp.float32)]
     scratch.append(pltpu.SemaphoreType.DMA((len(caches),)))
     first_cache_input = 3  # operands: slots (scalar prefetch), new_k, new_v, caches...
+    cache_names = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if quantize else [])
+    scratch_names = (["k_q_buf", "v_q_buf", "k_scale_buf", "v_scale_buf"] if quantize else []) + ["sems"]
+    ref_names = (["slots_ref", "new_k_ref", "new_v_ref"] + [f"{c}_in_ref" for c in cache_names]
+                 + [f"{c}_ref" for c in cache_names] + scratch_names)
     call = pl.pallas_call(
-        functools.partial(_token_major_kernel, tokens_per_block=tokens_per_block, quantize=quantize),
+        with_ref_names(functools.partial(_token_major_kernel, tokens_per_block=tokens_per_block, quantize=quantize),
+                       ref_names),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in flat],
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, default_block_sizes
 from kernels.matmul.reference import ACTIVATIONS
@@ -241,6 +241,8 @@ def _matmul_jit(
         _matmul_kernel, n_k=n_k, activation=activation, has_scale=w_scale is not None,
         has_bias=bias is not None, precision=precision,
     )
+    ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
+    kernel = with_ref_names(kernel, ref_names + ["o_ref", "acc_ref"])
     call = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),

@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.tiling import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -403,8 +403,11 @@ def _paged_attention_jit(q, k_pages, v_pages, page_table, lengths, k_scales, v_s
     buf_shape = (2, plan.pages_per_compute_block, plan.page_size, head_dim)
     name = f"paged_attention_ppcb{plan.pages_per_compute_block}_ps{plan.page_size}"
     with jax.named_scope(name):
+        ref_names = (["lengths_ref", "page_table_ref", "q_ref", "k_hbm", "v_hbm"]
+                     + (["k_scale_ref", "v_scale_ref"] if plan.quantized else [])
+                     + ["o_ref", "k_buf", "v_buf", "sems", "m_ref", "l_ref", "acc_ref"])
         out = pl.pallas_call(
-            functools.partial(_paged_kernel, plan=plan),
+            with_ref_names(functools.partial(_paged_kernel, plan=plan), ref_names),
             out_shape=jax.ShapeDtypeStruct(q_grouped.shape, q.dtype),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=2,

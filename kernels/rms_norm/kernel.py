@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
 from kernels.quant import quantize_int8
 from kernels.rms_norm.blocks import RmsNormBlockSizes, default_block_sizes
@@ -152,8 +152,10 @@ def _rms_norm_jit(
     else:
         out_shape = (jax.ShapeDtypeStruct((tokens, hidden), x.dtype), residual_out)
         out_specs = (row_spec, row_spec)
+    out_names = ["q_ref", "scale_ref"] if quantize else ["o_ref"]
+    ref_names = ["x_ref", "residual_ref", "weight_ref", *out_names, "new_residual_ref"]
     call = pl.pallas_call(
-        functools.partial(_rms_norm_kernel, eps=eps, quantize=quantize),
+        with_ref_names(functools.partial(_rms_norm_kernel, eps=eps, quantize=quantize), ref_names),
         out_shape=out_shape,
         grid=(tiling.cdiv(tokens, block_tokens),),
         in_specs=[row_spec, row_spec, pl.BlockSpec((1, hidden), lambda i: (0, 0))],

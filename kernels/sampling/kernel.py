@@ -39,7 +39,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
 from kernels.sampling.options import row_options
@@ -140,7 +140,9 @@ def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds
         in_specs.append(pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * p)))
         operands.append(noise)
     out_spec = pl.BlockSpec((block_b, 1), lambda i, p, j: (i, 0))
-    kernel = functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters)
+    ref_names = (["opts_f_ref", "opts_i_ref", "logits_ref"] + ["noise_ref"] * (mode == "noise")
+                 + ["ids_ref", "thr_ref", "rows_ref", "max_ref", "arg_ref", "cut_ref", "best_ref", "pick_ref"])
+    kernel = with_ref_names(functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters), ref_names)
     call = pl.pallas_call(
         kernel,
         grid=(row_blocks, phases, vocab_blocks),

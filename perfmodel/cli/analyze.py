@@ -190,6 +190,8 @@ def render_tune(result: Any, top: int) -> str:
         verdict = (f"best is {base.expected_s / best.expected_s:.3f}x faster" if best.expected_s < base.expected_s
                    else "no candidate is predicted faster")
         lines.append(f"{which}: {seconds(base.expected_s)}; {verdict}")
+    else:
+        lines.append(f"{result.baseline_label}: not applicable to these shapes, so no comparison")
     lines.append(f"{result.evaluated} candidates evaluated, {len(result.ranked)} legal, "
                  f"{sum(result.rejected.values())} rejected, {result.pruned} pruned by the steps x overhead bound")
     for reason, count in result.rejected.items():

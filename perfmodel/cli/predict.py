@@ -194,10 +194,17 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 @user_errors
 def sampling(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Sampling from [batch, vocab] logits: penalties, temperature, top-k / top-p / min-p, the draw."""
+    from perfmodel.errors import InputError
     from perfmodel.model.sampling import sampling as model
+    from perfmodel.model.shapes import sizes
 
     def build(*, chip: Any, method: str, projection_hidden: Any, **kw: Any) -> Any:
         filtering = kw["top_k"] is not None or kw["top_p"] is not None
+        if not kw["temperature"] and (filtering or kw["min_p"] is not None):
+            raise InputError("--greedy takes the argmax and applies no filters; drop --top-k / --top-p / --min-p "
+                             "or sample with --temperature")
+        if projection_hidden is not None:
+            sizes("projection_hidden", projection_hidden)
         methods = ["threshold", "sort"] if method == "both" and filtering else (
             ["threshold"] if method == "both" else [method])
         costs = {m: model(chip=chip, method=m, include_projection_hidden=projection_hidden, **kw) for m in methods}
@@ -216,7 +223,7 @@ def kv_cache() -> None:
 
 
 @kv_cache.command("update")
-@click.option("--tokens", "num_tokens", type=int, default=None, help="New tokens written (per layer). Required.")
+@click.option("--tokens", type=int, default=None, help="New tokens written (per layer). Required.")
 @click.option("--kv-heads", type=int, default=8, show_default=True)
 @click.option("--head-dim", type=int, default=128, show_default=True)
 @click.option("--page-size", type=int, default=16, show_default=True)
@@ -229,9 +236,13 @@ def kv_cache() -> None:
 def kv_update(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Scatter new K / V rows into their page slots, quantizing on write."""
     from perfmodel.model.kvcache import kv_cache_update
+    from perfmodel.model.shapes import sizes
 
-    run_prediction("kv-cache update", kv_cache_update, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
-                   required=("num_tokens",))
+    def build(*, chip: Any, tokens: int, **kw: Any) -> Any:
+        return kv_cache_update(chip=chip, num_tokens=sizes("tokens", tokens), **kw)
+
+    run_prediction("kv-cache update", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
+                   required=("tokens",))
 
 
 @kv_cache.command("gather")
@@ -262,7 +273,8 @@ def kv_gather_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as
 @click.option("--kv-heads", type=int, default=None, help="Required.")
 @click.option("--head-dim", type=int, default=128, show_default=True)
 @click.option("--kv-dtype", default="bf16", show_default=True)
-@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token"]), default=None)
+@click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token"]), default=None,
+              help="Scales stored with a quantized KV cache (default per-token f32 when --kv-dtype is 8-bit or less).")
 @click.option("--page-size", type=int, default=16, show_default=True)
 @click.option("--context", type=int, default=None, help="Tokens per sequence, to count whole sequences.")
 @click.option("--num-chips", type=int, default=1, show_default=True, help="Chips the weights and KV shard over.")

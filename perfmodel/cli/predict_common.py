@@ -94,7 +94,7 @@ def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str,
     for item in sweep:
         name, sep, values = item.partition("=")
         key = name.strip().lstrip("-").replace("-", "_")
-        if not sep or not values.strip():
+        if not sep or not key or not values.strip():
             raise InputError(f"--sweep '{item}': write NAME=V1,V2,... (e.g. --sweep m=1,8,64)")
         if key not in allowed:
             shown = ", ".join(a.replace("_", "-") for a in allowed)
@@ -156,6 +156,12 @@ def _num(x: Any) -> float:
 # ----------------------------------------------------------------------------- rendering
 
 
+def _intensity(r: Roofline) -> float | None:
+    """Arithmetic intensity to print; None ("n/a") for an op that moves no HBM bytes (e.g. a 1-chip collective)."""
+    x = _num(r.arithmetic_intensity)
+    return x if np.isfinite(x) else None
+
+
 def _header(p: Prediction) -> str:
     parts = [p.chip.name] + ([p.variant] if p.variant else [])
     return " / ".join(parts)
@@ -207,7 +213,7 @@ def report_rows(preds: list[Prediction]) -> list[list[str]]:
         rows.append(row("VMEM working set", lambda p: nbytes(_num(c(p).vmem_bytes))))
     if has("useful_flops"):
         rows += [
-            row("arithmetic intensity", lambda p: si(_num(r(p).arithmetic_intensity), "FLOP/B")),
+            row("arithmetic intensity", lambda p: si(_intensity(r(p)), "FLOP/B")),
             row("ridge point", lambda p: si(r(p).ridge_point, "FLOP/B")),
             row("attainable FLOP/s", lambda p: si(_num(r(p).attainable_flops_per_s), "FLOP/s")),
             row("MFU at floor", lambda p: percent(_num(r(p).mfu_at_floor))),
@@ -279,7 +285,7 @@ def sweep_rows(preds: list[Prediction], keys: list[str]) -> tuple[list[str], lis
         row = ([p.chip.name] if multi_chip else []) + ([p.variant] if variants else [])
         row += [_fmt_param(p.point.get(k)) for k in keys]
         row += [seconds(_num(r.floor_s)), seconds(_num(r.expected_s)), bound,
-                si(_num(r.arithmetic_intensity), "FLOP/B"), percent(_num(r.mfu_at_floor)),
+                si(_intensity(r), "FLOP/B"), percent(_num(r.mfu_at_floor)),
                 percent(_num(r.mbu_at_floor)), nbytes(_num(p.cost.hbm_bytes)), mark]
         rows.append(row)
     if any(r[-1] for r in rows):
@@ -430,7 +436,8 @@ def context_lengths(context: int | None, context_lens: str | None, context_dist:
 def run_capacity(params: dict[str, Any], *, hw: Iterable[str], sweep: Iterable[str], as_json: bool,
                  as_csv: bool) -> None:
     """`predict kv-cache capacity`: tokens and sequences of KV that fit next to the weights, per chip."""
-    from perfmodel.model.dtypes import itemsize
+    from perfmodel.model.dtypes import itemsize, parse_dtype
+    from perfmodel.model.gemm import is_quantized
     from perfmodel.model.kvcache import kv_bytes_per_token, kv_capacity
     from perfmodel.units import binary
 
@@ -445,10 +452,16 @@ def run_capacity(params: dict[str, Any], *, hw: Iterable[str], sweep: Iterable[s
             p = {**params, **point}
             if (p["weight_bytes"] is None) == (p["params_b"] is None):
                 raise InputError("give exactly one of --weight-bytes and --params-b")
+            if p["params_b"] is not None and not 0 < p["params_b"] < float("inf"):
+                raise InputError("--params-b must be a positive number of billions of parameters, "
+                                 f"got {p['params_b']:g}")
             weights = p["weight_bytes"] if p["weight_bytes"] is not None else (
                 p["params_b"] * 1e9 * itemsize(p["weight_dtype"], "--weight-dtype"))
+            kv_scale = p["kv_scale"]
+            if kv_scale is None:  # as kv-cache update and predict model: per-token scales for a quantized cache
+                kv_scale = "per-token" if is_quantized(parse_dtype(p["kv_dtype"], "--kv-dtype")) else "none"
             per_token = kv_bytes_per_token(layers=p["layers"], kv_heads=p["kv_heads"], head_dim=p["head_dim"],
-                                           kv_dtype=p["kv_dtype"], kv_scale=p["kv_scale"])
+                                           kv_dtype=p["kv_dtype"], kv_scale=kv_scale)
             cap = kv_capacity(chip=chip, weight_bytes=weights, kv_bytes_per_token=per_token,
                               page_size=p["page_size"], context_len=p["context"], num_chips=p["num_chips"],
                               reserved_bytes=p["reserved_bytes"], hbm_utilization=p["hbm_utilization"])

@@ -62,7 +62,8 @@ Examples:
 @click.option("--page-size", type=int, default=16, show_default=True, help="KV-cache page size in tokens.")
 @click.option("--hbm-utilization", type=float, default=0.9, show_default=True,
               help="Share of HBM usable for weights + KV (vLLM's default is 0.9).")
-@click.option("--list", "list_models", is_flag=True, help="List the built-in models and exit.")
+@click.option("--list", "list_models", is_flag=True, help="List the built-in models and exit (with --json: every "
+              "field and its source).")
 @predict_options
 @user_errors
 def model(name: str | None, config_path: str | None, phase: str, batch: int | None, context: int | None,
@@ -73,7 +74,14 @@ def model(name: str | None, config_path: str | None, phase: str, batch: int | No
     from perfmodel.model import configs
 
     if list_models:
-        click.echo(_models_table(configs.all_presets()))
+        if as_json and as_csv:
+            raise InputError("--json and --csv: pick one output format")
+        if as_json:
+            echo_json([_preset_record(c) for c in configs.all_presets()])
+        elif as_csv:
+            click.echo(_models_csv(configs.all_presets()), nl=False)
+        else:
+            click.echo(_models_table(configs.all_presets()))
         return
     if (name is None) == (config_path is None):
         raise InputError("give a model NAME or --config PATH (one of them); --list shows the built-in models")
@@ -130,6 +138,28 @@ def _record(p: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- text output
+
+
+def _preset_record(cfg: Any) -> dict[str, Any]:
+    """A built-in model for `--list --json`: every config field (sources included) and its parameter counts."""
+    from perfmodel.cli.common import to_jsonable
+    from perfmodel.model.configs import parameter_counts
+
+    counts = parameter_counts(cfg)
+    return {**to_jsonable(cfg), "parameter_counts": {**to_jsonable(counts), "total": counts.total,
+                                                     "active": counts.active}}
+
+
+def _models_csv(presets: list) -> str:
+    from perfmodel.model.configs import describe, parameter_counts
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["name", "display_name", "params_total", "params_active", "architecture"])
+    for c in presets:
+        counts = parameter_counts(c)
+        w.writerow([c.name, c.display_name, counts.total, counts.active, describe(c)])
+    return buf.getvalue()
 
 
 def _models_table(presets: list) -> str:

@@ -131,8 +131,12 @@ def get_chip(name_or_path: str) -> ChipSpec:
     """
     text = str(name_or_path)
     if text.endswith((".yaml", ".yml")) or os.sep in text:
+        if Path(text).is_dir():
+            raise SpecError(f"'{text}' is a directory; give one chip spec YAML file (or put the directory in "
+                            f"${ENV_VAR} to add all its chips)")
         if not Path(text).is_file():
-            raise SpecError(f"--hw: spec file '{text}' does not exist")
+            raise SpecError(f"spec file '{text}' does not exist; give a chip name (see `perfmodel hw list`) "
+                            "or the path of a chip spec YAML")
         return load_spec_file(str(Path(text).resolve()))
     chips = all_chips()
     key = normalize(text)

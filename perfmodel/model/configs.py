@@ -469,6 +469,9 @@ def load_hf_config(file: Path) -> ModelConfig:
     layers = r.int("num_hidden_layers")
     q_heads = r.int("num_attention_heads")
     kv_heads = r.int("num_key_value_heads", q_heads)
+    if q_heads % kv_heads:
+        raise InputError(f"{file}: field '{prefix}num_key_value_heads' ({kv_heads}) must divide "
+                         f"'{prefix}num_attention_heads' ({q_heads}); GQA needs a whole number of q heads per kv head")
     mla: MLAConfig | None = None
     if r.has("kv_lora_rank"):
         mla = MLAConfig(kv_lora_rank=r.int("kv_lora_rank"), q_lora_rank=r.opt_int("q_lora_rank"),
@@ -477,6 +480,9 @@ def load_hf_config(file: Path) -> ModelConfig:
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
         kv_heads = q_heads  # MLA expands the latent to every head; the cache holds one latent per token
     else:
+        if not r.has("head_dim") and hidden % q_heads:
+            raise InputError(f"{file}: field '{prefix}hidden_size' ({hidden}) is not a multiple of "
+                             f"'{prefix}num_attention_heads' ({q_heads}); add '{prefix}head_dim' to the file")
         head_dim = r.int("head_dim", hidden // q_heads)
     moe = _hf_moe(r, layers)
     needs_dense = moe is None or moe.num_moe_layers < layers

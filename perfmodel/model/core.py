@@ -37,6 +37,8 @@ BOUND_NAMES: dict[str, str] = {
     "eup": "EUP-bound",
     "hbm": "HBM-bound",
     "ici": "ICI-bound",
+    #: Nothing to do (e.g. a collective over one chip): every unit time is zero.
+    "none": "no work",
 }
 
 
@@ -105,8 +107,8 @@ class OpCost:
 #: figure comes from. Used only for ``expected_s``; the floor uses 100%.
 ACHIEVABLE: dict[str, tuple[float, str]] = {
     "mxu": (0.92, "XLA bf16 8192^3 matmul on TPU v5e reaches 92.3% of 197 TFLOP/s (JAX Pallas TPU matmul guide)"),
-    "hbm": (0.85, "typical sustained share of peak HBM bandwidth for streaming kernels (assumption; calibrate with "
-                  "`perfmodel calibrate`)"),
+    "hbm": (0.85, "typical sustained share of peak HBM bandwidth for streaming kernels (assumption; not yet "
+                  "calibrated against measurements)"),
     "vpu": (0.80, "assumption: VPU code rarely sustains full issue rate"),
     "eup": (0.80, "assumption, as for the VPU"),
     "ici": (0.80, "assumption: collectives reach ~80% of link bandwidth"),
@@ -124,7 +126,7 @@ class Roofline:
     floor_s: Num
     no_overlap_s: Num
     expected_s: Num
-    #: Unit that sets the floor ("mxu", "hbm", ...); an array of names for batches.
+    #: Unit that sets the floor ("mxu", "hbm", ...; "none" when there is no work); an array of names for batches.
     limiter: Any
     #: Useful FLOPs per HBM byte.
     arithmetic_intensity: Num
@@ -234,7 +236,9 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
     expected = np.clip((stacked / eff).max(axis=0), floor, None) + fixed_overhead_s
     expected = np.minimum(expected, np.maximum(no_overlap, floor))
     idx = stacked.argmax(axis=0)
-    limiter = np.asarray(UNITS, dtype=object)[idx] if idx.ndim else UNITS[int(idx)]
+    names = np.asarray(UNITS, dtype=object)[idx]
+    limiter = np.where(floor > 0, names, "none").astype(object) if idx.ndim else (
+        UNITS[int(idx)] if floor > 0 else "none")
     hbm = np.asarray(cost.hbm_bytes, dtype=float)
     useful = np.asarray(cost.useful_flops, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, parse_dtype
 from perfmodel.model.elementwise import EPILOGUES
@@ -146,9 +147,9 @@ def rope(
     tokens, heads, head_dim = sizes("tokens", tokens), sizes("heads", heads), sizes("head_dim", head_dim)
     rot = head_dim if rotary_dim is None else sizes("rotary_dim", rotary_dim)
     if np.any(rot > head_dim):
-        from perfmodel.errors import InputError
-
-        raise InputError("--rotary-dim must be <= --head-dim")
+        raise InputError(f"--rotary-dim must be <= --head-dim, got {np.max(rot)} > {np.min(head_dim)}")
+    if rotary_dim is not None and np.any(rot % 2):
+        raise InputError(f"--rotary-dim must be even (RoPE rotates pairs of dims), got {np.max(rot % 2 * rot)}")
     dt = parse_dtype(dtype, "--dtype")
     tiles = chip_tiles(chip)
     elems = 1.0 * tokens * heads * rot
@@ -184,9 +185,12 @@ def dequant_gemm(
     and writes them in ``act_dtype``; an ``act_dtype`` GEMM then reads them
     again. Parts: (dequantize, gemm).
     """
-    from perfmodel.model.gemm import gemm, resolve_weight_scale, weight_scale_bytes
+    from perfmodel.model.gemm import gemm, is_quantized, resolve_weight_scale, weight_scale_bytes
 
     w_dt, a_dt = parse_dtype(weight_dtype, "--weight-dtype"), parse_dtype(act_dtype, "--act-dtype")
+    if not is_quantized(w_dt):
+        raise InputError(f"--weight-dtype {w_dt}: weights are not quantized, so there is nothing to dequantize; "
+                         "use int8, int4 or fp8 (or `predict gemm` for a plain GEMM)")
     if fused:
         cost = gemm(m=m, n=n, k=k, lhs_dtype=a_dt, rhs_dtype=w_dt, out_dtype=out_dtype, weight_scale=weight_scale,
                     scale_block=scale_block, chip=chip)

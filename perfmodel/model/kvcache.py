@@ -19,7 +19,7 @@ import numpy as np
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost
 from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, parse_dtype
-from perfmodel.model.shapes import cdiv, chip_tiles, choice, fval, sizes
+from perfmodel.model.shapes import cdiv, chip_tiles, choice, flag_name, fval, sizes
 
 #: Quantize-on-write per element: |x|, running max, multiply by 1/scale, round, cast.
 QUANTIZE_VPU_OPS = 5
@@ -157,6 +157,9 @@ def kv_bytes_per_token(*, layers: Num, kv_heads: Num, head_dim: Num, kv_dtype: s
     """KV-cache bytes one token takes over all layers (K and V; f32 scales if per-token)."""
     layers, kv_heads, head_dim = sizes("layers", layers), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     kv_dt = parse_dtype(kv_dtype, "--kv-dtype")
+    choice("kv_scale", kv_scale, UPDATE_SCALES)
+    if kv_scale not in (None, "none") and not _quantized(kv_dt):
+        raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     per_head = head_dim * DTYPES[kv_dt].itemsize_bytes + (SCALE_BYTES if kv_scale == "per-token" else 0)
     return fval(2.0 * layers * kv_heads * per_head)
 
@@ -181,6 +184,14 @@ class KVCapacity:
     weights_fit: Num
 
 
+def _finite(name: str, value: Num) -> np.ndarray:
+    """Float array of a byte count; InputError naming the flag for nan / inf."""
+    arr = np.asarray(value, dtype=float)
+    if not np.all(np.isfinite(arr)):
+        raise InputError(f"{flag_name(name)} must be a finite number of bytes, got {arr[~np.isfinite(arr)].flat[0]}")
+    return arr
+
+
 def kv_capacity(
     *,
     chip: object,
@@ -203,24 +214,26 @@ def kv_capacity(
         raise InputError("--hw: kv capacity needs a chip")
     if not 0.0 < hbm_utilization <= 1.0:
         raise InputError(f"--hbm-utilization must be in (0, 1], got {hbm_utilization}")
-    weights = np.asarray(weight_bytes, dtype=float)
+    weights = _finite("weight_bytes", weight_bytes)
     if np.any(weights < 0):
-        raise InputError("--weight-bytes must be >= 0")
-    per_token = np.asarray(kv_bytes_per_token, dtype=float)
+        raise InputError(f"--weight-bytes must be >= 0, got {np.min(weights):g}")
+    per_token = _finite("kv_bytes_per_token", kv_bytes_per_token)
     if np.any(per_token <= 0):
-        raise InputError("--kv-bytes-per-token must be > 0")
+        raise InputError(f"--kv-bytes-per-token must be > 0, got {np.min(per_token):g}")
+    reserved = _finite("reserved_bytes", reserved_bytes)
+    if np.any(reserved < 0):
+        raise InputError(f"--reserved-bytes must be >= 0 (bytes kept free per chip), got {np.min(reserved):g}")
     chips = sizes("num_chips", num_chips)
     page_size = sizes("page_size", page_size)
     hbm = float(chip.memory.hbm_bytes_per_chip)
     usable = hbm * hbm_utilization
-    reserved = np.asarray(reserved_bytes, dtype=float)
     free = usable - reserved - weights / chips
     page_bytes = per_token / chips * page_size
     pages = np.floor(np.maximum(free, 0) / page_bytes)
     tokens = pages * page_size
     seqs = None
     if context_len is not None:
-        ctx = sizes("context_len", context_len)
+        ctx = sizes("context", context_len)  # the CLI flag is --context
         seqs = fval(np.floor(pages / cdiv(ctx, page_size)))
     return KVCapacity(
         hbm_bytes=hbm, usable_bytes=usable, weight_bytes=fval(weights), reserved_bytes=fval(reserved),

@@ -87,6 +87,11 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
     """Model one pallas_call. ``order``: an explicit traversal (``(n, ndim)`` grid points), e.g.
     the one a TPU-interpret run recorded; by default Pallas' row-major order."""
     notes: list[str] = []
+    if any(int(g) <= 0 for g in call.grid):
+        raise InputError(
+            f"pallas_call {call.name}: grid {tuple(call.grid)} has an empty dimension, so the kernel runs no step; "
+            "a block is probably larger than its array (e.g. JAX's matmul needs blocks that divide the shape)"
+        )
     points = grid_points(call.grid) if order is None else np.asarray(order, dtype=np.int32).reshape(-1, len(call.grid))
     n = points.shape[0]
     ncores = cores_for(call, chip) if cores is None else cores

@@ -213,7 +213,7 @@ def _short(text: str) -> str:
     """A rejection reason with the candidate's own numbers blanked, so like reasons group together."""
     line = text.strip().splitlines()[0] if text.strip() else "rejected"
     line = re.sub(r"^tracing \S+ failed: ", "", line)
-    line = re.sub(r"\([^)]*\)", "(...)", line)
+    line = re.sub(r"\([^)]*=[^)]*\)", "(...)", line)  # block labels such as (bm=..,bk=..); keep e.g. dtype names
     line = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "#", line)
     return line if len(line) <= 140 else line[:137] + "..."
 

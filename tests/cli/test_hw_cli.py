@@ -36,6 +36,18 @@ def test_hw_list_table_has_units_and_ridge():
     assert "819 GB/s" in res.output
 
 
+def test_hw_list_columns():
+    res = run("hw", "list")
+    header, rule, *rows = res.output.splitlines()
+    assert header.split("  ")[0] == "chip"
+    for column in ("year", "bf16 TFLOP/s", "int8 TOP/s", "fp8 TFLOP/s", "HBM", "HBM BW", "VMEM/core", "ridge bf16"):
+        assert column in header
+    v5e = next(r.split() for r in rows if r.startswith("tpu-v5e "))
+    # 2023, 197 bf16, 394 int8, no fp8, 16 GiB = 17.2 GB, 819 GB/s, 128 MiB VMEM, 1.97e14 / 8.19e11 = 241 FLOP/B
+    assert v5e == ["tpu-v5e", "2023", "197", "394", "-", "17.2", "GB", "819", "GB/s", "128", "MiB", "241", "FLOP/B"]
+    assert len(rows) == 12
+
+
 def test_hw_list_json():
     res = run("hw", "list", "--json")
     assert res.exit_code == 0
@@ -85,13 +97,22 @@ def test_bad_spec_file_is_one_line(tmp_path):
     assert len(res.output.strip().splitlines()) == 1
 
 
+def test_missing_spec_file_is_one_line():
+    res = run("hw", "show", "./no-such-chip.yaml")
+    assert res.exit_code == 1
+    assert res.output.strip() == (
+        "Error: spec file './no-such-chip.yaml' does not exist; give a chip name (see `perfmodel hw list`) "
+        "or the path of a chip spec YAML")
+
+
 def test_hw_list_does_not_import_jax():
     code = (
         "import sys\n"
         "from click.testing import CliRunner\n"
         "from perfmodel.cli.main import main\n"
-        "res = CliRunner().invoke(main, ['hw', 'list'])\n"
-        "assert res.exit_code == 0, res.output\n"
+        "for args in (['hw', 'list'], ['hw', 'show', 'v6e'], ['hw', 'compare', 'v5e', 'v6e', '--json']):\n"
+        "    res = CliRunner().invoke(main, args)\n"
+        "    assert res.exit_code == 0, res.output\n"
         "print('jax' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

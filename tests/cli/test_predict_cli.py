@@ -111,6 +111,14 @@ def test_kv_cache_commands():
     assert recs[0]["capacity"]["tokens"] == (free // (131072 * 16)) * 16
 
 
+def test_kv_capacity_quantized_cache_defaults_to_per_token_scales():
+    # as `kv-cache update` and `predict model`: an int8 cache stores one f32 scale per token, kv head, K and V:
+    # 2 * 32 layers * 8 heads * (128 * 1 B + 4 B) = 67584 B per token; --kv-scale none drops the scales (65536 B)
+    base = ["kv-cache", "capacity", "--params-b", "8", "--layers", "32", "--kv-heads", "8", "--kv-dtype", "int8"]
+    assert run_json(*base)[0]["capacity"]["kv_bytes_per_token"] == 67584
+    assert run_json(*base, "--kv-scale", "none")[0]["capacity"]["kv_bytes_per_token"] == 65536
+
+
 def test_fused_commands_show_both_forms():
     recs = run_json("fused", "rms-norm", "--tokens", "4096", "--hidden", "8192")
     by = {r["variant"]: r["cost"]["hbm_bytes"] for r in recs}
@@ -122,6 +130,15 @@ def test_fused_commands_show_both_forms():
                  ["rope", "--tokens", "8", "--heads", "4"], ["dequant-gemm", "-m", "8", "-n", "256", "-k", "256"]):
         out = run("fused", *args)
         assert "fused" in out and "unfused" in out
+
+
+def test_collective_sweep_through_one_chip():
+    # one chip moves no bytes at all: intensity is n/a (not a crash on 0 FLOP / 0 B), nothing bounds it
+    out = run("collective", "all-gather", "--shape", "8,8", "--sweep", "num-chips=1,2")
+    one = next(l for l in out.splitlines() if l.startswith("1 "))
+    two = next(l for l in out.splitlines() if l.startswith("2 "))
+    assert "no work" in one and "n/a" in one
+    assert "ICI-bound" in two and "<- bound changes" in two
 
 
 def test_collective():
@@ -137,6 +154,7 @@ def test_collective():
     (["gemm", "-n", "8", "-k", "8"], 1, "missing option --m"),
     (["gemm", "-n", "8", "-k", "8", "--sweep", "q=1,2"], 1, "--sweep: 'q' cannot be swept here"),
     (["gemm", "-n", "8", "-k", "8", "--sweep", "m"], 1, "--sweep 'm': write NAME=V1,V2"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "=1,2"], 1, "--sweep '=1,2': write NAME=V1,V2"),
     (["gemm", "-n", "8", "-k", "8", "--sweep", "m=1,x"], 1, "--sweep m:"),
     (["gemm", "-m", "1", "-n", "8", "-k", "8", "--json", "--csv"], 1, "pick one output format"),
     (["attention", "--q-len", "64", "--q-heads", "6", "--kv-heads", "4"], 1, "--kv-heads 4 must divide --q-heads 6"),
@@ -146,12 +164,92 @@ def test_collective():
     (["ragged-attention", "--query-lens", "9", "--context-lens", "4"], 1, "--query-lens 9 exceeds --context-lens 4"),
     (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2"], 1, "give exactly one of --weight-bytes"),
     (["collective", "all-gather", "--num-chips", "4"], 1, "give exactly one of --bytes-per-chip and --shape"),
+    # messages name the flag the command really has (--tokens, --projection-hidden, --context, --params-b)
+    (["kv-cache", "update"], 1, "missing option --tokens: give --tokens VALUE or --sweep tokens=V1,V2"),
+    (["kv-cache", "update", "--tokens", "0"], 1, "--tokens must be >= 1, got 0"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "-8"], 1,
+     "--params-b must be a positive number of billions of parameters, got -8"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--reserved-bytes", "-1"], 1,
+     "--reserved-bytes must be >= 0"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--weight-bytes", "nan"], 1,
+     "--weight-bytes must be a finite number of bytes, got nan"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--context", "0"], 1,
+     "--context must be >= 1, got 0"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--kv-scale", "per-token"], 1,
+     "--kv-scale per-token: a bf16 KV cache has no scales"),
+    (["sampling", "--batch", "2", "--vocab", "100", "--greedy", "--top-k", "5"], 1,
+     "--greedy takes the argmax and applies no filters"),
+    (["sampling", "--batch", "2", "--vocab", "100", "--projection-hidden", "0"], 1,
+     "--projection-hidden must be >= 1, got 0"),
+    (["fused", "rope", "--tokens", "8", "--heads", "2", "--rotary-dim", "33"], 1, "--rotary-dim must be even"),
+    (["fused", "dequant-gemm", "-m", "8", "-n", "8", "-k", "8", "--weight-dtype", "bf16"], 1,
+     "--weight-dtype bf16: weights are not quantized"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", "./no-such-chip.yaml"], 1,
+     "spec file './no-such-chip.yaml' does not exist; give a chip name"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", str(ROOT / "hwspecs")], 1, "is a directory; give one chip"),
 ])
 def test_errors_are_one_line(args, code, match):
     result = CliRunner().invoke(main, ["predict", *args])
     assert result.exit_code == code
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and match in lines[0], result.output
+
+
+#: One small invocation of every `perfmodel predict` command (each must take --json and never import jax).
+EVERY_COMMAND = [
+    ["gemm", "-m", "8", "-n", "128", "-k", "128"],
+    ["attention", "--q-len", "128", "--q-heads", "4", "--kv-heads", "2"],
+    ["decode-attention", "--context", "100", "--batch", "2"],
+    ["ragged-attention", "--query-lens", "1,64", "--context-lens", "100,200"],
+    ["mla-decode", "--context", "100"],
+    ["sampling", "--batch", "2", "--vocab", "1000", "--top-p", "0.9"],
+    ["kv-cache", "update", "--tokens", "4"],
+    ["kv-cache", "gather", "--context", "100"],
+    ["kv-cache", "capacity", "--layers", "32", "--kv-heads", "8", "--params-b", "8"],
+    ["fused", "rms-norm", "--tokens", "8", "--hidden", "128"],
+    ["fused", "swiglu", "--tokens", "8", "--intermediate", "128"],
+    ["fused", "geglu", "--tokens", "8", "--intermediate", "128"],
+    ["fused", "rope", "--tokens", "8", "--heads", "2"],
+    ["fused", "dequant-gemm", "-m", "8", "-n", "128", "-k", "128"],
+    ["collective", "all-gather", "--num-chips", "4", "--shape", "8,8"],
+    ["collective", "reduce-scatter", "--num-chips", "4", "--shape", "8,8"],
+    ["collective", "all-reduce", "--num-chips", "4", "--shape", "8,8"],
+    ["model", "llama-3.1-8b", "--batch", "2"],
+    ["model", "--list"],
+]
+
+
+def test_every_command_is_covered():
+    """EVERY_COMMAND names every leaf command of `perfmodel predict` (so a new one gets the checks below)."""
+    import click
+
+    from perfmodel.cli.predict import predict
+
+    def leaves(group, prefix=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from leaves(cmd, prefix + (name,))
+            else:
+                yield prefix + (name,)
+
+    covered = {tuple(a[: 2 if a[0] in ("kv-cache", "fused") else 1]) for a in EVERY_COMMAND}
+    assert set(leaves(predict)) == covered
+
+
+@pytest.mark.parametrize("args", EVERY_COMMAND, ids=[" ".join(a[:2]) for a in EVERY_COMMAND])
+def test_every_command_takes_json(args):
+    data = json.loads(run(*args, "--json"))
+    assert isinstance(data, list) and data
+
+
+def test_no_predict_command_imports_jax():
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom perfmodel.cli.main import main\n"
+            f"for args in {EVERY_COMMAND!r}:\n"
+            "    r = CliRunner().invoke(main, ['predict', *args])\n"
+            "    assert r.exit_code == 0, (args, r.output)\n"
+            "    assert 'jax' not in sys.modules, f'jax imported by predict {args}'\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_predict_path_does_not_import_jax():

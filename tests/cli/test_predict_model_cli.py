@@ -125,6 +125,29 @@ def test_list():
     assert "671 G" in r.output and "37.6 G" in r.output  # DeepSeek-V3 total and active
 
 
+def test_list_json_has_every_preset_with_sources_and_counts():
+    r = run("--list", "--json")
+    assert r.exit_code == 0, r.output
+    recs = {x["name"]: x for x in json.loads(r.output)}
+    assert set(recs) == {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-32b", "gemma-3-27b",
+                         "mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3"}
+    ds = recs["deepseek-v3"]
+    assert ds["sources"]["hidden_size"] in ds["references"]
+    # DeepSeek-V3 publishes 671B total / 37B active; the counts come from the shapes
+    assert ds["parameter_counts"]["total"] == pytest.approx(671e9, rel=0.01)
+    assert ds["parameter_counts"]["active"] == pytest.approx(37e9, rel=0.02)
+
+
+def test_list_csv():
+    r = run("--list", "--csv")
+    assert r.exit_code == 0, r.output
+    rows = {x["name"]: x for x in csv.DictReader(io.StringIO(r.output))}
+    assert len(rows) == 8
+    # Mixtral 8x7B: 46.7B total, 12.9B active (Mistral's announcement)
+    assert float(rows["mixtral-8x7b"]["params_total"]) == pytest.approx(46.7e9, rel=0.01)
+    assert float(rows["mixtral-8x7b"]["params_active"]) == pytest.approx(12.9e9, rel=0.01)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     ((), r"give a model NAME or --config PATH"),
     (("llama-3.1-8b", "--config", "x.json"), r"give a model NAME or --config PATH"),

@@ -187,8 +187,10 @@ def test_lowers_to_mosaic_at_production_shape(window):
     q = jax.ShapeDtypeStruct((1, 32, 8192, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((1, 8, 8192, 128), jnp.bfloat16)
     fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, sliding_window=window))
-    exported = jax.export.export(fn, platforms=["tpu"])(q, kv, kv)
-    assert "tpu_custom_call" in exported.mlir_module()
+    text = jax.export.export(fn, platforms=["tpu"])(q, kv, kv).mlir_module()
+    assert "tpu_custom_call" in text
+    # The named scope carries the v5e default blocks (512 x 1024, 512-row compute slices) into profiles.
+    assert "flash_attention_bq512_bkv1024_bkvc512/" in text
 
 
 @pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v5p", "tpu-v6e", "tpu-7x"])

@@ -263,8 +263,11 @@ def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
         shape = (kv_heads, num_pages, page_size) if scales == "per-token" else (kv_heads, num_pages)
         args += [sds(shape, jnp.float32)] * 2
         fn = jax.jit(lambda q, k, v, t, n, ks, vs: paged_attention(q, k, v, t, n, k_scales=ks, v_scales=vs))
-    exported = jax.export.export(fn, platforms=["tpu"])(*args)
-    assert "tpu_custom_call" in exported.mlir_module()
+    text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
+    assert "tpu_custom_call" in text
+    # The named scope names the blocks. tpu-v5e aims at 512 tokens per compute block: 512 / 16 = 32 pages
+    # (divides 2048 / 16 = 128 pages per sequence), 512 / 32 = 16 pages (divides 64).
+    assert f"paged_attention_ppcb{512 // page_size}_ps{page_size}/" in text
 
 
 # ----------------------------------------------------------------------------- cost estimate

@@ -220,7 +220,9 @@ def test_hf_missing_mla_field(tmp_path):
     ("hidden_size", 0, r"field 'hidden_size' must be positive, got 0"),
     ("num_hidden_layers", 31.5, r"field 'num_hidden_layers' must be a whole number, got 31.5"),
     ("vocab_size", "big", r"field 'vocab_size' must be a whole number, got 'big'"),
-    ("num_key_value_heads", 5, r"field 'num_kv_heads' \(5\) must divide 'num_q_heads' \(32\)"),
+    # the message names the file's own field, not the internal one
+    ("num_key_value_heads", 5, r"field 'num_key_value_heads' \(5\) must divide 'num_attention_heads' \(32\)"),
+    ("num_key_value_heads", 0, r"field 'num_key_value_heads' must be positive, got 0"),
     ("hidden_act", "relu", r"field 'hidden_act' is 'relu'; the model knows"),
     ("tie_word_embeddings", "no", r"field 'tie_word_embeddings' must be true or false"),
     ("rope_theta", "high", r"field 'rope_theta' must be a number"),
@@ -228,6 +230,15 @@ def test_hf_missing_mla_field(tmp_path):
 def test_hf_bad_values(tmp_path, field, value, message):
     with pytest.raises(InputError, match=message):
         load_hf_config(_write(tmp_path, {**LLAMA_8B_HF, field: value}))
+
+
+def test_hf_head_dim_needed_when_hidden_does_not_split(tmp_path):
+    # 4000 / 32 = 125 exactly, 4001 / 32 is not whole: then the file must state head_dim
+    data = {k: v for k, v in LLAMA_8B_HF.items() if k != "head_dim"}
+    assert load_hf_config(_write(tmp_path, {**data, "hidden_size": 4000})).head_dim == 125
+    with pytest.raises(InputError, match=r"field 'hidden_size' \(4001\) is not a multiple of 'num_attention_heads' "
+                                         r"\(32\); add 'head_dim'"):
+        load_hf_config(_write(tmp_path, {**data, "hidden_size": 4001}))
 
 
 def test_hf_malformed_json(tmp_path):

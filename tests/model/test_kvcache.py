@@ -72,7 +72,28 @@ def test_capacity_tensor_parallel_shards_both(v5e):
     (kv_capacity, dict(weight_bytes=1e9, kv_bytes_per_token=0), r"^--kv-bytes-per-token must be > 0"),
     (kv_capacity, dict(weight_bytes=-1, kv_bytes_per_token=10), r"^--weight-bytes must be >= 0"),
     (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, hbm_utilization=1.5), r"^--hbm-utilization must be"),
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, reserved_bytes=-1),
+     r"^--reserved-bytes must be >= 0 \(bytes kept free per chip\), got -1$"),
+    (kv_capacity, dict(weight_bytes=float("nan"), kv_bytes_per_token=10),
+     r"^--weight-bytes must be a finite number of bytes, got nan$"),
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=float("inf")), r"^--kv-bytes-per-token must be a finite"),
+    # the CLI flag for the sequence length is --context
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, context_len=0), r"^--context must be >= 1, got 0$"),
 ])
 def test_bad_input(v5e, fn, kwargs, match):
     with pytest.raises(InputError, match=match):
         fn(chip=v5e, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(kv_scale="per-token"), r"^--kv-scale per-token: a bf16 KV cache has no scales"),
+    (dict(kv_scale="per-page", kv_dtype="int8"), r"^--kv-scale: got 'per-page'"),
+])
+def test_kv_bytes_per_token_bad_scale(kwargs, match):
+    with pytest.raises(InputError, match=match):
+        kv_bytes_per_token(layers=32, kv_heads=8, head_dim=128, **kwargs)
+
+
+def test_kv_bytes_per_token_int8_with_scales():
+    # Llama-3.1-8B int8 KV with per-token f32 scales: 2 (K, V) * 32 layers * 8 heads * (128 * 1 + 4) = 67584 B
+    assert kv_bytes_per_token(layers=32, kv_heads=8, head_dim=128, kv_dtype="int8", kv_scale="per-token") == 67584
