@@ -8,13 +8,19 @@ _PREFIXES = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0,
 _BINARY = [(2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"), (1, "")]
 
 
-def si(value: float | None, unit: str, digits: int = 3) -> str:
-    """``si(1.97e14, "FLOP/s") == "197 TFLOP/s"``; None prints as "n/a"."""
+def si(value: float | None, unit: str, digits: int = 3, *, sub_unit_prefixes: bool = True) -> str:
+    """``si(1.97e14, "FLOP/s") == "197 TFLOP/s"``; None prints as "n/a".
+
+    ``sub_unit_prefixes=False`` keeps values below 1 unprefixed (``0.400 FLOP/B``
+    rather than ``400 mFLOP/B``), for ratios where milli-units read oddly.
+    """
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if value == 0:
         return f"0 {unit}"
     mag = abs(value)
+    if not sub_unit_prefixes and mag < 1:
+        return f"{_sig(value, digits)} {unit}"
     for scale, prefix in _PREFIXES:
         if mag >= scale * 0.9995:
             break
@@ -60,6 +66,11 @@ def nbytes(value: float | None) -> str:
     return si(value, "B")
 
 
+def intensity(value: float | None) -> str:
+    """Arithmetic intensity or ridge point: ``intensity(0.4) == "0.400 FLOP/B"``."""
+    return si(value, "FLOP/B", sub_unit_prefixes=False)
+
+
 def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
@@ -73,5 +84,6 @@ def table(headers: list[str], rows: list[list[str]], align: str | None = None) -
         cells = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(row, widths, align)]
         return "  ".join(cells).rstrip()
 
-    rule = "  ".join("-" * w for w in widths)
+    # A column with an empty header (e.g. a marker column) gets no rule.
+    rule = "  ".join(("-" if h else " ") * w for h, w in zip(headers, widths)).rstrip()
     return "\n".join([fmt(headers), rule, *(fmt(r) for r in rows)])

@@ -36,6 +36,7 @@ import numpy as np
 from perfmodel.cli.common import echo_json, to_jsonable
 from perfmodel.errors import InputError
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
+from perfmodel import units
 from perfmodel.units import nbytes, percent, seconds, si, table
 
 DEFAULT_CHIP = "tpu-v5e"
@@ -213,8 +214,8 @@ def report_rows(preds: list[Prediction]) -> list[list[str]]:
         rows.append(row("VMEM working set", lambda p: nbytes(_num(c(p).vmem_bytes))))
     if has("useful_flops"):
         rows += [
-            row("arithmetic intensity", lambda p: si(_intensity(r(p)), "FLOP/B")),
-            row("ridge point", lambda p: si(r(p).ridge_point, "FLOP/B")),
+            row("arithmetic intensity", lambda p: units.intensity(_intensity(r(p)))),
+            row("ridge point", lambda p: units.intensity(r(p).ridge_point)),
             row("attainable FLOP/s", lambda p: si(_num(r(p).attainable_flops_per_s), "FLOP/s")),
             row("MFU at floor", lambda p: percent(_num(r(p).mfu_at_floor))),
         ]
@@ -285,7 +286,7 @@ def sweep_rows(preds: list[Prediction], keys: list[str]) -> tuple[list[str], lis
         row = ([p.chip.name] if multi_chip else []) + ([p.variant] if variants else [])
         row += [_fmt_param(p.point.get(k)) for k in keys]
         row += [seconds(_num(r.floor_s)), seconds(_num(r.expected_s)), bound,
-                si(_intensity(r), "FLOP/B"), percent(_num(r.mfu_at_floor)),
+                units.intensity(_intensity(r)), percent(_num(r.mfu_at_floor)),
                 percent(_num(r.mbu_at_floor)), nbytes(_num(p.cost.hbm_bytes)), mark]
         rows.append(row)
     if any(r[-1] for r in rows):

@@ -60,7 +60,38 @@ def test_analyze_passes_hw_to_a_chip_parameter():
     res = run("analyze", "kernels.matmul:matmul", "--hw", "v6e", "--shape", "x=512x512:bf16",
               "--shape", "w=512x512:bf16", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["chip"] == "tpu-v6e"
+    data = json.loads(res.output)
+    assert data["chip"] == "tpu-v6e"
+    # The kernel's refs carry their names (kernels.common.with_ref_names), not "refs[0]".
+    kern = data["kernels"][0]
+    assert [(o["name"], o["role"]) for o in kern["operands"]] == [("x_ref", "input"), ("w_ref", "input"),
+                                                                 ("o_ref", "output")]
+    assert [s["name"] for s in kern["scratch"]] == ["acc_ref"]
+
+
+def test_analyze_names_the_operands_of_optional_inputs():
+    # int8 weights with scales and a bias: the optional operands are named too, in call order.
+    res = run("analyze", "kernels.matmul:matmul", "--shape", "x=256x256:bf16", "--shape", "w=256x256:int8",
+              "--shape", "w_scale=256:f32", "--shape", "bias=256:f32", "--json")
+    assert res.exit_code == 0, res.output
+    names = [o["name"] for o in json.loads(res.output)["kernels"][0]["operands"]]
+    assert names == ["x_ref", "w_ref", "w_scale_ref", "bias_ref", "o_ref"]
+
+
+def test_analyze_a_grid_with_no_steps_is_a_user_error():
+    # JAX's matmul grid is (1000 // 512, 1000 // 1024, ...) = (1, 0, ...): no step runs.
+    res = run("analyze", JAX_MM, "--shape", "x=1000x1000:bf16", "--shape", "y=1000x1000:bf16",
+              "--arg", "block_shape=512,1024", "--arg", "block_k=1024")
+    _one_line_error(res, "has an empty dimension", "runs no step")
+
+
+def test_tune_says_when_the_reference_blocks_do_not_apply():
+    # 1000 is no multiple of the guide's 512 / 1024 blocks, so there is no reference to compare with;
+    # whole-dimension blocks (1000) are still legal.
+    res = run("tune", "jax-matmul", "--shape", "x=1000x1000:bf16", "--shape", "y=1000x1000:bf16")
+    assert res.exit_code == 0, res.output
+    assert "reference blocks: not applicable to these shapes" in res.output
+    assert "bm=1000,bk=1000,bn=1000" in res.output
 
 
 @pytest.mark.parametrize(
@@ -77,6 +108,13 @@ def test_analyze_passes_hw_to_a_chip_parameter():
         (["tune", "nope"], ["KERNEL 'nope' is not known"]),
         (["tune"], ["KERNEL: missing"]),
         (["tune", "kv_cache_update"], ["no block sizes the advisor enumerates"]),
+        (["tune", "matmul", "--shape", "x=256x256:bf16", "--shape", "w=256x256:f16"],
+         ["no legal block sizes", "w: dtype float16 must match x (bfloat16)"]),
+        (["tune", "matmul", "--hw", "v99"], ["unknown chip 'v99'"]),
+        (["tune", "matmul", "--shape", "x=256x:bf16"], ["--shape 'x=256x:bf16'", "dimensions"]),
+        (["inspect", "nope"], ["KERNEL 'nope' is not known"]),
+        (["inspect", "matmul", "--hw", "h100-sxm"], ["--hw", "not a TPU"]),
+        (["inspect", "matmul", "--shape", "q=256x256:bf16"], ["--shape", "'q' is not an array argument"]),
         (["inspect", "matmul", "--block", "bq=3"], ["--block", "not a block field"]),
         (["inspect", "matmul", "--block", "bm=x"], ["--block 'bm=x'", "POSITIVE_INT"]),
         (["inspect", "matmul", "--block", "bm=128"], ["--block", "missing bk, bn"]),

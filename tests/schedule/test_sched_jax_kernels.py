@@ -183,6 +183,12 @@ def test_scalar_prefetch_values_drive_the_fetch_count():
     assert kern.num_scalar_prefetch == 1
 
 
+def test_a_grid_with_an_empty_dimension_is_refused():
+    # JAX's matmul takes grid (m // bm, n // bn, k // bk): 1000 // 1024 = 0, so the kernel runs no step.
+    with pytest.raises(InputError, match=r"grid \(1, 0, .*\) has an empty dimension, so the kernel runs no step"):
+        _mm(1000, 1000, 1000, 512, 1024, 1024, jnp.bfloat16)
+
+
 def test_a_function_without_pallas_calls_says_so():
     a = analyze(lambda x: x @ x, jax.ShapeDtypeStruct((8, 8), jnp.float32))
     assert a.kernels == ()
