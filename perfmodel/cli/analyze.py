@@ -31,8 +31,9 @@ footprint against the chip's limits, MXU/VPU/EUP work, and an expected time next
 
 \b
 Arguments of FUNCTION are bound by name: arrays from --shape, Python values from --arg
-(parsed as Python literals, e.g. --arg block_shape=512,1024 --arg causal=True). A FUNCTION
-with a `chip` parameter gets --hw unless --arg chip=... is given.
+(parsed as Python literals, e.g. --arg block_shape=512,1024 --arg causal=True); a dict literal
+builds a dataclass parameter, e.g. --arg 'block_sizes={"bm": 512, "bk": 1024, "bn": 1024}'.
+A FUNCTION with a `chip` parameter gets --hw (giving --arg chip=... too must name the same chip).
 
 \b
 Examples:
@@ -66,6 +67,31 @@ def _parameters(fn: Callable) -> tuple[list[str], bool]:
     return names, any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
 
 
+def _dataclass_arguments(fn: Callable, static: dict[str, Any]) -> None:
+    """Build dataclass parameters (e.g. ``block_sizes: MatmulBlockSizes | None``) given as a dict literal:
+    ``--arg 'block_sizes={"bm": 512, "bk": 1024, "bn": 1024}'``. Other values are left as parsed."""
+    import dataclasses
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: nothing to build
+        return
+    for name, value in static.items():
+        if not isinstance(value, dict) or name not in hints:
+            continue
+        hint = hints[name]
+        classes = [t for t in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(t) and isinstance(t, type)]
+        if not classes:
+            continue
+        cls = classes[0]
+        try:
+            static[name] = cls(**value)
+        except (TypeError, ValueError) as exc:
+            fields = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise InputError(f"--arg {name}: {exc} ({cls.__name__} fields: {fields})") from None
+
+
 def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip: str) -> tuple[Callable, tuple[Any, ...]]:
     """Resolve MODULE:FUNCTION and build (wrapper of the arrays, arrays) from --shape and --arg."""
     from perfmodel.schedule.catalog import load
@@ -83,11 +109,17 @@ def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip:
         if not open_kwargs and name not in params:
             flag = "--shape" if name in {s.name for s in specs} else "--arg"
             raise InputError(f"{flag}: '{name}' is not a parameter of {target}; its parameters: {', '.join(params)}")
+    _dataclass_arguments(fn, static)
     dup = {s.name for s in specs} & set(static)
     if dup:
         raise InputError(f"--arg: {', '.join(sorted(dup))} also given as --shape; give each argument once")
     if "chip" in params and "chip" not in static:
         static["chip"] = chip
+    elif "chip" in params and isinstance(static["chip"], str):
+        from perfmodel.hw.registry import get_chip
+
+        if get_chip(static["chip"]).name != chip:  # the kernel would be built for one chip and modelled on another
+            raise InputError(f"--arg chip={static['chip']} differs from --hw {chip}; give the chip once, with --hw")
     names = [s.name for s in specs]
 
     def call(*arrays: Any) -> Any:

@@ -58,6 +58,8 @@ def _work_line(k: KernelAnalysis) -> str:
     text = f"Work   {mxu}, VPU {si(w.vpu_ops, 'op')}, EUP {si(w.eup_ops, 'op')}"
     if w.manual_dma_bytes:
         text += f", manual DMA {nbytes(w.manual_dma_bytes)}"
+    text += (f"\n         per step (mean of {k.steps:,}): MXU {si(w.mean_step_mxu_issued_flops, 'FLOP')} issued, "
+             f"VPU {si(w.mean_step_vpu_ops, 'op')}, EUP {si(w.mean_step_eup_ops, 'op')}")
     return text
 
 

@@ -37,6 +37,8 @@ def test_analyze_jax_matmul_text_report():
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip().startswith(("x_tile", "y_tile", "o_tile"))}
     assert rows["x_tile_ref"][5] == "4" and rows["y_tile_ref"][5] == "4" and rows["o_tile_ref"][5] == "2"
     assert "fits" in out and "expected" in out and "op floor" in out
+    # Per-step work: one (512 x 512) @ (512 x 1024) block product, 2*512*512*1024 = 537 MFLOP, every step.
+    assert "per step (mean of 4): MXU 537 MFLOP issued" in out
     assert "dispatch-dominated" in out
 
 
@@ -67,6 +69,14 @@ def test_analyze_passes_hw_to_a_chip_parameter():
     assert [(o["name"], o["role"]) for o in kern["operands"]] == [("x_ref", "input"), ("w_ref", "input"),
                                                                  ("o_ref", "output")]
     assert [s["name"] for s in kern["scratch"]] == ["acc_ref"]
+
+
+def test_analyze_builds_block_sizes_from_a_dict_literal():
+    # 1024^3 with bm=256, bk=512, bn=256: grid (1024/256, 1024/256, 1024/512) = (4, 4, 2).
+    res = run("analyze", "kernels.matmul:matmul", "--shape", "x=1024x1024:bf16", "--shape", "w=1024x1024:bf16",
+              "--arg", 'block_sizes={"bm": 256, "bk": 512, "bn": 256}', "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["kernels"][0]["grid"] == [4, 4, 2]
 
 
 def test_analyze_names_the_operands_of_optional_inputs():
@@ -105,6 +115,13 @@ def test_tune_says_when_the_reference_blocks_do_not_apply():
         (["analyze", JAX_MM], ["--shape", "at least one"]),
         (["analyze", JAX_MM, "--hw", "h100-sxm", "--shape", "x=8x8:bf16"], ["--hw", "not a TPU"]),
         (["analyze", JAX_MM, "--hw", "v99", "--shape", "x=8x8:bf16"], ["unknown chip 'v99'"]),
+        (["analyze", "kernels.matmul:matmul", "--hw", "v5e", "--shape", "x=8x128:bf16", "--arg", "chip=tpu-v4"],
+         ["--arg chip=tpu-v4 differs from --hw tpu-v5e"]),
+        (["analyze", "kernels.matmul:matmul", "--shape", "x=256x256:bf16", "--shape", "w=256x256:bf16",
+          "--arg", 'block_sizes={"bm": 100, "bk": 128, "bn": 128}'],
+         ["--arg block_sizes: block_sizes.bm=100 must be a multiple of 8", "fields: bm, bk, bn"]),
+        (["analyze", "kernels.matmul:matmul", "--shape", "x=256x256:bf16", "--shape", "w=256x256:bf16",
+          "--arg", 'block_sizes={"bq": 128}'], ["--arg block_sizes:", "unexpected keyword argument 'bq'"]),
         (["tune", "nope"], ["KERNEL 'nope' is not known"]),
         (["tune"], ["KERNEL: missing"]),
         (["tune", "kv_cache_update"], ["no block sizes the advisor enumerates"]),

@@ -328,3 +328,19 @@ def test_default_blocks_at_a_larger_shape(weights):
         w = jnp.round(w.astype(jnp.float32) / scale).astype(jnp.int8)
     out = matmul(x, w, w_scale=scale, bias=bias, activation="gelu", interpret=True)
     _assert_matches(out, matmul_reference(x, w, w_scale=scale, bias=bias, activation="gelu"))
+
+
+# ----- kernels.common.with_ref_names (shared by the kernels) -----
+
+def test_with_ref_names_gives_the_kernel_a_signature_and_checks_the_count():
+    import inspect
+
+    from kernels.common import with_ref_names
+
+    seen = []
+    named = with_ref_names(lambda *refs: seen.append(refs), ["x_ref", "o_ref"])
+    assert list(inspect.signature(named).parameters) == ["x_ref", "o_ref"]
+    named(1, 2)
+    assert seen == [(1, 2)]
+    with pytest.raises(TypeError, match=r"got 3 refs for 2 names \(x_ref, o_ref\)"):
+        named(1, 2, 3)

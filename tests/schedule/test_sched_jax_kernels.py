@@ -62,6 +62,28 @@ def test_jax_matmul_traffic_and_work(dtype, m, k, n, bm, bk, bn):
     assert kern.vmem.status == "fits"
 
 
+@pytest.mark.parametrize(
+    "block,total_mib,status,note",
+    [
+        # 512^2 bf16 blocks: 0.5 MiB each, x/y/o double-buffered 3 MiB + f32 accumulator 1 MiB = 4 MiB.
+        (512, 4, "fits", None),
+        # 2048^2 bf16 blocks: 8 MiB each, 2 x 3 x 8 = 48 MiB + f32 accumulator 16 MiB = 64 MiB:
+        # over v5e's 16 MiB default scoped limit, under its 128 MiB of VMEM.
+        (2048, 64, "needs vmem_limit_bytes", "vmem_limit_bytes>=67108864"),
+        # 4096^2: 32 MiB blocks, 2 x 3 x 32 = 192 MiB + 64 MiB accumulator = 256 MiB > 128 MiB.
+        (4096, 256, "does not fit", "exceed the 128 MiB of VMEM per core"),
+    ],
+)
+def test_vmem_verdict_of_a_kernel(block, total_mib, status, note):
+    kern = _mm(8192, 8192, 8192, block, block, block, jnp.bfloat16)
+    assert kern.vmem.total_bytes == total_mib * 2**20
+    assert kern.vmem.status == status
+    if note:
+        assert any(note in n for n in kern.notes)
+    else:
+        assert not any(n.startswith("VMEM") for n in kern.notes)
+
+
 def test_f32_matmul_pays_the_multi_pass_mxu_rate(v5e):
     # v5e lists no fp32 MXU rate: the op model's rule (6 bf16 passes) applies to issued FLOPs.
     kern = _mm(256, 256, 256, 128, 128, 128, jnp.float32)
@@ -211,3 +233,13 @@ def test_ideal_bytes_sum_to_the_arrays_when_every_block_is_touched():
     kern = _mm(512, 256, 384, 128, 128, 128, jnp.bfloat16)
     assert kern.ideal_hbm_bytes == (512 * 256 + 256 * 384 + 512 * 384) * 2
     assert math.isclose(kern.operands[0].reread_factor, 384 / 128)  # x re-read once per column block
+
+
+def test_perfmodel_analyze_is_the_library_entry_point():
+    # The spelling, perfmodel.analyze(fn, *args), resolves lazily to the schedule model.
+    import perfmodel
+
+    assert perfmodel.analyze is analyze
+    x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    a = perfmodel.analyze(jmm.matmul, x, x, block_shape=(128, 128), block_k=128)
+    assert a.chip == "tpu-v5e" and a.kernels[0].grid == (2, 2, 2)
