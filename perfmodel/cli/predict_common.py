@@ -438,7 +438,7 @@ def run_capacity(params: dict[str, Any], *, hw: Iterable[str], sweep: Iterable[s
                  as_csv: bool) -> None:
     """`predict kv-cache capacity`: tokens and sequences of KV that fit next to the weights, per chip."""
     from perfmodel.model.dtypes import itemsize, parse_dtype
-    from perfmodel.model.gemm import is_quantized
+    from perfmodel.model.dtypes import is_quantized
     from perfmodel.model.kvcache import kv_bytes_per_token, kv_capacity
     from perfmodel.units import binary
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost, combine
-from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, matmul_path, parse_dtype
+from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, is_quantized, matmul_path, parse_dtype
 from perfmodel.model.shapes import cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
 
 #: VPU ops per computed score element: running max, subtract, row sum, cast of p to the matmul dtype.
@@ -241,7 +241,7 @@ def _reduce(per_seq: Num, batch: np.ndarray | None) -> Num:
 
 def _resolve_kv_scale(kv_dtype: str, kv_scale: str | None) -> str:
     choice("kv_scale", kv_scale, KV_SCALES)
-    quantized = DTYPES[kv_dtype].bits <= 8
+    quantized = is_quantized(kv_dtype)
     if kv_scale is None:
         return "per-tensor" if quantized else "none"
     if kv_scale != "none" and not quantized:

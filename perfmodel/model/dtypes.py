@@ -70,6 +70,11 @@ SCALE_BYTES = 4
 INDEX_BYTES = 4
 
 
+def is_quantized(dtype: str) -> bool:
+    """Whether tensors of this (canonical) dtype carry scales: the int and fp8 types (8 bits or fewer)."""
+    return DTYPES[dtype].bits <= 8
+
+
 def parse_dtype(text: str, flag: str = "--dtype") -> str:
     """Canonical name of a dtype a user typed; InputError naming ``flag`` if unknown."""
     key = str(text).strip().lower().replace("-", "_")

@@ -185,7 +185,8 @@ def dequant_gemm(
     and writes them in ``act_dtype``; an ``act_dtype`` GEMM then reads them
     again. Parts: (dequantize, gemm).
     """
-    from perfmodel.model.gemm import gemm, is_quantized, resolve_weight_scale, weight_scale_bytes
+    from perfmodel.model.dtypes import is_quantized
+    from perfmodel.model.gemm import gemm, resolve_weight_scale, weight_scale_bytes
 
     w_dt, a_dt = parse_dtype(weight_dtype, "--weight-dtype"), parse_dtype(act_dtype, "--act-dtype")
     if not is_quantized(w_dt):

@@ -22,18 +22,13 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost
-from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
+from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, is_quantized, matmul_path, parse_dtype
 from perfmodel.model.elementwise import parse_epilogue
 from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
 
 WEIGHT_SCALES = (None, "none", "per-channel", "per-block")
 #: K-block of per-block scales when none is given.
 DEFAULT_SCALE_BLOCK = 128
-
-
-def is_quantized(dtype: str) -> bool:
-    """Whether tensors of this dtype carry scales (int and fp8 types)."""
-    return DTYPES[dtype].bits <= 8
 
 
 def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: int = 1) -> np.ndarray:

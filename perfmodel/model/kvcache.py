@@ -18,7 +18,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost
-from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, parse_dtype
+from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, is_quantized, parse_dtype
 from perfmodel.model.shapes import cdiv, chip_tiles, choice, flag_name, fval, sizes
 
 #: Quantize-on-write per element: |x|, running max, multiply by 1/scale, round, cast.
@@ -31,10 +31,6 @@ UPDATE_SCALES = (None, "none", "per-tensor", "per-token")
 #: Share of HBM kept free for activations, compiler scratch and fragmentation when sizing the cache
 #: (vLLM's default gpu_memory_utilization is 0.9).
 DEFAULT_HBM_UTILIZATION = 0.9
-
-
-def _quantized(dtype: str) -> bool:
-    return DTYPES[dtype].bits <= 8
 
 
 def kv_cache_update(
@@ -61,10 +57,10 @@ def kv_cache_update(
         "page_size", page_size)
     kv_dt, src_dt = parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(src_dtype, "--src-dtype")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
-    quantize = kv_dt != src_dt and _quantized(kv_dt)
+    quantize = kv_dt != src_dt and is_quantized(kv_dt)
     if kv_scale is None:
         kv_scale = "per-token" if quantize else "none"
-    if kv_scale != "none" and not _quantized(kv_dt):
+    if kv_scale != "none" and not is_quantized(kv_dt):
         raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     tiles = chip_tiles(chip)
     rows = 2.0 * tokens * kv_heads  # K and V rows of head_dim elements
@@ -133,7 +129,7 @@ def kv_gather(
     stored = 2.0 * kv_heads * head_dim * pages * page_size
     used = 2.0 * kv_heads * head_dim * lens
     dequant = out_dt != kv_dt
-    scales = _quantized(kv_dt) and dequant
+    scales = is_quantized(kv_dt) and dequant
     read = stored * DTYPES[kv_dt].itemsize_bytes + pages * INDEX_BYTES
     if scales:
         read = read + 2.0 * kv_heads * pages * page_size * SCALE_BYTES
@@ -158,7 +154,7 @@ def kv_bytes_per_token(*, layers: Num, kv_heads: Num, head_dim: Num, kv_dtype: s
     layers, kv_heads, head_dim = sizes("layers", layers), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     kv_dt = parse_dtype(kv_dtype, "--kv-dtype")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
-    if kv_scale not in (None, "none") and not _quantized(kv_dt):
+    if kv_scale not in (None, "none") and not is_quantized(kv_dt):
         raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     per_head = head_dim * DTYPES[kv_dt].itemsize_bytes + (SCALE_BYTES if kv_scale == "per-token" else 0)
     return fval(2.0 * layers * kv_heads * per_head)

@@ -44,7 +44,8 @@ from perfmodel.model import attention, collectives, core, fused, kvcache, sampli
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
-from perfmodel.model.gemm import gemm, is_quantized
+from perfmodel.model.dtypes import is_quantized
+from perfmodel.model.gemm import gemm
 
 PHASES: tuple[str, ...] = ("prefill", "decode")
 DEFAULT_PAGE_SIZE = 16
