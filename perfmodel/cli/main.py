@@ -16,6 +16,10 @@ _COMMANDS = {
     "analyze": "perfmodel.cli.analyze:analyze",
     "tune": "perfmodel.cli.analyze:tune",
     "inspect": "perfmodel.cli.inspect:inspect_cmd",
+    "measure": "perfmodel.cli.measure:measure",
+    "compare": "perfmodel.cli.measure:compare",
+    "calibrate": "perfmodel.cli.measure:calibrate",
+    "report": "perfmodel.cli.report:report",
 }
 
 _HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?

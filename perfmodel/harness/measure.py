@@ -1,0 +1,449 @@
+"""Timing a catalog kernel on the JAX backend that is present, next to perfmodel's predictions.
+
+Kernels, their array arguments and block fields come from the catalog
+(:mod:`perfmodel.schedule.catalog`, the one `perfmodel tune` and `inspect`
+use) and ``--shape`` texts from :mod:`perfmodel.schedule.shapes`. Arrays
+given without a FILL are filled with seeded random values for the run.
+
+On a TPU the kernel is compiled by Mosaic (mode "compiled"). Elsewhere a
+Pallas TPU kernel can only run in TPU interpret mode (mode "interpret"): the
+time is the host's wall time of an emulation, recorded and printed as such,
+never as kernel performance, and its efficiency is null.
+
+Timing: ``warmup`` untimed calls (the first compiles), then ``repeat`` calls
+each timed with ``time.perf_counter`` around the call and
+``jax.block_until_ready``: wall time per call, host dispatch included. On a
+TPU the round trip of a trivial jitted call is timed the same way and kept as
+the dispatch estimate. Predictions: the schedule model
+(:func:`perfmodel.schedule.analyze.analyze`) gives the op floor and the
+expected device time.
+
+jax is imported inside the functions that need it, never at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from perfmodel.errors import InputError, PerfmodelError
+from perfmodel.harness.records import (
+    INTERPRET_LABEL,
+    ArraySpec,
+    Loaded,
+    Located,
+    Prediction,
+    Record,
+    Timing,
+    append_record,
+    check_appendable,
+    efficiency,
+)
+from perfmodel.hw.spec import ChipSpec
+
+SOURCE = "perfmodel measure"
+
+
+class MeasurementError(PerfmodelError):
+    """A kernel failed while being measured; the message says how many records were saved."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One measurement: a catalog kernel, its --shape texts, block sizes (None: the kernel's default)."""
+
+    kernel: str
+    shapes: tuple[str, ...]
+    blocks: Mapping[str, int] | None = None
+    #: Extra static keyword arguments (--arg).
+    static: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backend:
+    """The JAX backend and device the kernel runs on."""
+
+    name: str
+    device_kind: str
+    jax_version: str
+
+    @property
+    def mode(self) -> str:
+        return "compiled" if self.name == "tpu" else "interpret"
+
+
+def current_backend() -> Backend:
+    import jax
+
+    return Backend(name=jax.default_backend(), device_kind=str(jax.devices()[0].device_kind),
+                   jax_version=jax.__version__)
+
+
+# --------------------------------------------------------------------------- chips
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChipChoice:
+    """The chip predictions are for, and the chip the device is (if perfmodel knows it)."""
+
+    chip: ChipSpec
+    device_chip: str | None
+    notes: tuple[str, ...] = ()
+
+
+def choose_chip(hw: str | None, backend: Backend) -> ChipChoice:
+    """--hw, else the TPU matching the device's device_kind; InputError asking for --hw otherwise."""
+    from perfmodel.hw.registry import get_chip, normalize
+    from perfmodel.schedule.analyze import resolve_chip
+
+    try:
+        device = get_chip(backend.device_kind)
+    except PerfmodelError:  # unknown device kind (e.g. "cpu") or a broken user spec: no device chip
+        device = None
+    if hw is None:
+        if device is None or device.kind != "tpu":
+            what = f"'{backend.device_kind}'" + (f" ({device.name}, not a TPU)" if device is not None else "")
+            raise InputError(f"--hw: the {backend.name} device {what} is not a TPU perfmodel knows; "
+                             "give --hw CHIP for the TPU the predictions are for, e.g. --hw v5e")
+        return ChipChoice(chip=resolve_chip(device.name), device_chip=device.name)
+    chip = resolve_chip(hw)
+    names = {normalize(n) for n in [chip.name, *chip.aliases, *chip.jax_device_kinds]}
+    if normalize(backend.device_kind) in names:
+        return ChipChoice(chip=chip, device_chip=chip.name)
+    notes: tuple[str, ...] = ()
+    if backend.mode == "compiled":
+        seen = device.name if device is not None else f"'{backend.device_kind}' (not in perfmodel's database)"
+        notes = (f"predictions are for {chip.name} but the device is {seen}: efficiency left null",)
+    return ChipChoice(chip=chip, device_chip=device.name if device is not None else None, notes=notes)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def time_calls(fn: Callable, args: Sequence[Any], *, warmup: int, repeat: int,
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds of each of ``repeat`` calls (after ``warmup`` untimed ones), each up to block_until_ready."""
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeat):
+        start = clock()
+        jax.block_until_ready(fn(*args))
+        times.append(clock() - start)
+    return times
+
+
+def dispatch_round_trip(*, warmup: int, repeat: int) -> float:
+    """Median seconds of a trivial jitted call on the default device (host dispatch + sync)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jnp.zeros((), jnp.float32)
+    return float(np.median(time_calls(jax.jit(lambda v: v + 1), (x,), warmup=max(1, warmup), repeat=max(3, repeat))))
+
+
+def timing(times: Sequence[float], *, warmup: int, dispatch_s: float | None) -> Timing:
+    """Median and spread of the timed repeats."""
+    import numpy as np
+
+    arr = np.asarray(times, dtype=float)
+    q25, q75 = np.percentile(arr, [25, 75])
+    return Timing(
+        statistic="median", measured_s=float(np.median(arr)), min_s=float(arr.min()), max_s=float(arr.max()),
+        iqr_s=float(q75 - q25), times_s=tuple(float(t) for t in arr), repeats=len(arr), warmup=warmup,
+        includes_dispatch=True, dispatch_s=dispatch_s,
+        dispatch_source=("median round trip of a trivial jitted call on the same device"
+                         if dispatch_s is not None else None),
+    )
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def predict_call(entry: Any, specs: Mapping[str, Any], blocks: Mapping[str, int] | None, chip: ChipSpec,
+                 static: Mapping[str, Any], *, dispatch_s: float) -> Prediction:
+    """Op floor and the schedule model's expected time of one catalog kernel call."""
+    from perfmodel.model.core import ACHIEVABLE
+    from perfmodel.schedule.analyze import analyze
+    from perfmodel.schedule.timing import DISPATCH_DOMINATED_RATIO
+
+    fn = entry.make_function(specs, blocks, chip, extra=static)
+    try:
+        analysis = analyze(fn, *entry.arguments(specs), chip=chip)
+    except PerfmodelError:
+        raise
+    except ValueError as exc:  # the kernel's own argument checks, raised while tracing
+        raise InputError(f"{entry.name}: {_first_line(exc)}") from None
+    if not analysis.kernels:
+        raise InputError(f"{entry.name}: runs no pallas_call; nothing to measure against the schedule model")
+    main = max(analysis.kernels, key=lambda k: k.time.expected_s)
+    floor_kernel = max(analysis.kernels, key=lambda k: k.time.op_floor_s)
+    unit = limiting_unit(main, chip)
+    expected = float(analysis.expected_s)
+    return Prediction(
+        chip=chip.name,
+        op_floor_s=float(sum(k.time.op_floor_s for k in analysis.kernels)),
+        op_floor_limiter=floor_kernel.time.op_floor_limiter,
+        expected_s=expected,
+        expected_source="schedule model",
+        schedule_limiter=main.time.limiter,
+        limiting_unit=unit,
+        model_factor=ACHIEVABLE[unit][0] if unit in ACHIEVABLE else None,
+        useful_flops=float(sum(k.work.mxu_useful_flops for k in analysis.kernels)),
+        mxu_dtype=main.work.mxu_dtype,
+        ideal_hbm_bytes=float(sum(k.ideal_hbm_bytes for k in analysis.kernels)),
+        moved_hbm_bytes=float(sum(k.hbm_bytes for k in analysis.kernels)),
+        grid=tuple(int(g) for g in main.grid),
+        operand_blocks={o.name: tuple(int(d) for d in o.block_shape) for o in main.operands if o.pipelined},
+        pallas_calls=len(analysis.kernels),
+        dispatch_dominated=expected < DISPATCH_DOMINATED_RATIO * dispatch_s,
+        notes=tuple(n for k in analysis.kernels for n in k.notes if not n.startswith("dispatch-dominated")),
+    )
+
+
+def limiting_unit(kernel: Any, chip: ChipSpec) -> str:
+    """Unit whose achievable factor scales the kernel's expected time: the schedule limiter's unit.
+
+    "dma" steps are HBM-limited; "compute" steps by whichever of MXU / VPU / EUP
+    takes longest over the grid at the model's achievable per-core rates;
+    "overhead" steps by the fixed per-step cost (no factor applies).
+    """
+    from perfmodel.schedule.timing import core_rates
+
+    limiter = kernel.time.limiter
+    if limiter == "dma":
+        return "hbm"
+    if limiter != "compute":
+        return "overhead"
+    rates = core_rates(chip)
+    w = kernel.work
+    mxu_rate = rates.mxu_flops_per_s.get(w.mxu_dtype) or min(rates.mxu_flops_per_s.values())
+    seconds = {"mxu": w.mxu_issued_flops / mxu_rate, "vpu": w.vpu_ops / rates.vpu_ops_per_s,
+               "eup": w.eup_ops / rates.eup_ops_per_s}
+    return max(seconds, key=seconds.get)
+
+
+def op_model_prediction(cost: Any, chip: ChipSpec, *, dispatch_s: float) -> Prediction:
+    """Prediction of an XLA op from the op model alone (no kernel to analyze; no jax)."""
+    from perfmodel.model.core import ACHIEVABLE, evaluate
+    from perfmodel.schedule.timing import DISPATCH_DOMINATED_RATIO
+
+    roof = evaluate(cost, chip)
+    unit = str(roof.limiter)
+    expected = float(roof.expected_s)
+    return Prediction(
+        chip=chip.name, op_floor_s=float(roof.floor_s), op_floor_limiter=unit, expected_s=expected,
+        expected_source="op model", limiting_unit=unit,
+        model_factor=ACHIEVABLE[unit][0] if unit in ACHIEVABLE else None,
+        useful_flops=float(cost.useful_flops), mxu_dtype=cost.mxu_dtype, ideal_hbm_bytes=float(cost.hbm_bytes),
+        dispatch_dominated=expected < DISPATCH_DOMINATED_RATIO * dispatch_s,
+    )
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def block_sets(entry: Any, sweeps: Mapping[str, Sequence[int]] | None) -> list[dict[str, int] | None]:
+    """Every block set of a sweep (cross product, in the order given); [None] for the kernel's default."""
+    if not sweeps:
+        return [None]
+    fields = [ax.field for ax in entry.block_axes]
+    if fields:
+        unknown = [f for f in sweeps if f not in fields]
+        if unknown:
+            raise InputError(f"--block: {', '.join(unknown)} not a block field of {entry.name}; "
+                             f"fields: {', '.join(fields)}")
+        missing = [f for f in fields if f not in sweeps]
+        if missing:
+            raise InputError(f"--block: give every block field of {entry.name} together; missing {', '.join(missing)}")
+    names = list(sweeps)
+    return [dict(zip(names, values)) for values in itertools.product(*(sweeps[n] for n in names))]
+
+
+def measure_case(case: Case, *, chip: ChipChoice, backend: Backend, warmup: int, repeat: int,
+                 dispatch_s: float | None) -> Record:
+    """Time one case and predict it; a finished Record."""
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    from perfmodel.schedule.catalog import get_entry
+    from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
+
+    entry = get_entry(case.kernel)
+    specs = entry.specs(case.shapes)
+    run_specs = {n: dataclasses.replace(s, fill="random") if s.fill is None else s for n, s in specs.items()}
+    static = dict(case.static)
+    blocks = dict(case.blocks) if case.blocks is not None else None
+    prediction = predict_call(entry, run_specs, blocks, chip.chip, static,
+                              dispatch_s=dispatch_s if dispatch_s is not None else DEFAULT_HOST_DISPATCH.seconds)
+    args = entry.arguments(run_specs)
+    fn = jax.jit(entry.make_function(run_specs, blocks, chip.chip, extra=static))
+    if backend.mode == "interpret":
+        with pltpu.force_tpu_interpret_mode():
+            times = time_calls(fn, args, warmup=warmup, repeat=repeat)
+    else:
+        times = time_calls(fn, args, warmup=warmup, repeat=repeat)
+    t = timing(times, warmup=warmup, dispatch_s=dispatch_s)
+    notes = list(chip.notes)
+    if backend.mode == "interpret":
+        notes.append(f"{INTERPRET_LABEL}: Pallas TPU interpret mode on the {backend.name} backend emulates the "
+                     "kernel on the host; its time says nothing about TPU speed")
+    if warmup == 0:
+        notes.append("no warm-up: the first timed call includes compilation")
+    return Record(
+        kernel=entry.name, function=entry.function,
+        arrays=tuple(ArraySpec(name=s.name, shape=tuple(s.shape), dtype=s.dtype, fill=s.fill)
+                     for s in run_specs.values()),
+        static={**entry.static, **static}, blocks=blocks, backend=backend.name, device_kind=backend.device_kind,
+        device_chip=chip.device_chip, mode=backend.mode, jax_version=backend.jax_version,
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), source=SOURCE, timing=t,
+        prediction=prediction,
+        efficiency=efficiency(prediction, t.measured_s, mode=backend.mode, device_chip=chip.device_chip),
+        notes=tuple(notes),
+    )
+
+
+def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat: int = 5,
+              out: str | Path | None = None, on_record: Callable[[Record], None] | None = None) -> list[Record]:
+    """Measure every case in order; each finished record is appended to ``out`` (fsynced) at once.
+
+    A failure stops the run with a one-line MeasurementError saying how many
+    records were saved; every record finished before it is in the file.
+    """
+    if warmup < 0 or repeat < 1:
+        raise InputError(f"--repeat {repeat} / --warmup {warmup}: need repeat >= 1 and warmup >= 0")
+    backend = current_backend()
+    if backend.mode == "interpret" and any(not c.shapes for c in cases):
+        raise InputError(f"--shape: the {backend.name} backend runs the kernel in interpret mode on the host; "
+                         "give small shapes explicitly (the catalog's example shapes are TPU-sized)")
+    chip = choose_chip(hw, backend)
+    if out is not None:
+        check_appendable(out)
+    dispatch_s = dispatch_round_trip(warmup=warmup, repeat=repeat) if backend.mode == "compiled" else None
+    records: list[Record] = []
+    for i, case in enumerate(cases):
+        try:
+            record = measure_case(case, chip=chip, backend=backend, warmup=warmup, repeat=repeat,
+                                  dispatch_s=dispatch_s)
+        except Exception as exc:
+            if not records and isinstance(exc, PerfmodelError):
+                raise
+            saved = (f"{len(records)} finished record(s) are in {out}" if out is not None
+                     else f"{len(records)} finished record(s) not saved (no --out)")
+            blocks = ",".join(f"{k}={v}" for k, v in case.blocks.items()) if case.blocks else "default"
+            error = MeasurementError(f"{case.kernel} case {i + 1} of {len(cases)} (blocks {blocks}) failed: "
+                                     f"{type(exc).__name__}: {_first_line(exc)}; {saved}")
+            error.exit_code = getattr(exc, "exit_code", 1)
+            raise error from exc
+        if out is not None:
+            append_record(out, record)
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+    return records
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- published measurements
+
+
+def published_records(path: str | Path) -> Loaded:
+    """Records of a published-measurement YAML (perfmodel/data/validation/tpu_v5e_matmul.yaml's format).
+
+    Pallas points are JAX's example matmul (the catalog's ``jax-matmul``) at the
+    given blocks, predicted by the schedule model (traced with jax, nothing
+    runs); XLA points (``kernel: xla``) by the op model. The figures are means
+    of timed calls with dispatch included: the dispatch estimate is
+    :data:`perfmodel.schedule.timing.DEFAULT_HOST_DISPATCH`, as in the schedule
+    model's own calibration.
+    """
+    import yaml
+
+    from perfmodel.model.gemm import gemm
+    from perfmodel.schedule.analyze import resolve_chip
+    from perfmodel.schedule.catalog import get_entry
+    from perfmodel.schedule.shapes import parse_shape
+    from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+        data = yaml.safe_load(text)
+        lines = _point_lines(text)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list) or "chip" not in data:
+        raise InputError(f"{p}: expected a published-measurement file with 'chip', 'source' and 'points' "
+                         "(like perfmodel/data/validation/tpu_v5e_matmul.yaml)")
+    chip = resolve_chip(str(data["chip"]))
+    source = data.get("source") or {}
+    citation = ", ".join(str(source[k]) for k in ("title", "url") if k in source) or str(p)
+    calls = re.search(r"over (\d+) calls", str(source.get("measurement", "")))
+    dispatch = DEFAULT_HOST_DISPATCH
+    items = []
+    for i, point in enumerate(data["points"]):
+        where = f"{p}:{lines[i]}" if i < len(lines) else f"{p}: points[{i}]"
+        try:
+            m, n, k = (int(point[d]) for d in ("m", "n", "k"))
+            kind = str(point["kernel"])
+            measured_s = float(point["measured_ms"]) * 1e-3
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{where}: a point needs kernel, m, n, k and measured_ms") from None
+        x = parse_shape(f"x={m}x{k}:bf16")
+        y = parse_shape(f"y={k}x{n}:bf16")
+        if kind == "pallas":
+            entry = get_entry("jax-matmul")
+            try:
+                blocks = {"bm": int(point["bm"]), "bk": int(point["bk"]), "bn": int(point["bn"])}
+            except (KeyError, TypeError, ValueError):
+                raise InputError(f"{where}: a pallas point needs bm, bk and bn") from None
+            pred = predict_call(entry, {"x": x, "y": y}, blocks, chip, {}, dispatch_s=dispatch.seconds)
+            name, function = entry.name, entry.function
+        elif kind == "xla":
+            cost = gemm(m=m, n=n, k=k, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16", chip=chip)
+            pred = op_model_prediction(cost, chip, dispatch_s=dispatch.seconds)
+            name, function, blocks = "xla-matmul", "jax.numpy:matmul", None
+        else:
+            raise InputError(f"{where}: field 'kernel' is '{kind}'; expected 'pallas' or 'xla'")
+        t = Timing(statistic="mean", measured_s=measured_s, repeats=int(calls.group(1)) if calls else 0,
+                   includes_dispatch=True, dispatch_s=dispatch.seconds, dispatch_source=dispatch.source)
+        record = Record(
+            kernel=name, function=function,
+            arrays=(ArraySpec(name="x", shape=(m, k), dtype=x.dtype), ArraySpec(name="y", shape=(k, n), dtype=y.dtype)),
+            blocks=blocks, backend="tpu", device_kind=(chip.jax_device_kinds or [chip.name])[0],
+            device_chip=chip.name, mode="compiled", source=f"published: {citation}", timing=t, prediction=pred,
+            efficiency=efficiency(pred, measured_s, mode="compiled", device_chip=chip.name),
+            notes=(f"published figure ({source.get('measurement', 'method not stated')})",),
+        )
+        items.append(Located(where=where, record=record))
+    return Loaded(items=tuple(items))
+
+
+def _point_lines(text: str) -> list[int]:
+    """1-based line of each item of the top-level 'points' list."""
+    import yaml
+
+    root = yaml.compose(text)
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for key, value in root.value:
+        if key.value == "points" and isinstance(value, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in value.value]
+    return []

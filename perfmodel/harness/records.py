@@ -1,0 +1,397 @@
+"""The results file: JSON Lines, one self-describing record per measurement.
+
+Every line is one :class:`Record`: what ran (kernel, arrays with shapes and
+dtypes, static arguments, block sizes), where (JAX backend, device_kind,
+mode, jax version, time stamp), the timing in seconds and perfmodel's
+predictions for the same call in seconds. ``mode`` is ``"compiled"`` for a
+kernel compiled by Mosaic on a TPU and ``"interpret"`` for Pallas TPU
+interpret mode (CPU or GPU backends): an interpret-mode time is the host's
+wall time of an emulation and never a TPU figure, so its ``efficiency`` is
+null.
+
+Crash safety: :func:`append_record` writes a whole line (newline included)
+with one ``os.write`` on a file opened with ``O_APPEND`` and fsyncs it before
+returning, so a crash leaves every finished record and at most one truncated
+last line, which :func:`read_records` skips with a warning naming
+``file:line``. No jax here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from perfmodel.errors import InputError
+
+#: Written into every record; the reader rejects other schemas.
+SCHEMA = "perfmodel.measurement/1"
+
+#: "compiled": Mosaic-compiled on a TPU. "interpret": Pallas TPU interpret mode (not TPU performance).
+MODES = ("compiled", "interpret")
+
+#: Label for interpret-mode times wherever they are shown.
+INTERPRET_LABEL = "interpret-mode wall time (not TPU performance)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArraySpec:
+    """One array argument of the call (the ``--shape`` that reproduces it is :attr:`text`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    #: numpy / ml_dtypes name, e.g. "bfloat16".
+    dtype: str
+    #: How the values were made: a number, "arange", "arange*N", "random" (seeded), or null (abstract).
+    fill: float | str | None = None
+
+    @property
+    def text(self) -> str:
+        dims = "x".join(str(d) for d in self.shape) if self.shape else "scalar"
+        if self.fill is None:
+            return f"{self.name}={dims}:{self.dtype}"
+        fill = f"{self.fill:g}" if isinstance(self.fill, (int, float)) else self.fill
+        return f"{self.name}={dims}:{self.dtype}={fill}"
+
+    @property
+    def dims(self) -> str:
+        return "x".join(str(d) for d in self.shape) if self.shape else "scalar"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """What was measured, in seconds."""
+
+    #: Which statistic ``measured_s`` is: "median" of the repeats, or "mean" (published timeit figures).
+    statistic: str
+    measured_s: float
+    min_s: float | None = None
+    max_s: float | None = None
+    #: Interquartile range of the repeats (75th - 25th percentile).
+    iqr_s: float | None = None
+    #: Every timed repeat (empty for published figures).
+    times_s: tuple[float, ...] = ()
+    repeats: int
+    #: Untimed calls before the timed ones (null when a source does not say).
+    warmup: int | None = None
+    #: True when each timed call includes host dispatch (wall clock around one call + block_until_ready).
+    includes_dispatch: bool
+    #: Estimate of that dispatch: the round trip of a trivial jitted call on the same device, or a published figure.
+    dispatch_s: float | None = None
+    dispatch_source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """perfmodel's predictions for the same call on ``chip``, in seconds."""
+
+    chip: str
+    #: Roofline floor of the kernel's useful work with each byte moved once (perfmodel.model.evaluate).
+    op_floor_s: float
+    #: Unit that sets that floor: "mxu", "hbm", "vpu", "eup".
+    op_floor_limiter: str
+    #: Expected device time: the schedule model's (Pallas kernels) or the op model's (XLA ops).
+    expected_s: float
+    #: "schedule model" or "op model".
+    expected_source: str
+    #: Schedule model only: what limits most grid steps ("compute", "dma" or "overhead").
+    schedule_limiter: str | None = None
+    #: Unit whose achievable-efficiency factor scales expected_s ("mxu", "hbm", "vpu", "eup"),
+    #: or "overhead" when the per-step overhead dominates (no factor applies).
+    limiting_unit: str
+    #: The achievable-efficiency factor of limiting_unit the expected time used (perfmodel.model.core.ACHIEVABLE).
+    model_factor: float | None = None
+    #: Useful matrix FLOPs (2*M*N*K summed), MXU operand dtype, HBM bytes with each byte once / as moved.
+    useful_flops: float
+    mxu_dtype: str
+    ideal_hbm_bytes: float
+    moved_hbm_bytes: float | None = None
+    #: Schedule model: grid of the (slowest) pallas_call and each operand's block shape.
+    grid: tuple[int, ...] | None = None
+    operand_blocks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    pallas_calls: int = 0
+    #: True when expected_s is under 2x the host dispatch of one call (a single-call timing is mostly dispatch).
+    dispatch_dominated: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One measurement and its predictions (one line of a results file)."""
+
+    schema: str = SCHEMA
+    kernel: str
+    #: "module:function" that ran (null for published XLA points).
+    function: str | None = None
+    arrays: tuple[ArraySpec, ...]
+    #: Static keyword arguments (e.g. causal), block sizes excluded.
+    static: dict[str, Any] = field(default_factory=dict)
+    #: Block sizes asked for (null: the kernel's default; Prediction.operand_blocks has the effective ones).
+    blocks: dict[str, int] | None = None
+    #: jax.default_backend() ("tpu", "cpu", "gpu") and the device's device_kind.
+    backend: str
+    device_kind: str
+    #: The chip perfmodel's database matches to device_kind (null: none, e.g. a CPU).
+    device_chip: str | None = None
+    mode: str
+    jax_version: str | None = None
+    #: ISO 8601 UTC time the measurement finished (null for published figures).
+    timestamp: str | None = None
+    #: "perfmodel measure" or the citation of published figures.
+    source: str
+    timing: Timing
+    prediction: Prediction
+    #: op floor / measured time; null in interpret mode or when the prediction is for another chip than
+    #: device_chip.
+    efficiency: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_real(self) -> bool:
+        """A timing of the kernel compiled for a real TPU (not interpret mode)."""
+        return self.mode == "compiled"
+
+    @property
+    def device_time_s(self) -> float | None:
+        """Measured time less the dispatch estimate when the timing includes dispatch (None if not positive)."""
+        t = self.timing
+        dispatch = t.dispatch_s if (t.includes_dispatch and t.dispatch_s is not None) else 0.0
+        value = t.measured_s - dispatch
+        return value if value > 0 else None
+
+    @property
+    def expected_wall_s(self) -> float:
+        """The prediction on the measurement's footing: expected device time plus dispatch where timed."""
+        t = self.timing
+        dispatch = t.dispatch_s if (t.includes_dispatch and t.dispatch_s is not None) else 0.0
+        return self.prediction.expected_s + dispatch
+
+    @property
+    def arrays_text(self) -> str:
+        """e.g. "x=1024x1024:bf16 y=1024x1024:bf16" (fill left out)."""
+        return " ".join(f"{a.name}={a.dims}:{short_dtype(a.dtype)}" for a in self.arrays)
+
+    @property
+    def blocks_text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.blocks.items()) if self.blocks else "default"
+
+
+def efficiency(prediction: Prediction, measured_s: float, *, mode: str, device_chip: str | None) -> float | None:
+    """Op floor over the measured time, only where that means something (a real TPU of the predicted chip)."""
+    if mode != "compiled" or device_chip != prediction.chip or measured_s <= 0:
+        return None
+    return prediction.op_floor_s / measured_s
+
+
+_SHORT_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16", "float8_e4m3fn": "fp8",
+                 "float8_e5m2": "e5m2"}
+
+
+def short_dtype(name: str) -> str:
+    return _SHORT_DTYPES.get(name, name)
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def to_json(record: Record) -> dict[str, Any]:
+    """The record as plain JSON values (tuples as lists, NaN/inf as null)."""
+    return _clean(dataclasses.asdict(record))
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy scalar
+        return _clean(obj.item())
+    return obj
+
+
+def from_json(obj: Any, where: str) -> Record:
+    """Build a Record from a parsed line; InputError naming ``where`` (file:line) and the field on any mistake."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
+    schema = obj.get("schema")
+    if schema != SCHEMA:
+        raise InputError(f"{where}: field 'schema' is {schema!r}, expected {SCHEMA!r} "
+                         "(not a `perfmodel measure` results line)")
+    values = _fields(Record, obj, where, "")
+    values["arrays"] = tuple(ArraySpec(**_fields(ArraySpec, a, where, f"arrays[{i}]"))
+                             for i, a in enumerate(_list(obj, "arrays", where)))
+    values["timing"] = Timing(**_fields(Timing, obj["timing"], where, "timing"))
+    values["prediction"] = Prediction(**_fields(Prediction, obj["prediction"], where, "prediction"))
+    record = Record(**values)
+    if record.mode not in MODES:
+        raise InputError(f"{where}: field 'mode' is {record.mode!r}; expected one of {', '.join(MODES)}")
+    if record.mode == "interpret" and record.efficiency is not None:
+        raise InputError(f"{where}: field 'efficiency' must be null for an interpret-mode record "
+                         "(interpret-mode wall time is not TPU performance)")
+    return record
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        raise InputError(f"{where}: field '{key}' must be a list")
+    return value
+
+
+#: JSON types accepted for each annotation word.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "float": (int, float), "int": (int,), "str": (str,), "bool": (bool,),
+    "tuple": (list,), "dict": (dict,), "Any": (object,),
+}
+
+
+def _fields(cls: type, obj: Any, where: str, prefix: str) -> dict[str, Any]:
+    """Keyword arguments of cls from obj, checking presence and JSON type of every field."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: field '{prefix}' must be a JSON object")
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        if f.name not in obj:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue
+            raise InputError(f"{where}: field '{key}' is missing")
+        value = obj[f.name]
+        if f.name in ("timing", "prediction", "arrays") and not prefix:
+            out[f.name] = value
+            continue
+        annotation = str(f.type)
+        words = re.sub(r"[|\[\],]", " ", annotation).split()
+        if value is None:
+            if "None" not in words:
+                raise InputError(f"{where}: field '{key}' must not be null")
+        else:
+            accepted = _TYPES.get(words[0], (object,))
+            if "str" in words:
+                accepted = accepted + (str,)
+            if isinstance(value, bool) and bool not in accepted:
+                accepted = ()
+            if not isinstance(value, accepted):
+                raise InputError(f"{where}: field '{key}' must be {annotation}, got {json.dumps(value)[:40]}")
+        if isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        elif isinstance(value, dict) and f.name == "operand_blocks":
+            value = {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+        out[f.name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def check_appendable(path: str | os.PathLike, flag: str = "--out") -> None:
+    """Refuse to append to a file whose last line is truncated (it would glue the next record onto it)."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} '{p}': is a directory; give a results file, e.g. results.jsonl")
+    if not p.exists() or p.stat().st_size == 0:
+        return
+    with open(p, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+    if last != b"\n":
+        line = p.read_bytes().count(b"\n") + 1
+        raise InputError(f"{flag} {p}:{line}: the last line is truncated (an interrupted write); "
+                         f"delete that line before appending records")
+
+
+def append_record(path: str | os.PathLike, record: Record, flag: str = "--out") -> None:
+    """Append one record as one line: a single os.write of the encoded line on an O_APPEND file, then fsync."""
+    data = (json.dumps(to_json(record), allow_nan=False, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    try:
+        fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise InputError(f"{flag} '{path}': cannot open for appending ({exc.strerror})") from None
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # only on a short write (a full disk); a regular file writes all at once
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    except OSError as exc:
+        raise InputError(f"{flag} '{path}': write failed ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, kw_only=True)
+class Located:
+    """A record and where it came from ("results.jsonl:3")."""
+
+    where: str
+    record: Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    items: tuple[Located, ...]
+    #: One line each, e.g. "results.jsonl:7: truncated last line skipped (an interrupted write?)".
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        return tuple(i.record for i in self.items)
+
+
+def read_records(path: str | os.PathLike) -> Loaded:
+    """Every record of a results file. A truncated last line (no newline, not valid JSON) is skipped with a
+    warning naming file:line; any other bad line is an InputError naming file:line."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such results file") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read ({exc.strerror})") from None
+    lines = raw.split(b"\n")
+    complete = raw.endswith(b"\n")
+    items: list[Located] = []
+    warnings: list[str] = []
+    for i, line in enumerate(lines, start=1):
+        last = i == len(lines)
+        if not line.strip():
+            continue
+        where = f"{p}:{i}"
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if last and not complete:
+                warnings.append(f"{where}: truncated last line skipped (an interrupted write?)")
+                continue
+            detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+            raise InputError(f"{where}: not a valid JSON line ({detail})") from None
+        items.append(Located(where=where, record=from_json(obj, where)))
+    return Loaded(items=tuple(items), warnings=tuple(warnings))
+
+
+def load_results(paths: Sequence[str | os.PathLike]) -> Loaded:
+    """Records of results files (.jsonl) and published-measurement YAMLs (.yaml, converted with the schedule
+    model; that needs jax, a results file does not). InputError when nothing is left."""
+    items: list[Located] = []
+    warnings: list[str] = []
+    for path in paths:
+        if str(path).endswith((".yaml", ".yml")):
+            from perfmodel.harness.measure import published_records
+
+            loaded = published_records(path)
+        else:
+            loaded = read_records(path)
+        items += loaded.items
+        warnings += loaded.warnings
+    if not items:
+        raise InputError(f"{', '.join(map(str, paths))}: no measurement records")
+    return Loaded(items=tuple(items), warnings=tuple(warnings))
