@@ -14,12 +14,15 @@ spans the whole array dimension.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
+
+T = TypeVar("T")
 
 #: Lanes of a vreg / minor-dimension tile on every TPU generation.
 LANES = 128
@@ -143,22 +146,41 @@ def scoped_vmem_limit_bytes(spec: "ChipSpec") -> int:
     return spec.memory.vmem_default_scoped_limit_bytes_per_core or physical
 
 
-def compile_vmem_limit_bytes(need_bytes: int, chip: "ChipSpec", what: str) -> int | None:
-    """The ``vmem_limit_bytes`` compiler parameter a kernel needing ``need_bytes`` of VMEM should pass.
+def check_vmem(need_bytes: int, chip: "ChipSpec", what: str, *, fix: str = "use smaller blocks",
+               raised_limit: bool = False) -> int | None:
+    """The VMEM-budget check of every bundled kernel's block sizes; returns the ``vmem_limit_bytes`` to compile with.
 
-    None when the need fits Mosaic's default scoped limit; the need plus 25%
-    headroom (capped at the physical VMEM) when it fits only the physical
-    VMEM; ValueError naming ``what`` (the block sizes) when it fits neither.
+    ``what`` names the blocks at fault (e.g. ``"block_sizes (bm=..,bk=..,bn=..)"``)
+    and ``fix`` says what to change; the ValueError reads
+    "<what> need <size> of VMEM, over the <limit> scoped limit of <chip>; <fix>"
+    (with ``raised_limit``: "<what> need <size> of VMEM but <chip> has <physical> per core; <fix>").
+
+    ``raised_limit=False`` (kernels compiled without ``vmem_limit_bytes``): the
+    need must fit Mosaic's default scoped limit; returns None.
+    ``raised_limit=True``: None when the need fits the default scoped limit; the
+    need plus 25% headroom (capped at the physical VMEM) when it fits only the
+    physical VMEM; ValueError when it fits neither.
     """
-    physical = chip.memory.vmem_bytes_per_core
-    if need_bytes <= scoped_vmem_limit_bytes(chip):
+    from perfmodel.units import binary
+
+    scoped = scoped_vmem_limit_bytes(chip)
+    if need_bytes <= scoped:
         return None
+    physical = chip.memory.vmem_bytes_per_core
+    assert physical is not None  # tpu_chip() guarantees it
+    if not raised_limit:
+        raise ValueError(f"{what} need {binary(need_bytes)} of VMEM, over the {binary(scoped)} scoped limit of "
+                         f"{chip.name}; {fix}")
     if need_bytes > physical:
-        raise ValueError(
-            f"{what} need {need_bytes / 2**20:.1f} MiB of VMEM but {chip.name} has "
-            f"{physical / 2**20:.0f} MiB per core; use smaller blocks"
-        )
+        raise ValueError(f"{what} need {binary(need_bytes)} of VMEM but {chip.name} has {binary(physical)} per core; "
+                         f"{fix}")
     return min(physical, int(need_bytes * 1.25))
+
+
+def compile_vmem_limit_bytes(need_bytes: int, chip: "ChipSpec", what: str,
+                             fix: str = "use smaller blocks") -> int | None:
+    """:func:`check_vmem` for a kernel that raises ``vmem_limit_bytes`` when its blocks need it."""
+    return check_vmem(need_bytes, chip, what, fix=fix, raised_limit=True)
 
 
 def check_dtype(arg: str, dtype: Any, allowed: tuple[str, ...], spec: "ChipSpec") -> None:
@@ -174,3 +196,62 @@ def check_dtype(arg: str, dtype: Any, allowed: tuple[str, ...], spec: "ChipSpec"
             f"{arg}: dtype {name} needs fp8 support, which {spec.name} lacks; "
             "use bfloat16 or int8, or a chip with fp8 (e.g. chip='tpu-7x')"
         )
+
+
+# ----------------------------------------------------------------------------- tuned per-chip defaults
+
+
+def tuned_block_table(kernel: str, make: Callable[[Mapping[str, Any]], T]) -> dict[str, dict[str, T]]:
+    """chip -> dtype configuration -> blocks built by ``make`` from each entry of ``perfmodel/data/tuned/<kernel>.json``.
+
+    That file is the block-size advisor's output (``perfmodel tune``; regenerate
+    with ``python -m perfmodel.schedule.tune --write``); each chip lists its
+    configurations (e.g. "bf16", or "bf16 x int8" for matmul) production one
+    first. Reads the file (json only, no jax); callers cache the result. A
+    missing file reads as an empty table (every chip takes the kernel's
+    fallback; only while ``--write`` creates a kernel's first file).
+    """
+    from perfmodel.schedule.tune import load_tuned_defaults
+
+    try:
+        stored = load_tuned_defaults(kernel)
+    except FileNotFoundError:
+        return {}
+    return {chip: {config: make(entry) for config, entry in configs.items()} for chip, configs in stored.items()}
+
+
+def tuned_blocks(table: Mapping[str, Mapping[str, T]], chip: str, config: str | None = None) -> T | None:
+    """The chip's blocks for ``config``; its first (production) configuration when ``config`` is None or not
+    stored for the chip; None when the table has no entry for the chip."""
+    configs = table.get(chip)
+    if not configs:
+        return None
+    if config is not None and config in configs:
+        return configs[config]
+    return next(iter(configs.values()))
+
+
+class TunedChipTable(Mapping[str, Any]):
+    """Read-only ``chip -> blocks`` view of a tuned table (each chip's first, production configuration).
+
+    ``load`` is the kernel's cached table reader (e.g. ``blocks.default_block_table``);
+    nothing is read until the view is first used, so importing a kernel stays cheap.
+    """
+
+    def __init__(self, load: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._load = load
+
+    def __getitem__(self, chip: str) -> Any:
+        blocks = tuned_blocks(self._load(), chip)
+        if blocks is None:
+            raise KeyError(chip)
+        return blocks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def __repr__(self) -> str:
+        return f"TunedChipTable({dict(self)!r})"

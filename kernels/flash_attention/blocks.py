@@ -1,11 +1,27 @@
-"""Block sizes of the flash-attention (prefill) kernel and their per-chip defaults."""
+"""Block sizes of the flash-attention (prefill) kernel and their per-chip defaults.
+
+The per-chip defaults are data chosen by the block-size advisor (``perfmodel
+tune flash_attention``) and stored in ``perfmodel/data/tuned/flash_attention.json``;
+see :func:`default_block_table`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernels.tiling import LANES, SUBLANES_32BIT, sublane_multiple, scoped_vmem_limit_bytes
+from kernels.tiling import (
+    LANES,
+    SUBLANES_32BIT,
+    TunedChipTable,
+    check_vmem,
+    matmul_dtype_name,
+    sublane_multiple,
+    tuned_block_table,
+    tuned_blocks,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
@@ -87,13 +103,8 @@ class FlashAttentionBlockSizes:
             )
         need = self.vmem_bytes(q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, group=group, q_len=q_len,
                                kv_len=kv_len)
-        limit = scoped_vmem_limit_bytes(spec)
-        if need > limit:
-            raise ValueError(
-                f"block_sizes: block_q={self.block_q}, block_kv={self.block_kv}, "
-                f"block_kv_compute={self.kv_compute} need {need} B of VMEM for {group} q heads per kv head, "
-                f"over the {limit} B scoped limit of {spec.name}; use smaller blocks"
-            )
+        check_vmem(need, spec, f"block_sizes: block_q={self.block_q}, block_kv={self.block_kv}, "
+                               f"block_kv_compute={self.kv_compute} with {group} q heads per kv head")
 
     def vmem_bytes(self, *, q_dtype: Any, kv_dtype: Any, head_dim: int, group: int, q_len: int,
                    kv_len: int) -> int:
@@ -120,40 +131,60 @@ def _name(dtype: Any) -> str:
     return np.dtype(dtype).name
 
 
-#: Defaults per TPU generation. v6e/v7x have 256-wide MXUs and 32 MiB of
-#: scoped VMEM, so they take wider K/V blocks; earlier chips 16 MiB.
-DEFAULT_BLOCK_SIZES: dict[str, FlashAttentionBlockSizes] = {
-    "tpu-v4": FlashAttentionBlockSizes(block_q=512, block_kv=512, block_kv_compute=512),
-    "tpu-v5e": FlashAttentionBlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
-    "tpu-v5p": FlashAttentionBlockSizes(block_q=512, block_kv=1024, block_kv_compute=512),
-    "tpu-v6e": FlashAttentionBlockSizes(block_q=512, block_kv=2048, block_kv_compute=512),
-    "tpu-7x": FlashAttentionBlockSizes(block_q=512, block_kv=2048, block_kv_compute=512),
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, FlashAttentionBlockSizes]]:
+    """chip name -> q dtype ("bf16") -> default blocks, before fitting to the call.
+
+    Data chosen by the block-size advisor and stored in
+    ``perfmodel/data/tuned/flash_attention.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write flash_attention``). Read on first use, not at import.
+    """
+    return tuned_block_table("flash_attention", lambda b: FlashAttentionBlockSizes(
+        block_q=b["block_q"], block_kv=b["block_kv"], block_kv_compute=b.get("block_kv_compute")))
+
+
+#: chip name -> default blocks (the tuned bf16 configuration), read from the JSON on first use.
+DEFAULT_BLOCK_SIZES = TunedChipTable(default_block_table)
+
+
+def _smaller(sizes: FlashAttentionBlockSizes, floor: int) -> FlashAttentionBlockSizes | None:
+    """One step down: block_q halved (not below ``floor``), else block_kv halved (not below the compute
+    slice), else both K/V sizes halved (not below 128); None at the smallest blocks."""
+    if sizes.block_q > floor:
+        return dataclasses.replace(sizes, block_q=max(floor, sizes.block_q // 2 // floor * floor))
+    bkc = sizes.kv_compute
+    if sizes.block_kv > bkc:
+        return dataclasses.replace(sizes, block_kv=max(bkc, sizes.block_kv // 2 // bkc * bkc))
+    if bkc > LANES:
+        half = max(LANES, bkc // 2 // LANES * LANES)
+        return dataclasses.replace(sizes, block_kv=half, block_kv_compute=half)
+    return None
 
 
 def default_block_sizes(chip: str, *, q_dtype: Any = "bfloat16", kv_dtype: Any = "bfloat16",
                         head_dim: int = 128, group: int = 1, q_len: int = 8192, kv_len: int = 8192,
                         vmem_limit: int | None = None) -> FlashAttentionBlockSizes:
-    """The chip's tuned defaults, with block_q halved while a step would overflow ``vmem_limit``.
+    """The chip's tuned defaults for q's dtype (its bf16 ones when that dtype is not tuned), made smaller
+    while a step would overflow ``vmem_limit``: block_q halved first, then block_kv, then the compute slice.
 
-    Large GQA groups multiply the per-step query state, hence the shrinking.
-    ValueError naming ``chip`` if it has no defaults.
+    Large GQA groups multiply the per-step query state, f32 doubles every buffer, hence the shrinking.
+    ValueError naming ``chip`` if the JSON has no defaults for it (chips before tpu-v4).
     """
-    import dataclasses
-
-    try:
-        sizes = DEFAULT_BLOCK_SIZES[chip]
-    except KeyError:
-        known = ", ".join(DEFAULT_BLOCK_SIZES)
+    table = default_block_table()
+    sizes = tuned_blocks(table, chip, matmul_dtype_name(q_dtype))
+    if sizes is None:
+        known = ", ".join(table)
         raise ValueError(
             f"chip: no flash_attention block-size defaults for '{chip}'; use one of {known} "
             "or pass block_sizes=FlashAttentionBlockSizes(...)"
-        ) from None
+        )
     if vmem_limit is None:
         return sizes
     floor = sublane_multiple(q_dtype)
-    while sizes.block_q > floor and sizes.vmem_bytes(
-            q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, group=group, q_len=q_len,
-            kv_len=kv_len) > vmem_limit:
-        sizes = dataclasses.replace(sizes, block_q=max(floor, sizes.block_q // 2))
+    while sizes.vmem_bytes(q_dtype=q_dtype, kv_dtype=kv_dtype, head_dim=head_dim, group=group, q_len=q_len,
+                           kv_len=kv_len) > vmem_limit:
+        smaller = _smaller(sizes, floor)
+        if smaller is None:
+            break
+        sizes = smaller
     return sizes

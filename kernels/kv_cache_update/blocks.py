@@ -9,12 +9,16 @@ slab (the block spans both minor dimensions completely, so Mosaic's tile
 rules hold at any head count or head size). Every token of a block is written
 by its own DMA; all of a block's DMAs are in flight together.
 
-``DEFAULT_BLOCK_SIZES`` is data (chip name -> blocks) for a tuning tool to
-regenerate.
+The token-major per-chip defaults are data chosen by the block-size advisor
+(``perfmodel tune kv_cache_update_token_major``) and stored in
+``perfmodel/data/tuned/kv_cache_update.json``; see :func:`default_block_table`.
+They are tuned with int8 caches (quantize on write, the larger VMEM need), so
+they also fit bf16/f32 caches.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,25 +62,32 @@ class KvCacheUpdateBlockSizes:
     def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec) -> int | None:
         """Check the VMEM budget; returns the vmem_limit_bytes to compile with (None: default)."""
         need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize)
-        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", fix="use a smaller tokens_per_block",
+                                 raised_limit=True)
 
 
-#: chip name -> default blocks.
-DEFAULT_BLOCK_SIZES: dict[str, KvCacheUpdateBlockSizes] = {
-    "tpu-v2": KvCacheUpdateBlockSizes(tokens_per_block=32),
-    "tpu-v3": KvCacheUpdateBlockSizes(tokens_per_block=32),
-    "tpu-v4": KvCacheUpdateBlockSizes(tokens_per_block=64),
-    "tpu-v5e": KvCacheUpdateBlockSizes(tokens_per_block=64),
-    "tpu-v5p": KvCacheUpdateBlockSizes(tokens_per_block=64),
-    "tpu-v6e": KvCacheUpdateBlockSizes(tokens_per_block=128),
-    "tpu-7x": KvCacheUpdateBlockSizes(tokens_per_block=128),
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, KvCacheUpdateBlockSizes]]:
+    """chip name -> configuration -> default token-major blocks.
 
+    Data chosen by the block-size advisor and stored in
+    ``perfmodel/data/tuned/kv_cache_update.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write kv_cache_update``). Read on first use, not at import.
+    """
+    return tiling.tuned_block_table("kv_cache_update",
+                                    lambda b: KvCacheUpdateBlockSizes(tokens_per_block=b["tokens_per_block"]))
+
+
+#: chip name -> default token-major blocks, read from the JSON on first use.
+DEFAULT_BLOCK_SIZES = tiling.TunedChipTable(default_block_table)
+
+#: Used for a chip the JSON does not list (e.g. a chip spec given as a file).
 FALLBACK_BLOCK_SIZES = KvCacheUpdateBlockSizes(tokens_per_block=32)
 
 
 def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
-    return DEFAULT_BLOCK_SIZES.get(chip, FALLBACK_BLOCK_SIZES)
+    """The chip's tuned token-major blocks; FALLBACK_BLOCK_SIZES for a chip the JSON lacks."""
+    return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES
 
 
 #: Pages per block of a head-major scale cache [kv_heads, num_pages, page_size]: the pages axis is its

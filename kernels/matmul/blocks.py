@@ -3,8 +3,9 @@
 The per-chip defaults are data chosen by the schedule model's block-size advisor
 (``perfmodel tune matmul``) and stored in ``perfmodel/data/tuned/matmul.json``
 (chip name -> "LHS x RHS" operand dtypes -> blocks); see :func:`default_block_table`.
-Blocks larger than the default scoped VMEM limit make the wrapper raise
-``vmem_limit_bytes`` up to the physical VMEM.
+Stored defaults fit the chip's default scoped VMEM limit unless the JSON gives
+them a ``vmem_limit_bytes``. Blocks larger than the default scoped VMEM limit
+make the wrapper raise ``vmem_limit_bytes`` up to the physical VMEM.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class MatmulBlockSizes:
         tiling.check_multiple("bm", self.bm, rows, "sublane tile of the x and out dtypes")
         tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(w_dtype), "sublane tile of the w dtype")
         need = self.vmem_bytes(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors)
-        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)
 
 
 def _b(bm: int, bk: int, bn: int) -> MatmulBlockSizes:
@@ -79,15 +80,11 @@ def default_block_table() -> dict[str, dict[str, MatmulBlockSizes]]:
     in ``perfmodel/data/tuned/matmul.json``; regenerate it with
     ``python -m perfmodel.schedule.tune --write``. Read on first use, not at import.
     """
-    from perfmodel.schedule.tune import load_tuned_defaults  # json only, no jax
-
-    return {
-        chip: {pair: _b(b["bm"], b["bk"], b["bn"]) for pair, b in pairs.items()}
-        for chip, pairs in load_tuned_defaults("matmul").items()
-    }
+    return tiling.tuned_block_table("matmul", lambda b: _b(b["bm"], b["bk"], b["bn"]))
 
 
-#: Used for an operand pair or chip the table does not list.
+#: Used for an operand pair or chip the table does not list (e.g. a chip spec given as a file): at most 5 MiB
+#: of VMEM (f32 x f32), within every TPU's default scoped limit.
 FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 
 

@@ -1,11 +1,17 @@
-"""Block sizes of the paged-attention (decode) kernel and their per-chip defaults."""
+"""Block sizes of the paged-attention (decode) kernel and their per-chip defaults.
+
+The per-chip defaults are data chosen by the block-size advisor (``perfmodel
+tune paged_attention``) and stored in ``perfmodel/data/tuned/paged_attention.json``
+as KV tokens per compute block; see :func:`default_tokens_table`.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernels.tiling import LANES, round_up, sublane_multiple, scoped_vmem_limit_bytes
+from kernels.tiling import LANES, TunedChipTable, check_vmem, round_up, sublane_multiple, tuned_block_table, tuned_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
@@ -55,13 +61,8 @@ class PagedAttentionBlockSizes:
         need = self.vmem_bytes(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=num_q_per_kv,
                                kv_heads=kv_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                per_token_scales=per_token_scales)
-        limit = scoped_vmem_limit_bytes(spec)
-        if need > limit:
-            raise ValueError(
-                f"block_sizes.pages_per_compute_block: {ppcb} pages need {need} B of VMEM with these "
-                f"shapes, over the {limit} B scoped limit of {spec.name}; use fewer pages per block"
-                + (" or per-page scales" if per_token_scales else "")
-            )
+        check_vmem(need, spec, f"block_sizes.pages_per_compute_block: {ppcb} pages",
+                   fix="use fewer pages per block" + (" or per-page scales" if per_token_scales else ""))
 
     def vmem_bytes(self, *, page_size: int, pages_per_seq: int, num_q_per_kv: int, kv_heads: int,
                    head_dim: int, q_dtype: Any, kv_dtype: Any, per_token_scales: bool | None) -> int:
@@ -98,32 +99,36 @@ def _gcd(a: int, b: int) -> int:
     return math.gcd(a, b)
 
 
-#: Target KV tokens per compute block per TPU generation: large enough that a
-#: block's DMA (tokens x head_dim x 2 for K and V) dwarfs the per-block fixed
-#: cost, small enough that the first, unhidden DMA of each sequence stays short.
-DEFAULT_TOKENS_PER_COMPUTE_BLOCK: dict[str, int] = {
-    "tpu-v4": 512,
-    "tpu-v5e": 512,
-    "tpu-v5p": 512,
-    "tpu-v6e": 1024,
-    "tpu-7x": 1024,
-}
+@functools.lru_cache(maxsize=None)
+def default_tokens_table() -> dict[str, dict[str, int]]:
+    """chip name -> configuration ("bf16") -> target KV tokens per compute block.
+
+    The block-size advisor's pages_per_compute_block on its representative
+    problem times that problem's page size, stored in
+    ``perfmodel/data/tuned/paged_attention.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write paged_attention``). Read on first use, not at import.
+    """
+    return tuned_block_table("paged_attention", lambda b: int(b["tokens_per_compute_block"]))
+
+
+#: chip name -> target KV tokens per compute block (the tuned bf16 configuration), read on first use.
+DEFAULT_TOKENS_PER_COMPUTE_BLOCK = TunedChipTable(default_tokens_table)
 
 
 def default_block_sizes(chip: str, *, page_size: int, pages_per_seq: int) -> PagedAttentionBlockSizes:
-    """The largest lane-aligned divisor of ``pages_per_seq`` within the chip's token target.
+    """The largest lane-aligned divisor of ``pages_per_seq`` within the chip's tuned token target
+    (the smallest such divisor when none is within it).
 
-    ValueError naming ``chip`` if the chip has no defaults, or ``page_table`` if
+    ValueError naming ``chip`` if the JSON has no defaults for it (chips before tpu-v4), or ``page_table`` if
     no number of pages is lane aligned and divides the table's width.
     """
-    try:
-        target = DEFAULT_TOKENS_PER_COMPUTE_BLOCK[chip]
-    except KeyError:
-        known = ", ".join(DEFAULT_TOKENS_PER_COMPUTE_BLOCK)
+    target = tuned_blocks(default_tokens_table(), chip)
+    if target is None:
+        known = ", ".join(default_tokens_table())
         raise ValueError(
             f"chip: no paged_attention block-size defaults for '{chip}'; use one of {known} "
             "or pass block_sizes=PagedAttentionBlockSizes(...)"
-        ) from None
+        )
     aligned = [n for n in range(1, pages_per_seq + 1)
                if pages_per_seq % n == 0 and (n * page_size) % LANES == 0]
     if not aligned:

@@ -5,16 +5,31 @@ one grid step holds for one KV head; with ``G = q_heads // kv_heads`` query
 heads per KV head, the step's score matrix has ``G * block_q`` rows.
 ``block_kv`` is the number of KV *tokens* fetched and scored at once: a whole
 number of pages (``block_kv // page_size`` pages are DMA'd per KV block).
+
+The per-chip defaults are data chosen by the block-size advisor (``perfmodel
+tune ragged_paged_attention``) and stored in
+``perfmodel/data/tuned/ragged_paged_attention.json``; see :func:`default_block_table`.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from kernels.common import DEFAULT_CHIP
-from kernels.tiling import LANES, round_up, sublane_multiple, tpu_chip, scoped_vmem_limit_bytes
+from kernels.tiling import (
+    LANES,
+    TunedChipTable,
+    check_vmem,
+    matmul_dtype_name,
+    round_up,
+    sublane_multiple,
+    tpu_chip,
+    tuned_block_table,
+    tuned_blocks,
+)
 
 #: Lane-replicated width of the running max / sum scratch (one vreg row).
 STATS_LANES = LANES
@@ -74,31 +89,35 @@ class RaggedPagedAttentionBlockSizes:
                              f"(KV blocks are whole pages); try {round_up(self.block_kv, page_size)}")
         need = self.vmem_bytes(q_heads_per_kv_head=q_heads_per_kv_head, head_dim=head_dim, q_dtype=q_dtype,
                                kv_dtype=kv_dtype)
-        limit = scoped_vmem_limit_bytes(tpu_chip(chip))
-        if need > limit:
-            from perfmodel.units import binary
-
-            raise ValueError(f"block_sizes={self} needs {binary(need)} of VMEM, over the {binary(limit)} scoped "
-                             f"limit of {chip}; use a smaller block_q or block_kv")
+        check_vmem(need, tpu_chip(chip), f"block_sizes (block_q={self.block_q}, block_kv={self.block_kv})",
+                   fix="use a smaller block_q or block_kv")
 
 
-#: Default block sizes per TPU generation. 128-wide MXUs (v4, v5e, v5p) get
-#: 32-token q blocks (G=4 gives 128 score rows); 256-wide MXUs (v6e, 7x) get 64.
-#: KV blocks of 256 / 512 tokens keep each DMA batch large while wasting at most
-#: one partial block per sequence on short decode contexts.
-DEFAULT_BLOCK_SIZES: dict[str, RaggedPagedAttentionBlockSizes] = {
-    "tpu-v4": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
-    "tpu-v5e": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
-    "tpu-v5p": RaggedPagedAttentionBlockSizes(block_q=32, block_kv=256),
-    "tpu-v6e": RaggedPagedAttentionBlockSizes(block_q=64, block_kv=512),
-    "tpu-7x": RaggedPagedAttentionBlockSizes(block_q=64, block_kv=512),
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, RaggedPagedAttentionBlockSizes]]:
+    """chip name -> q dtype ("bf16") -> default blocks, before fitting to the dtype and page size.
+
+    Data chosen by the block-size advisor and stored in
+    ``perfmodel/data/tuned/ragged_paged_attention.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write ragged_paged_attention``). Read on first use, not at import.
+    """
+    return tuned_block_table("ragged_paged_attention", lambda b: RaggedPagedAttentionBlockSizes(
+        block_q=b["block_q"], block_kv=b["block_kv"]))
+
+
+#: chip name -> default blocks (the tuned bf16 configuration), read from the JSON on first use.
+DEFAULT_BLOCK_SIZES = TunedChipTable(default_block_table)
 
 
 def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> RaggedPagedAttentionBlockSizes:
-    """The chip's defaults (tpu-v5e's for chips without an entry), fitted to the dtype and page size."""
-    name = tpu_chip(chip).name
-    base = DEFAULT_BLOCK_SIZES.get(name, DEFAULT_BLOCK_SIZES[DEFAULT_CHIP])
+    """The chip's tuned defaults for q's dtype (its bf16 ones when that dtype is not tuned; tpu-v5e's for a
+    chip the JSON lacks), fitted to the dtype (block_q a sublane multiple) and page size (block_kv whole pages)."""
+    table = default_block_table()
+    key = matmul_dtype_name(q_dtype)
+    base = tuned_blocks(table, tpu_chip(chip).name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
+    if base is None:
+        raise ValueError(f"chip: no ragged_paged_attention block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
+                         "regenerate perfmodel/data/tuned/ragged_paged_attention.json or pass block_sizes=...")
     block_q = round_up(base.block_q, sublane_multiple(q_dtype))
     block_kv = round_up(base.block_kv, np.lcm(LANES, page_size))
     return RaggedPagedAttentionBlockSizes(block_q=int(block_q), block_kv=int(block_kv))

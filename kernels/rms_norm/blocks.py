@@ -4,13 +4,15 @@ A block is ``block_tokens`` whole rows: the reduction runs over the full
 hidden dimension, so hidden is never split (its block equals the array
 dimension, which Mosaic accepts at any size).
 
-``DEFAULT_BLOCK_SIZES`` is data (chip name -> blocks) for a tuning tool to
-regenerate. A default that does not fit the VMEM budget for a large hidden
-size is halved until it does (a user-given block raises instead).
+The per-chip defaults are data chosen by the block-size advisor (``perfmodel
+tune rms_norm``) and stored in ``perfmodel/data/tuned/rms_norm.json``; see
+:func:`default_block_table`. A default that does not fit the VMEM budget for a
+large hidden size is halved until it does (a user-given block raises instead).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,13 +54,13 @@ class RmsNormBlockSizes:
         need = self.vmem_bytes(
             hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize
         )
-        return tiling.compile_vmem_limit_bytes(need, chip, f"block_sizes ({self.label()})")
+        return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)
 
     def fitted(self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool,
                chip: ChipSpec) -> "RmsNormBlockSizes":
         """These blocks halved until they fit the chip's default scoped VMEM limit (never below one row tile)."""
         floor = max(tiling.sublane_multiple(d) for d in (x_dtype, residual_dtype, out_dtype))
-        scoped = chip.memory.vmem_default_scoped_limit_bytes_per_core or chip.memory.vmem_bytes_per_core
+        scoped = tiling.scoped_vmem_limit_bytes(chip)
         blocks = self
         while blocks.block_tokens > floor and blocks.vmem_bytes(
             hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize
@@ -67,19 +69,24 @@ class RmsNormBlockSizes:
         return blocks
 
 
-#: chip name -> default blocks (before fitting to the hidden size).
-DEFAULT_BLOCK_SIZES: dict[str, RmsNormBlockSizes] = {
-    "tpu-v2": RmsNormBlockSizes(block_tokens=128),
-    "tpu-v3": RmsNormBlockSizes(block_tokens=128),
-    "tpu-v4": RmsNormBlockSizes(block_tokens=256),
-    "tpu-v5e": RmsNormBlockSizes(block_tokens=256),
-    "tpu-v5p": RmsNormBlockSizes(block_tokens=256),
-    "tpu-v6e": RmsNormBlockSizes(block_tokens=512),
-    "tpu-7x": RmsNormBlockSizes(block_tokens=512),
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, RmsNormBlockSizes]]:
+    """chip name -> dtype configuration ("bf16") -> default blocks, before fitting to the hidden size.
 
+    Data chosen by the block-size advisor and stored in
+    ``perfmodel/data/tuned/rms_norm.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write rms_norm``). Read on first use, not at import.
+    """
+    return tiling.tuned_block_table("rms_norm", lambda b: RmsNormBlockSizes(block_tokens=b["block_tokens"]))
+
+
+#: chip name -> default blocks (the tuned bf16 configuration), read from the JSON on first use.
+DEFAULT_BLOCK_SIZES = tiling.TunedChipTable(default_block_table)
+
+#: Used for a chip the JSON does not list (e.g. a chip spec given as a file), before fitting.
 FALLBACK_BLOCK_SIZES = RmsNormBlockSizes(block_tokens=128)
 
 
 def default_block_sizes(chip: str) -> RmsNormBlockSizes:
-    return DEFAULT_BLOCK_SIZES.get(chip, FALLBACK_BLOCK_SIZES)
+    """The chip's tuned blocks (FALLBACK_BLOCK_SIZES for a chip the JSON lacks); fit them with :meth:`fitted`."""
+    return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES

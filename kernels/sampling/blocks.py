@@ -3,16 +3,32 @@
 A grid step holds ``block_b`` rows and ``block_v`` vocabulary entries. The
 whole vocabulary of a row block stays resident in VMEM (in the logits' dtype)
 after the first streaming pass, so the VMEM check depends on the vocabulary.
+
+The per-chip defaults are data chosen by the block-size advisor (``perfmodel
+tune sampling``) and stored in ``perfmodel/data/tuned/sampling.json``; see
+:func:`default_block_table`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kernels.common import DEFAULT_CHIP
-from kernels.tiling import LANES, round_up, sublane_multiple, tpu_chip, scoped_vmem_limit_bytes
+from kernels.tiling import (
+    LANES,
+    TunedChipTable,
+    check_vmem,
+    matmul_dtype_name,
+    round_up,
+    scoped_vmem_limit_bytes,
+    sublane_multiple,
+    tpu_chip,
+    tuned_block_table,
+    tuned_blocks,
+)
 
 F32_BYTES = 4
 #: Chunk-sized f32 temporaries live at once in a pass (scaled logits, mask, accumulators, noise).
@@ -53,29 +69,40 @@ class SamplingBlockSizes:
                              f"{np.dtype(logits_dtype).name} logits (sublane tiling); "
                              f"try {round_up(self.block_b, sub)}")
         need = self.vmem_bytes(vocab=vocab, logits_dtype=logits_dtype, with_noise=with_noise)
-        limit = scoped_vmem_limit_bytes(tpu_chip(chip))
-        if need > limit:
-            from perfmodel.units import binary
-
-            raise ValueError(f"block_sizes={self} needs {binary(need)} of VMEM for a vocabulary of {vocab}, over "
-                             f"the {binary(limit)} scoped limit of {chip}; use a smaller block_b")
+        check_vmem(need, tpu_chip(chip), f"block_sizes (block_b={self.block_b}, block_v={self.block_v}) for a "
+                   f"vocabulary of {vocab}", fix="use a smaller block_b")
 
 
-#: Default block sizes per TPU generation (block_b is for 32-bit logits and is
-#: doubled for bf16). A (8, 2048) f32 chunk is 16 vector registers, so a pass's
-#: compare / select / add chain stays in registers.
-DEFAULT_BLOCK_SIZES: dict[str, SamplingBlockSizes] = {
-    "tpu-v4": SamplingBlockSizes(block_b=8, block_v=2048),
-    "tpu-v5e": SamplingBlockSizes(block_b=8, block_v=2048),
-    "tpu-v5p": SamplingBlockSizes(block_b=8, block_v=2048),
-    "tpu-v6e": SamplingBlockSizes(block_b=8, block_v=2048),
-    "tpu-7x": SamplingBlockSizes(block_b=8, block_v=2048),
-}
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, SamplingBlockSizes]]:
+    """chip name -> logits dtype ("fp32") -> default blocks, before fitting to the dtype and vocabulary.
+
+    Data chosen by the block-size advisor and stored in
+    ``perfmodel/data/tuned/sampling.json`` (regenerate with
+    ``python -m perfmodel.schedule.tune --write sampling``). Read on first use, not at import.
+    """
+    return tuned_block_table("sampling", lambda b: SamplingBlockSizes(block_b=b["block_b"], block_v=b["block_v"]))
+
+
+#: chip name -> default blocks (the tuned f32-logits configuration), read from the JSON on first use.
+DEFAULT_BLOCK_SIZES = TunedChipTable(default_block_table)
 
 
 def default_block_sizes(chip: str, *, logits_dtype, vocab: int) -> SamplingBlockSizes:
-    """The chip's defaults (tpu-v5e's for chips without an entry), fitted to the dtype and vocabulary."""
-    base = DEFAULT_BLOCK_SIZES.get(tpu_chip(chip).name, DEFAULT_BLOCK_SIZES[DEFAULT_CHIP])
-    block_b = round_up(base.block_b, sublane_multiple(logits_dtype))
-    block_v = min(base.block_v, round_up(vocab, LANES))
-    return SamplingBlockSizes(block_b=block_b, block_v=block_v)
+    """The chip's tuned defaults for the logits' dtype (its f32 ones when that dtype is not tuned; tpu-v5e's
+    for a chip the JSON lacks), fitted to the call: block_b rounded up to the dtype's sublane tile, block_v
+    shrunk to a small vocabulary, then block_b halved while the resident rows (with a noise stream, the
+    largest need) would overflow the chip's scoped VMEM."""
+    spec = tpu_chip(chip)
+    table = default_block_table()
+    key = matmul_dtype_name(logits_dtype)
+    base = tuned_blocks(table, spec.name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
+    if base is None:
+        raise ValueError(f"chip: no sampling block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
+                         "regenerate perfmodel/data/tuned/sampling.json or pass block_sizes=...")
+    sub = sublane_multiple(logits_dtype)
+    blocks = SamplingBlockSizes(block_b=round_up(base.block_b, sub), block_v=min(base.block_v, round_up(vocab, LANES)))
+    limit = scoped_vmem_limit_bytes(spec)
+    while blocks.block_b > sub and blocks.vmem_bytes(vocab=vocab, logits_dtype=logits_dtype, with_noise=True) > limit:
+        blocks = replace(blocks, block_b=max(sub, blocks.block_b // 2 // sub * sub))
+    return blocks

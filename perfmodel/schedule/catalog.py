@@ -36,6 +36,14 @@ class BlockAxis:
     divides: bool = False
     #: Smallest candidate (blocks below it cost more in per-step overhead than they save).
     minimum: int = 128
+    #: Largest candidate (None: MAX_BLOCK of perfmodel.schedule.tune), e.g. flash attention's compute slice,
+    #: whose f32 score tile grows with it.
+    maximum: int | None = None
+    #: When the field counts finer units than the array dimension's elements: the array (--shape name) and
+    #: dimension whose size multiplies it (ragged_paged_attention's block_kv counts KV tokens: pages per
+    #: sequence, page_table's dim 1, times the page size, k_pages' dim 2).
+    times_array: str | None = None
+    times_dim: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,8 +154,10 @@ class KernelEntry:
         """Size of the dimension each block field tiles."""
         out = {}
         for ax in self.block_axes:
-            shape = specs[ax.array].shape
-            out[ax.field] = int(shape[ax.dim])
+            size = int(specs[ax.array].shape[ax.dim])
+            if ax.times_array is not None:
+                size *= int(specs[ax.times_array].shape[ax.times_dim])
+            out[ax.field] = size
         return out
 
 
@@ -231,14 +241,34 @@ ENTRIES: tuple[KernelEntry, ...] = (
         block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
     ),
     KernelEntry(
+        name="kv_cache_update_token_major",
+        summary="bundled paged KV-cache write, token-major cache layout (tokens_per_block new tokens per step)",
+        function="kernels.kv_cache_update:kv_cache_update",
+        reference="kernels.kv_cache_update:kv_cache_update_reference",
+        arrays=("new_k", "new_v", "k_cache", "v_cache", "slot_mapping"),
+        optional_arrays=("k_scale_cache", "v_scale_cache"),
+        example=("new_k=512x8x128:bf16", "new_v=512x8x128:bf16", "k_cache=2048x16x8x128:bf16",
+                 "v_cache=2048x16x8x128:bf16", "slot_mapping=512:int32=arange"),
+        static={"layout": "token-major"},
+        block_axes=(BlockAxis(field="tokens_per_block", array="new_k", dim=0, align=1, minimum=8),),
+        block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
+    ),
+    KernelEntry(
         name="flash_attention", summary="bundled prefill flash attention (causal, GQA, sliding window)",
         function="kernels.flash_attention:flash_attention",
         reference="kernels.flash_attention:flash_attention_reference",
         arrays=("q", "k", "v"),
         example=("q=1x32x2048x128:bf16", "k=1x8x2048x128:bf16", "v=1x8x2048x128:bf16"),
         static={"causal": True},
+        # block_kv_compute must divide block_kv; the block class rejects the other combinations. K/V blocks
+        # stop at 2048: a block spanning a long context is fetched whole by every q block, which defeats the
+        # kernel's skipping of blocks outside the causal range or a sliding window. Compute slices run from
+        # 256 to 1024: the body unrolls block_kv / block_kv_compute slices, which the advisor traces for
+        # every candidate (128-wide slices double that cost), and wider slices only grow the f32 score tile.
         block_axes=(BlockAxis(field="block_q", array="q", dim=2, align=8),
-                    BlockAxis(field="block_kv", array="k", dim=2, align=128)),
+                    BlockAxis(field="block_kv", array="k", dim=2, align=128, maximum=2048),
+                    BlockAxis(field="block_kv_compute", array="k", dim=2, align=128, minimum=256,
+                              maximum=1024)),
         block_class="kernels.flash_attention:FlashAttentionBlockSizes",
     ),
     KernelEntry(
@@ -260,6 +290,10 @@ ENTRIES: tuple[KernelEntry, ...] = (
         example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
                  "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
+        # block_q: multiples of 16 (the bf16 sublane tile; f32 needs 8); block_kv: KV tokens, whole lanes.
+        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=8, minimum=16),
+                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
+                              times_dim=2)),
         block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
     ),
     KernelEntry(

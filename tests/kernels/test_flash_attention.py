@@ -20,8 +20,11 @@ from kernels.flash_attention import (
     flash_attention,
     flash_attention_reference,
 )
+from kernels.flash_attention import DEFAULT_BLOCK_SIZES
 from kernels.flash_attention.kernel import kv_block_range, make_plan
 from perfmodel.hw import get_chip
+from perfmodel.schedule.shapes import parse_shape
+from perfmodel.schedule.tune import load_tuned_file
 
 #: (atol, rtol) per input dtype. bf16: the kernel feeds bf16 probabilities to
 #: the PV matmul and rounds the output to bf16 (8 mantissa bits, ~4e-3 relative).
@@ -189,8 +192,10 @@ def test_lowers_to_mosaic_at_production_shape(window):
     fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, sliding_window=window))
     text = jax.export.export(fn, platforms=["tpu"])(q, kv, kv).mlir_module()
     assert "tpu_custom_call" in text
-    # The named scope carries the v5e default blocks (512 x 1024, 512-row compute slices) into profiles.
-    assert "flash_attention_bq512_bkv1024_bkvc512/" in text
+    # The named scope carries the v5e default blocks (the stored ones: this is the shape they were tuned on,
+    # so no fitting) into profiles.
+    d = DEFAULT_BLOCK_SIZES["tpu-v5e"]
+    assert f"flash_attention_bq{d.block_q}_bkv{d.block_kv}_bkvc{d.kv_compute}/" in text
 
 
 @pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v5p", "tpu-v6e", "tpu-7x"])
@@ -266,6 +271,57 @@ def test_defaults_shrink_block_q_for_large_groups():
     assert big.block_kv == small.block_kv
 
 
+def _stored_blocks(entry: dict) -> FlashAttentionBlockSizes:
+    return BS(block_q=entry["block_q"], block_kv=entry["block_kv"], block_kv_compute=entry["block_kv_compute"])
+
+
+def test_defaults_come_from_the_tuned_json():
+    stored = load_tuned_file("flash_attention")["defaults"]
+    assert default_block_sizes("tpu-v5e") == _stored_blocks(stored["tpu-v5e"]["bf16"])
+    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
+    for chip, configs in stored.items():
+        assert DEFAULT_BLOCK_SIZES[chip] == _stored_blocks(configs["bf16"])
+        # f32 queries are not tuned separately: the bf16 entry, before fitting.
+        assert default_block_sizes(chip, q_dtype="float32", kv_dtype="float32") == _stored_blocks(configs["bf16"])
+
+
+@pytest.mark.parametrize("chip", sorted(DEFAULT_BLOCK_SIZES))
+def test_stored_defaults_pass_validation_at_the_tuned_shape(chip):
+    data = load_tuned_file("flash_attention")
+    q, k, _ = (parse_shape(t).shape for t in data["shapes"]["bf16"])
+    shape = dict(q_dtype="bfloat16", kv_dtype="bfloat16", head_dim=q[3], group=q[1] // k[1], q_len=q[2], kv_len=k[2])
+    sizes = DEFAULT_BLOCK_SIZES[chip]
+    sizes.validate(**shape, spec=get_chip(chip))  # raises over the default scoped VMEM limit
+    assert data["defaults"][chip]["bf16"]["vmem_limit_bytes"] is None  # this kernel never raises the limit
+    # At the shape it was tuned on, fitting to the scoped limit changes nothing.
+    limit = get_chip(chip).memory.vmem_default_scoped_limit_bytes_per_core
+    assert default_block_sizes(chip, **shape, vmem_limit=limit) == sizes
+
+
+def test_f32_defaults_shrink_until_they_fit():
+    # f32 doubles every buffer: the fitted defaults still pass validation on every chip, GQA 4 at 8k tokens.
+    for chip in DEFAULT_BLOCK_SIZES:
+        spec = get_chip(chip)
+        shape = dict(q_dtype="float32", kv_dtype="float32", head_dim=128, group=4, q_len=8192, kv_len=8192)
+        sizes = default_block_sizes(chip, **shape, vmem_limit=spec.memory.vmem_default_scoped_limit_bytes_per_core)
+        sizes.validate(**shape, spec=spec)
+
+
+def test_fitting_halves_block_q_then_block_kv(monkeypatch):
+    # Hand-worked, tpu-v5e (16 MiB scoped), f32, head_dim 128, group 1, 8192 tokens, blocks 64 / 8192 / 256:
+    # pipelined 2 * (2*1*bq*128*4 + 2*bkv*128*4), scratch 4*bq*(256+128), temporaries bq*256*(8+4).
+    # bq 64: 2*(65536 + 8388608) = 16908288 + 98304 + 196608 > 16 MiB (16777216). block_q halves to 32, 16, 8
+    # (the f32 sublane floor): 2*(8192 + 8388608) + 12288 + 24576 = 16830464 still > 16 MiB; then block_kv
+    # halves to 4096: 2*(8192 + 4194304) + 12288 + 24576 = 8441856 <= 16 MiB.
+    import kernels.flash_attention.blocks as fb
+
+    monkeypatch.setattr(fb, "default_block_table",
+                        lambda: {"tpu-v5e": {"bf16": BS(block_q=64, block_kv=8192, block_kv_compute=256)}})
+    sizes = default_block_sizes("tpu-v5e", q_dtype="float32", kv_dtype="float32", head_dim=128, group=1,
+                                q_len=8192, kv_len=8192, vmem_limit=16 * 2**20)
+    assert sizes == BS(block_q=8, block_kv=4096, block_kv_compute=256)
+
+
 def test_effective_blocks_shrink_to_short_sequences():
     sizes = BS(block_q=512, block_kv=1024, block_kv_compute=256)
     assert sizes.effective(q_len=40, kv_len=100) == (40, 100, 100)  # one slice: whole sequence
@@ -320,7 +376,7 @@ KV = _sds((1, 2, 256, 128))
         (Q, KV, KV, dict(block_sizes=BS(block_q=8, block_kv=128)), r"block_q: 8 is not a multiple of 16"),
         (Q, KV, KV, dict(block_sizes=(128, 128)), r"block_sizes: expected FlashAttentionBlockSizes"),
         (_sds((1, 8, 8192, 128)), _sds((1, 2, 8192, 128)), _sds((1, 2, 8192, 128)),
-         dict(block_sizes=BS(block_q=4096, block_kv=8192)), r"block_sizes: .* B of VMEM .* scoped limit"),
+         dict(block_sizes=BS(block_q=4096, block_kv=8192)), r"block_sizes: block_q=4096, .* need .* of VMEM, over the .* scoped limit of tpu-v5e; use smaller blocks"),
         (Q, KV, KV, dict(chip="tpu-v9z"), r"unknown chip 'tpu-v9z'"),
         (Q, KV, KV, dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
         (Q, KV, KV, dict(chip="tpu-v3"), r"chip: no flash_attention block-size defaults for 'tpu-v3'"),

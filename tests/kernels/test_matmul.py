@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
-from kernels.matmul import MatmulBlockSizes, default_block_table, matmul, matmul_reference
+from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
+from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
 from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
+from perfmodel.schedule.tune import MAX_RAISED_VMEM_FRACTION, load_tuned_defaults
 
 #: assert_allclose tolerances by output dtype. bf16 outputs carry one bf16 rounding (rel 2^-8) of
 #: values whose f32 accumulation order differs from the reference's.
@@ -118,8 +120,8 @@ def test_out_dtype_f32_from_bf16_inputs():
 
 
 def test_default_blocks_clamp_to_a_small_problem():
-    # tpu-v5e bf16 default is 512x1024x1024; on (24, 200, 136) it clamps to bm=32 (24 rounded up to
-    # the bf16 sublane tile 16), bk=256, bn=256: one grid step.
+    # tpu-v5e's stored bf16 default (at least 256 along every dimension, see matmul.json) clamps on
+    # (24, 200, 136) to bm=32 (24 rounded up to the bf16 sublane tile 16), bk=256, bn=256: one grid step.
     x, w, bias = _inputs(6, 24, 200, 136, jnp.bfloat16)
     _assert_matches(matmul(x, w, bias=bias, interpret=True), matmul_reference(x, w, bias=bias))
 
@@ -241,20 +243,42 @@ def test_blocks_over_physical_vmem_raise():
         matmul(x, w, block_sizes=huge, interpret=True)
 
 
+def test_defaults_come_from_the_tuned_json():
+    stored = load_tuned_defaults("matmul")
+    b = stored["tpu-v5e"]["bf16 x bf16"]
+    assert default_block_sizes("tpu-v5e", "bf16", "bf16") == MatmulBlockSizes(bm=b["bm"], bk=b["bk"], bn=b["bn"])
+    for chip_name, pairs in stored.items():
+        for pair, b in pairs.items():
+            x_name, w_name = pair.split(" x ")
+            assert default_block_sizes(chip_name, x_name, w_name) == MatmulBlockSizes(bm=b["bm"], bk=b["bk"], bn=b["bn"])
+
+
+def test_chips_and_pairs_the_json_lacks_fall_back():
+    # tpu-v5e has no fp8 MXU rate, so its table has no fp8 pair; a chip spec file has no entry at all.
+    assert "bf16 x fp8" not in load_tuned_defaults("matmul")["tpu-v5e"]
+    assert default_block_sizes("tpu-v5e", "bf16", "fp8") == FALLBACK_BLOCK_SIZES
+    assert default_block_sizes("my-chip.yaml", "bf16", "bf16") == FALLBACK_BLOCK_SIZES
+
+
 @pytest.mark.parametrize("chip_name", sorted(default_block_table()))
-def test_default_table_fits_each_chip(chip_name):
+def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_marked(chip_name):
     try:
         chip = get_chip(chip_name)
     except UnknownChipError:
         pytest.skip(f"no spec for {chip_name} yet")
     dtypes = {"bf16": jnp.bfloat16, "fp32": jnp.float32, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+    stored = load_tuned_defaults("matmul")[chip_name]
     for pair, blocks in default_block_table()[chip_name].items():
         x_name, w_name = pair.split(" x ")
         x_dtype = dtypes[x_name]
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
-        # fused: a bias row, plus the per-channel scale row of quantized weights.
+        # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
         vectors = 1 + (w_name in ("int8", "fp8"))
-        blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=vectors, chip=chip)
+        limit = blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=vectors,
+                             chip=chip)
+        # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.
+        assert limit == stored[pair]["vmem_limit_bytes"], (chip_name, pair)
+        assert limit is None or limit <= MAX_RAISED_VMEM_FRACTION * chip.memory.vmem_bytes_per_core
 
 
 # ----- bad input names the argument -----
@@ -319,7 +343,7 @@ def test_gpu_chip_is_rejected(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["bf16", "int8"])
 def test_default_blocks_at_a_larger_shape(weights):
-    # v5e defaults (512x1024x1024) clamp to bn=768 here: grid (1, 1, 2) with full-size tiles.
+    # The stored v5e defaults (matmul.json) clamp to this problem: bm to 512, bn to at most 768.
     m, k, n = 512, 2048, 768
     x, w, bias = _inputs(11, m, k, n, jnp.bfloat16)
     scale = None

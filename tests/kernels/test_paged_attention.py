@@ -15,6 +15,7 @@ from jax.experimental.pallas.ops.tpu.paged_attention import quantization_utils a
 from jax.experimental.pallas.ops.tpu.paged_attention import util as jax_paged_util
 
 from kernels.paged_attention import (
+    DEFAULT_TOKENS_PER_COMPUTE_BLOCK,
     PagedAttentionBlockSizes,
     default_block_sizes,
     dequantize_pages,
@@ -22,6 +23,9 @@ from kernels.paged_attention import (
     paged_attention_reference,
     quantize_pages,
 )
+from perfmodel.hw.registry import get_chip
+from perfmodel.schedule.shapes import parse_shape
+from perfmodel.schedule.tune import load_tuned_file
 
 #: (atol, rtol) per (q dtype, cache dtype). bf16 queries run bf16 matmuls with bf16
 #: probabilities and a bf16 output (~4e-3 relative); quantized caches are compared
@@ -265,9 +269,12 @@ def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
         fn = jax.jit(lambda q, k, v, t, n, ks, vs: paged_attention(q, k, v, t, n, k_scales=ks, v_scales=vs))
     text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
     assert "tpu_custom_call" in text
-    # The named scope names the blocks. tpu-v5e aims at 512 tokens per compute block: 512 / 16 = 32 pages
-    # (divides 2048 / 16 = 128 pages per sequence), 512 / 32 = 16 pages (divides 64).
-    assert f"paged_attention_ppcb{512 // page_size}_ps{page_size}/" in text
+    # The named scope names the blocks: tpu-v5e's stored token target over the page size, when that is a
+    # whole, lane-aligned number of pages dividing the 2048 / page_size pages per sequence (the largest
+    # such block within the target).
+    target = DEFAULT_TOKENS_PER_COMPUTE_BLOCK["tpu-v5e"]
+    assert target % page_size == 0 and target % 128 == 0 and pps % (target // page_size) == 0
+    assert f"paged_attention_ppcb{target // page_size}_ps{page_size}/" in text
 
 
 # ----------------------------------------------------------------------------- cost estimate
@@ -334,14 +341,39 @@ def test_cost_estimate_is_the_models(scales):
         ("tpu-v5e", 1024, 4, 1),  # one 1024-token page already exceeds the target: the smallest block
     ],
 )
-def test_default_pages_per_compute_block(chip, page_size, pages_per_seq, expected):
+def test_default_pages_per_compute_block(monkeypatch, chip, page_size, pages_per_seq, expected):
+    import kernels.paged_attention.blocks as pb
+
+    # The fitting rule on hand-picked token targets (the stored ones come from the advisor).
+    monkeypatch.setattr(pb, "default_tokens_table", lambda: {"tpu-v5e": {"bf16": 512}, "tpu-v6e": {"bf16": 1024}})
     sizes = default_block_sizes(chip, page_size=page_size, pages_per_seq=pages_per_seq)
     assert sizes.pages_per_compute_block == expected
+
+
+def test_default_tokens_come_from_the_tuned_json():
+    data = load_tuned_file("paged_attention")
+    shapes = {parse_shape(t).name: parse_shape(t).shape for t in data["shapes"]["bf16"]}
+    page_size, pages_per_seq = shapes["k_pages"][2], shapes["page_table"][1]
+    assert sorted(DEFAULT_TOKENS_PER_COMPUTE_BLOCK) == sorted(data["defaults"])
+    for chip, configs in data["defaults"].items():
+        stored = configs["bf16"]
+        assert stored["tokens_per_compute_block"] == stored["pages_per_compute_block"] * page_size
+        assert DEFAULT_TOKENS_PER_COMPUTE_BLOCK[chip] == stored["tokens_per_compute_block"]
+        # At the tuned shape the lookup gives back the advisor's choice, and it passes validation.
+        sizes = default_block_sizes(chip, page_size=page_size, pages_per_seq=pages_per_seq)
+        assert sizes.pages_per_compute_block == stored["pages_per_compute_block"]
+        q_heads, head_dim = shapes["q"][1:]
+        kv_heads = shapes["k_pages"][0]
+        sizes.validate(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=q_heads // kv_heads,
+                       kv_heads=kv_heads, head_dim=head_dim, q_dtype="bfloat16", kv_dtype="bfloat16",
+                       per_token_scales=None, spec=get_chip(chip))
+        assert stored["vmem_limit_bytes"] is None  # this kernel never raises the limit
 
 
 def test_default_block_sizes_errors():
     with pytest.raises(ValueError, match=r"page_table: 12 pages per sequence of 16 tokens admit no compute block"):
         default_block_sizes("tpu-v5e", page_size=16, pages_per_seq=12)
+    # Chips before tpu-v4 have no tuned defaults (the documented fallback is this error).
     with pytest.raises(ValueError, match=r"chip: no paged_attention block-size defaults for 'tpu-v3'"):
         default_block_sizes("tpu-v3", page_size=16, pages_per_seq=16)
 

@@ -19,6 +19,8 @@ from kernels.ragged_paged_attention import (
     ragged_paged_attention_reference,
 )
 from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
+from perfmodel.schedule.shapes import parse_shape
+from perfmodel.schedule.tune import load_tuned_file
 
 #: assert_allclose tolerances by dtype. bf16: probabilities are rounded to bf16 before the PV
 #: matmul and the output carries one bf16 rounding (rel 2^-8) of O(1) values.
@@ -203,7 +205,8 @@ def test_cost_estimate_equals_the_op_model():
     q_lens, kv_lens = assumed_lengths(total_tokens=512, max_seqs=64, pages_per_seq=128, num_pages=4096,
                                       page_size=16)
     expected = to_cost_estimate(model(query_lens=q_lens, context_lens=kv_lens, q_heads=32, kv_heads=8, head_dim=128,
-                                      page_size=16, kv_dtype="bf16", q_dtype="bf16", block_q=32))
+                                      page_size=16, kv_dtype="bf16", q_dtype="bf16",
+                                      block_q=DEFAULT_BLOCK_SIZES["tpu-v5e"].block_q))
     text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip="tpu-v5e"), *_production_structs())
     (found,) = cost_estimates(text)
     assert found["flops"] == expected.flops
@@ -223,9 +226,43 @@ def test_defaults_fit_every_chip(chip):
                     chip=chip)
 
 
-def test_defaults_round_to_dtype_and_page_size():
-    # tpu-v5e: block_q 32 (already a multiple of 16), block_kv 256 -> lcm(128, 384) = 384 for 384-token pages.
+def test_defaults_round_to_dtype_and_page_size(monkeypatch):
+    import kernels.ragged_paged_attention.blocks as rb
+
+    # The fitting rule on a hand-picked table (the stored one comes from the advisor): block_q 24 -> 32 for
+    # bf16 (sublane tile 16), 24 for f32 (tile 8); block_kv 256 -> lcm(128, 384) = 384 for 384-token pages.
+    monkeypatch.setattr(rb, "default_block_table", lambda: {"tpu-v5e": {"bf16": Blocks(block_q=24, block_kv=256)}})
     assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=384) == Blocks(block_q=32, block_kv=384)
+    assert default_block_sizes("tpu-v5e", q_dtype=jnp.float32, page_size=16) == Blocks(block_q=24, block_kv=256)
+    # A chip the table lacks takes tpu-v5e's defaults.
+    assert default_block_sizes("tpu-v6e", q_dtype=jnp.float32, page_size=16) == Blocks(block_q=24, block_kv=256)
+
+
+def test_defaults_come_from_the_tuned_json():
+    stored = load_tuned_file("ragged_paged_attention")["defaults"]
+    v5e = stored["tpu-v5e"]["bf16"]
+    assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=16) == Blocks(block_q=v5e["block_q"],
+                                                                                          block_kv=v5e["block_kv"])
+    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
+    for chip, configs in stored.items():
+        assert DEFAULT_BLOCK_SIZES[chip] == Blocks(block_q=configs["bf16"]["block_q"],
+                                                   block_kv=configs["bf16"]["block_kv"])
+    # Chips before tpu-v4 are not tuned: they take tpu-v5e's defaults.
+    assert "tpu-v3" not in stored
+    assert default_block_sizes("tpu-v3", q_dtype=jnp.bfloat16, page_size=16) == DEFAULT_BLOCK_SIZES["tpu-v5e"]
+
+
+@pytest.mark.parametrize("chip", sorted(DEFAULT_BLOCK_SIZES))
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_stored_defaults_pass_validation_at_the_tuned_shape(chip, dtype):
+    data = load_tuned_file("ragged_paged_attention")
+    shapes = {parse_shape(t).name: parse_shape(t).shape for t in data["shapes"]["bf16"]}
+    page_size = shapes["k_pages"][2]
+    blocks = default_block_sizes(chip, q_dtype=dtype, page_size=page_size)
+    # Raises over the default scoped VMEM limit; f32 (not tuned separately) fits too.
+    blocks.validate(q_dtype=dtype, kv_dtype=dtype, page_size=page_size,
+                    q_heads_per_kv_head=shapes["q"][1] // shapes["k_pages"][0], head_dim=shapes["q"][2], chip=chip)
+    assert data["defaults"][chip]["bf16"]["vmem_limit_bytes"] is None  # this kernel never raises the limit
 
 
 def test_vmem_bytes_by_hand():
@@ -250,7 +287,7 @@ def test_block_sizes_reject_bad_values(kwargs, match):
 @pytest.mark.parametrize("blocks,page_size,match", [
     (Blocks(block_q=8, block_kv=128), 16, r"block_q=8 must be a multiple of 16 for bfloat16"),
     (Blocks(block_q=16, block_kv=128), 48, r"block_kv=128 must be a multiple of page_size=48"),
-    (Blocks(block_q=256, block_kv=8192), 16, r"needs .* of VMEM, over the 16(\.0)? MiB scoped limit of tpu-v5e"),
+    (Blocks(block_q=256, block_kv=8192), 16, r"block_sizes \(block_q=256, block_kv=8192\) need .* of VMEM, over the 16(\.0)? MiB scoped limit of tpu-v5e"),
 ])
 def test_block_sizes_validate_against_the_call(blocks, page_size, match):
     with pytest.raises(ValueError, match=match):

@@ -12,8 +12,11 @@ import pytest
 from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from kernels.quant import quantize_int8
 from kernels.rms_norm import DEFAULT_BLOCK_SIZES, RmsNormBlockSizes, default_block_sizes, rms_norm, rms_norm_reference
+from kernels.rms_norm.blocks import FALLBACK_BLOCK_SIZES
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
+from perfmodel.schedule.shapes import parse_shape
+from perfmodel.schedule.tune import load_tuned_file
 
 #: Tolerances by output dtype: bf16 outputs carry one bf16 rounding (2^-8 relative); f32 differs
 #: from the reference only by rsqrt vs 1/sqrt and summation order.
@@ -108,16 +111,41 @@ def test_inside_an_outer_jit():
 # ----- block sizes -----
 
 def test_default_blocks_shrink_to_fit_vmem():
-    # tpu-v5e default 256 rows; hidden 8192, bf16 in, int8 out (quantize). Per block of bt rows:
+    # hidden 8192, bf16 in, int8 out (quantize). Per block of bt rows:
     # x bt*8192*2, residual in + out 2*bt*8192*2, int8 out bt*8192, weight 16*8192*2 (row padded to
     # the bf16 tile), scales bt*128*4; double-buffered; plus 3 f32 temporaries bt*8192*4.
     # bt=64: x 1 MiB + residual 2 MiB + out 0.5 MiB + weight 0.25 MiB + scales 32 KiB = 3.78 MiB,
     # x2 = 7.56 MiB, + 3 * 2 MiB = 13.56 MiB <= 16 MiB; bt=128 gives 26.6 MiB > 16 MiB.
-    fitted = default_block_sizes("tpu-v5e").fitted(
+    stored = default_block_sizes("tpu-v5e")
+    assert stored.block_tokens >= 128  # the tuned default (hidden 4096) is too big for these rows
+    fitted = stored.fitted(
         hidden=8192, x_dtype=jnp.bfloat16, residual_dtype=jnp.bfloat16, out_dtype=jnp.int8, quantize=True,
         chip=get_chip("tpu-v5e"),
     )
     assert fitted == RmsNormBlockSizes(block_tokens=64)
+
+
+def test_defaults_come_from_the_tuned_json():
+    stored = load_tuned_file("rms_norm")["defaults"]
+    assert default_block_sizes("tpu-v5e") == RmsNormBlockSizes(block_tokens=stored["tpu-v5e"]["bf16"]["block_tokens"])
+    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
+    for chip_name, configs in stored.items():
+        assert DEFAULT_BLOCK_SIZES[chip_name] == RmsNormBlockSizes(block_tokens=configs["bf16"]["block_tokens"])
+    # A chip the JSON lacks (e.g. a spec file) takes the documented fallback.
+    assert default_block_sizes("my-chip.yaml") == FALLBACK_BLOCK_SIZES
+
+
+@pytest.mark.parametrize("chip_name", sorted(DEFAULT_BLOCK_SIZES))
+def test_stored_defaults_fit_the_default_scoped_vmem_at_the_tuned_shape(chip_name):
+    data = load_tuned_file("rms_norm")
+    hidden = parse_shape(data["shapes"]["bf16"][0]).shape[1]
+    blocks = DEFAULT_BLOCK_SIZES[chip_name]
+    dtypes = dict(hidden=hidden, x_dtype=jnp.bfloat16, residual_dtype=jnp.bfloat16, out_dtype=jnp.bfloat16,
+                  quantize=False)
+    limit = blocks.check(**dtypes, chip=get_chip(chip_name))
+    assert limit == data["defaults"][chip_name]["bf16"]["vmem_limit_bytes"]  # None: no raised limit needed
+    # Fitting to the shape it was tuned on changes nothing.
+    assert blocks.fitted(**dtypes, chip=get_chip(chip_name)) == blocks
 
 
 def test_block_sizes_are_frozen_and_keyword_only():
@@ -183,7 +211,7 @@ def test_cost_estimate_equals_the_perfmodel_model():
         ("block_not_8", r"block_sizes.block_tokens=12 must be a multiple of 8"),
         ("block_bf16", r"block_sizes.block_tokens=8 must be a multiple of 16"),
         ("block_int8_out", r"block_sizes.block_tokens=16 must be a multiple of 32"),
-        ("vmem", r"block_sizes \(block_tokens=65536\) need .* MiB of VMEM but tpu-v5e has 128 MiB"),
+        ("vmem", r"block_sizes \(block_tokens=65536\) need .* of VMEM but tpu-v5e has 128 MiB per core; use smaller"),
         ("block_type", r"block_sizes: expected a RmsNormBlockSizes, got int"),
         ("unknown_chip", r"unknown chip 'tpu-v99'"),
     ],

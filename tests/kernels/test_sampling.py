@@ -255,12 +255,47 @@ def test_cost_estimate_equals_the_op_model(mode, filters):
 def test_defaults_fit_every_chip_at_a_llama3_vocabulary(chip, dtype):
     blocks = default_block_sizes(chip, logits_dtype=dtype, vocab=PRODUCTION[1])
     blocks.validate(vocab=PRODUCTION[1], logits_dtype=dtype, with_noise=True, chip=chip)
-    assert blocks.block_b == (8 if dtype == jnp.float32 else 16)
+    # The stored f32 rows, rounded up to the bf16 sublane tile (16) for bf16 logits.
+    stored = DEFAULT_BLOCK_SIZES[chip]
+    assert blocks == Blocks(block_b=-(-stored.block_b // 16) * 16 if dtype == jnp.bfloat16 else stored.block_b,
+                            block_v=stored.block_v)
 
 
-def test_default_block_v_shrinks_to_a_small_vocabulary():
-    # 1000 entries round up to 1024 lanes, below the 2048 default.
+def test_defaults_come_from_the_tuned_json():
+    from perfmodel.schedule.tune import load_tuned_file
+
+    data = load_tuned_file("sampling")
+    (shape,) = data["shapes"]["fp32"]
+    assert shape == f"logits={PRODUCTION[0]}x{PRODUCTION[1]}:f32"  # tuned on this file's production shape
+    v5e = data["defaults"]["tpu-v5e"]["fp32"]
+    assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=PRODUCTION[1]) == Blocks(
+        block_b=v5e["block_b"], block_v=v5e["block_v"])
+    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(data["defaults"])
+    for chip, configs in data["defaults"].items():
+        assert DEFAULT_BLOCK_SIZES[chip] == Blocks(block_b=configs["fp32"]["block_b"],
+                                                   block_v=configs["fp32"]["block_v"])
+        assert configs["fp32"]["vmem_limit_bytes"] is None  # this kernel never raises the limit
+    # Chips before tpu-v4 are not tuned: they take tpu-v5e's defaults.
+    assert default_block_sizes("tpu-v3", logits_dtype=jnp.float32, vocab=PRODUCTION[1]) == DEFAULT_BLOCK_SIZES[
+        "tpu-v5e"]
+
+
+def test_default_block_v_shrinks_to_a_small_vocabulary(monkeypatch):
+    import kernels.sampling.blocks as sb
+
+    # On a hand-picked table: 1000 entries round up to 1024 lanes, below the 2048 default.
+    monkeypatch.setattr(sb, "default_block_table", lambda: {"tpu-v5e": {"fp32": Blocks(block_b=8, block_v=2048)}})
     assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=1000) == Blocks(block_b=8, block_v=1024)
+
+
+def test_default_block_b_halves_for_a_huge_vocabulary(monkeypatch):
+    import kernels.sampling.blocks as sb
+
+    # f32, vocab 262144, block_v 8192, with noise: per row of block_b, resident 262144*4 = 1048576, logits
+    # blocks 2*8192*4 = 65536, noise blocks 65536, chunk temporaries 4*8192*4 = 131072: 1310720 B per row.
+    # tpu-v5e's 16 MiB (16777216 B) holds 12.8 rows: 64 -> 32 -> 16 -> 8 rows (10485760 B).
+    monkeypatch.setattr(sb, "default_block_table", lambda: {"tpu-v5e": {"fp32": Blocks(block_b=64, block_v=8192)}})
+    assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=262144) == Blocks(block_b=8, block_v=8192)
 
 
 def test_vmem_bytes_by_hand():
@@ -282,7 +317,7 @@ def test_block_sizes_reject_bad_values(kwargs, match):
 @pytest.mark.parametrize("blocks,dtype,chip,match", [
     (Blocks(block_b=4, block_v=128), jnp.float32, "tpu-v5e", "block_b=4 must be a multiple of 8 for float32"),
     (Blocks(block_b=8, block_v=128), jnp.bfloat16, "tpu-v5e", "block_b=8 must be a multiple of 16 for bfloat16"),
-    (Blocks(block_b=512, block_v=2048), jnp.float32, "tpu-v5e", r"needs .* of VMEM .* over the 16(\.0)? MiB"),
+    (Blocks(block_b=512, block_v=2048), jnp.float32, "tpu-v5e", r"block_sizes \(block_b=512, block_v=2048\) for a vocabulary of 128256 need .* of VMEM, over the 16(\.0)? MiB"),
     (Blocks(block_b=8, block_v=128), jnp.float32, "h100-sxm", "chip: 'h100-sxm'"),
 ])
 def test_block_sizes_validate_against_the_call(blocks, dtype, chip, match):

@@ -10,14 +10,24 @@ import pytest
 from jax.experimental.pallas.ops.tpu import matmul as jmm
 
 from perfmodel.errors import InputError
+from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.analyze import analyze
 from perfmodel.schedule.catalog import BlockAxis, get_entry
 from perfmodel.schedule.tune import (
+    DEFAULT_TIE_BAND,
+    MAX_RAISED_VMEM_FRACTION,
+    PALLAS_CHIPS,
+    SCOPED_VMEM_BAND,
+    Candidate,
+    TuneResult,
     candidate_values,
     enumerate_candidates,
     load_tuned_defaults,
+    load_tuned_file,
+    robust_choice,
     steps_lower_bound,
     tune,
+    tuned_kernels,
     write_tuned_defaults,
 )
 
@@ -29,6 +39,18 @@ def test_candidate_values_double_from_the_minimum_up_to_the_dimension():
     assert candidate_values(BlockAxis(field="bk", array="x", dim=1, align=128, divides=True), 768) == [128, 256, 768]
     # A dimension below the minimum gets its aligned size.
     assert candidate_values(BlockAxis(field="bm", array="x", dim=0, align=8), 40) == [8, 16, 32, 40]
+    # A maximum caps the doubling and drops the whole dimension: 256, 512, 1024 of 8192.
+    capped = BlockAxis(field="block_kv_compute", array="k", dim=2, align=128, minimum=256, maximum=1024)
+    assert candidate_values(capped, 8192) == [256, 512, 1024]
+
+
+def test_ragged_block_kv_tiles_pages_per_sequence_times_the_page_size():
+    entry = get_entry("ragged_paged_attention")
+    specs = entry.specs(["q=48x8x128:bf16", "k_pages=2x40x16x128:bf16", "v_pages=2x40x16x128:bf16",
+                         "kv_lens=4:int32=100", "page_table=4x10:int32=arange", "cu_q_lens=5:int32=arange*12",
+                         "num_seqs=1:int32=4"])
+    # block_q tiles the 48 flat tokens; block_kv the 10 pages x 16 tokens = 160 KV tokens of a sequence.
+    assert entry.dims(specs) == {"block_q": 48, "block_kv": 160}
 
 
 def test_steps_lower_bound_is_the_product_of_block_counts():
@@ -93,13 +115,20 @@ def test_write_tuned_defaults_round_trips(tmp_path, monkeypatch):
     # One chip and one pair keep this quick; the structure is what the bundled matmul reads.
     monkeypatch.setattr(tune_mod, "MATMUL_PAIRS", (("bf16", "bf16", "bf16", "bf16"),))
     monkeypatch.setattr(tune_mod, "TUNED_SHAPE_MNK", (1024, 1024, 1024))
-    path = write_tuned_defaults(tmp_path / "matmul.json", chips=["tpu-v5e"])
+    path = write_tuned_defaults("matmul", tmp_path / "matmul.json", chips=["tpu-v5e"])
     data = json.loads(path.read_text())
+    assert data["shapes"] == {"bf16 x bf16": ["x=1024x1024:bf16", "w=1024x1024:bf16", "bias=1024:f32"]}
     entry = data["defaults"]["tpu-v5e"]["bf16 x bf16"]
     from kernels.matmul import MatmulBlockSizes
 
     MatmulBlockSizes(bm=entry["bm"], bk=entry["bk"], bn=entry["bn"])  # validates tiling
-    assert entry["expected_s"] > 0
+    assert 0 < entry["fastest_s"] <= entry["expected_s"] <= entry["fastest_s"] * (1 + SCOPED_VMEM_BAND)
+    assert entry["vmem_limit_bytes"] is None  # 1024^3 has candidates well within v5e's 16 MiB
+
+
+def test_write_rejects_a_kernel_without_block_sizes(tmp_path):
+    with pytest.raises(InputError, match="--write: 'kv_cache_updat' has no tuned defaults; kernels with block"):
+        write_tuned_defaults("kv_cache_updat", tmp_path / "x.json")
 
 
 def test_stored_tuned_defaults_are_legal_blocks_for_every_listed_chip():
@@ -111,3 +140,96 @@ def test_stored_tuned_defaults_are_legal_blocks_for_every_listed_chip():
         for pair, b in pairs.items():
             MatmulBlockSizes(bm=b["bm"], bk=b["bk"], bn=b["bn"])
             assert 8192 % b["bm"] == 0 and 8192 % b["bk"] == 0 and 8192 % b["bn"] == 0, (chip, pair)
+
+
+@pytest.mark.parametrize("spec", tuned_kernels(), ids=lambda t: t.kernel)
+def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(spec):
+    data = load_tuned_file(spec.kernel)
+    assert data["kernel"] == spec.kernel and data["entry"] == spec.entry
+    assert "python -m perfmodel.schedule.tune --write" in data["about"]
+    assert data["shapes"] == {c.key: list(c.shapes) for c in spec.configs}
+    entry = get_entry(spec.entry)
+    fields = {ax.field for ax in entry.block_axes}
+    assert set(PALLAS_CHIPS) <= set(data["defaults"]), "every current TPU has defaults"
+    production = spec.configs[0].key
+    for chip_name, configs in data["defaults"].items():
+        chip = get_chip(chip_name)
+        assert next(iter(configs)) == production or production not in configs  # production config first
+        for key, stored in configs.items():
+            assert fields <= set(stored), (chip_name, key)
+            # Within the default scoped limit (physical VMEM where the spec has none), or marked with a
+            # raised limit of at most 3/4 of the physical VMEM.
+            scoped = chip.memory.vmem_default_scoped_limit_bytes_per_core or chip.memory.vmem_bytes_per_core
+            if stored["vmem_limit_bytes"] is None:
+                assert stored["vmem_bytes"] <= scoped, (chip_name, key)
+            else:
+                assert stored["vmem_limit_bytes"] <= MAX_RAISED_VMEM_FRACTION * chip.memory.vmem_bytes_per_core
+            assert stored["fastest_s"] <= stored["expected_s"]
+            assert 1 <= stored["within_tie_band"] <= stored["legal_candidates"]
+
+
+def test_stored_matmul_defaults_no_longer_need_most_of_v6e_vmem():
+    # Was 4096x1024x2048 (kernel need 120 MiB of 128): the 10% band finds a candidate within the 32 MiB default.
+    b = load_tuned_defaults("matmul")["tpu-v6e"]["bf16 x bf16"]
+    assert b["vmem_limit_bytes"] is None and b["vmem_bytes"] <= 32 << 20
+    assert b["expected_s"] <= b["fastest_s"] * (1 + SCOPED_VMEM_BAND)
+
+
+# ----------------------------------------------------------------------------- the stored-default rule
+
+def _cand(name: str, expected_s: float, *, vmem_mib: float, limit_mib: float | None = None, hbm: int = 100,
+          steps: int = 10) -> Candidate:
+    return Candidate(blocks={"b": name}, expected_s=expected_s, hbm_bytes=hbm, ideal_hbm_bytes=100,
+                     vmem_bytes=int(vmem_mib * 2**20), vmem_status="fits",
+                     vmem_limit_bytes=None if limit_mib is None else int(limit_mib * 2**20), steps=steps,
+                     limiter="compute", reason="")
+
+
+def _result(*cands: Candidate, chip: str = "tpu-v6e") -> TuneResult:
+    ranked = tuple(sorted(cands, key=lambda c: c.expected_s))
+    return TuneResult(kernel="k", chip=chip, shapes=(), ranked=ranked, evaluated=len(ranked), rejected={}, pruned=0,
+                      baseline=None, baseline_label="kernel default")
+
+
+def test_robust_choice_keeps_the_default_scoped_limit_within_ten_percent():
+    # v6e: 32 MiB default scoped, 128 MiB physical. The fastest needs a raised limit; one within the scoped
+    # limit is 5% slower (inside the 10% band), so the pool is the scoped ones and the raised one is out.
+    fast = _cand("raised", 1.00, vmem_mib=90, limit_mib=112)
+    ok = _cand("scoped", 1.05, vmem_mib=20)
+    slower = _cand("scoped-slow", 1.20, vmem_mib=10)
+    assert robust_choice(_result(fast, ok, slower)).blocks == {"b": "scoped"}
+
+
+def test_robust_choice_allows_a_raised_limit_only_up_to_three_quarters_of_physical_vmem():
+    # No scoped candidate within 10% (1.15 > 1.10): raised limits are allowed, but 112 MiB > 96 MiB (3/4 of
+    # 128 MiB) is not; 80 MiB is.
+    too_big = _cand("112MiB", 1.00, vmem_mib=90, limit_mib=112)
+    raised = _cand("80MiB", 1.02, vmem_mib=64, limit_mib=80)
+    scoped = _cand("scoped", 1.15, vmem_mib=20)
+    assert robust_choice(_result(too_big, raised, scoped)).blocks == {"b": "80MiB"}
+    # A scoped candidate far behind stays eligible (it is the fastest left once 112 MiB is out) ...
+    assert robust_choice(_result(too_big, _cand("scoped", 1.5, vmem_mib=20))).blocks == {"b": "scoped"}
+    # ... and with nothing within the scoped limit or 3/4 of the physical VMEM there is no default.
+    with pytest.raises(InputError, match="no candidate fits the default scoped VMEM or 75% of the physical VMEM"):
+        robust_choice(_result(too_big, _cand("120MiB", 1.01, vmem_mib=100, limit_mib=120)))
+
+
+def test_robust_choice_breaks_ties_by_bytes_then_steps_then_vmem():
+    band = 1 + DEFAULT_TIE_BAND / 2  # inside the tie band
+    best = _cand("fastest", 1.0, vmem_mib=8, hbm=300)
+    fewer_bytes = _cand("fewer-bytes", band, vmem_mib=8, hbm=200, steps=40)
+    same_bytes_fewer_steps = _cand("fewer-steps", band, vmem_mib=12, hbm=200, steps=20)
+    same_steps_less_vmem = _cand("less-vmem", band, vmem_mib=4, hbm=200, steps=20)
+    outside = _cand("outside", 1 + 2 * DEFAULT_TIE_BAND, vmem_mib=1, hbm=1, steps=1)
+    result = _result(best, fewer_bytes, same_bytes_fewer_steps, same_steps_less_vmem, outside)
+    assert robust_choice(result).blocks == {"b": "less-vmem"}
+
+
+def test_token_major_kv_cache_update_and_ragged_attention_are_tunable(v5e):
+    kv = tune("kv_cache_update_token_major", [], v5e)
+    assert all(c.blocks["tokens_per_block"] >= 8 for c in kv.ranked)
+    ragged = tune("ragged_paged_attention", [
+        "q=32x8x128:bf16", "k_pages=2x16x16x128:bf16", "v_pages=2x16x16x128:bf16", "kv_lens=2:int32=128",
+        "page_table=2x8:int32=arange", "cu_q_lens=3:int32=arange*16", "num_seqs=1:int32=2"], v5e)
+    # block_q 16 or 32 of the 32 tokens; block_kv 128 of the 8 x 16 = 128 KV tokens: two legal candidates.
+    assert sorted((c.blocks["block_q"], c.blocks["block_kv"]) for c in ragged.ranked) == [(16, 128), (32, 128)]
