@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any, Callable, Sequence
 
@@ -43,3 +44,18 @@ def with_ref_names(kernel: Callable[..., Any], names: Sequence[str]) -> Callable
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names]
     )
     return named_kernel
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that imports each name from its submodule on first use.
+
+    Lets ``kernels.<name>.blocks`` (block-size tables, no jax) import without
+    pulling in the jax-heavy kernel module.
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module '{package}' has no attribute '{name}'")
+
+    return __getattr__

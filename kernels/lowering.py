@@ -24,3 +24,23 @@ def export_for_tpu(fn: Callable[..., Any], *args: jax.ShapeDtypeStruct) -> str:
 def cost_estimates(module_text: str) -> list[dict[str, int]]:
     """The pl.CostEstimate fields (flops, transcendentals, bytes_accessed, ...) of each Mosaic call in the module."""
     return [dict((k, int(v)) for k, v in _FIELD_RE.findall(body)) for body in _COST_RE.findall(module_text)]
+
+
+def traced_cost_estimate(fn: Callable[..., Any], *args: Any) -> Any:
+    """The pl.CostEstimate that ``fn`` hands to its one pallas_call, read from the traced jaxpr."""
+    found = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append(eqn.params["cost_estimate"])
+            for param in eqn.params.values():
+                if isinstance(param, jax.extend.core.ClosedJaxpr):
+                    walk(param.jaxpr)
+                elif isinstance(param, jax.extend.core.Jaxpr):
+                    walk(param)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    if len(found) != 1:
+        raise ValueError(f"expected one pallas_call in the traced function, found {len(found)}")
+    return found[0]

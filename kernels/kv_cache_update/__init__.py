@@ -4,8 +4,7 @@ scalar-prefetched slot mapping, in place, optional int8 quantize on write).
 Exports load lazily so that ``kernels.kv_cache_update.blocks`` imports without jax.
 """
 
-import importlib
-from typing import Any
+from kernels.common import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_BLOCK_SIZES": "kernels.kv_cache_update.blocks",
@@ -20,8 +19,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kernels.kv_cache_update' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

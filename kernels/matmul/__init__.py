@@ -4,8 +4,7 @@ Exports load lazily so that ``kernels.matmul.blocks`` / ``.tiling`` (block-size 
 tiling rules) import without jax.
 """
 
-import importlib
-from typing import Any
+from kernels.common import lazy_exports
 
 _EXPORTS = {
     "default_block_table": "kernels.matmul.blocks",
@@ -17,8 +16,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kernels.matmul' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,8 +3,7 @@
 Exports load lazily so that ``kernels.rms_norm.blocks`` imports without jax.
 """
 
-import importlib
-from typing import Any
+from kernels.common import lazy_exports
 
 _EXPORTS = {
     "DEFAULT_BLOCK_SIZES": "kernels.rms_norm.blocks",
@@ -15,8 +14,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'kernels.rms_norm' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

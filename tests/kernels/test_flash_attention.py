@@ -13,6 +13,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
 
+from kernels.lowering import traced_cost_estimate
 from kernels.flash_attention import (
     FlashAttentionBlockSizes,
     attention_mask,
@@ -209,23 +210,6 @@ def test_lowers_with_each_chip_default(chip):
 # ----------------------------------------------------------------------------- cost estimate
 
 
-def _pallas_cost_estimate(fn, *args):
-    """The CostEstimate the wrapper handed to pallas_call (found in the traced jaxpr)."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                found.append(eqn.params["cost_estimate"])
-            for param in eqn.params.values():
-                if isinstance(param, jax.extend.core.ClosedJaxpr):
-                    walk(param.jaxpr)
-                elif isinstance(param, jax.extend.core.Jaxpr):
-                    walk(param)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    assert len(found) == 1
-    return found[0]
 
 
 def test_cost_estimate_is_the_models():
@@ -235,7 +219,7 @@ def test_cost_estimate_is_the_models():
     q = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
     blocks = BS(block_q=128, block_kv=128)
-    est = _pallas_cost_estimate(lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), q, kv, kv)
+    est = traced_cost_estimate(lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), q, kv, kv)
     model = to_cost_estimate(attention.flash_attention(
         batch=1, q_heads=2, kv_heads=2, q_len=256, kv_len=256, head_dim=128, dtype="fp32", causal=True,
         block_q=128, block_kv=128))

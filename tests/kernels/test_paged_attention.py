@@ -14,6 +14,7 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jax.experimental.pallas.ops.tpu.paged_attention import quantization_utils as jax_quant
 from jax.experimental.pallas.ops.tpu.paged_attention import util as jax_paged_util
 
+from kernels.lowering import traced_cost_estimate
 from kernels.paged_attention import (
     DEFAULT_TOKENS_PER_COMPUTE_BLOCK,
     PagedAttentionBlockSizes,
@@ -280,22 +281,6 @@ def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
 # ----------------------------------------------------------------------------- cost estimate
 
 
-def _pallas_cost_estimate(fn, *args):
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                found.append(eqn.params["cost_estimate"])
-            for param in eqn.params.values():
-                if isinstance(param, jax.extend.core.ClosedJaxpr):
-                    walk(param.jaxpr)
-                elif isinstance(param, jax.extend.core.Jaxpr):
-                    walk(param)
-
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    assert len(found) == 1
-    return found[0]
 
 
 @pytest.mark.parametrize("scales", [None, "per-token", "per-page"])
@@ -312,7 +297,7 @@ def test_cost_estimate_is_the_models(scales):
         args += [sds((kv_heads, 64, ps) if scales == "per-token" else (kv_heads, 64), jnp.float32)] * 2
     fn = lambda q, k, v, t, n, *s: paged_attention(q, k, v, t, n, k_scales=s[0] if s else None,  # noqa: E731
                                                    v_scales=s[1] if s else None)
-    est = _pallas_cost_estimate(fn, *args)
+    est = traced_cost_estimate(fn, *args)
     model = to_cost_estimate(attention.paged_decode_attention(
         context_lens=pps * ps, batch=batch, pages_per_seq=pps, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim, page_size=ps, q_dtype="bf16", kv_dtype="int8" if scales else "bf16",
