@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import ast
 import inspect as pyinspect
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import click
 
 from perfmodel.cli.common import UserError, echo_json, json_option, to_jsonable, user_errors
 from perfmodel.errors import InputError
+
+if TYPE_CHECKING:
+    from perfmodel.hw.spec import ChipSpec
 
 DEFAULT_CHIP = "tpu-v5e"
 
@@ -92,7 +95,8 @@ def _dataclass_arguments(fn: Callable, static: dict[str, Any]) -> None:
             raise InputError(f"--arg {name}: {exc} ({cls.__name__} fields: {fields})") from None
 
 
-def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip: str) -> tuple[Callable, tuple[Any, ...]]:
+def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip: ChipSpec
+                  ) -> tuple[Callable, tuple[Any, ...]]:
     """Resolve MODULE:FUNCTION and build (wrapper of the arrays, arrays) from --shape and --arg."""
     from perfmodel.schedule.catalog import load
     from perfmodel.schedule.shapes import materialize, parse_shape
@@ -114,12 +118,15 @@ def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip:
     if dup:
         raise InputError(f"--arg: {', '.join(sorted(dup))} also given as --shape; give each argument once")
     if "chip" in params and "chip" not in static:
-        static["chip"] = chip
+        from perfmodel.hw.registry import chip_argument
+
+        static["chip"] = chip_argument(chip)
     elif "chip" in params and isinstance(static["chip"], str):
         from perfmodel.hw.registry import get_chip
 
-        if get_chip(static["chip"]).name != chip:  # the kernel would be built for one chip and modelled on another
-            raise InputError(f"--arg chip={static['chip']} differs from --hw {chip}; give the chip once, with --hw")
+        if get_chip(static["chip"]).name != chip.name:  # the kernel would be built for one chip, modelled on another
+            raise InputError(f"--arg chip={static['chip']} differs from --hw {chip.name}; "
+                             "give the chip once, with --hw")
     names = [s.name for s in specs]
 
     def call(*arrays: Any) -> Any:
@@ -142,7 +149,7 @@ def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str
     from perfmodel.schedule.report import render, to_json
 
     chip = resolve_chip(hw)
-    fn, arrays = bind_function(target, shapes, args, chip.name)
+    fn, arrays = bind_function(target, shapes, args, chip)
     result = run_analysis(fn, *arrays, chip=chip)
     if as_json:
         echo_json(to_json(result))

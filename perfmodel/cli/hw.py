@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from perfmodel.cli.common import echo_json, json_option, user_errors
+from perfmodel.errors import InputError
 from perfmodel.hw import all_chips, get_chip
 from perfmodel.hw import describe
 
@@ -37,12 +38,15 @@ def show_cmd(chip: str, as_json: bool) -> None:
         click.echo(describe.show_text(spec))
 
 
-@hw.command("compare", help="Chips side by side with ratios to the first and ridge points per dtype.")
+@hw.command("compare", help="Chips side by side with ratios to the first and ridge points per dtype. "
+            "CHIPS: names, aliases or spec files, space- or comma-separated (as --hw elsewhere).")
 @click.argument("chips", nargs=-1, required=True)
 @json_option
 @user_errors
 def compare_cmd(chips: tuple[str, ...], as_json: bool) -> None:
-    specs = [get_chip(c) for c in chips]
+    specs = [get_chip(name.strip()) for c in chips for name in c.split(",") if name.strip()]
+    if not specs:
+        raise InputError("CHIPS: no chip name given; e.g. perfmodel hw compare tpu-v5e tpu-v6e")
     if as_json:
         echo_json(describe.compare_record(specs))
     else:

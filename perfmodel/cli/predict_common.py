@@ -103,6 +103,9 @@ def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str,
         if any(key == k for k, _ in axes):
             raise InputError(f"--sweep: '{name}' given twice; list all its values in one --sweep")
         param = _option_for(ctx, key)
+        if param is not None and ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE:
+            flag = max(param.opts, key=len)
+            raise InputError(f"--sweep {name}: {flag} is also given and would be ignored; drop {flag} or the sweep")
         raw = [v.strip() for v in values.split(",") if v.strip()]
         converted = []
         for v in raw:

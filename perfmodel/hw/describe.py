@@ -111,9 +111,9 @@ def show_text(chip: ChipSpec) -> str:
     if chip.disagreements:
         lines.append("where sources disagree:")
         for d in chip.disagreements:
-            lines.append(
-                f"  {d.field}: chose {d.chosen:g} [{d.chosen_source}] over {d.other:g} [{d.other_source}]: {d.reason}"
-            )
+            leaf = d.field.rsplit(".", 1)[-1]  # the unit is in the field name
+            chosen, other = _fmt_field(leaf, d.chosen), _fmt_field(leaf, d.other)
+            lines.append(f"  {d.field}: chose {chosen} [{d.chosen_source}] over {other} [{d.other_source}]: {d.reason}")
     if chip.notes:
         lines.append("notes:")
         lines.extend(f"  {n}" for n in chip.notes)

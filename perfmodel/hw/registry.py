@@ -87,11 +87,28 @@ def validate(spec: ChipSpec, file: Path) -> ChipSpec:
     return spec
 
 
+#: id(spec) -> the file it was loaded from (specs are cached, so ids stay valid).
+_SOURCE_FILES: dict[int, str] = {}
+
+
 @functools.lru_cache(maxsize=None)
 def load_spec_file(path: str) -> ChipSpec:
     """Load and validate one spec file (cached by path)."""
     file = Path(path)
-    return validate(load_yaml_file(file, ChipSpec), file)
+    spec = validate(load_yaml_file(file, ChipSpec), file)
+    _SOURCE_FILES[id(spec)] = path
+    return spec
+
+
+def chip_argument(spec: ChipSpec) -> str:
+    """A string that get_chip() resolves back to ``spec``: its name, or its file when the name finds
+    another spec (a spec file given by path, e.g. ``--hw ./my-chip.yaml``, is not in the registry)."""
+    try:
+        if get_chip(spec.name) is spec:
+            return spec.name
+    except UnknownChipError:
+        pass
+    return _SOURCE_FILES.get(id(spec), spec.name)
 
 
 def _spec_dirs() -> list[Path]:

@@ -134,7 +134,9 @@ def sampling(
         elif filtering:
             rounds = (top_k is not None) + (top_p is not None)
             vpu_per = vpu_per + BISECTION_VPU_OPS_PER_PASS * n_passes * rounds + MASK_VPU_OPS
-            stages.append(f"threshold bisection ({rounds} x passes)")
+            lo, hi = int(np.min(n_passes)), int(np.max(n_passes))
+            shown = f"{lo}" if lo == hi else f"{lo}-{hi}"
+            stages.append(f"threshold bisection ({rounds} filter(s) x {shown} passes)")
         if min_p is not None:
             vpu_per += MIN_P_VPU_OPS
             stages.append("min-p")

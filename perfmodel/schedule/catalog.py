@@ -88,7 +88,9 @@ class KernelEntry:
         """Static keyword arguments of one call: the example's, block sizes, chip."""
         out = dict(self.static)
         if self.takes_chip:
-            out["chip"] = chip.name
+            from perfmodel.hw.registry import chip_argument
+
+            out["chip"] = chip_argument(chip)
         if blocks is not None:
             if self.block_kwargs is not None:
                 out.update(self.block_kwargs(blocks))
