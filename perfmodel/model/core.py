@@ -7,10 +7,12 @@ may be a Python number or a numpy array (a batch of shapes evaluated at once).
 three bounds:
 
 * ``floor_s``: max of the per-unit times (perfect overlap; the roofline bound);
-* ``no_overlap_s``: sum of the per-unit times (nothing overlaps);
-* ``expected_s``: what a good kernel reaches, from per-unit achievable
-  efficiencies (see :data:`ACHIEVABLE`), clamped between floor and no-overlap
-  plus fixed launch costs.
+* ``expected_s``: the slowest unit at its achievable rate (see
+  :data:`ACHIEVABLE`: what a good kernel sustains) plus fixed costs;
+* ``no_overlap_s``: the ceiling: every unit at its achievable rate, one after
+  another (nothing overlaps), plus fixed costs.
+
+So ``floor_s <= expected_s <= no_overlap_s`` for every op.
 
 No jax import here; :func:`to_cost_estimate` imports Pallas lazily.
 """
@@ -231,10 +233,12 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(times[u], dtype=float) for u in UNITS)))
     floor = stacked.max(axis=0)
     fixed_overhead_s = np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float)
-    no_overlap = stacked.sum(axis=0) + fixed_overhead_s
     eff = np.array([ACHIEVABLE[u][0] for u in UNITS]).reshape((-1,) + (1,) * (stacked.ndim - 1))
-    expected = np.clip((stacked / eff).max(axis=0), floor, None) + fixed_overhead_s
-    expected = np.minimum(expected, np.maximum(no_overlap, floor))
+    achievable = stacked / eff
+    # Expected: the slowest unit at its achievable rate (units overlap). No-overlap ceiling: every unit
+    # at its achievable rate, one after another. So floor <= expected <= no_overlap always.
+    expected = achievable.max(axis=0) + fixed_overhead_s
+    no_overlap = achievable.sum(axis=0) + fixed_overhead_s
     idx = stacked.argmax(axis=0)
     names = np.asarray(UNITS, dtype=object)[idx]
     limiter = np.where(floor > 0, names, "none").astype(object) if idx.ndim else (

@@ -2,6 +2,8 @@
 
 import pytest
 
+from perfmodel.model.core import ACHIEVABLE
+
 from perfmodel.errors import InputError
 from perfmodel.model.collectives import ICI_STEP_LATENCY_S, all_gather, all_reduce, reduce_scatter
 from perfmodel.model.core import evaluate
@@ -16,8 +18,9 @@ def test_all_gather_ring_hand_worked(v5e):
     assert cost.ici_bytes == 7 * shard
     assert r.bound == "ICI-bound"
     assert r.floor_s == pytest.approx(7 * shard / (2 * 5e10))
-    # 7 ring steps of latency enter the expected time, never the floor
-    assert r.no_overlap_s - sum(r.unit_s.values()) == pytest.approx(7 * ICI_STEP_LATENCY_S)
+    # 7 ring steps of latency enter the expected time, never the floor:
+    # expected = ICI time at its achievable 80% + 7 latencies
+    assert r.expected_s == pytest.approx(r.floor_s / ACHIEVABLE["ici"][0] + 7 * ICI_STEP_LATENCY_S)
 
 
 def test_topologies(v5e):

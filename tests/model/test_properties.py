@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from perfmodel.hw import get_chip
 from perfmodel.model.attention import flash_attention, mla_decode, paged_decode_attention, ragged_paged_attention
 from perfmodel.model.collectives import all_gather, all_reduce, reduce_scatter
-from perfmodel.model.core import UNITS, evaluate
+from perfmodel.model.core import ACHIEVABLE, UNITS, evaluate
 from perfmodel.model.fused import dequant_gemm, rms_norm, rope, swiglu
 from perfmodel.model.gemm import gemm
 from perfmodel.model.kvcache import kv_cache_update, kv_gather
@@ -113,9 +113,12 @@ def test_bounds_are_ordered(op, data):
     cost = build(sizes, chip, dtype)
     r = evaluate(cost, chip)
     total = sum(r.unit_s[u] for u in UNITS) + float(cost.fixed_s)
+    # the ceiling: every unit at its achievable rate, one after another
+    ceiling = sum(r.unit_s[u] / ACHIEVABLE[u][0] for u in UNITS) + float(cost.fixed_s)
     assert r.floor_s <= r.expected_s * (1 + 1e-12)
     assert r.expected_s <= r.no_overlap_s * (1 + 1e-12)
-    assert r.no_overlap_s <= total * (1 + 1e-12)
+    assert total <= r.no_overlap_s * (1 + 1e-12)
+    assert r.no_overlap_s == pytest.approx(ceiling, rel=1e-12)
     # every part's floor fits under the whole op's no-overlap time
     for part in cost.parts:
         assert evaluate(part, chip).floor_s <= r.no_overlap_s * (1 + 1e-12)
