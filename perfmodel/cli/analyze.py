@@ -233,6 +233,6 @@ def render_tune(result: Any, top: int) -> str:
         lines.append(f"{result.baseline_label}: not applicable to these shapes, so no comparison")
     lines.append(f"{result.evaluated} candidates evaluated, {len(result.ranked)} legal, "
                  f"{sum(result.rejected.values())} rejected, {result.pruned} pruned by the steps x overhead bound")
-    for reason, count in result.rejected.items():
-        lines.append(f"  rejected {count}x: {reason}")
+    for example, count in result.rejected.items():  # one real message per group of like reasons
+        lines.append(f"  rejected {count}x, e.g.: {example}" if count > 1 else f"  rejected 1x: {example}")
     return "\n".join(lines)

@@ -12,7 +12,8 @@ from typing import Any
 import click
 
 from perfmodel.cli.common import user_errors
-from perfmodel.cli.predict_common import context_lengths, context_options, predict_options, run_prediction
+from perfmodel.cli.predict_common import (blame_context, context_flag, context_lengths, context_options,
+                                          predict_options, run_prediction)
 
 _DTYPE_HELP = "bf16, fp32, fp16, fp8, int8, int4 (aliases: bfloat16, f32, e4m3, i8, ...)."
 
@@ -119,8 +120,9 @@ def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
     def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, kv_heads: Any,
               **kw: Any) -> Any:
         lens, b = context_lengths(context, context_lens, context_dist, batch)
-        return paged_decode_attention(chip=chip, context_lens=lens, batch=b,
-                                      kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
+        with blame_context(context_flag(context, context_lens, context_dist)):
+            return paged_decode_attention(chip=chip, context_lens=lens, batch=b,
+                                          kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
 
     run_prediction("decode-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
@@ -143,9 +145,10 @@ def ragged_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
     from perfmodel.model.distributions import parse_length_list
 
     def build(*, chip: Any, query_lens: str, context_lens: str, kv_heads: Any, **kw: Any) -> Any:
-        return ragged_paged_attention(chip=chip, query_lens=parse_length_list(query_lens, "--query-lens"),
-                                      context_lens=parse_length_list(context_lens, "--context-lens"),
-                                      kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
+        with blame_context("--context-lens"):
+            return ragged_paged_attention(chip=chip, query_lens=parse_length_list(query_lens, "--query-lens"),
+                                          context_lens=parse_length_list(context_lens, "--context-lens"),
+                                          kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
 
     run_prediction("ragged-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
@@ -167,7 +170,8 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 
     def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, **kw: Any) -> Any:
         lens, b = context_lengths(context, context_lens, context_dist, batch)
-        return model(chip=chip, context_lens=lens, batch=b, **kw)
+        with blame_context(context_flag(context, context_lens, context_dist)):
+            return model(chip=chip, context_lens=lens, batch=b, **kw)
 
     run_prediction("mla-decode", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 

@@ -24,11 +24,12 @@ fused / unfused), shown as extra columns / rows. No jax here.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import click
 import numpy as np
@@ -214,7 +215,7 @@ def report_rows(preds: list[Prediction]) -> list[list[str]]:
     if has("ici_bytes"):
         rows.append(row("ICI bytes sent per chip", lambda p: nbytes(_num(c(p).ici_bytes))))
     if has("vmem_bytes"):
-        rows.append(row("VMEM working set", lambda p: nbytes(_num(c(p).vmem_bytes))))
+        rows.append(row("VMEM working set", lambda p: units.binary(_num(c(p).vmem_bytes))))
     if has("useful_flops"):
         rows += [
             row("arithmetic intensity", lambda p: units.intensity(_intensity(r(p)))),
@@ -250,7 +251,9 @@ def _metric(key: str, value: Any) -> str:
         return nbytes(v)
     if key.endswith("_s"):
         return seconds(v)
-    return f"{v:g}" if v == int(v) and abs(v) < 1e15 else si(v, "")
+    if key.endswith("_factor"):
+        return f"{v:.2f}x"
+    return f"{int(v):,}" if np.isfinite(v) and v == int(v) and abs(v) < 1e15 else si(v, "")
 
 
 def format_report(op: str, params: dict[str, Any], preds: list[Prediction]) -> str:
@@ -432,6 +435,25 @@ def context_lengths(context: int | None, context_lens: str | None, context_dist:
             raise InputError("--batch: not with --context-lens (the list gives one length per sequence)")
         return parse_length_list(context_lens, "--context-lens"), None
     return quantile_lengths(context_dist, 1 if batch is None else batch), None
+
+
+def context_flag(context: Any, context_lens: Any, context_dist: Any) -> str:
+    """The context option the user gave (for error messages); --context-lens when none or several."""
+    given = [n for n, v in (("--context", context), ("--context-lens", context_lens),
+                            ("--context-dist", context_dist)) if v is not None]
+    return given[0] if len(given) == 1 else "--context-lens"
+
+
+@contextlib.contextmanager
+def blame_context(flag: str) -> Iterator[None]:
+    """Prefix the model's too-small page table error ("a context of N tokens needs ... --pages-per-seq ...",
+    which cannot know the flag) with the context flag the user gave."""
+    try:
+        yield
+    except InputError as exc:
+        if str(exc).startswith("a context of "):
+            raise InputError(f"{flag}: {exc}") from None
+        raise
 
 
 # ----------------------------------------------------------------------------- kv capacity

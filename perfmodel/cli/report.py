@@ -91,7 +91,8 @@ def build_report(input_path: str) -> Any:
     if _is_step(data):
         return step_report(data, source="stdin" if input_path == "-" else input_path)
     if input_path == "-":
-        raise InputError("INPUT -: stdin takes `perfmodel predict model --json` output; give a results file by path")
+        raise InputError("INPUT -: not `perfmodel predict model --json` output; report reads that (also from stdin), "
+                         "or a measure results file or the published results YAML given by path")
     loaded = _warn(load_results([input_path]))
     return records_report(loaded.items, source=input_path)
 

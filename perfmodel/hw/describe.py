@@ -16,6 +16,18 @@ def _tflops(chip: ChipSpec, dtype: str) -> str:
     return "-" if rate is None else f"{rate / 1e12:,.0f}"
 
 
+def ridge_text(ridge: float | None) -> str:
+    """A ridge point as every `perfmodel hw` view prints it: ``ridge_text(1835.6) == "1,836 FLOP/B"``."""
+    return "-" if ridge is None else f"{ridge:,.0f} FLOP/B"
+
+
+def _count_text(value: int | float) -> str:
+    """A unitless count: an integer (also one stored as a float, e.g. 8.0) with thousands separators."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return f"{int(value):,}"
+    return f"{value:g}"
+
+
 def summary_record(chip: ChipSpec) -> dict[str, Any]:
     """The headline numbers of one chip, in base units, with explicit names."""
     return {
@@ -38,7 +50,6 @@ def list_table(chips: list[ChipSpec]) -> str:
     headers = ["chip", "year", "bf16 TFLOP/s", "int8 TOP/s", "fp8 TFLOP/s", "HBM", "HBM BW", "VMEM/core", "ridge bf16"]
     rows = []
     for c in sorted(chips, key=lambda c: (c.kind != "tpu", c.year, c.name)):
-        ridge = c.ridge_point("bf16")
         rows.append(
             [
                 c.name,
@@ -49,7 +60,7 @@ def list_table(chips: list[ChipSpec]) -> str:
                 units.si(c.memory.hbm_bytes_per_chip, "B"),
                 units.bandwidth(c.memory.hbm_bw_bytes_per_s_per_chip),
                 units.binary(c.memory.vmem_bytes_per_core) if c.memory.vmem_bytes_per_core else "-",
-                "-" if ridge is None else f"{ridge:.0f} FLOP/B",
+                ridge_text(c.ridge_point("bf16")),
             ]
         )
     return units.table(headers, rows)
@@ -79,6 +90,8 @@ def _fmt_field(name: str, value: Any, int_ops: bool = False) -> str:
         return units.si(value, "W")
     if name.endswith("_s"):
         return units.seconds(value)
+    if isinstance(value, (int, float)):
+        return _count_text(value)
     return str(value)
 
 
@@ -104,7 +117,7 @@ def show_text(chip: ChipSpec) -> str:
     for d in MATMUL_DTYPES:
         ridge = chip.ridge_point(d)
         if ridge is not None:
-            lines.append(f"  {d}: {ridge:.0f} FLOP/B")
+            lines.append(f"  {d}: {ridge_text(ridge)}")
     if chip.derived:
         lines.append("derived:")
         lines.extend(f"  {path}: {how}" for path, how in chip.derived.items())
@@ -147,7 +160,7 @@ def compare_table(chips: list[ChipSpec]) -> str:
     add("ICI BW/chip", lambda c: c.interconnect.ici_bw_bytes_per_s_per_chip, lambda v: "-" if v is None else units.bandwidth(v))
     for d in MATMUL_DTYPES:
         if any(c.ridge_point(d) for c in chips):
-            rows.append([f"ridge {d}", *("-" if c.ridge_point(d) is None else f"{c.ridge_point(d):.0f} FLOP/B" for c in chips)])
+            rows.append([f"ridge {d}", *(ridge_text(c.ridge_point(d)) for c in chips)])
     return units.table(headers, rows)
 
 

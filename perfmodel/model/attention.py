@@ -272,8 +272,9 @@ def _page_table_width(lens: np.ndarray, page_size: np.ndarray, pages_per_seq: Nu
         n = np.broadcast_to(needed, over.shape).flat[i]
         ln = np.broadcast_to(lens, over.shape).flat[i]
         g = np.broadcast_to(given_b, over.shape).flat[i]
-        raise InputError(f"--context-lens: a context of {ln} tokens needs {n} pages but --pages-per-seq is {g}; "
-                         "give more pages per sequence or a larger --page-size")
+        ps = np.broadcast_to(page_size, over.shape).flat[i]
+        raise InputError(f"a context of {ln} tokens needs {n} pages of {ps} tokens but --pages-per-seq is {g}; "
+                         f"give --pages-per-seq {n} or more, or a larger --page-size")
     return given_b
 
 

@@ -73,7 +73,7 @@ class TuneResult:
     #: Legal candidates, fastest first (all evaluated ones; print the first few).
     ranked: tuple[Candidate, ...]
     evaluated: int
-    #: Rejection reason -> count.
+    #: Rejection reason (the first real message of each group of like reasons) -> count.
     rejected: dict[str, int]
     #: Candidates never evaluated because their lower bound exceeded the best time.
     pruned: int
@@ -191,7 +191,7 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
     overhead = (spec.overheads.pallas_grid_step_overhead_s or 0.0) / cores
     cands = sorted(enumerate_candidates(entry, dims), key=lambda b: (steps_lower_bound(entry, dims, b), sorted(b.items())))
     ranked: list[Candidate] = []
-    rejected: dict[str, int] = {}
+    groups: dict[str, list] = {}  # grouping key -> [first message, count]
     pruned = evaluated = 0
     best = math.inf
     for blocks in cands:
@@ -202,12 +202,10 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
         try:
             c = _evaluate(entry, specs, args, blocks, spec, extra)
         except (InputError, ValueError) as exc:
-            reason = _short(str(exc))
-            rejected[reason] = rejected.get(reason, 0) + 1
+            _count(groups, str(exc))
             continue
         if c.vmem_status != "fits":
-            key = f"VMEM {c.vmem_status} on {spec.name}"
-            rejected[key] = rejected.get(key, 0) + 1
+            _count(groups, f"VMEM {c.vmem_status} on {spec.name}")
             continue
         ranked.append(c)
         best = min(best, c.expected_s)
@@ -215,7 +213,8 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
     baseline, label = _baseline(entry, specs, args, spec, extra)
     return TuneResult(
         kernel=entry.name, chip=spec.name, shapes=tuple(s.text() for s in specs.values()), ranked=tuple(ranked),
-        evaluated=evaluated, rejected=rejected, pruned=pruned, baseline=baseline, baseline_label=label,
+        evaluated=evaluated, rejected={msg: n for msg, n in groups.values()}, pruned=pruned, baseline=baseline,
+        baseline_label=label,
     )
 
 
@@ -225,13 +224,30 @@ def _entries() -> tuple[KernelEntry, ...]:
     return ENTRIES
 
 
-def _short(text: str) -> str:
-    """A rejection reason with the candidate's own numbers blanked, so like reasons group together."""
+MAX_REASON_CHARS = 200
+
+
+def _message(text: str) -> str:
+    """A rejection as the user reads it: the first line, without the tracing and --block prefixes (tune has no
+    --block flag), cut only beyond MAX_REASON_CHARS."""
     line = text.strip().splitlines()[0] if text.strip() else "rejected"
     line = re.sub(r"^tracing \S+ failed: ", "", line)
-    line = re.sub(r"\([^)]*=[^)]*\)", "(...)", line)  # block labels such as (bm=..,bk=..); keep e.g. dtype names
-    line = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "#", line)
-    return line if len(line) <= 140 else line[:137] + "..."
+    line = re.sub(r"^--block: ", "", line)
+    return line if len(line) <= MAX_REASON_CHARS else line[:MAX_REASON_CHARS - 3] + "..."
+
+
+def _group_key(message: str) -> str:
+    """A rejection with the candidate's own numbers blanked, so like reasons group together."""
+    key = re.sub(r"\([^)]*=[^)]*\)", "(...)", message)  # block labels such as (bm=..,bk=..); keep e.g. dtype names
+    key = re.sub(r"\{[^}]*\}", "{...}", key)  # block dicts such as {'bm': 128}
+    return re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "#", key)
+
+
+def _count(groups: dict[str, list], text: str) -> None:
+    """Count one rejection in its group; the group keeps its first message as the example shown."""
+    message = _message(text)
+    group = groups.setdefault(_group_key(message), [message, 0])
+    group[1] += 1
 
 
 def _baseline(entry: KernelEntry, specs: Mapping, args: Sequence[Any], chip: ChipSpec,

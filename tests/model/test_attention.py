@@ -181,7 +181,9 @@ def test_int8_kv_on_v5e_converts(v5e):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(pages_per_seq=10), r"^--context-lens: a context of 1000 tokens needs 63 pages but --pages-per-seq is 10"),
+    # ceil(1000 / 16) = 63 pages; the CLI prefixes the context flag the user gave (tests/cli/test_review_findings.py)
+    (dict(pages_per_seq=10), r"^a context of 1000 tokens needs 63 pages of 16 tokens but --pages-per-seq is 10; "
+                             r"give --pages-per-seq 63 or more"),
     (dict(kv_heads=5), r"^--kv-heads 5 must divide --q-heads 32"),
     (dict(context_lens=[100, 0]), r"^--context-lens must be >= 1, got 0$"),
     (dict(page_size=0), r"^--page-size must be >= 1"),
