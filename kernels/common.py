@@ -59,3 +59,28 @@ def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
         raise AttributeError(f"module '{package}' has no attribute '{name}'")
 
     return __getattr__
+
+
+def check_paged_kv_cache(k_pages: Any, v_pages: Any, *, q_heads: int, head_dim: int) -> tuple[int, int]:
+    """Validate a head-major paged K/V cache against the queries; returns (kv_heads, page_size).
+
+    Layout ``[kv_heads, num_pages, page_size, head_dim]`` (shared by paged and ragged
+    paged attention). Raises ValueError naming ``k_pages`` / ``v_pages``.
+    """
+    if k_pages.ndim != 4:
+        raise ValueError(
+            f"k_pages: expected rank 4 [kv_heads, num_pages, page_size, head_dim], got shape {k_pages.shape}"
+        )
+    if v_pages.shape != k_pages.shape:
+        raise ValueError(f"v_pages: shape {v_pages.shape} must equal k_pages' shape {k_pages.shape}")
+    if v_pages.dtype != k_pages.dtype:
+        raise ValueError(f"v_pages: dtype {v_pages.dtype} must equal k_pages' dtype {k_pages.dtype}")
+    kv_heads, _, page_size, kv_head_dim = k_pages.shape
+    if kv_head_dim != head_dim:
+        raise ValueError(f"k_pages: head_dim {kv_head_dim} does not match q's head_dim {head_dim}")
+    if q_heads % kv_heads:
+        raise ValueError(
+            f"k_pages: kv_heads={kv_heads} does not divide q_heads={q_heads}; "
+            "each kv head must serve a whole group of q heads"
+        )
+    return kv_heads, page_size

@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels.common import DEFAULT_CHIP, check_paged_kv_cache, interpret_params, with_ref_names
 from kernels.tiling import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -248,23 +248,8 @@ def _check_shapes(q: Any, k_pages: Any, v_pages: Any, page_table: Any, lengths: 
                   v_scales: Any) -> None:
     if q.ndim != 3:
         raise ValueError(f"q: expected rank 3 [batch, q_heads, head_dim], got shape {q.shape}")
-    if k_pages.ndim != 4:
-        raise ValueError(
-            f"k_pages: expected rank 4 [kv_heads, num_pages, page_size, head_dim], got shape {k_pages.shape}"
-        )
-    if v_pages.shape != k_pages.shape:
-        raise ValueError(f"v_pages: shape {v_pages.shape} must equal k_pages' shape {k_pages.shape}")
-    if v_pages.dtype != k_pages.dtype:
-        raise ValueError(f"v_pages: dtype {v_pages.dtype} must equal k_pages' dtype {k_pages.dtype}")
     batch, q_heads, head_dim = q.shape
-    kv_heads, _, _, kv_head_dim = k_pages.shape
-    if kv_head_dim != head_dim:
-        raise ValueError(f"k_pages: head_dim {kv_head_dim} does not match q's head_dim {head_dim}")
-    if q_heads % kv_heads:
-        raise ValueError(
-            f"k_pages: kv_heads={kv_heads} does not divide q_heads={q_heads}; "
-            "each kv head must serve a whole group of q heads"
-        )
+    kv_heads, _ = check_paged_kv_cache(k_pages, v_pages, q_heads=q_heads, head_dim=head_dim)
     if page_table.ndim != 2 or page_table.shape[0] != batch:
         raise ValueError(f"page_table: expected shape [batch={batch}, pages_per_seq], got {page_table.shape}")
     if lengths.shape != (batch,):

@@ -55,7 +55,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, check_paged_kv_cache, interpret_params
 from kernels.tiling import tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
@@ -124,20 +124,10 @@ def ragged_paged_attention(
 def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs) -> None:
     if q.ndim != 3:
         raise ValueError(f"q must be [total_tokens, q_heads, head_dim], got shape {q.shape}")
-    if k_pages.ndim != 4:
-        raise ValueError(f"k_pages must be [kv_heads, num_pages, page_size, head_dim], got shape {k_pages.shape}")
-    if v_pages.shape != k_pages.shape:
-        raise ValueError(f"v_pages shape {v_pages.shape} must equal k_pages shape {k_pages.shape}")
-    if v_pages.dtype != k_pages.dtype:
-        raise ValueError(f"v_pages dtype {v_pages.dtype} must equal k_pages dtype {k_pages.dtype}")
     _, q_heads, head_dim = q.shape
-    kv_heads, _, page_size, kv_head_dim = k_pages.shape
-    if kv_head_dim != head_dim:
-        raise ValueError(f"k_pages head_dim {kv_head_dim} must equal q head_dim {head_dim}")
+    kv_heads, page_size = check_paged_kv_cache(k_pages, v_pages, q_heads=q_heads, head_dim=head_dim)
     if head_dim % LANES:
         raise ValueError(f"q head_dim={head_dim} must be a multiple of {LANES} (lane tiling of the head slices)")
-    if q_heads % kv_heads:
-        raise ValueError(f"k_pages kv_heads={kv_heads} must divide q q_heads={q_heads} (GQA groups)")
     kv_sub = sublane_multiple(k_pages.dtype)
     if page_size % kv_sub:
         raise ValueError(f"k_pages page_size={page_size} must be a multiple of {kv_sub} for "

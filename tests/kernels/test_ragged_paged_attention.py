@@ -314,10 +314,10 @@ def _replace(**changes) -> tuple:
 
 @pytest.mark.parametrize("make_args,match", [
     (lambda: _replace(q=jnp.zeros((3, 4))), r"q must be \[total_tokens, q_heads, head_dim\]"),
-    (lambda: _replace(v_pages=_good().v_pages[:, :-1]), "v_pages shape .* must equal k_pages shape"),
-    (lambda: _replace(v_pages=_good().v_pages.astype(jnp.bfloat16)), "v_pages dtype"),
-    (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 must divide q q_heads=3"),
-    (lambda: _replace(q=jnp.ones((3, 4, 256))), "k_pages head_dim 128 must equal q head_dim 256"),
+    (lambda: _replace(v_pages=_good().v_pages[:, :-1]), "v_pages: shape .* must equal k_pages' shape"),
+    (lambda: _replace(v_pages=_good().v_pages.astype(jnp.bfloat16)), "v_pages: dtype"),
+    (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 does not divide q_heads=3"),
+    (lambda: _replace(q=jnp.ones((3, 4, 256))), "k_pages: head_dim 128 does not match q's head_dim 256"),
     (lambda: _replace(q=jnp.ones((3, 4, 64)), k_pages=jnp.ones((2, 4, 16, 64)), v_pages=jnp.ones((2, 4, 16, 64))),
      "head_dim=64 must be a multiple of 128"),
     (lambda: _replace(k_pages=jnp.ones((2, 8, 12, 128)), v_pages=jnp.ones((2, 8, 12, 128))),
