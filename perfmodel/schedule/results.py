@@ -210,6 +210,13 @@ class StepTimes:
     compute_s: np.ndarray
     dma_s: np.ndarray
     overhead_s: float
+    #: Sum over the units (MXU + VPU + EUP) of each step's busy time: how much work the step has, which the
+    #: compiler-backed timing uses to tell heavy steps (all predicated paths run) from light ones.
+    work_s: np.ndarray | None = None
+    #: TensorCore each step runs on (megacore split), and the seconds before / after the steps per core.
+    core: np.ndarray | None = None
+    prologue_s: np.ndarray | None = None
+    epilogue_s: np.ndarray | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

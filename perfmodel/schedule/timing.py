@@ -92,6 +92,8 @@ class PipelineTime:
     epilogue_s: np.ndarray
     compute_s: np.ndarray
     dma_s: np.ndarray
+    #: Per step, MXU + VPU + EUP seconds (the units' sum, not their max).
+    work_s: np.ndarray
     overhead_s: float
     #: Index (into per-core arrays) of the slowest core.
     slowest_core: int
@@ -126,6 +128,7 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
         epilogue_s=epilogue,
         compute_s=compute,
         dma_s=dma_s,
+        work_s=mxu + vpu + eup,
         overhead_s=overhead,
         slowest_core=slowest,
         steps_limited_by={"compute": int(counts[0]), "dma": int(counts[1]), "overhead": int(counts[2])},

@@ -1,0 +1,295 @@
+"""Compile reports: run the TPU compiler in a child process, cache the answer on disk.
+
+``compile_report(call, chip)`` returns a :class:`CompileReport` for one call
+(a ``MODULE:FUNCTION`` with ``--shape``/``--arg`` texts, or a catalog kernel
+with block sizes). The first time, it starts ``python -m
+perfmodel.compiler.worker`` (libtpu, deviceless) and keeps only what it reads
+back (the report and each kernel's loop-body bundles); afterwards the same
+request is answered from the cache in milliseconds. The cache key covers the
+request, the chip, the jax/jaxlib/libtpu versions and a digest of the source
+files the call runs (the kernel's package, perfmodel's tuned defaults and this
+package), so editing a kernel recompiles it.
+
+The cache lives in ``$PERFMODEL_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/perfmodel`` or ``~/.cache/perfmodel``), under ``compile/``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from perfmodel.compiler.bundles import LoopStats
+from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, topology_for, toolchain, worker_environment
+from perfmodel.errors import InputError, PerfmodelError
+
+#: Bump when the report's JSON layout or the worker's reading of the dumps changes.
+SCHEMA_VERSION = 3
+#: Seconds one compile may take before it is abandoned.
+DEFAULT_TIMEOUT_S = 600.0
+_MARK = "@@PERFMODEL-RESULT@@"
+
+
+class CompileFailed(PerfmodelError):
+    """The compile child crashed or timed out (not a compiler rejection, which is a report)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileCall:
+    """What to compile: ``kind`` "function" (target MODULE:FUNCTION, args as ``--arg`` texts) or
+    "catalog" (target = kernel name, ``blocks`` its block fields or None for its defaults, ``extra``
+    static arguments)."""
+
+    kind: str
+    target: str
+    shapes: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    blocks: Mapping[str, int] | None = None
+    extra: Mapping[str, Any] | None = None
+
+    def to_request(self) -> dict[str, Any]:
+        if self.kind == "function":
+            return {"kind": "function", "target": self.target, "shapes": list(self.shapes), "args": list(self.args)}
+        return {"kind": "catalog", "kernel": self.target, "shapes": list(self.shapes),
+                "blocks": dict(self.blocks) if self.blocks is not None else None, "args": dict(self.extra or {})}
+
+    @property
+    def label(self) -> str:
+        blocks = "" if self.blocks is None else " " + ",".join(f"{k}={v}" for k, v in self.blocks.items())
+        return f"{self.target}{blocks}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelCompile:
+    """One pallas_call (tpu_custom_call) of the compiled program, in program order."""
+
+    hlo_name: str
+    #: Mosaic's scoped VMEM allocation (used_scoped_memory_configs), bytes.
+    scoped_vmem_bytes: int | None
+    #: Bundles of the whole kernel program (prologue, grid loop, epilogue).
+    program_bundles: int | None
+    #: MXUs the kernel issues to.
+    mxus: int | None
+    #: Whether the kernel has a grid-step loop (a one-step grid has none: the program is the step).
+    has_grid_loop: bool
+    #: The grid-step loop body (or the whole program without a loop).
+    loop: LoopStats | None
+    #: The body's bundles as the compiler printed them (in the cache directory).
+    body_bundles_path: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileReport:
+    call: str
+    chip: str
+    topology: str
+    device_kind: str | None
+    jax_version: str
+    libtpu_version: str
+    compiled: bool
+    #: The compiler's message when it rejected the program (one line).
+    error: str | None
+    compile_s: float
+    from_cache: bool
+    kernels: tuple[KernelCompile, ...]
+    #: Other ops of the program (XLA fusions, copies) and their bundles.
+    other_ops: tuple[dict[str, Any], ...]
+    cost_analysis: dict[str, float]
+    memory: dict[str, int]
+    cache_dir: str
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PERFMODEL_CACHE_DIR")
+    if base:
+        return Path(base) / "compile"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "perfmodel" / "compile"
+
+
+def _module_path(module: str) -> Path | None:
+    """File of a module found on sys.path without importing it (and its package's directory)."""
+    parts = module.split(".")
+    for entry in sys.path or ["."]:
+        base = Path(entry or ".").joinpath(*parts)
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def _digest_files(paths: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(set(paths)):
+        try:
+            h.update(str(p).encode())
+            h.update(p.read_bytes())
+        except OSError:
+            continue
+    return h.hexdigest()
+
+
+def source_digest(call: CompileCall) -> str:
+    """Digest of the source a call runs: its module's top-level package when it is local code (not an
+    installed distribution, which the versions in the key cover), perfmodel's tuned data and this package."""
+    module = call.target.split(":", 1)[0] if call.kind == "function" else _catalog_module(call.target)
+    files: list[Path] = []
+    path = _module_path(module) if module else None
+    if path is not None and "site-packages" not in path.parts and "dist-packages" not in path.parts:
+        top = _module_path(module.split(".")[0])
+        root = top.parent if top is not None and top.name == "__init__.py" else path.parent
+        files += list(root.rglob("*.py"))
+    elif path is not None:
+        files.append(path)
+    here = Path(__file__).resolve().parent
+    files += list(here.glob("*.py"))
+    files += list((here.parent / "data" / "tuned").glob("*.json"))
+    files += [here.parent / "schedule" / "binding.py", here.parent / "schedule" / "catalog.py"]
+    return _digest_files(files)
+
+
+def _catalog_module(kernel: str) -> str:
+    from perfmodel.schedule.catalog import get_entry
+
+    return get_entry(kernel).function.split(":", 1)[0]
+
+
+def cache_key(call: CompileCall, chip: str, tools: Toolchain) -> str:
+    blob = json.dumps({"schema": SCHEMA_VERSION, "call": call.to_request(), "chip": chip,
+                       "jax": tools.jax_version, "jaxlib": tools.jaxlib_version, "libtpu": tools.libtpu_version,
+                       "source": source_digest(call)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _from_json(data: dict[str, Any], *, from_cache: bool, cache_dir: Path) -> CompileReport:
+    kernels = []
+    for i, k in enumerate(data.get("kernels", [])):
+        sched = k.get("schedule")
+        loop = None
+        if sched:
+            sched = dict(sched)
+            sched["predicated_regions"] = tuple(sched.get("predicated_regions", ()))
+            loop = LoopStats(**sched)
+        body = cache_dir / f"kernel{i}_{k['hlo_name']}.bundles.txt"
+        kernels.append(KernelCompile(
+            hlo_name=k["hlo_name"], scoped_vmem_bytes=k.get("scoped_vmem_bytes"),
+            program_bundles=k.get("program_bundles"), mxus=k.get("mxus"), has_grid_loop=bool(k.get("has_grid_loop")),
+            loop=loop, body_bundles_path=str(body) if body.exists() else None,
+        ))
+    return CompileReport(
+        call=data["call_label"], chip=data["chip"], topology=data["topology"], device_kind=data.get("device_kind"),
+        jax_version=data["jax_version"], libtpu_version=data["libtpu_version"], compiled=bool(data["compiled"]),
+        error=data.get("error"), compile_s=float(data.get("compile_s", 0.0)), from_cache=from_cache,
+        kernels=tuple(kernels), other_ops=tuple(data.get("other_ops", ())),
+        cost_analysis=dict(data.get("cost_analysis") or {}), memory=dict(data.get("memory") or {}),
+        cache_dir=str(cache_dir),
+    )
+
+
+def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   progress: Callable[[str], None] | None = None) -> CompileReport:
+    """Compile ``call`` for ``chip`` (a ChipSpec or name) with libtpu in a child process; cached on disk."""
+    from perfmodel.hw.registry import get_chip
+
+    spec = get_chip(chip) if isinstance(chip, str) else chip
+    if spec.kind != "tpu":
+        raise InputError(f"--hw: {spec.name} is not a TPU; the TPU compiler compiles for TPUs only")
+    topology = topology_for(spec.name)
+    tools = toolchain()
+    key = cache_key(call, spec.name, tools)
+    cdir = cache_root() / key
+    report_path = cdir / "report.json"
+    if use_cache and report_path.is_file():
+        try:
+            return _from_json(json.loads(report_path.read_text()), from_cache=True, cache_dir=cdir)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a damaged entry is recompiled
+    if progress:
+        progress(f"compiling {call.label} for {spec.name} ({topology}) with libtpu {tools.libtpu_version} ...")
+    data = _run_worker(call, spec.name, topology, timeout_s)
+    if data.get("error_kind") == "input":
+        raise InputError(data["error"])
+    if data.get("error_kind") == "internal":
+        raise CompileFailed(f"compiling {call.label} for {spec.name} failed inside perfmodel: {data['error']}")
+    data.update(call_label=call.label, chip=spec.name, topology=topology, jax_version=tools.jax_version,
+                libtpu_version=tools.libtpu_version)
+    _store(cdir, data)
+    if progress:
+        progress(f"compiled in {data.get('compile_s', 0.0):.1f} s" if data.get("compiled")
+                 else "the compiler rejected it")
+    return _from_json(data, from_cache=False, cache_dir=cdir)
+
+
+def _run_worker(call: CompileCall, chip: str, topology: str, timeout_s: float) -> dict[str, Any]:
+    dump = tempfile.mkdtemp(prefix="perfmodel-jf-")
+    try:
+        request = {"chip": chip, "topology": topology, "call": call.to_request(), "dump_dir": dump}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "perfmodel.compiler.worker"], input=json.dumps(request),
+                                  capture_output=True, text=True, env=worker_environment(dump), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise CompileFailed(f"compiling {call.label} for {chip} took over {timeout_s:.0f} s; gave up "
+                                "(use smaller shapes or fewer grid steps)") from None
+        out = proc.stdout
+        if _MARK not in out:
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            raise CompileFailed(f"the compile process for {call.label} on {chip} exited with code "
+                                f"{proc.returncode}: {tail[0][:300]}")
+        return json.loads(out.rsplit(_MARK, 1)[1].strip().splitlines()[0])
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
+def _store(cdir: Path, data: dict[str, Any]) -> None:
+    """Write the entry atomically: a reader sees a whole entry or none."""
+    cdir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=cdir.name + ".", dir=cdir.parent))
+    for i, k in enumerate(data.get("kernels", [])):
+        body = k.pop("body_text", None)
+        if body:
+            (tmp / f"kernel{i}_{k['hlo_name']}.bundles.txt").write_text(body)
+    (tmp / "report.json").write_text(json.dumps(data, indent=1))
+    if cdir.exists():
+        shutil.rmtree(cdir, ignore_errors=True)
+    try:
+        os.replace(tmp, cdir)
+    except OSError:  # another process stored the same entry first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compile_many(calls: Sequence[CompileCall], chip: Any, *, jobs: int | None = None, use_cache: bool = True,
+                 progress: Callable[[str], None] | None = None) -> list[CompileReport | PerfmodelError]:
+    """Compile several calls in parallel child processes; each item is a report or the error it raised."""
+    jobs = jobs or max(1, min(len(calls), os.cpu_count() or 1))
+    done = 0
+
+    def one(c: CompileCall) -> CompileReport | PerfmodelError:
+        try:
+            return compile_report(c, chip, use_cache=use_cache)
+        except PerfmodelError as exc:
+            return exc
+
+    out: list[Any] = [None] * len(calls)
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(one, c): i for i, c in enumerate(calls)}
+        for fut in concurrent.futures.as_completed(futures):
+            out[futures[fut]] = fut.result()
+            done += 1
+            if progress:
+                progress(f"compiled {done}/{len(calls)} ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+__all__ = ["CompileCall", "CompileFailed", "CompileReport", "CompilerUnavailable", "KernelCompile",
+           "cache_root", "compile_many", "compile_report"]
