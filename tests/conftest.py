@@ -10,6 +10,14 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# Compile reports are cached on disk; the tests use a cache of their own so that every run compiles for real
+# (PERFMODEL_TEST_CACHE_DIR reuses one between runs while developing).
+if "PERFMODEL_TEST_CACHE_DIR" in os.environ:
+    os.environ["PERFMODEL_CACHE_DIR"] = os.environ["PERFMODEL_TEST_CACHE_DIR"]
+else:
+    import tempfile
+
+    os.environ["PERFMODEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfmodel-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -50,20 +50,42 @@ Examples:
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Non-array argument (Python literal), repeatable.")
 @click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Also compile with the TPU compiler (libtpu, no TPU needed; cached) and show Mosaic's VMEM, the "
+                   "grid-step bundles and the compiler-backed expected time next to the analytic one.")
 @json_option
 @user_errors
-def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, as_json: bool) -> None:
+def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, with_compile: bool,
+            as_json: bool) -> None:
     from perfmodel.schedule.analyze import analyze as run_analysis
     from perfmodel.schedule.analyze import resolve_chip
     from perfmodel.schedule.report import render, to_json
 
     chip = resolve_chip(hw)
+    if with_compile:
+        from perfmodel.compiler.toolchain import toolchain
+
+        toolchain()  # fail fast, in one line, without libtpu
     fn, arrays = bind_function(target, shapes, args, chip)
-    result = run_analysis(fn, *arrays, chip=chip)
+    result = run_analysis(fn, *arrays, chip=chip, keep_step_times=with_compile)
+    if not with_compile:
+        echo_json(to_json(result)) if as_json else click.echo(render(result))
+        return
+    from perfmodel.compiler.api import CompileCall, compile_report
+    from perfmodel.compiler.render import render_report
+    from perfmodel.schedule.compiled import pair
+
+    report = compile_report(CompileCall(kind="function", target=target, shapes=tuple(shapes), args=tuple(args)),
+                            chip, progress=progress_echo)
+    if not report.compiled:
+        raise UserError(f"{target} does not compile for {chip.name}: {report.error}")
+    views = pair(result, report, chip)
     if as_json:
-        echo_json(to_json(result))
-    else:
-        click.echo(render(result))
+        echo_json({"analysis": to_json(result), "compile": to_jsonable(report), "compiled_kernels": to_jsonable(views)})
+        return
+    click.echo(render(result))
+    click.echo("")
+    click.echo(render_report(report, views))
 
 
 _TUNE_HELP = """Rank the legal block sizes of KERNEL (divisibility, (8,128) tiling, VMEM) by the
@@ -83,11 +105,14 @@ Examples:
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument of the kernel (Python literal).")
 @click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
 @click.option("--top", default=5, show_default=True, type=click.IntRange(min=1), help="How many candidates to print.")
+@click.option("--compile", "compile_top", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Compile the best N candidates with the TPU compiler (parallel processes, cached), drop those "
+                   "Mosaic rejects and re-rank the rest by the compiler-backed expected time.")
 @click.option("--list", "list_kernels", is_flag=True, help="List the kernels tune and inspect know, and exit.")
 @json_option
 @user_errors
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
-         list_kernels: bool, as_json: bool) -> None:
+         compile_top: int | None, list_kernels: bool, as_json: bool) -> None:
     from perfmodel.schedule.catalog import ENTRIES
 
     if list_kernels:
@@ -98,13 +123,62 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
                         + " (perfmodel tune --list)")
     from perfmodel.schedule.tune import tune as run_tune
 
-    result = run_tune(kernel, shapes, hw, extra=dict(parse_arg(a) for a in args))
+    extra = dict(parse_arg(a) for a in args)
+    result = run_tune(kernel, shapes, hw, extra=extra)
+    if compile_top is not None:
+        from perfmodel.schedule.analyze import resolve_chip
+        from perfmodel.schedule.compiled import rerank_compiled
+
+        chip = resolve_chip(hw)
+        reranked = rerank_compiled(result, shapes or get_example(kernel), chip, top=compile_top, extra=extra,
+                                   progress=progress_echo)
+        if as_json:
+            echo_json({"kernel": result.kernel, "chip": result.chip, "shapes": result.shapes,
+                       "compiled": to_jsonable(reranked)})
+        else:
+            click.echo(render_compiled_tune(result, reranked))
+        return
     if as_json:
         out = to_jsonable(result)
         out["ranked"] = out["ranked"][:top]
         echo_json(out)
         return
     click.echo(render_tune(result, top))
+
+
+def progress_echo(message: str) -> None:
+    """Progress of long work, on stderr so that --json output stays clean."""
+    click.echo(message, err=True)
+
+
+def get_example(kernel: str) -> tuple[str, ...]:
+    from perfmodel.schedule.catalog import get_entry
+
+    return tuple(get_entry(kernel).example)
+
+
+def render_compiled_tune(result: Any, reranked: Sequence[Any]) -> str:
+    from perfmodel.units import binary, seconds, table
+
+    rows, rejected = [], []
+    for c in reranked:
+        if c.compiled_s is None:
+            rejected.append(f"  {c.candidate.label}: {c.error}")
+            continue
+        rows.append([str(len(rows) + 1), c.candidate.label, seconds(c.compiled_s), seconds(c.candidate.expected_s),
+                     binary(c.vmem_allocated_bytes) if c.vmem_allocated_bytes else "-",
+                     binary(c.candidate.vmem_bytes), f"{c.candidate.steps:,}"])
+    lines = [f"tune {result.kernel} on {result.chip} --compile: {' '.join(result.shapes)}", ""]
+    if rows:
+        lines.append(table(["#", "blocks", "compiler-backed", "analytic", "VMEM (Mosaic)", "VMEM (estimate)", "steps"],
+                           rows, align="llrrrrr"))
+    else:
+        lines.append("the compiler rejected every candidate compiled")
+    lines.append("")
+    lines.append(f"{len(reranked)} compiled, {len(rows)} accepted, {len(rejected)} rejected by the compiler"
+                 + (":" if rejected else ""))
+    lines += rejected
+    return "\n".join(lines)
 
 
 def catalog_table(entries: Sequence[Any]) -> str:

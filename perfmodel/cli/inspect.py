@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import click
 
 from perfmodel.cli.analyze import DEFAULT_CHIP, SHAPE_HELP, parse_arg
-from perfmodel.cli.common import echo_json, json_option, user_errors
+from perfmodel.cli.common import UserError, echo_json, json_option, user_errors
 from perfmodel.errors import InputError
 
 _HELP = """Lower KERNEL for TPU (jax.export, no TPU needed): print or save the Mosaic MLIR and the
@@ -50,11 +50,19 @@ def parse_blocks(texts: tuple[str, ...]) -> dict[str, int] | None:
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument (Python literal).")
 @click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write stablehlo.mlir, mosaic_<n>_<kernel>.mlir and costs.json here instead of printing the MLIR.")
+              help="Write stablehlo.mlir, mosaic_<n>_<kernel>.mlir and costs.json here instead of printing the MLIR "
+                   "(with --compile: compile.json and each kernel's grid-loop bundles).")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Compile with the TPU compiler (libtpu, deviceless; cached) and print the compile report: "
+                   "Mosaic's VMEM vs perfmodel's estimate, grid-step bundles, slot use, spills, DMAs, trip count. "
+                   "KERNEL may then also be MODULE:FUNCTION (arguments as for analyze).")
 @json_option
 @user_errors
 def inspect_cmd(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args: tuple[str, ...], hw: str,
-                out_dir: Path | None, as_json: bool) -> None:
+                out_dir: Path | None, with_compile: bool, as_json: bool) -> None:
+    if with_compile:
+        run_compile_inspect(kernel, shapes, parse_blocks(blocks), args, hw, out_dir, as_json)
+        return
     result = run_inspect(kernel, shapes, parse_blocks(blocks), hw, dict(parse_arg(a) for a in args))
     if out_dir is not None:
         written = save(result, out_dir)
@@ -63,6 +71,66 @@ def inspect_cmd(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], a
         echo_json({k: v for k, v in result.items() if k not in ("lowered",)})
         return
     click.echo(render(result, print_mlir=out_dir is None))
+
+
+def run_compile_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] | None,
+                        args: tuple[str, ...], hw: str, out_dir: Path | None, as_json: bool) -> None:
+    """``inspect --compile``: the compile report of a catalog kernel or of MODULE:FUNCTION."""
+    import json
+    import shutil
+
+    from perfmodel.cli.analyze import progress_echo
+    from perfmodel.cli.common import to_jsonable
+    from perfmodel.compiler.api import CompileCall, compile_report
+    from perfmodel.compiler.render import render_report
+    from perfmodel.schedule.analyze import analyze, resolve_chip
+    from perfmodel.schedule.binding import bind_function
+    from perfmodel.schedule.catalog import get_entry
+    from perfmodel.schedule.compiled import pair
+
+    from perfmodel.compiler.toolchain import toolchain
+
+    toolchain()  # fail fast, in one line, without libtpu
+    chip = resolve_chip(hw)
+    if ":" in kernel:
+        if blocks is not None:
+            raise InputError("--block: applies to catalog kernels; pass MODULE:FUNCTION's block sizes with --arg")
+        call = CompileCall(kind="function", target=kernel, shapes=tuple(shapes), args=tuple(args))
+        fn, arrays = bind_function(kernel, shapes, args, chip)
+    else:
+        entry = get_entry(kernel)
+        extra = dict(parse_arg(a) for a in args)
+        specs = entry.specs(shapes)
+        call = CompileCall(kind="catalog", target=entry.name, shapes=tuple(s.text() for s in specs.values()),
+                           blocks=blocks, extra=extra)
+        fn, arrays = entry.make_function(specs, blocks, chip, extra=extra), entry.arguments(specs)
+    analysis = analyze(fn, *arrays, chip=chip, keep_step_times=True)
+    report = compile_report(call, chip, progress=progress_echo)
+    if not report.compiled:
+        raise UserError(f"{call.label} does not compile for {chip.name}: {report.error}")
+    views = pair(analysis, report, chip)
+    payload = {"compile": to_jsonable(report), "compiled_kernels": to_jsonable(views)}
+    written = []
+    if out_dir is not None:
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--out '{out_dir}': cannot create the directory ({exc.strerror})") from None
+        for k in report.kernels:
+            if k.body_bundles_path:
+                dest = out_dir / Path(k.body_bundles_path).name
+                shutil.copyfile(k.body_bundles_path, dest)
+                written.append(str(dest))
+        dest = out_dir / "compile.json"
+        dest.write_text(json.dumps(payload, indent=2) + "\n")
+        written.append(str(dest))
+        payload["files"] = written
+    if as_json:
+        echo_json(payload)
+        return
+    click.echo(render_report(report, views))
+    if written:
+        click.echo("\nwrote:\n" + "\n".join(f"  {p}" for p in written))
 
 
 def run_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] | None, hw: str,

@@ -126,3 +126,83 @@ def compiled_time(kernel: Any, compiled: Any, chip: ChipSpec,
         floored=floored,
         efficiency=floor / expected if expected > 0 else float("nan"),
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledKernel:
+    """One pallas_call seen both ways: the analytic schedule model and the TPU compiler."""
+
+    name: str
+    #: perfmodel's VMEM estimate and Mosaic's allocation (None when the compiler did not report one).
+    vmem_estimate_bytes: int
+    vmem_allocated_bytes: int | None
+    compile: Any  # KernelCompile
+    time: CompiledTime | None
+    analytic_expected_s: float
+    steps: int
+
+    @property
+    def vmem_error(self) -> float | None:
+        """Estimate / allocation - 1."""
+        a = self.vmem_allocated_bytes
+        return None if not a else self.vmem_estimate_bytes / a - 1
+
+
+def pair(analysis: Any, report: Any, chip: ChipSpec,
+         constants: CompiledTimingConstants | None = None) -> tuple[CompiledKernel, ...]:
+    """Pair an Analysis (keep_step_times=True) with a CompileReport kernel by kernel, in program order."""
+    if not report.compiled:
+        return ()
+    if len(report.kernels) != len(analysis.kernels):
+        raise InputError(f"the compiled program has {len(report.kernels)} Pallas kernels but {len(analysis.kernels)} "
+                         "pallas_calls were traced; cannot pair them")
+    out = []
+    for k, comp in zip(analysis.kernels, report.kernels):
+        t = compiled_time(k, comp, chip, constants) if comp.loop is not None and k.step_times is not None else None
+        out.append(CompiledKernel(name=k.name, vmem_estimate_bytes=k.vmem.total_bytes,
+                                  vmem_allocated_bytes=comp.scoped_vmem_bytes, compile=comp, time=t,
+                                  analytic_expected_s=k.time.expected_s, steps=k.steps))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledCandidate:
+    """A tune candidate after the compiler saw it."""
+
+    candidate: Any  # perfmodel.schedule.tune.Candidate
+    #: None when Mosaic rejected the candidate (``error`` says why).
+    compiled_s: float | None
+    vmem_allocated_bytes: int | None
+    error: str | None
+
+
+def rerank_compiled(result: Any, shapes: Any, chip: ChipSpec, *, top: int, extra: Any = None, jobs: int | None = None,
+                    progress: Any = None) -> tuple[CompiledCandidate, ...]:
+    """Compile the ``top`` best candidates of a TuneResult in parallel processes; drop those the compiler
+    rejects and rank the rest by the compiler-backed expected time (rejected ones last)."""
+    from perfmodel.compiler.api import CompileCall, compile_many
+    from perfmodel.schedule.analyze import analyze
+    from perfmodel.schedule.catalog import get_entry
+
+    entry = get_entry(result.kernel)
+    cands = list(result.ranked[:top])
+    calls = [CompileCall(kind="catalog", target=entry.name, shapes=tuple(shapes), blocks=dict(c.blocks),
+                         extra=dict(extra or {})) for c in cands]
+    reports = compile_many(calls, chip, jobs=jobs, progress=progress)
+    specs = entry.specs(shapes)
+    args = entry.arguments(specs)
+    out = []
+    for c, rep in zip(cands, reports):
+        if isinstance(rep, Exception):
+            out.append(CompiledCandidate(candidate=c, compiled_s=None, vmem_allocated_bytes=None, error=str(rep)))
+            continue
+        if not rep.compiled:
+            out.append(CompiledCandidate(candidate=c, compiled_s=None, vmem_allocated_bytes=None, error=rep.error))
+            continue
+        a = analyze(entry.make_function(specs, c.blocks, chip, extra=extra), *args, chip=chip, keep_step_times=True)
+        views = pair(a, rep, chip)
+        times = [v.time.expected_s if v.time else v.analytic_expected_s for v in views]
+        vmem = max((v.vmem_allocated_bytes or 0 for v in views), default=0) or None
+        out.append(CompiledCandidate(candidate=c, compiled_s=sum(times), vmem_allocated_bytes=vmem, error=None))
+    out.sort(key=lambda x: (x.compiled_s is None, x.compiled_s or 0.0))
+    return tuple(out)

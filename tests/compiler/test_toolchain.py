@@ -1,0 +1,45 @@
+"""The compiler stays optional: availability, one-line errors, no libtpu or jax where nobody asks for them."""
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.compiler import toolchain
+from perfmodel.compiler.toolchain import CompilerUnavailable, topology_for, worker_environment
+
+
+def test_missing_libtpu_is_one_line(monkeypatch):
+    monkeypatch.setattr(toolchain, "_version", lambda dist: None)
+    with pytest.raises(CompilerUnavailable, match=r"libtpu\) is not installed; install it with .*tpu-compiler"):
+        toolchain.toolchain()
+    r = CliRunner().invoke(main, ["inspect", "jax-matmul", "--compile", "--shape", "x=256x256:bf16",
+                                  "--shape", "y=256x256:bf16", "--block", "bm=128", "--block", "bk=128",
+                                  "--block", "bn=128"])
+    assert r.exit_code == 1
+    assert r.output.count("\n") == 1 and "libtpu) is not installed" in r.output
+
+
+def test_gpu_and_unknown_targets_are_refused():
+    with pytest.raises(CompilerUnavailable, match=r"--hw tpu-v3: .*compile for one of tpu-v4, tpu-v5e"):
+        topology_for("tpu-v3")
+
+
+def test_worker_environment_does_not_touch_ours(monkeypatch):
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_jf_dump_to=/old --foo=1")
+    env = worker_environment("/tmp/x")
+    assert env["LIBTPU_INIT_ARGS"] == "--foo=1 --xla_jf_dump_to=/tmp/x"
+    assert env["TPU_SKIP_MDS_QUERY"] == "1" and env["JAX_PLATFORMS"] == "cpu"
+    import os
+
+    assert os.environ["LIBTPU_INIT_ARGS"] == "--xla_jf_dump_to=/old --foo=1"
+
+
+def test_compiler_modules_import_neither_jax_nor_libtpu():
+    code = ("import sys; import perfmodel.compiler.api, perfmodel.compiler.render, perfmodel.compiler.matrix, "
+            "perfmodel.schedule.compiled; import perfmodel.cli.main; "
+            "bad = [m for m in ('jax', 'libtpu', 'jaxlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
