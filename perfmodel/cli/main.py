@@ -56,3 +56,7 @@ def _module_exists(target: str) -> bool:
 @click.version_option(perfmodel.__version__, prog_name="perfmodel")
 def main() -> None:
     pass
+
+
+if __name__ == "__main__":
+    main()
