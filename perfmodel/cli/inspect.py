@@ -200,19 +200,13 @@ def run_inspect(kernel: str, shapes: tuple[str, ...], blocks: Mapping[str, int] 
 def _reference_call(entry: Any, specs: Mapping[str, Any], chip: Any, extra: Mapping[str, Any]) -> tuple[Any, ...]:
     """(function, *abstract arrays) of the jnp reference; arrays given a FILL are baked in as constants
     (references may need concrete values, e.g. a sequence count)."""
+    from perfmodel.schedule.binding import free_function
+
     full = entry.make_function(specs, None, chip, reference=True, extra=extra)
     names = entry.names(specs)
     values = list(entry.arguments(specs))
-    free = [i for i, n in enumerate(names) if specs[n].fill is None]
-
-    def reference(*arrays: Any) -> Any:
-        args = list(values)
-        for i, a in zip(free, arrays):
-            args[i] = a
-        return full(*args)
-
-    reference.__name__ = getattr(full, "__name__", "reference")
-    return (reference, *(values[i] for i in free))
+    fn, _, free_values = free_function(full, values, [specs[n] for n in names])
+    return (fn, *free_values)
 
 
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -27,12 +27,11 @@ from typing import Any
 _CUSTOM_CALL = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=.*custom_call_target=\"tpu_custom_call\"")
 _SCOPED = re.compile(r'"used_scoped_memory_configs":\[(.*?)\]')
 _SCOPED_ITEM = re.compile(r'\{"memory_space":"(\d+)","offset":"\d+","size":"(\d+)"\}')
-_FUSION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*\S+\s+(fusion|copy|convolution|dot|custom-call|all-reduce|"
-                     r"all-gather|reduce-scatter|all-to-all|collective-permute)\(")
+
 
 
 def _build(call: dict[str, Any], chip: Any) -> tuple[Any, list[Any], list[str]]:
-    """(python function of the abstract arrays, [their specs], [names]) for the request's call."""
+    """(python function of the free arrays, their specs, their values) for the request's call."""
     from perfmodel.schedule.binding import bind_arrays, bind_catalog
 
     if call["kind"] == "function":
@@ -82,7 +81,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     device = topo.devices[0]
     result["device_kind"] = device.device_kind
     sharding = jax.sharding.SingleDeviceSharding(device)
-    fn, specs, _names = _build(request["call"], chip)
+    fn, specs, _values = _build(request["call"], chip)
     args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
     try:
         compiled = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).compile()

@@ -109,8 +109,9 @@ def bind_function(target: str, shapes: Sequence[str], args: Sequence[str], chip:
     return call, tuple(materialize(s) for s in specs)
 
 
-def _free_function(fn: Callable, values: Sequence[Any], specs: Sequence[Any]) -> tuple[Callable, list[Any], list[str]]:
-    """fn of the arrays without a FILL; filled ones are baked in as constants (wrappers may read them)."""
+def free_function(fn: Callable, values: Sequence[Any], specs: Sequence[Any]) -> tuple[Callable, list[Any], list[Any]]:
+    """(fn of the arrays without a FILL, their specs, their values); filled ones are baked in as constants
+    (wrappers and references may read them, e.g. a page table or a sequence count)."""
     free = [i for i, s in enumerate(specs) if s.fill is None]
 
     def call(*arrays: Any) -> Any:
@@ -120,20 +121,20 @@ def _free_function(fn: Callable, values: Sequence[Any], specs: Sequence[Any]) ->
         return fn(*args)
 
     call.__name__ = getattr(fn, "__name__", "kernel")
-    return call, [specs[i] for i in free], [specs[i].name for i in free]
+    return call, [specs[i] for i in free], [values[i] for i in free]
 
 
 def bind_arrays(target: str, shapes: Sequence[str], args: Sequence[str], chip: ChipSpec
-                ) -> tuple[Callable, list[Any], list[str]]:
-    """(function of the free arrays, their ShapeSpecs, their names) for MODULE:FUNCTION."""
+                ) -> tuple[Callable, list[Any], list[Any]]:
+    """(function of the free arrays, their ShapeSpecs, their values) for MODULE:FUNCTION."""
     from perfmodel.schedule.shapes import parse_shape
 
     fn, values = bind_function(target, shapes, args, chip)
-    return _free_function(fn, values, [parse_shape(s) for s in shapes])
+    return free_function(fn, values, [parse_shape(s) for s in shapes])
 
 
 def bind_catalog(kernel: str, shapes: Sequence[str], blocks: Mapping[str, int] | None, extra: Mapping[str, Any],
-                 chip: ChipSpec) -> tuple[Callable, list[Any], list[str]]:
+                 chip: ChipSpec) -> tuple[Callable, list[Any], list[Any]]:
     """The same for a catalog kernel (``perfmodel tune --list``) with explicit or default blocks."""
     from perfmodel.schedule.catalog import get_entry
 
@@ -141,4 +142,4 @@ def bind_catalog(kernel: str, shapes: Sequence[str], blocks: Mapping[str, int] |
     specs = entry.specs(shapes)
     fn = entry.make_function(specs, blocks, chip, extra=extra)
     names = entry.names(specs)
-    return _free_function(fn, list(entry.arguments(specs)), [specs[n] for n in names])
+    return free_function(fn, list(entry.arguments(specs)), [specs[n] for n in names])
