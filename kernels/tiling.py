@@ -109,6 +109,44 @@ def padded_tile_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     return math.prod(dims) * itemsize_bytes(dtype)
 
 
+def mosaic_rows(rows: int, dtype: Any) -> int:
+    """Rows Mosaic allocates for a VMEM buffer whose second-minor dimension is ``rows``.
+
+    Measured on libtpu 0.0.42 (v4 to 7x), for pipelined blocks and scratch alike:
+    Mosaic tiles VMEM buffers like XLA tiles HBM arrays, in 8-row tiles for every
+    dtype (bf16 and int8 pack 2 and 4 rows per 32-bit word inside a tile), with
+    smaller power-of-two tiles for short dimensions: 1..8 rows round up to a power
+    of two, at least one 32-bit word (2 bf16 rows, 4 int8 rows); more than 8 round
+    up to a multiple of 8. So a bf16 [24, 128] block takes 24 rows (not 32), an
+    int8 [16, 128] page 16 and an f32 [4, 128] row block 4.
+    """
+    if rows <= SUBLANES_32BIT:
+        return max(1 << max(0, rows - 1).bit_length(), 4 // min(4, itemsize_bytes(dtype)))
+    return round_up(rows, SUBLANES_32BIT)
+
+
+def mosaic_buffer_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """VMEM bytes of one Mosaic buffer of ``shape``: rows as :func:`mosaic_rows`, lanes padded to 128."""
+    if not shape:
+        return SUBLANES_32BIT * LANES * 4
+    dims = [int(d) for d in shape]
+    if len(dims) == 1:
+        dims = [1] + dims
+    dims[-1] = round_up(dims[-1], LANES)
+    dims[-2] = mosaic_rows(dims[-2], dtype)
+    return math.prod(dims) * itemsize_bytes(dtype)
+
+
+#: Chips whose VPU has no bf16 arithmetic: Mosaic widens bf16/int8 values through f32 there and keeps
+#: more (f32) temporaries in VMEM than on tpu-v5e and later.
+F32_ONLY_VPU_CHIPS: tuple[str, ...] = ("tpu-v2", "tpu-v3", "tpu-v4")
+
+
+def has_bf16_vpu(chip: "ChipSpec") -> bool:
+    """Whether the chip's VPU computes in bf16 (tpu-v5e and later); see :data:`F32_ONLY_VPU_CHIPS`."""
+    return chip.name not in F32_ONLY_VPU_CHIPS
+
+
 def check_multiple(field: str, value: int, multiple: int, why: str) -> None:
     """Raise ValueError naming ``field`` unless value is a positive multiple of ``multiple``."""
     if value % multiple:

@@ -164,7 +164,8 @@ def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
     """Fold K/V block ``kb`` into the running softmax, one compute slice at a time."""
     bkc = plan.block_kv_compute
     key_lo, key_hi = key_span(plan, qi, jnp)
-    for c in range(plan.block_kv // bkc):
+
+    def slice_body(c, carry):
         slice_lo = kb * plan.block_kv + c * bkc
         body = functools.partial(_attend_slice, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
                                  plan=plan, qi=qi, c=c, slice_lo=slice_lo, masked=masked)
@@ -174,38 +175,39 @@ def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
             pl.when(visible)(body)
         else:
             body()
+        return carry
+
+    jax.lax.fori_loop(0, plan.block_kv // bkc, slice_body, 0)
 
 
-def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, c: int,
+def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, c: Any,
                   slice_lo: Any, masked: bool) -> None:
     bkc = plan.block_kv_compute
-    rows = pl.ds(c * bkc, bkc)
-    k = k_ref[rows, :]  # [bkc, head_dim]
-    v = v_ref[rows, :]  # [bkc, head_dim]
-    precision = jax.lax.Precision.HIGHEST if k.dtype == jnp.float32 else None
+    rows = pl.ds(pl.multiple_of(c * bkc, bkc), bkc)
     score_shape = (q_ref.shape[1], bkc)  # [block_q, bkc]
-    visible = None
-    if masked:
-        q_lo, _ = query_span(plan, qi, jnp)
-        q_pos = q_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 0)
-        k_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 1)
-        visible = k_pos < plan.kv_len
-        if plan.causal:
-            visible &= k_pos <= q_pos
-        if plan.window:
-            visible &= q_pos - k_pos < plan.window
-        if plan.kv_len % plan.block_kv:
-            # Rows past the end of K/V hold whatever the edge DMA left there (NaN in
-            # interpret mode); a zero probability times NaN is still NaN, so zero them.
-            v_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
-            v = jnp.where(v_pos < plan.kv_len, v, jnp.zeros_like(v))
-    # The group's q heads take turns on the resident K/V slice; the mask is shared.
-    for g in range(plan.group):
+
+    def head(g, carry):
+        k = k_ref[rows, :]  # [bkc, head_dim]
+        v = v_ref[rows, :]  # [bkc, head_dim]
+        precision = jax.lax.Precision.HIGHEST if k.dtype == jnp.float32 else None
         s = jax.lax.dot_general(q_ref[g], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                                 precision=precision)  # [block_q, bkc]
         s = s * plan.sm_scale
-        if visible is not None:
+        if masked:
+            q_lo, _ = query_span(plan, qi, jnp)
+            q_pos = q_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 0)
+            k_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 1)
+            visible = k_pos < plan.kv_len
+            if plan.causal:
+                visible &= k_pos <= q_pos
+            if plan.window:
+                visible &= q_pos - k_pos < plan.window
             s = jnp.where(visible, s, MASK_VALUE)
+            if plan.kv_len % plan.block_kv:
+                # Rows past the end of K/V hold whatever the edge DMA left there (NaN in
+                # interpret mode); a zero probability times NaN is still NaN, so zero them.
+                v_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
+                v = jnp.where(v_pos < plan.kv_len, v, jnp.zeros_like(v))
         m_prev = m_ref[g]  # [block_q, LANES]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, LANES]
         alpha = jnp.exp(m_prev - m_next)  # [block_q, LANES]
@@ -215,6 +217,10 @@ def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
         pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32, precision=precision)  # [block_q, head_dim]
         acc_ref[g] = acc_ref[g] * alpha[:, 0:1] + pv
+        return carry
+
+    # The group's q heads take turns on the resident K/V slice.
+    jax.lax.fori_loop(0, plan.group, head, 0)
 
 
 def _check_inputs(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | None) -> None:

@@ -26,6 +26,13 @@ from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
 
+#: f32 temporaries Mosaic keeps in VMEM while the token-major kernel quantizes a block (int8 caches): on
+#: chips with a bf16 VPU, about one f32 [64, kv_heads, head_dim] slab (1.125) once a block has 64 tokens or
+#: more (none below); on chips without (tpu-v4), four f32 slabs of the whole block.
+QUANTIZE_F32_TOKENS = 64
+QUANTIZE_F32_SLAB_FACTOR = 1.125
+QUANTIZE_F32_SLABS_F32_VPU = 4
+
 #: Cache layouts: head-major [kv_heads, num_pages, page_size, head_dim] (what paged_attention reads),
 #: token-major [num_pages, page_size, kv_heads, head_dim].
 LAYOUTS = ("head-major", "token-major")
@@ -49,19 +56,38 @@ class KvCacheUpdateBlockSizes:
     def label(self) -> str:
         return f"tokens_per_block={self.tokens_per_block}"
 
-    def vmem_bytes(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool) -> int:
-        """Double-buffered K and V token blocks, plus (quantizing) the int8 copies, scales and f32 temporaries."""
-        tile = tiling.padded_tile_bytes
-        slab = (self.tokens_per_block, kv_heads, head_dim)
-        need = 2 * 2 * tile(slab, new_dtype)
-        if quantize:
-            scales = (self.tokens_per_block, kv_heads, 1)
-            need += 2 * (tile(slab, "int8") + tile(scales, "float32")) + 2 * tile(slab, "float32")
-        return need
+    def vmem_bytes(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool,
+                   num_tokens: int | None = None, chip: ChipSpec | None = None) -> int:
+        """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x).
 
-    def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec) -> int | None:
+        The K and V token blocks (two buffers each; one when ``num_tokens`` fits one block, a single grid
+        step), and quantizing, the int8 copies and f32 scales in scratch, all padded as
+        :func:`kernels.tiling.mosaic_buffer_bytes`; plus, quantizing, the f32 temporaries of the
+        quantization: four ``[tokens, kv_heads, head_dim]`` f32 slabs on chips without a bf16 VPU
+        (``chip`` None: assumed), 1.125 slabs of 64 tokens elsewhere once the block has 64 tokens
+        (:data:`QUANTIZE_F32_TOKENS`). The block is ``min(tokens_per_block, num_tokens)`` tokens, as
+        the kernel clamps it. At or above Mosaic's figure on the measured cases, within 10% but up to
+        30% above for a single-step v5e call and where the 64-token rule over-counts.
+        """
+        buf = tiling.mosaic_buffer_bytes
+        tokens = self.tokens_per_block if num_tokens is None else min(self.tokens_per_block, num_tokens)
+        buffers = 1 if num_tokens is not None and num_tokens <= tokens else 2
+        slab = (tokens, kv_heads, head_dim)
+        need = 2 * buffers * buf(slab, new_dtype)
+        if quantize:
+            need += 2 * (buf(slab, "int8") + buf((tokens, kv_heads, 1), "float32"))
+            f32_token = kv_heads * tiling.round_up(head_dim, tiling.LANES) * 4
+            if chip is not None and tiling.has_bf16_vpu(chip):
+                need += int(QUANTIZE_F32_SLAB_FACTOR * QUANTIZE_F32_TOKENS * f32_token) if tokens >= QUANTIZE_F32_TOKENS else 0
+            else:
+                need += QUANTIZE_F32_SLABS_F32_VPU * tokens * f32_token
+        return int(need)
+
+    def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec,
+              num_tokens: int | None = None) -> int | None:
         """Check the VMEM budget; returns the vmem_limit_bytes to compile with (None: default)."""
-        need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize)
+        need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize,
+                               num_tokens=num_tokens, chip=chip)
         return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", fix="use a smaller tokens_per_block",
                                  raised_limit=True)
 
@@ -105,19 +131,28 @@ def scale_pages_per_block(num_pages: int) -> int:
 
 
 def head_major_vmem_bytes(*, kv_heads: int, num_pages: int, page_size: int, head_dim: int, new_dtype: Any,
-                          cache_dtype: Any, quantize: bool) -> int:
-    """VMEM of the head-major kernel: one token's K/V slabs and one page of each cache, all double-buffered.
+                          cache_dtype: Any, quantize: bool, chip: ChipSpec | None = None) -> int:
+    """VMEM of the head-major kernel as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): one token's K/V slabs
+    and one page of each cache, all double-buffered, padded as :func:`kernels.tiling.mosaic_buffer_bytes`.
 
     Per cache: an input and an output page block [kv_heads, page_size, head_dim],
     two buffers each; the new token's [kv_heads, head_dim] K and V, two buffers
-    each; the f32 page row-insert temporaries (one head at a time: old and new);
-    quantizing, the scale blocks [kv_heads, scale_pages_per_block, page_size] the same way.
+    each; quantizing, the scale blocks [kv_heads, scale_pages_per_block, page_size]
+    the same way. The f32 row-insert temporaries stay in vregs, except on chips
+    without a bf16 VPU (``chip`` None: assumed), where Mosaic keeps a page of every
+    head in f32 (2.125 quantizing; per 128 lanes of head_dim), and when quantizing pages of 32 or more tokens
+    (1.25 f32 pages of every head). Exact for bf16 and int8 pages of 16 on v5e to 7x.
     """
-    tile = tiling.padded_tile_bytes
+    buf = tiling.mosaic_buffer_bytes
     buffers = 2  # double buffering
-    need = 2 * buffers * tile((kv_heads, head_dim), new_dtype)
-    need += 2 * 2 * buffers * kv_heads * tile((page_size, head_dim), cache_dtype)
-    need += 2 * tile((page_size, head_dim), "float32")
+    need = 2 * buffers * buf((kv_heads, head_dim), new_dtype)
+    need += 2 * 2 * buffers * buf((kv_heads, page_size, head_dim), cache_dtype)
     if quantize:
-        need += 2 * 2 * buffers * kv_heads * tile((scale_pages_per_block(num_pages), page_size), "float32")
+        need += 2 * 2 * buffers * buf((kv_heads, scale_pages_per_block(num_pages), page_size), "float32")
+    lanes = tiling.round_up(head_dim, tiling.LANES)
+    f32_pages = kv_heads * page_size * lanes * 4
+    if chip is None or not tiling.has_bf16_vpu(chip):
+        need += int(f32_pages * (2.125 if quantize else 1) * (lanes // tiling.LANES))
+    elif quantize and page_size >= 32:
+        need += int(1.25 * f32_pages)
     return need

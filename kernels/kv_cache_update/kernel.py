@@ -359,7 +359,7 @@ def kv_cache_update(
                              "per grid step); drop block_sizes or pass layout='token-major'")
         need = head_major_vmem_bytes(kv_heads=kv_heads, num_pages=shapes.num_pages, page_size=shapes.page_size,
                                      head_dim=head_dim, new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
-                                     quantize=quantize)
+                                     quantize=quantize, chip=spec)
         what = f"layout='head-major' (pages of {shapes.page_size} tokens"
         if quantize and scale_pages_per_block(shapes.num_pages) == shapes.num_pages > SCALE_PAGES_PER_BLOCK:
             what += f"; scale blocks span all {shapes.num_pages} pages: use a multiple of {SCALE_PAGES_PER_BLOCK} pages"
@@ -372,7 +372,8 @@ def kv_cache_update(
     elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
         raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
     vmem_limit = block_sizes.check(
-        kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec
+        kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec,
+        num_tokens=num_tokens,
     )
     tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
     padded_tokens = tiling.round_up(num_tokens, tokens_per_block)

@@ -11,7 +11,17 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernels.tiling import LANES, TunedChipTable, check_vmem, round_up, sublane_multiple, tuned_block_table, tuned_blocks
+from kernels.tiling import (
+    LANES,
+    TunedChipTable,
+    check_vmem,
+    has_bf16_vpu,
+    itemsize_bytes,
+    mosaic_buffer_bytes,
+    round_up,
+    tuned_block_table,
+    tuned_blocks,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfmodel.hw.spec import ChipSpec
@@ -20,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 F32_BYTES = 4
 #: K/V pages are double-buffered by the kernel's own DMAs; the pipelined q/out/scale blocks by Pallas.
 BUFFERS = 2
+#: [tokens, head_dim] f32 tiles of widened K/V Mosaic keeps in VMEM on chips without a bf16 VPU (tpu-v4).
+F32_WIDENED_TILES = 2.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,37 +72,41 @@ class PagedAttentionBlockSizes:
             )
         need = self.vmem_bytes(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=num_q_per_kv,
                                kv_heads=kv_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                               per_token_scales=per_token_scales)
+                               per_token_scales=per_token_scales, chip=spec)
         check_vmem(need, spec, f"block_sizes.pages_per_compute_block: {ppcb} pages",
                    fix="use fewer pages per block" + (" or per-page scales" if per_token_scales else ""))
 
     def vmem_bytes(self, *, page_size: int, pages_per_seq: int, num_q_per_kv: int, kv_heads: int,
-                   head_dim: int, q_dtype: Any, kv_dtype: Any, per_token_scales: bool | None) -> int:
-        """VMEM one grid step (one sequence) needs, tile padding included.
+                   head_dim: int, q_dtype: Any, kv_dtype: Any, per_token_scales: bool | None,
+                   chip: "ChipSpec | None" = None) -> int:
+        """VMEM one grid step (one sequence) needs, as Mosaic allocates it.
 
-        ``per_token_scales``: None for unquantized K/V, else which scale layout.
+        ``per_token_scales``: None for unquantized K/V, else which scale layout. The
+        buffers, padded as :func:`kernels.tiling.mosaic_buffer_bytes`: the q and out
+        blocks (all kv heads' ``[q_per_kv, head_dim]`` tiles, two buffers each), the
+        two-slot K and V page buffers, the f32 max / sum / accumulator scratch and the
+        per-sequence scale rows. The score and probability rows (``[q_per_kv, tokens]``)
+        stay in vregs; on chips without a bf16 VPU (``chip`` None: assumed) Mosaic
+        widens quantized or f32 K/V through f32 in VMEM, about 2.25 ``[tokens, head_dim]``
+        f32 tiles. Matches Mosaic's allocation (libtpu 0.0.42) to the byte for bf16,
+        int8 and fp8 caches with head_dim 128 on v5e to 7x.
         """
-        import numpy as np
-
         tokens = self.tokens(page_size)
-        q_bytes = np.dtype(q_dtype).itemsize
-        kv_bytes = np.dtype(kv_dtype).itemsize
-        group_rows = round_up(num_q_per_kv, sublane_multiple(q_dtype))
-        group_rows_f32 = round_up(num_q_per_kv, sublane_multiple(np.float32))
-        kv_buffers = 2 * BUFFERS * tokens * head_dim * kv_bytes
-        q_and_out = 2 * BUFFERS * kv_heads * group_rows * head_dim * q_bytes
-        scratch = F32_BYTES * group_rows_f32 * (2 * LANES + head_dim)
-        # Converted K and V tiles, scores and probabilities.
-        temporaries = 2 * tokens * head_dim * max(q_bytes, kv_bytes) + 2 * group_rows_f32 * tokens * F32_BYTES
+        buf = mosaic_buffer_bytes
+        q_and_out = 2 * BUFFERS * buf((kv_heads, num_q_per_kv, head_dim), q_dtype)
+        kv_buffers = 2 * buf((BUFFERS, self.pages_per_compute_block, page_size, head_dim), kv_dtype)
+        scratch = 2 * buf((num_q_per_kv, LANES), "float32") + buf((num_q_per_kv, head_dim), "float32")
         scales = 0
         if per_token_scales is not None:
-            # [kv_heads, blocks, lanes] per sequence (lanes: tokens, or pages padded to 128)
-            lanes = tokens if per_token_scales else round_up(self.pages_per_compute_block, LANES)
-            blocks = round_up(pages_per_seq // self.pages_per_compute_block, 8)
-            scales = 2 * BUFFERS * kv_heads * blocks * lanes * F32_BYTES
-            if not per_token_scales:  # the [pages, tokens] expansion matrix
-                scales += round_up(self.pages_per_compute_block, 8) * tokens * F32_BYTES
-        return int(kv_buffers + q_and_out + scratch + temporaries + scales)
+            # [kv_heads, blocks, lanes] per sequence (lanes: tokens, or pages per block)
+            lanes = tokens if per_token_scales else self.pages_per_compute_block
+            blocks = pages_per_seq // self.pages_per_compute_block
+            scales = 2 * BUFFERS * buf((kv_heads, blocks, lanes), "float32")
+        temporaries = 0
+        widened = per_token_scales is not None or itemsize_bytes(kv_dtype) == F32_BYTES
+        if widened and (chip is None or not has_bf16_vpu(chip)):
+            temporaries = int(F32_WIDENED_TILES * tokens * round_up(head_dim, LANES) * F32_BYTES)
+        return int(q_and_out + kv_buffers + scratch + scales + temporaries)
 
 
 def _gcd(a: int, b: int) -> int:

@@ -36,10 +36,10 @@ from kernels.tiling import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     LANES,
+    SUBLANES_32BIT,
     check_dtype,
     div,
     rem,
-    sublane_multiple,
     tpu_chip,
 )
 from kernels.paged_attention.blocks import PagedAttentionBlockSizes, default_block_sizes
@@ -292,11 +292,12 @@ def make_plan(q: Any, k_pages: Any, v_pages: Any, page_table: Any, lengths: Any,
     batch, q_heads, head_dim = q.shape
     kv_heads, num_pages, page_size, _ = k_pages.shape
     pages_per_seq = page_table.shape[1]
-    packing = sublane_multiple(k_pages.dtype)
-    if page_size % packing:
+    # XLA tiles every cache in HBM in 8-row tiles (bf16 and int8 packed inside them), so a page of a
+    # multiple of 8 tokens is whole tiles and one legal DMA for every dtype (int8 pages of 16 compile).
+    if page_size % SUBLANES_32BIT:
         raise ValueError(
-            f"k_pages: page_size {page_size} is not a multiple of {packing}, the sublane tile of "
-            f"{kv_name}; use pages of a multiple of {packing} tokens"
+            f"k_pages: page_size {page_size} is not a multiple of {SUBLANES_32BIT} (a page must be whole "
+            f"8-row tiles of the cache); use pages of a multiple of {SUBLANES_32BIT} tokens"
         )
     if block_sizes is None:
         block_sizes = default_block_sizes(spec.name, page_size=page_size, pages_per_seq=pages_per_seq)

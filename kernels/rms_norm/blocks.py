@@ -19,8 +19,12 @@ from typing import Any
 from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
-#: f32 temporaries per row element the kernel body holds (y, y*y / normalized out).
-_F32_TEMPS = 3
+#: [block_tokens, hidden] f32 tiles of body temporaries Mosaic keeps in VMEM (y and the normalized out; the
+#: quantization's scaled copy too), on chips with a bf16 VPU and (more) on those without (tpu-v4).
+_F32_TEMPS = 1.1
+_F32_TEMPS_QUANTIZE = 2.1
+_F32_TEMPS_F32_VPU = 1.3
+_F32_TEMPS_QUANTIZE_F32_VPU = 2.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,14 +40,24 @@ class RmsNormBlockSizes:
     def label(self) -> str:
         return f"block_tokens={self.block_tokens}"
 
-    def vmem_bytes(self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool) -> int:
-        """Double-buffered row blocks in and out, the weight row, and the body's f32 temporaries."""
-        tile = tiling.padded_tile_bytes
+    def vmem_bytes(self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool,
+                   chip: ChipSpec | None = None) -> int:
+        """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): double-buffered row blocks
+        in (x, residual) and out (out or int8 q, new residual; quantizing, the [rows, 1] scales), the weight
+        row, padded as :func:`kernels.tiling.mosaic_buffer_bytes`, and the body's f32 temporaries: about
+        1.1 ``[block_tokens, hidden]`` f32 tiles (2.1 quantizing; 1.3 and 2.25 on chips without a bf16
+        VPU, or ``chip`` None). Within 3% above Mosaic's figure on every measured case."""
+        buf = tiling.mosaic_buffer_bytes
         rows = (self.block_tokens, hidden)
-        streamed = tile(rows, x_dtype) + 2 * tile(rows, residual_dtype) + tile(rows, out_dtype) + tile((1, hidden), x_dtype)
+        streamed = (buf(rows, x_dtype) + buf(rows, residual_dtype) + buf(rows, out_dtype) + buf(rows, residual_dtype)
+                    + buf((1, hidden), "float32"))
         if quantize:
-            streamed += tile((self.block_tokens, 1), "float32")
-        return 2 * streamed + _F32_TEMPS * tile(rows, "float32")
+            streamed += buf((self.block_tokens, 1), "float32")
+        bf16_vpu = chip is not None and tiling.has_bf16_vpu(chip)
+        tiles = (_F32_TEMPS_QUANTIZE if quantize else _F32_TEMPS) if bf16_vpu else (
+            _F32_TEMPS_QUANTIZE_F32_VPU if quantize else _F32_TEMPS_F32_VPU)
+        temporaries = int(tiles * self.block_tokens * tiling.round_up(hidden, tiling.LANES) * 4)
+        return int(2 * streamed + temporaries)
 
     def check(
         self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool, chip: ChipSpec
@@ -52,7 +66,8 @@ class RmsNormBlockSizes:
         rows = max(tiling.sublane_multiple(d) for d in (x_dtype, residual_dtype, out_dtype))
         tiling.check_multiple("block_tokens", self.block_tokens, rows, "sublane tile of the x, residual and out dtypes")
         need = self.vmem_bytes(
-            hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize
+            hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize,
+            chip=chip,
         )
         return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)
 
@@ -63,7 +78,8 @@ class RmsNormBlockSizes:
         scoped = tiling.scoped_vmem_limit_bytes(chip)
         blocks = self
         while blocks.block_tokens > floor and blocks.vmem_bytes(
-            hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize
+            hidden=hidden, x_dtype=x_dtype, residual_dtype=residual_dtype, out_dtype=out_dtype, quantize=quantize,
+            chip=chip,
         ) > scoped:
             blocks = replace(blocks, block_tokens=max(floor, tiling.round_up(blocks.block_tokens // 2, floor)))
         return blocks

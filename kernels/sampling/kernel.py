@@ -105,7 +105,8 @@ def sampling(
                        random=mode != "greedy")
     if block_sizes is None:
         block_sizes = default_block_sizes(chip, logits_dtype=logits.dtype, vocab=vocab)
-    block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip)
+    block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip,
+                         greedy=mode == "greedy", top_p=top_p is not None)
     seeds = rng.row_seeds(key, batch) if mode == "key" else jnp.zeros((batch,), jnp.int32)
     filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None)
     ids, threshold = _sampling(logits, noise, opts.inv_temperature, opts.greedy, opts.top_k, opts.top_p, opts.min_p,

@@ -428,29 +428,41 @@ def test_stored_defaults_fit_the_default_scoped_vmem_at_the_tuned_shape(chip_nam
 
 
 def test_vmem_estimate_hand_worked():
-    # 64 tokens x 8 heads x 128 bf16: one slab 64*16*128*2 B = 256 KiB (8 heads pad to the 16-row
-    # bf16 tile); K and V double-buffered = 1 MiB. Quantizing adds two int8 slabs (8 heads pad to 32
-    # rows: 64*32*128 = 256 KiB each), two scale blocks 64*8*128*4 = 256 KiB each, two f32 temporaries
-    # 64*8*128*4 = 256 KiB each: 1.5 MiB more.
+    # As Mosaic allocates it. 64 tokens x 8 heads x 128 bf16: one slab 64*8*128*2 B = 128 KiB (8 rows are
+    # one whole 8-row tile, for every dtype); K and V double-buffered = 512 KiB. Quantizing adds two int8
+    # slabs (64 KiB each), two f32 scale blocks 64*8*128*4 = 256 KiB each (the trailing 1 pads to 128
+    # lanes), and the quantization's f32 temporaries: four f32 slabs (4 * 256 KiB) without a bf16 VPU
+    # (tpu-v4, or no chip given), 1.125 f32 slabs of 64 tokens (288 KiB) with one (tpu-v5e).
     blocks = KvCacheUpdateBlockSizes(tokens_per_block=64)
-    assert blocks.vmem_bytes(kv_heads=8, head_dim=128, new_dtype=jnp.bfloat16, quantize=False) == 2**20
-    assert blocks.vmem_bytes(kv_heads=8, head_dim=128, new_dtype=jnp.bfloat16, quantize=True) == 2**20 + 3 * 2**19
+    kw = dict(kv_heads=8, head_dim=128, new_dtype=jnp.bfloat16)
+    assert blocks.vmem_bytes(**kw, quantize=False) == 512 * 2**10
+    assert blocks.vmem_bytes(**kw, quantize=True) == (512 + 640 + 1024) * 2**10
+    assert blocks.vmem_bytes(**kw, quantize=True, chip=get_chip("tpu-v5e")) == (512 + 640 + 288) * 2**10
+    # A call of at most one block is one grid step: Mosaic single-buffers the token blocks.
+    assert blocks.vmem_bytes(**kw, quantize=False, num_tokens=64) == 256 * 2**10
+    assert blocks.vmem_bytes(**kw, quantize=False, num_tokens=32) == 128 * 2**10
 
 
 def test_head_major_vmem_estimate_hand_worked():
-    # 8 kv heads, pages of 16 x 128, bf16:
-    #   token K and V, 2 buffers each: 4 * (8 heads pad to 16 rows) 16*128*2 B = 4 * 4 KiB = 16 KiB
+    # As Mosaic allocates it. 8 kv heads, pages of 16 x 128, bf16:
+    #   token K and V, 2 buffers each: 4 * (8 heads: one 8-row tile) 8*128*2 B = 4 * 2 KiB = 8 KiB
     #   K and V pages, input and output, 2 buffers each: 8 * 8 heads * 16*128*2 B = 64 * 4 KiB = 256 KiB
-    #   f32 insert temporaries: 2 * 16*128*4 B = 16 KiB                        -> 288 KiB
+    #   -> 264 KiB on tpu-v5e (the row inserts stay in vregs); tpu-v4 (no bf16 VPU) keeps one f32 page
+    #   of every head, 8*16*128*4 B = 64 KiB more -> 328 KiB (Mosaic's figures on both).
     # int8 cache, 32-row pages, 4096 pages (8-page scale blocks):
-    #   tokens 16 KiB; pages 64 * 32*128 B = 256 KiB; temporaries 2 * 32*128*4 B = 32 KiB;
+    #   tokens 8 KiB; pages 64 * 32*128 B = 256 KiB;
     #   scales, K and V, in and out, 2 buffers: 8 * 8 heads * (8 pages x 32 -> 8 x 128 lanes) * 4 B = 256 KiB
-    #                                                                          -> 560 KiB
-    bf16 = head_major_vmem_bytes(kv_heads=8, num_pages=4096, page_size=16, head_dim=128, new_dtype=jnp.bfloat16,
-                                 cache_dtype=jnp.bfloat16, quantize=False)
-    int8 = head_major_vmem_bytes(kv_heads=8, num_pages=4096, page_size=32, head_dim=128, new_dtype=jnp.bfloat16,
-                                 cache_dtype=jnp.int8, quantize=True)
-    assert (bf16, int8) == (288 * 2**10, 560 * 2**10)
+    #   -> 520 KiB, + 1.25 f32 pages of every head (160 KiB) quantizing 32-row pages on tpu-v5e = 680 KiB;
+    #   tpu-v4: + 2.125 f32 pages of every head (272 KiB) = 792 KiB.
+    kw_bf16 = dict(kv_heads=8, num_pages=4096, page_size=16, head_dim=128, new_dtype=jnp.bfloat16,
+                   cache_dtype=jnp.bfloat16, quantize=False)
+    kw_int8 = dict(kv_heads=8, num_pages=4096, page_size=32, head_dim=128, new_dtype=jnp.bfloat16,
+                   cache_dtype=jnp.int8, quantize=True)
+    v5e, v4 = get_chip("tpu-v5e"), get_chip("tpu-v4")
+    assert head_major_vmem_bytes(**kw_bf16, chip=v5e) == 264 * 2**10
+    assert head_major_vmem_bytes(**kw_bf16, chip=v4) == head_major_vmem_bytes(**kw_bf16) == 328 * 2**10
+    assert head_major_vmem_bytes(**kw_int8, chip=v5e) == 680 * 2**10
+    assert head_major_vmem_bytes(**kw_int8, chip=v4) == 792 * 2**10
 
 
 # ----- bad input -----
@@ -497,8 +509,11 @@ def _bad_call(case: str) -> None:
         "hm_scales_for_bf16": lambda: kv_cache_update(new, new, hm, hm, slots, k_scale_cache=hm_scales),
         "block_zero": lambda: tm(new, new, cache, cache, slots,
                                  block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=0)),
-        "vmem": lambda: tm(new, new, cache, cache, slots,
-                           block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=100_000)),
+        # The kernel clamps the block to the call's tokens, so the huge block needs more tokens (abstract).
+        "vmem": lambda: jax.eval_shape(
+            lambda nk, kc, sl: tm(nk, nk, kc, kc, sl, block_sizes=KvCacheUpdateBlockSizes(tokens_per_block=100_000)),
+            S((200_000, KV_HEADS, HEAD_DIM), jnp.bfloat16), S((25_000, PAGE_SIZE, KV_HEADS, HEAD_DIM), jnp.bfloat16),
+            S((200_000,), jnp.int32)),
         "block_type": lambda: tm(new, new, cache, cache, slots, block_sizes=64),
         "gpu_name": lambda: kv_cache_update(new, new, hm, hm, slots, chip="tpu-v99"),
     }

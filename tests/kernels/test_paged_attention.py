@@ -60,6 +60,8 @@ FORMATS = [
     Cache("f32", "float32", "float32", None, 16),
     Cache("bf16", "bfloat16", "bfloat16", None, 16),
     Cache("int8-per-token", "bfloat16", "int8", True, 32),
+    # int8 pages of 16 tokens (half an int8 sublane tile): whole 8-row HBM tiles, compiled by Mosaic on v4-7x.
+    Cache("int8-per-token-page16", "bfloat16", "int8", True, 16),
     Cache("int8-per-page", "float32", "int8", False, 32),
     Cache("fp8-per-token", "bfloat16", "float8_e4m3fn", True, 32, chip="tpu-7x"),
 ]
@@ -250,7 +252,7 @@ def test_quantize_round_trip():
 
 @pytest.mark.parametrize(
     "kv_dtype, page_size, scales",
-    [("bfloat16", 16, None), ("int8", 32, "per-token"), ("int8", 32, "per-page")],
+    [("bfloat16", 16, None), ("int8", 32, "per-token"), ("int8", 32, "per-page"), ("int8", 16, "per-token")],
 )
 def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
     # Decode batch 64 with 2k contexts, 32 q heads over 8 kv heads (GQA 4), head_dim 128.
@@ -410,11 +412,11 @@ S8 = _sds((2, 64, 32), jnp.float32)
          r"k_pages: float pages must match q's dtype"),
         ((Q, _sds((2, 64, 32, 128), jnp.float8_e4m3fn), _sds((2, 64, 32, 128), jnp.float8_e4m3fn), PT8, LN),
          dict(k_scales=S8, v_scales=S8), r"k_pages: dtype float8_e4m3fn needs fp8 support, which tpu-v5e lacks"),
-        ((Q, _sds((2, 64, 8, 128)), _sds((2, 64, 8, 128)), PT, LN), {},
-         r"k_pages: page_size 8 is not a multiple of 16, the sublane tile of bfloat16"),
-        ((Q, _sds((2, 64, 16, 128), jnp.int8), _sds((2, 64, 16, 128), jnp.int8), PT, LN),
+        ((Q, _sds((2, 64, 4, 128)), _sds((2, 64, 4, 128)), PT, LN), {},
+         r"k_pages: page_size 4 is not a multiple of 8 \(a page must be whole 8-row tiles"),
+        ((Q, _sds((2, 64, 12, 128), jnp.int8), _sds((2, 64, 12, 128), jnp.int8), PT, LN),
          dict(k_scales=_sds((2, 64), jnp.float32), v_scales=_sds((2, 64), jnp.float32)),
-         r"k_pages: page_size 16 is not a multiple of 32, the sublane tile of int8"),
+         r"k_pages: page_size 12 is not a multiple of 8"),
         ((Q, KP, KP, PT, LN), dict(block_sizes=PBS(pages_per_compute_block=3)),
          r"pages_per_compute_block: 3 does not divide the page table's 16 pages"),
         ((Q, KP, KP, PT, LN), dict(block_sizes=PBS(pages_per_compute_block=4)),
@@ -478,3 +480,50 @@ def test_runs_under_an_outer_jit():
     args = _concrete([[0, 1, 2, 3, 4, 5, 6, 7], [7, 6, 0, 0, 0, 0, 0, 0]], [100, 20])
     fn = jax.jit(lambda *a: paged_attention(*a, block_sizes=PBS(pages_per_compute_block=8), interpret=True))
     np.testing.assert_array_equal(np.asarray(fn(*args), np.float32), 1.0)
+
+
+# ----------------------------------------------------------------------------- the real compiler
+
+
+def _libtpu() -> bool:
+    from perfmodel.compiler.toolchain import available
+
+    return available()
+
+
+@pytest.mark.needs_libtpu
+@pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu-compiler]'")
+@pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v6e"])
+def test_int8_pages_of_16_tokens_compile_within_the_estimate(chip):
+    # Regression: int8 pages had to be 32 tokens (the int8 sublane tile), so the production layout of
+    # 16-token pages was refused; XLA tiles the cache in 8-row tiles and Mosaic compiles the page DMAs.
+    from perfmodel.compiler.api import CompileCall, compile_report
+
+    shapes = ("q=64x32x128:bf16", "k_pages=8x8192x16x128:int8", "v_pages=8x8192x16x128:int8",
+              "page_table=64x128:int32=arange", "lengths=64:int32=2048", "k_scales=8x8192x16:f32",
+              "v_scales=8x8192x16:f32")
+    report = compile_report(CompileCall(kind="function", target="kernels.paged_attention:paged_attention",
+                                        shapes=shapes), get_chip(chip))
+    assert report.compiled, report.error
+    (kernel,) = report.kernels
+    sizes = default_block_sizes(chip, page_size=16, pages_per_seq=128)
+    estimate = sizes.vmem_bytes(page_size=16, pages_per_seq=128, num_q_per_kv=4, kv_heads=8, head_dim=128,
+                                q_dtype="bfloat16", kv_dtype="int8", per_token_scales=True, chip=get_chip(chip))
+    # XLA may keep small operands (q, the gathered scales) in VMEM, which Mosaic then need not buffer.
+    assert kernel.scoped_vmem_bytes <= estimate
+
+
+def test_vmem_estimate_hand_worked():
+    # Decode at GQA 4, 8 kv heads, head_dim 128, bf16 pages of 16, 8 pages (128 tokens) per block:
+    #   q and out blocks: 2 * 2 * 8 heads * ([4, 128] bf16: 4-row tile) 4*128*2 = 32 KiB
+    #   K and V two-slot page buffers: 2 * 2 * 8 * 16*128*2 = 128 KiB
+    #   f32 max / sum [4, 128] and accumulator [4, 128]: 3 * 4*128*4 = 6 KiB   -> 166 KiB (Mosaic's figure)
+    # int8 pages with per-token scales add [8 heads, 16 blocks, 128 tokens] f32 rows, 2 buffers each for K
+    # and V (256 KiB), and halve the page buffers (64 KiB): 358 KiB; on tpu-v4 (no bf16 VPU) Mosaic also
+    # widens K and V through f32: 2.25 * 128*128*4 = 144 KiB more.
+    sizes = PBS(pages_per_compute_block=8)
+    kw = dict(page_size=16, pages_per_seq=128, num_q_per_kv=4, kv_heads=8, head_dim=128, q_dtype="bfloat16")
+    assert sizes.vmem_bytes(**kw, kv_dtype="bfloat16", per_token_scales=None) == 166 * 2**10
+    v5e, v4 = get_chip("tpu-v5e"), get_chip("tpu-v4")
+    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v5e) == 358 * 2**10
+    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v4) == (358 + 144) * 2**10

@@ -19,6 +19,7 @@ from kernels.ragged_paged_attention import (
     ragged_paged_attention_reference,
 )
 from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
+from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
 from perfmodel.schedule.tune import load_tuned_file
 
@@ -267,11 +268,14 @@ def test_stored_defaults_pass_validation_at_the_tuned_shape(chip, dtype):
 
 def test_vmem_bytes_by_hand():
     # block_q 16, block_kv 128, G 2, head_dim 128, f32 q and KV: rows = 32.
-    # q+out blocks 2*2*16*2*128*4 = 65536; stacked q 32*128*4 = 16384; KV slots 2*2*128*128*4 = 262144;
-    # acc 32*128*4 = 16384; max/sum 2*32*128*4 = 32768; scores 3*32*128*4 = 49152. Sum 442368.
-    need = Blocks(block_q=16, block_kv=128).vmem_bytes(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32,
-                                                           kv_dtype=jnp.float32)
-    assert need == 442368
+    # q+out blocks 2*2*16*(2*128)*4 = 65536; KV slots 2*2*128*128*4 = 262144; acc 32*128*4 = 16384;
+    # max/sum 2*32*128*4 = 32768; temporaries: the f32 score tile 32*128*4 = 16384 (x1 with a bf16 VPU,
+    # x1.375 = 22528 without, or with no chip given) + a [32, 128] f32 tile 16384.
+    blocks = Blocks(block_q=16, block_kv=128)
+    kw = dict(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32, kv_dtype=jnp.float32)
+    assert blocks.vmem_bytes(**kw) == 65536 + 262144 + 16384 + 32768 + 22528 + 16384
+    assert blocks.vmem_bytes(**kw, chip=get_chip("tpu-v5e")) == 65536 + 262144 + 16384 + 32768 + 16384 + 16384
+    assert blocks.vmem_bytes(**kw, chip=get_chip("tpu-v4")) == blocks.vmem_bytes(**kw)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -299,10 +299,16 @@ def test_default_block_b_halves_for_a_huge_vocabulary(monkeypatch):
 
 
 def test_vmem_bytes_by_hand():
-    # block (8, 256), vocab 1000 f32 with noise: resident rows 1024 * 8 * 4 = 32768; logits blocks
-    # 2 * 2048 * 4 = 16384; noise blocks 16384; four f32 chunk temporaries 4 * 2048 * 4 = 32768. Sum 98304.
-    need = Blocks(block_b=8, block_v=256).vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True)
-    assert need == 98304
+    # block (8, 256), vocab 1000 f32 with noise, as Mosaic allocates it: resident rows 1024 * 8 * 4 = 32768;
+    # logits blocks 2 * 2048 * 4 = 16384; noise blocks 16384; the [8, 4] / [8, 2] option columns (2 buffers)
+    # and [8, 1] outputs (2 x 2 buffers) and state (5) each pad to 128 lanes, 8 * 128 * 4 = 4096 B:
+    # 13 * 4096 = 53248; f32 chunk temporaries, 8 with a top-p search 8 * 2048 * 4 = 65536 (3 without:
+    # 24576; a greedy call half a chunk, 4096, and a single resident chunk). Sum 184320.
+    blocks = Blocks(block_b=8, block_v=256)
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True) == 184320
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True, top_p=False) == 184320 - 40960
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=False, greedy=True) == (
+        8192 + 16384 + 53248 + 4096)
 
 
 @pytest.mark.parametrize("kwargs,match", [
