@@ -27,6 +27,8 @@ VALIDATION_FILE = "validation/kernel_timings.yaml"
 class TimingPoint:
     id: str
     chip: str
+    #: Key of the file's ``sources`` (one per publication) and its citation.
+    source_id: str
     source: str
     role: str
     measured_s: float
@@ -61,7 +63,7 @@ def load_points(text: str | None = None) -> list[TimingPoint]:
     if text is None:
         text = resources.files("perfmodel.data").joinpath(VALIDATION_FILE).read_text()
     data = yaml.safe_load(text)
-    return [TimingPoint(id=p["id"], chip=p["chip"], source=data["sources"][p["source"]], role=p["role"],
+    return [TimingPoint(id=p["id"], chip=p["chip"], source_id=p["source"], source=data["sources"][p["source"]], role=p["role"],
                         measured_s=float(p["measured_ms"]) * 1e-3, includes_dispatch=bool(p["includes_dispatch"]),
                         target=p["target"], shapes=tuple(p["shapes"]), args=tuple(p["args"]))
             for p in data["points"]]
@@ -161,18 +163,25 @@ def fit_constants(prepared: Sequence[_Prepared], start: CompiledTimingConstants 
     return dataclasses.replace(c, provenance=prov)
 
 
-def summary(rows: Sequence[PointResult]) -> dict[str, float | None]:
+def summary(rows: Sequence[PointResult]) -> dict[str, Any]:
     """Median absolute error of each model over the held-out and the fit points."""
     def med(values: list[float]) -> float | None:
         return statistics.median(abs(v) for v in values) if values else None
 
     held = [r for r in rows if r.point.role == "held-out"]
+    by_source = {}
+    for sid in dict.fromkeys(r.point.source_id for r in held):
+        group = [r for r in held if r.point.source_id == sid]
+        by_source[sid] = {"points": len(group),
+                          "analytic": med([r.analytic_error for r in group]),
+                          "compiled": med([r.compiled_error for r in group if r.compiled_error is not None])}
     return {
         "held_out_points": len(held),
         "analytic_median_abs_error_held_out": med([r.analytic_error for r in held]),
         "compiled_median_abs_error_held_out": med([r.compiled_error for r in held if r.compiled_error is not None]),
         "compiled_median_abs_error_fit": med([r.compiled_error for r in rows
                                              if r.point.role != "held-out" and r.compiled_error is not None]),
+        "held_out_by_source": by_source,
     }
 
 
@@ -194,5 +203,7 @@ def render_table(rows: Sequence[PointResult]) -> str:
              f"median |error| on the {s['held_out_points']} held-out points: analytic {pct(s['analytic_median_abs_error_held_out'])}, "
              f"compiler-backed {pct(s['compiled_median_abs_error_held_out'])}; on the fit points (compiler-backed): "
              f"{pct(s['compiled_median_abs_error_fit'])}",
+             *(f"  {sid}: {g['points']} held-out points, median |error| analytic {pct(g['analytic'])}, "
+               f"compiler-backed {pct(g['compiled'])}" for sid, g in s["held_out_by_source"].items()),
              "(times include perfmodel's host-dispatch estimate where the published figure includes dispatch)"]
     return "\n".join(lines)
