@@ -240,16 +240,16 @@ def check_dtype(arg: str, dtype: Any, allowed: tuple[str, ...], spec: "ChipSpec"
 
 
 def tuned_block_table(kernel: str, make: Callable[[Mapping[str, Any]], T]) -> dict[str, dict[str, T]]:
-    """chip -> dtype configuration -> blocks built by ``make`` from each entry of ``perfmodel/data/tuned/<kernel>.json``.
+    """chip -> dtype configuration -> blocks built by ``make`` from each entry of ``kernels/<kernel>/tuned.json``.
 
-    That file is the block-size advisor's output (``perfmodel tune``; regenerate
-    with ``python -m perfmodel.schedule.tune --write``); each chip lists its
+    That file is the block-size advisor's output (regenerate with
+    ``perfmodel tune --write KERNEL``, see :mod:`kernels.tuned`); each chip lists its
     configurations (e.g. "bf16", or "bf16 x int8" for matmul) production one
     first. Reads the file (json only, no jax); callers cache the result. A
     missing file reads as an empty table (every chip takes the kernel's
     fallback; only while ``--write`` creates a kernel's first file).
     """
-    from perfmodel.schedule.tune import load_tuned_defaults
+    from kernels.tuned import load_tuned_defaults
 
     try:
         stored = load_tuned_defaults(kernel)

@@ -1,7 +1,7 @@
 """Block sizes of the flash-attention (prefill) kernel and their per-chip defaults.
 
 The per-chip defaults are data chosen by the block-size advisor (``perfmodel
-tune flash_attention``) and stored in ``perfmodel/data/tuned/flash_attention.json``;
+tune flash_attention``) and stored in ``kernels/flash_attention/tuned.json``;
 see :func:`default_block_table`.
 """
 
@@ -151,8 +151,8 @@ def default_block_table() -> dict[str, dict[str, FlashAttentionBlockSizes]]:
     """chip name -> q dtype ("bf16") -> default blocks, before fitting to the call.
 
     Data chosen by the block-size advisor and stored in
-    ``perfmodel/data/tuned/flash_attention.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write flash_attention``). Read on first use, not at import.
+    ``kernels/flash_attention/tuned.json`` (regenerate with
+    ``perfmodel tune --write flash_attention``). Read on first use, not at import.
     """
     return tuned_block_table("flash_attention", lambda b: FlashAttentionBlockSizes(
         block_q=b["block_q"], block_kv=b["block_kv"], block_kv_compute=b.get("block_kv_compute")))

@@ -11,7 +11,7 @@ by its own DMA; all of a block's DMAs are in flight together.
 
 The token-major per-chip defaults are data chosen by the block-size advisor
 (``perfmodel tune kv_cache_update_token_major``) and stored in
-``perfmodel/data/tuned/kv_cache_update.json``; see :func:`default_block_table`.
+``kernels/kv_cache_update/tuned.json``; see :func:`default_block_table`.
 They are tuned with int8 caches (quantize on write, the larger VMEM need), so
 they also fit bf16/f32 caches.
 """
@@ -97,8 +97,8 @@ def default_block_table() -> dict[str, dict[str, KvCacheUpdateBlockSizes]]:
     """chip name -> configuration -> default token-major blocks.
 
     Data chosen by the block-size advisor and stored in
-    ``perfmodel/data/tuned/kv_cache_update.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write kv_cache_update``). Read on first use, not at import.
+    ``kernels/kv_cache_update/tuned.json`` (regenerate with
+    ``perfmodel tune --write kv_cache_update``). Read on first use, not at import.
     """
     return tiling.tuned_block_table("kv_cache_update",
                                     lambda b: KvCacheUpdateBlockSizes(tokens_per_block=b["tokens_per_block"]))

@@ -1,7 +1,7 @@
 """Block sizes of the matmul kernel: the validated dataclass and per-chip defaults.
 
 The per-chip defaults are data chosen by the schedule model's block-size advisor
-(``perfmodel tune matmul``) and stored in ``perfmodel/data/tuned/matmul.json``
+(``perfmodel tune matmul``) and stored in ``kernels/matmul/tuned.json``
 (chip name -> "LHS x RHS" operand dtypes -> blocks); see :func:`default_block_table`.
 Stored defaults fit the chip's default scoped VMEM limit unless the JSON gives
 them a ``vmem_limit_bytes``. Blocks larger than the default scoped VMEM limit
@@ -111,8 +111,8 @@ def default_block_table() -> dict[str, dict[str, MatmulBlockSizes]]:
     """chip name -> "x dtype x w dtype" (ChipSpec naming) -> default blocks.
 
     Data chosen by the block-size advisor (``perfmodel tune matmul``) and stored
-    in ``perfmodel/data/tuned/matmul.json``; regenerate it with
-    ``python -m perfmodel.schedule.tune --write``. Read on first use, not at import.
+    in ``kernels/matmul/tuned.json``; regenerate it with
+    ``perfmodel tune --write``. Read on first use, not at import.
     """
     return tiling.tuned_block_table("matmul", lambda b: _b(b["bm"], b["bk"], b["bn"]))
 

@@ -1,19 +1,19 @@
-"""Paged attention (decode) Pallas TPU kernel, its block sizes, a pure-jnp reference and KV quantization."""
+"""Paged attention (decode) Pallas TPU kernel, its block sizes, a pure-jnp reference and KV quantization.
 
-from kernels.paged_attention.blocks import (
-    DEFAULT_TOKENS_PER_COMPUTE_BLOCK,
-    PagedAttentionBlockSizes,
-    default_block_sizes,
-)
-from kernels.paged_attention.kernel import paged_attention
-from kernels.paged_attention.reference import dequantize_pages, paged_attention_reference, quantize_pages
+Exports load lazily so that ``kernels.paged_attention.blocks`` and ``.entry`` import without jax.
+"""
 
-__all__ = [
-    "DEFAULT_TOKENS_PER_COMPUTE_BLOCK",
-    "PagedAttentionBlockSizes",
-    "default_block_sizes",
-    "dequantize_pages",
-    "paged_attention",
-    "paged_attention_reference",
-    "quantize_pages",
-]
+from kernels.common import lazy_exports
+
+_EXPORTS = {
+    "DEFAULT_TOKENS_PER_COMPUTE_BLOCK": "kernels.paged_attention.blocks",
+    "PagedAttentionBlockSizes": "kernels.paged_attention.blocks",
+    "default_block_sizes": "kernels.paged_attention.blocks",
+    "paged_attention": "kernels.paged_attention.kernel",
+    "dequantize_pages": "kernels.paged_attention.reference",
+    "paged_attention_reference": "kernels.paged_attention.reference",
+    "quantize_pages": "kernels.paged_attention.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

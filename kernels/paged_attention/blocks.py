@@ -1,7 +1,7 @@
 """Block sizes of the paged-attention (decode) kernel and their per-chip defaults.
 
 The per-chip defaults are data chosen by the block-size advisor (``perfmodel
-tune paged_attention``) and stored in ``perfmodel/data/tuned/paged_attention.json``
+tune paged_attention``) and stored in ``kernels/paged_attention/tuned.json``
 as KV tokens per compute block; see :func:`default_tokens_table`.
 """
 
@@ -121,8 +121,8 @@ def default_tokens_table() -> dict[str, dict[str, int]]:
 
     The block-size advisor's pages_per_compute_block on its representative
     problem times that problem's page size, stored in
-    ``perfmodel/data/tuned/paged_attention.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write paged_attention``). Read on first use, not at import.
+    ``kernels/paged_attention/tuned.json`` (regenerate with
+    ``perfmodel tune --write paged_attention``). Read on first use, not at import.
     """
     return tuned_block_table("paged_attention", lambda b: int(b["tokens_per_compute_block"]))
 

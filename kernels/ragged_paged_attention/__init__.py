@@ -1,17 +1,17 @@
-"""Ragged paged attention (mixed prefill + decode over a paged KV cache) as a Pallas TPU kernel."""
+"""Ragged paged attention (mixed prefill + decode over a paged KV cache) as a Pallas TPU kernel.
 
-from kernels.ragged_paged_attention.blocks import (
-    DEFAULT_BLOCK_SIZES,
-    RaggedPagedAttentionBlockSizes,
-    default_block_sizes,
-)
-from kernels.ragged_paged_attention.kernel import ragged_paged_attention
-from kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+Exports load lazily so that ``kernels.ragged_paged_attention.blocks`` and ``.entry`` import without jax.
+"""
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZES",
-    "RaggedPagedAttentionBlockSizes",
-    "default_block_sizes",
-    "ragged_paged_attention",
-    "ragged_paged_attention_reference",
-]
+from kernels.common import lazy_exports
+
+_EXPORTS = {
+    "DEFAULT_BLOCK_SIZES": "kernels.ragged_paged_attention.blocks",
+    "RaggedPagedAttentionBlockSizes": "kernels.ragged_paged_attention.blocks",
+    "default_block_sizes": "kernels.ragged_paged_attention.blocks",
+    "ragged_paged_attention": "kernels.ragged_paged_attention.kernel",
+    "ragged_paged_attention_reference": "kernels.ragged_paged_attention.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -8,7 +8,7 @@ number of pages (``block_kv // page_size`` pages are DMA'd per KV block).
 
 The per-chip defaults are data chosen by the block-size advisor (``perfmodel
 tune ragged_paged_attention``) and stored in
-``perfmodel/data/tuned/ragged_paged_attention.json``; see :func:`default_block_table`.
+``kernels/ragged_paged_attention/tuned.json``; see :func:`default_block_table`.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def default_block_table() -> dict[str, dict[str, RaggedPagedAttentionBlockSizes]
     """chip name -> q dtype ("bf16") -> default blocks, before fitting to the dtype and page size.
 
     Data chosen by the block-size advisor and stored in
-    ``perfmodel/data/tuned/ragged_paged_attention.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write ragged_paged_attention``). Read on first use, not at import.
+    ``kernels/ragged_paged_attention/tuned.json`` (regenerate with
+    ``perfmodel tune --write ragged_paged_attention``). Read on first use, not at import.
     """
     return tuned_block_table("ragged_paged_attention", lambda b: RaggedPagedAttentionBlockSizes(
         block_q=b["block_q"], block_kv=b["block_kv"]))
@@ -133,7 +133,7 @@ def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> RaggedPagedAtt
     base = tuned_blocks(table, tpu_chip(chip).name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
     if base is None:
         raise ValueError(f"chip: no ragged_paged_attention block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
-                         "regenerate perfmodel/data/tuned/ragged_paged_attention.json or pass block_sizes=...")
+                         "regenerate kernels/ragged_paged_attention/tuned.json or pass block_sizes=...")
     block_q = round_up(base.block_q, sublane_multiple(q_dtype))
     block_kv = round_up(base.block_kv, np.lcm(LANES, page_size))
     return RaggedPagedAttentionBlockSizes(block_q=int(block_q), block_kv=int(block_kv))

@@ -5,7 +5,7 @@ hidden dimension, so hidden is never split (its block equals the array
 dimension, which Mosaic accepts at any size).
 
 The per-chip defaults are data chosen by the block-size advisor (``perfmodel
-tune rms_norm``) and stored in ``perfmodel/data/tuned/rms_norm.json``; see
+tune rms_norm``) and stored in ``kernels/rms_norm/tuned.json``; see
 :func:`default_block_table`. A default that does not fit the VMEM budget for a
 large hidden size is halved until it does (a user-given block raises instead).
 """
@@ -90,8 +90,8 @@ def default_block_table() -> dict[str, dict[str, RmsNormBlockSizes]]:
     """chip name -> dtype configuration ("bf16") -> default blocks, before fitting to the hidden size.
 
     Data chosen by the block-size advisor and stored in
-    ``perfmodel/data/tuned/rms_norm.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write rms_norm``). Read on first use, not at import.
+    ``kernels/rms_norm/tuned.json`` (regenerate with
+    ``perfmodel tune --write rms_norm``). Read on first use, not at import.
     """
     return tiling.tuned_block_table("rms_norm", lambda b: RmsNormBlockSizes(block_tokens=b["block_tokens"]))
 

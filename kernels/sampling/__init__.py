@@ -1,14 +1,18 @@
-"""Fused sampling (temperature, top-k, top-p, min-p, greedy / Gumbel-max draw) as a Pallas TPU kernel."""
+"""Fused sampling (temperature, top-k, top-p, min-p, greedy / Gumbel-max draw) as a Pallas TPU kernel.
 
-from kernels.sampling.blocks import DEFAULT_BLOCK_SIZES, SamplingBlockSizes, default_block_sizes
-from kernels.sampling.kernel import sampling
-from kernels.sampling.reference import kept_mask_reference, sampling_reference
+Exports load lazily so that ``kernels.sampling.blocks`` and ``.entry`` import without jax.
+"""
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZES",
-    "SamplingBlockSizes",
-    "default_block_sizes",
-    "kept_mask_reference",
-    "sampling",
-    "sampling_reference",
-]
+from kernels.common import lazy_exports
+
+_EXPORTS = {
+    "DEFAULT_BLOCK_SIZES": "kernels.sampling.blocks",
+    "SamplingBlockSizes": "kernels.sampling.blocks",
+    "default_block_sizes": "kernels.sampling.blocks",
+    "sampling": "kernels.sampling.kernel",
+    "kept_mask_reference": "kernels.sampling.reference",
+    "sampling_reference": "kernels.sampling.reference",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

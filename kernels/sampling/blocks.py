@@ -5,7 +5,7 @@ whole vocabulary of a row block stays resident in VMEM (in the logits' dtype)
 after the first streaming pass, so the VMEM check depends on the vocabulary.
 
 The per-chip defaults are data chosen by the block-size advisor (``perfmodel
-tune sampling``) and stored in ``perfmodel/data/tuned/sampling.json``; see
+tune sampling``) and stored in ``kernels/sampling/tuned.json``; see
 :func:`default_block_table`.
 """
 
@@ -96,8 +96,8 @@ def default_block_table() -> dict[str, dict[str, SamplingBlockSizes]]:
     """chip name -> logits dtype ("fp32") -> default blocks, before fitting to the dtype and vocabulary.
 
     Data chosen by the block-size advisor and stored in
-    ``perfmodel/data/tuned/sampling.json`` (regenerate with
-    ``python -m perfmodel.schedule.tune --write sampling``). Read on first use, not at import.
+    ``kernels/sampling/tuned.json`` (regenerate with
+    ``perfmodel tune --write sampling``). Read on first use, not at import.
     """
     return tuned_block_table("sampling", lambda b: SamplingBlockSizes(block_b=b["block_b"], block_v=b["block_v"]))
 
@@ -117,7 +117,7 @@ def default_block_sizes(chip: str, *, logits_dtype, vocab: int) -> SamplingBlock
     base = tuned_blocks(table, spec.name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
     if base is None:
         raise ValueError(f"chip: no sampling block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
-                         "regenerate perfmodel/data/tuned/sampling.json or pass block_sizes=...")
+                         "regenerate kernels/sampling/tuned.json or pass block_sizes=...")
     sub = sublane_multiple(logits_dtype)
     blocks = SamplingBlockSizes(block_b=round_up(base.block_b, sub), block_v=min(base.block_v, round_up(vocab, LANES)))
     limit = scoped_vmem_limit_bytes(spec)

@@ -109,17 +109,36 @@ Examples:
               help="Compile the best N candidates with the TPU compiler (parallel processes, cached), drop those "
                    "Mosaic rejects and re-rank the rest by the compiler-backed expected time.")
 @click.option("--list", "list_kernels", is_flag=True, help="List the kernels tune and inspect know, and exit.")
+@click.option("--write", "write", is_flag=True,
+              help="Re-tune the stored per-chip defaults of a bundled kernel (every one when KERNEL is not given) "
+                   "on its representative problem and rewrite kernels/<name>/tuned.json (minutes).")
 @json_option
 @user_errors
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
-         compile_top: int | None, list_kernels: bool, as_json: bool) -> None:
-    from perfmodel.schedule.catalog import ENTRIES
+         compile_top: int | None, list_kernels: bool, write: bool, as_json: bool) -> None:
+    from perfmodel.schedule.catalog import entries, tuned_kernels
 
     if list_kernels:
-        click.echo(catalog_table(ENTRIES))
+        click.echo(catalog_table(entries()))
+        return
+    if write:
+        from perfmodel.schedule.tuned import write_tuned_defaults
+
+        if shapes or args or compile_top is not None:
+            raise UserError("--write: tunes each kernel's representative problem (kernels/<name>/entry.py); "
+                            "drop --shape/--arg/--compile")
+        names = [kernel] if kernel else [t.kernel for t in tuned_kernels()]
+        written = []
+        for name in names:
+            progress_echo(f"tuning {name} ...")
+            written.append(str(write_tuned_defaults(name)))
+        if as_json:
+            echo_json({"written": written})
+        else:
+            click.echo("\n".join(f"wrote {p}" for p in written))
         return
     if kernel is None:
-        raise UserError("KERNEL: missing; pick one of " + ", ".join(e.name for e in ENTRIES if e.tunable)
+        raise UserError("KERNEL: missing; pick one of " + ", ".join(e.name for e in entries() if e.tunable)
                         + " (perfmodel tune --list)")
     from perfmodel.schedule.tune import tune as run_tune
 

@@ -1,5 +1,11 @@
 """Kernels `perfmodel tune` and `perfmodel inspect` know by name.
 
+A bundled kernel is one folder, ``kernels/<name>/``: kernel, blocks,
+reference, ``entry.py`` (its :class:`KernelEntry` objects and the
+:class:`TunedKernel` problem its defaults are tuned on) and ``tuned.json``
+(the stored defaults). :func:`entries` builds the registry from the folders
+that ``kernels.BUNDLED`` names, then JAX's example kernels (:data:`EXTERNAL`).
+
 Each entry says where the kernel's public wrapper and its pure-jnp reference
 live, which array arguments it takes (bound by name from ``--shape``), an
 example set of shapes, and which block-size fields tile which array
@@ -13,6 +19,7 @@ Nothing here imports jax or the kernels until an entry is used.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -163,6 +170,42 @@ class KernelEntry:
         return out
 
 
+#: The chips the attention and sampling kernels keep defaults for (the others fall back, see their blocks.py).
+PALLAS_CHIPS: tuple[str, ...] = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TunedConfig:
+    """One dtype configuration of a kernel's defaults table and the representative problem it is tuned on."""
+
+    #: Key in the JSON and in the kernel's lookup: "bf16", "fp32", or matmul's "bf16 x int8".
+    key: str
+    #: --shape strings of the representative problem.
+    shapes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TunedKernel:
+    """What ``perfmodel tune --write`` tunes for one bundled kernel (its folder's ``entry.py`` says)."""
+
+    #: kernels/<kernel>/ package, whose tuned.json holds the result.
+    kernel: str
+    #: Catalog entry the advisor runs (e.g. the token-major variant of kv_cache_update).
+    entry: str
+    #: The representative problem in words (goes into the JSON's "about").
+    problem: str
+    #: Production configuration first: lookups without a dtype use the first one.
+    configs: tuple[TunedConfig, ...]
+    #: None: every TPU chip in the registry.
+    chips: tuple[str, ...] | None = None
+    #: Extra static arguments of the wrapper, built when tuning (e.g. a PRNG key).
+    extra: Callable[[], dict[str, Any]] | None = None
+    #: Extra fields stored with each choice, from its blocks and the shapes (e.g. paged_attention's tokens).
+    derived: Callable[[Mapping[str, int], Mapping[str, Any]], dict[str, Any]] | None = None
+    #: A sentence about how to read the choice (goes into the JSON's "about").
+    note: str = ""
+
+
 def load(target: str, flag: str) -> Any:
     """Import "module:attr.attr"; InputError naming flag when it cannot."""
     module, _, attr = target.partition(":")
@@ -211,101 +254,8 @@ def _jax_flash_op(specs: Mapping[str, ShapeSpec], static: Mapping[str, Any]) -> 
                            causal=bool(static.get("causal", False)), dtype=_model_dtype(specs["q"]))
 
 
-_MATMUL_AXES = (
-    BlockAxis(field="bm", array="x", dim=0, align=16),
-    BlockAxis(field="bk", array="x", dim=1, align=128),
-    BlockAxis(field="bn", array="w", dim=1, align=128),
-)
-
-ENTRIES: tuple[KernelEntry, ...] = (
-    KernelEntry(
-        name="matmul", summary="bundled tiled GEMM (bf16/f32; int8/fp8 weights with scales; bias/activation)",
-        function="kernels.matmul:matmul", reference="kernels.matmul:matmul_reference",
-        arrays=("x", "w"), optional_arrays=("bias", "w_scale"),
-        example=("x=4096x4096:bf16", "w=4096x4096:bf16"),
-        block_axes=_MATMUL_AXES, block_class="kernels.matmul:MatmulBlockSizes",
-    ),
-    KernelEntry(
-        name="rms_norm", summary="bundled fused residual add + RMSNorm",
-        function="kernels.rms_norm:rms_norm", reference="kernels.rms_norm:rms_norm_reference",
-        arrays=("x", "residual", "weight"),
-        example=("x=8192x4096:bf16", "residual=8192x4096:bf16", "weight=4096:f32"),
-        block_axes=(BlockAxis(field="block_tokens", array="x", dim=0, align=8, minimum=8),),
-        block_class="kernels.rms_norm:RmsNormBlockSizes",
-    ),
-    KernelEntry(
-        name="kv_cache_update", summary="bundled paged KV-cache write (slot mapping as scalar prefetch)",
-        function="kernels.kv_cache_update:kv_cache_update",
-        reference="kernels.kv_cache_update:kv_cache_update_reference",
-        arrays=("new_k", "new_v", "k_cache", "v_cache", "slot_mapping"),
-        example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x256x16x128:bf16",
-                 "v_cache=8x256x16x128:bf16", "slot_mapping=64:int32=arange"),
-        block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
-    ),
-    KernelEntry(
-        name="kv_cache_update_token_major",
-        summary="bundled paged KV-cache write, token-major cache layout (tokens_per_block new tokens per step)",
-        function="kernels.kv_cache_update:kv_cache_update",
-        reference="kernels.kv_cache_update:kv_cache_update_reference",
-        arrays=("new_k", "new_v", "k_cache", "v_cache", "slot_mapping"),
-        optional_arrays=("k_scale_cache", "v_scale_cache"),
-        example=("new_k=512x8x128:bf16", "new_v=512x8x128:bf16", "k_cache=2048x16x8x128:bf16",
-                 "v_cache=2048x16x8x128:bf16", "slot_mapping=512:int32=arange"),
-        static={"layout": "token-major"},
-        block_axes=(BlockAxis(field="tokens_per_block", array="new_k", dim=0, align=1, minimum=8),),
-        block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
-    ),
-    KernelEntry(
-        name="flash_attention", summary="bundled prefill flash attention (causal, GQA, sliding window)",
-        function="kernels.flash_attention:flash_attention",
-        reference="kernels.flash_attention:flash_attention_reference",
-        arrays=("q", "k", "v"),
-        example=("q=1x32x2048x128:bf16", "k=1x8x2048x128:bf16", "v=1x8x2048x128:bf16"),
-        static={"causal": True},
-        # block_kv_compute must divide block_kv; the block class rejects the other combinations. K/V blocks
-        # stop at 2048: a block spanning a long context is fetched whole by every q block, which defeats the
-        # kernel's skipping of blocks outside the causal range or a sliding window. Compute slices run from
-        # 256 to 1024: the body unrolls block_kv / block_kv_compute slices, which the advisor traces for
-        # every candidate (128-wide slices double that cost), and wider slices only grow the f32 score tile.
-        block_axes=(BlockAxis(field="block_q", array="q", dim=2, align=8),
-                    BlockAxis(field="block_kv", array="k", dim=2, align=128, maximum=2048),
-                    BlockAxis(field="block_kv_compute", array="k", dim=2, align=128, minimum=256,
-                              maximum=1024)),
-        block_class="kernels.flash_attention:FlashAttentionBlockSizes",
-    ),
-    KernelEntry(
-        name="paged_attention", summary="bundled decode attention over a paged KV cache",
-        function="kernels.paged_attention:paged_attention",
-        reference="kernels.paged_attention:paged_attention_reference",
-        arrays=("q", "k_pages", "v_pages", "page_table", "lengths"), optional_arrays=("k_scales", "v_scales"),
-        example=("q=8x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16",
-                 "page_table=8x64:int32=arange", "lengths=8:int32=1000"),
-        block_axes=(BlockAxis(field="pages_per_compute_block", array="page_table", dim=1, align=1, divides=True,
-                              minimum=1),),
-        block_class="kernels.paged_attention:PagedAttentionBlockSizes",
-    ),
-    KernelEntry(
-        name="ragged_paged_attention", summary="bundled mixed prefill/decode attention over a paged KV cache",
-        function="kernels.ragged_paged_attention:ragged_paged_attention",
-        reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
-        arrays=("q", "k_pages", "v_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
-        example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
-                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
-                 "num_seqs=1:int32=4"),
-        # block_q: multiples of 16 (the bf16 sublane tile; f32 needs 8); block_kv: KV tokens, whole lanes.
-        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=8, minimum=16),
-                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
-                              times_dim=2)),
-        block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
-    ),
-    KernelEntry(
-        name="sampling", summary="bundled fused temperature / top-k / top-p sampling",
-        function="kernels.sampling:sampling", reference="kernels.sampling:sampling_reference",
-        arrays=("logits",), example=("logits=64x128256:f32",),
-        block_axes=(BlockAxis(field="block_b", array="logits", dim=0, align=8, minimum=8),
-                    BlockAxis(field="block_v", array="logits", dim=1, align=128)),
-        block_class="kernels.sampling:SamplingBlockSizes",
-    ),
+#: Kernels perfmodel did not write, known by name (the bundled ones come from their folders, see entries()).
+EXTERNAL: tuple[KernelEntry, ...] = (
     KernelEntry(
         name="jax-matmul", summary="JAX's example matmul (jax.experimental.pallas.ops.tpu.matmul; the matmul guide's kernel)",
         function="jax.experimental.pallas.ops.tpu.matmul:matmul", reference="jax.numpy:matmul",
@@ -331,8 +281,43 @@ ENTRIES: tuple[KernelEntry, ...] = (
 )
 
 
+@functools.cache
+def bundled() -> tuple[KernelEntry, ...]:
+    """The bundled kernels' entries, each from its folder's ``entry.py`` (``kernels.BUNDLED`` lists the folders)."""
+    import kernels
+
+    return tuple(e for name in kernels.BUNDLED for e in _kernel_module(name).ENTRIES)
+
+
+@functools.cache
+def tuned_kernels() -> tuple[TunedKernel, ...]:
+    """What ``perfmodel tune --write`` tunes: every bundled kernel folder with stored defaults."""
+    import kernels
+
+    found = (_kernel_module(name).TUNED for name in kernels.BUNDLED)
+    return tuple(t for t in found if t is not None)
+
+
+def _kernel_module(name: str) -> Any:
+    return importlib.import_module(f"kernels.{name}.entry")
+
+
+def entries() -> tuple[KernelEntry, ...]:
+    """Every kernel known by name: the bundled ones, then JAX's example kernels."""
+    return bundled() + EXTERNAL
+
+
 def get_entry(name: str) -> KernelEntry:
-    for e in ENTRIES:
+    known = entries()
+    for e in known:
         if e.name == name or e.name.replace("-", "_") == name.replace("-", "_"):
             return e
-    raise InputError(f"KERNEL '{name}' is not known; known kernels: {', '.join(e.name for e in ENTRIES)}")
+    raise InputError(f"KERNEL '{name}' is not known; known kernels: {', '.join(e.name for e in known)}")
+
+
+def get_tuned_kernel(kernel: str) -> TunedKernel:
+    for t in tuned_kernels():
+        if t.kernel == kernel:
+            return t
+    known = ", ".join(t.kernel for t in tuned_kernels())
+    raise InputError(f"--write: '{kernel}' has no tuned defaults; kernels with block sizes: {known}")

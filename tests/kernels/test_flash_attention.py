@@ -25,7 +25,7 @@ from kernels.flash_attention import DEFAULT_BLOCK_SIZES
 from kernels.flash_attention.kernel import kv_block_range, make_plan
 from perfmodel.hw import get_chip
 from perfmodel.schedule.shapes import parse_shape
-from perfmodel.schedule.tune import load_tuned_file
+from kernels.tuned import load_tuned_file
 
 #: (atol, rtol) per input dtype. bf16: the kernel feeds bf16 probabilities to
 #: the PV matmul and rounds the output to bf16 (8 mantissa bits, ~4e-3 relative).

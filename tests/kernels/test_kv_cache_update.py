@@ -24,7 +24,7 @@ from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
-from perfmodel.schedule.tune import load_tuned_file
+from kernels.tuned import load_tuned_file
 
 PAGE_SIZE, KV_HEADS, HEAD_DIM = 8, 2, 128
 #: Values untouched cache slots hold: NaN in float caches, 77 in int8 caches, -5 in scale caches.

@@ -15,7 +15,8 @@ from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
 from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
-from perfmodel.schedule.tune import MAX_RAISED_VMEM_FRACTION, load_tuned_defaults
+from kernels.tuned import load_tuned_defaults
+from perfmodel.schedule.tuned import MAX_RAISED_VMEM_FRACTION
 
 #: assert_allclose tolerances by output dtype. bf16 outputs carry one bf16 rounding (rel 2^-8) of
 #: values whose f32 accumulation order differs from the reference's.

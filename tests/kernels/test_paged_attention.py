@@ -26,7 +26,7 @@ from kernels.paged_attention import (
 )
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
-from perfmodel.schedule.tune import load_tuned_file
+from kernels.tuned import load_tuned_file
 
 #: (atol, rtol) per (q dtype, cache dtype). bf16 queries run bf16 matmuls with bf16
 #: probabilities and a bf16 output (~4e-3 relative); quantized caches are compared

@@ -21,7 +21,7 @@ from kernels.ragged_paged_attention import (
 from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
-from perfmodel.schedule.tune import load_tuned_file
+from kernels.tuned import load_tuned_file
 
 #: assert_allclose tolerances by dtype. bf16: probabilities are rounded to bf16 before the PV
 #: matmul and the output carries one bf16 rounding (rel 2^-8) of O(1) values.

@@ -16,7 +16,7 @@ from kernels.rms_norm.blocks import FALLBACK_BLOCK_SIZES
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
-from perfmodel.schedule.tune import load_tuned_file
+from kernels.tuned import load_tuned_file
 
 #: Tolerances by output dtype: bf16 outputs carry one bf16 rounding (2^-8 relative); f32 differs
 #: from the reference only by rsqrt vs 1/sqrt and summation order.

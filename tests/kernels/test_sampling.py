@@ -262,7 +262,7 @@ def test_defaults_fit_every_chip_at_a_llama3_vocabulary(chip, dtype):
 
 
 def test_defaults_come_from_the_tuned_json():
-    from perfmodel.schedule.tune import load_tuned_file
+    from kernels.tuned import load_tuned_file
 
     data = load_tuned_file("sampling")
     (shape,) = data["shapes"]["fp32"]

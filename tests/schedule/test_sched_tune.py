@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -12,22 +13,28 @@ from jax.experimental.pallas.ops.tpu import matmul as jmm
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.analyze import analyze
-from perfmodel.schedule.catalog import BlockAxis, get_entry
-from perfmodel.schedule.tune import (
-    DEFAULT_TIE_BAND,
-    MAX_RAISED_VMEM_FRACTION,
+from kernels.tuned import load_tuned_defaults, load_tuned_file
+from perfmodel.schedule.catalog import (
     PALLAS_CHIPS,
-    SCOPED_VMEM_BAND,
+    BlockAxis,
+    TunedConfig,
+    get_entry,
+    get_tuned_kernel,
+    tuned_kernels,
+)
+from perfmodel.schedule.tune import (
     Candidate,
     TuneResult,
     candidate_values,
     enumerate_candidates,
-    load_tuned_defaults,
-    load_tuned_file,
-    robust_choice,
     steps_lower_bound,
     tune,
-    tuned_kernels,
+)
+from perfmodel.schedule.tuned import (
+    DEFAULT_TIE_BAND,
+    MAX_RAISED_VMEM_FRACTION,
+    SCOPED_VMEM_BAND,
+    robust_choice,
     write_tuned_defaults,
 )
 
@@ -109,13 +116,11 @@ def test_tune_errors_name_the_problem(kernel, shapes, match):
         tune(kernel, shapes, "tpu-v5e")
 
 
-def test_write_tuned_defaults_round_trips(tmp_path, monkeypatch):
-    import perfmodel.schedule.tune as tune_mod
-
-    # One chip and one pair keep this quick; the structure is what the bundled matmul reads.
-    monkeypatch.setattr(tune_mod, "MATMUL_PAIRS", (("bf16", "bf16", "bf16", "bf16"),))
-    monkeypatch.setattr(tune_mod, "TUNED_SHAPE_MNK", (1024, 1024, 1024))
-    path = write_tuned_defaults("matmul", tmp_path / "matmul.json", chips=["tpu-v5e"])
+def test_write_tuned_defaults_round_trips(tmp_path):
+    # One chip and one pair at 1024^3 keep this quick; the structure is what the bundled matmul reads.
+    small = TunedConfig(key="bf16 x bf16", shapes=("x=1024x1024:bf16", "w=1024x1024:bf16", "bias=1024:f32"))
+    spec = dataclasses.replace(get_tuned_kernel("matmul"), configs=(small,))
+    path = write_tuned_defaults(spec, tmp_path / "matmul.json", chips=["tpu-v5e"])
     data = json.loads(path.read_text())
     assert data["shapes"] == {"bf16 x bf16": ["x=1024x1024:bf16", "w=1024x1024:bf16", "bias=1024:f32"]}
     entry = data["defaults"]["tpu-v5e"]["bf16 x bf16"]
@@ -146,7 +151,7 @@ def test_stored_tuned_defaults_are_legal_blocks_for_every_listed_chip():
 def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(spec):
     data = load_tuned_file(spec.kernel)
     assert data["kernel"] == spec.kernel and data["entry"] == spec.entry
-    assert "python -m perfmodel.schedule.tune --write" in data["about"]
+    assert "perfmodel tune --write" in data["about"]
     assert data["shapes"] == {c.key: list(c.shapes) for c in spec.configs}
     entry = get_entry(spec.entry)
     fields = {ax.field for ax in entry.block_axes}

@@ -1,0 +1,47 @@
+"""What perfmodel knows about the bundled matmul by name: its catalog entry and tuned problem (no jax)."""
+
+from __future__ import annotations
+
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, TunedConfig, TunedKernel
+
+ENTRIES = (
+    KernelEntry(
+        name="matmul", summary="bundled tiled GEMM (bf16/f32; int8/fp8 weights with scales; bias/activation)",
+        function="kernels.matmul:matmul", reference="kernels.matmul:matmul_reference",
+        arrays=("x", "w"), optional_arrays=("bias", "w_scale"),
+        example=("x=4096x4096:bf16", "w=4096x4096:bf16"),
+        block_axes=(BlockAxis(field="bm", array="x", dim=0, align=16),
+                    BlockAxis(field="bk", array="x", dim=1, align=128),
+                    BlockAxis(field="bn", array="w", dim=1, align=128)),
+        block_class="kernels.matmul:MatmulBlockSizes",
+    ),
+)
+
+#: Operand dtype pairs of the defaults table (x dtype, w dtype) and their --shape dtype names.
+PAIRS: tuple[tuple[str, str, str, str], ...] = (
+    ("bf16", "bf16", "bf16", "bf16"),
+    ("fp32", "fp32", "f32", "f32"),
+    ("bf16", "int8", "bf16", "int8"),
+    ("fp32", "int8", "f32", "int8"),
+    ("bf16", "fp8", "bf16", "fp8"),
+    ("fp32", "fp8", "f32", "fp8"),
+)
+#: The problem the per-chip defaults are tuned on (a large square GEMM).
+TUNED_SHAPE_MNK = (8192, 8192, 8192)
+
+
+def _configs() -> tuple[TunedConfig, ...]:
+    m, n, k = TUNED_SHAPE_MNK
+    configs = []
+    for x_name, w_name, x_flag, w_flag in PAIRS:
+        # With a bias: the stored defaults must also fit when the epilogue is fused.
+        shapes = [f"x={m}x{k}:{x_flag}", f"w={k}x{n}:{w_flag}", f"bias={n}:f32"]
+        if w_name in ("int8", "fp8"):
+            shapes.append(f"w_scale={n}:f32")
+        configs.append(TunedConfig(key=f"{x_name} x {w_name}", shapes=tuple(shapes)))
+    return tuple(configs)
+
+
+TUNED = TunedKernel(
+    kernel="matmul", entry="matmul", configs=_configs(),
+    problem="an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8 weights)" % TUNED_SHAPE_MNK[0])

@@ -1,0 +1,34 @@
+"""What perfmodel knows about the bundled ragged paged attention by name: its catalog entry and tuned problem
+(no jax)."""
+
+from __future__ import annotations
+
+from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, TunedConfig, TunedKernel
+
+ENTRIES = (
+    KernelEntry(
+        name="ragged_paged_attention", summary="bundled mixed prefill/decode attention over a paged KV cache",
+        function="kernels.ragged_paged_attention:ragged_paged_attention",
+        reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
+        arrays=("q", "k_pages", "v_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
+        example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
+                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
+                 "num_seqs=1:int32=4"),
+        # block_q: multiples of 16 (the bf16 sublane tile; f32 needs 8); block_kv: KV tokens, whole lanes.
+        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=8, minimum=16),
+                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
+                              times_dim=2)),
+        block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
+    ),
+)
+
+TUNED = TunedKernel(
+    kernel="ragged_paged_attention", entry="ragged_paged_attention", chips=PALLAS_CHIPS,
+    configs=(TunedConfig(key="bf16", shapes=(
+        "q=256x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16",
+        "kv_lens=8:int32=1024", "page_table=8x64:int32=arange", "cu_q_lens=9:int32=arange*32",
+        "num_seqs=1:int32=8")),),
+    problem="8 sequences of 32 new tokens over 1024-token contexts (chunked prefill), 32 q / 8 kv heads of 128, "
+            "bf16 pages of 16 tokens (kept small: the model interprets the kernel's loops)",
+    note="The model counts the kernel's manual K/V DMAs as a total and its data-dependent loops once, so block_kv "
+         "choices mostly tie and the tie-break decides.")

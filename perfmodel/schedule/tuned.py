@@ -1,0 +1,127 @@
+"""Tuned defaults as data: the advisor's choice per chip for each bundled kernel, written to its folder.
+
+:func:`write_tuned_defaults` tunes one kernel's representative problem (its
+``kernels/<name>/entry.py:TUNED``) on each chip and writes
+``kernels/<name>/tuned.json``, which the kernel's ``blocks.py`` reads
+(:mod:`kernels.tuned`); ``perfmodel tune --write [KERNEL ...]`` runs it.
+:func:`robust_choice` says which candidate is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from kernels.tuned import load_tuned_file, tuned_path
+from perfmodel.errors import InputError
+from perfmodel.schedule.catalog import TunedKernel, get_entry, get_tuned_kernel
+from perfmodel.schedule.tune import Candidate, TuneResult, tune
+
+#: Candidates this close to the best expected time count as ties when picking a stored default.
+DEFAULT_TIE_BAND = 0.01
+#: A stored default stays within the chip's default scoped VMEM limit (no raised vmem_limit_bytes) when a
+#: candidate that does is at most this much slower than the fastest legal candidate.
+SCOPED_VMEM_BAND = 0.10
+#: A stored default that needs a raised vmem_limit_bytes never asks for more than this share of the physical VMEM.
+MAX_RAISED_VMEM_FRACTION = 0.75
+
+
+def robust_choice(result: TuneResult) -> Candidate:
+    """The default to store, safe to compile on the chip.
+
+    The pool: candidates within the chip's default scoped VMEM limit (the kernel
+    passes no vmem_limit_bytes) when the fastest of them is within
+    SCOPED_VMEM_BAND of the fastest legal candidate; otherwise those and the
+    candidates whose raised vmem_limit_bytes (and VMEM) stay within
+    MAX_RAISED_VMEM_FRACTION of the physical VMEM. Among the pool's candidates
+    within DEFAULT_TIE_BAND of its fastest: the fewest HBM bytes moved, then the
+    fewest grid steps, then the least VMEM (the choice least exposed to model
+    error and HBM contention).
+    """
+    from perfmodel.schedule.analyze import resolve_chip
+
+    fastest = result.best.expected_s
+    pool = [c for c in result.ranked if c.vmem_limit_bytes is None]
+    if not pool or min(c.expected_s for c in pool) > fastest * (1 + SCOPED_VMEM_BAND):
+        physical = resolve_chip(result.chip).memory.vmem_bytes_per_core
+        cap = MAX_RAISED_VMEM_FRACTION * physical if physical else math.inf
+        pool = [c for c in result.ranked if c.vmem_limit_bytes is None or max(c.vmem_limit_bytes, c.vmem_bytes) <= cap]
+        if not pool:
+            raise InputError(f"tune {result.kernel}: no candidate fits the default scoped VMEM or "
+                             f"{MAX_RAISED_VMEM_FRACTION:.0%} of the physical VMEM of {result.chip}")
+    best = min(c.expected_s for c in pool)
+    close = [c for c in pool if c.expected_s <= best * (1 + DEFAULT_TIE_BAND)]
+    return min(close, key=lambda c: (c.hbm_bytes, c.steps, c.vmem_bytes))
+
+
+def _stored(choice: Candidate, result: TuneResult, derived: dict[str, Any]) -> dict[str, Any]:
+    # How many candidates the model cannot tell from the fastest (many: the tie-break decided).
+    ties = sum(c.expected_s <= result.best.expected_s * (1 + DEFAULT_TIE_BAND) for c in result.ranked)
+    return {**choice.blocks, **derived, "expected_s": choice.expected_s, "fastest_s": result.best.expected_s,
+            "vmem_bytes": choice.vmem_bytes, "vmem_limit_bytes": choice.vmem_limit_bytes,
+            "legal_candidates": len(result.ranked), "within_tie_band": ties, "reason": choice.reason}
+
+
+def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None) -> dict[str, Any]:
+    """{chip: {config: stored choice}} for one kernel; chips or configurations it rejects are left out."""
+    from perfmodel.hw.registry import all_chips
+    from perfmodel.schedule.analyze import resolve_chip
+
+    names = list(chips or spec.chips or [c.name for c in all_chips() if c.kind == "tpu"])
+    entry = get_entry(spec.entry)
+    extra = spec.extra() if spec.extra else None
+    out: dict[str, Any] = {}
+    for name in names:
+        chip = resolve_chip(name)
+        per_config = {}
+        for config in spec.configs:
+            try:
+                result = tune(entry, config.shapes, chip, extra=extra, prune_slack=SCOPED_VMEM_BAND)
+                choice = robust_choice(result)
+            except InputError:
+                continue  # e.g. fp8 weights on a chip without an fp8 MXU path
+            derived = spec.derived(choice.blocks, entry.specs(config.shapes)) if spec.derived else {}
+            per_config[config.key] = _stored(choice, result, derived)
+        if per_config:
+            out[chip.name] = per_config
+    return out
+
+
+def _about(spec: TunedKernel) -> str:
+    return (f"Per-chip default block sizes of kernels/{spec.kernel}, chosen by `perfmodel tune {spec.entry}` (the "
+            f"schedule model) on {spec.problem}; 'shapes' lists the --shape flags per configuration. The choice: "
+            f"among candidates within {SCOPED_VMEM_BAND:.0%} of the fastest, only those within the chip's default "
+            f"scoped VMEM limit (vmem_limit_bytes null); if none is that close, also those whose raised vmem_limit_bytes "
+            f"stays within {MAX_RAISED_VMEM_FRACTION:.0%} of the physical VMEM; then, within {DEFAULT_TIE_BAND:.0%} "
+            f"of the fastest of those, the fewest HBM bytes, grid steps and VMEM bytes. "
+            + (spec.note + " " if spec.note else "")
+            + "Regenerate with `perfmodel tune --write`.")
+
+
+def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = None,
+                         chips: Sequence[str] | None = None) -> Path:
+    """Tune one kernel's per-chip defaults and write them as JSON (default: kernels/<kernel>/tuned.json).
+
+    ``kernel``: a bundled kernel's name (its folder's ``entry.py:TUNED``), or a :class:`TunedKernel` (e.g. a
+    smaller problem).
+    """
+    spec = kernel if isinstance(kernel, TunedKernel) else get_tuned_kernel(kernel)
+    data = {
+        "kernel": spec.kernel,
+        "about": _about(spec),
+        "entry": spec.entry,
+        "shapes": {c.key: list(c.shapes) for c in spec.configs},
+        "rule": {"tie_band": DEFAULT_TIE_BAND, "scoped_vmem_band": SCOPED_VMEM_BAND,
+                 "max_raised_vmem_fraction": MAX_RAISED_VMEM_FRACTION},
+        "defaults": tune_kernel_defaults(spec, chips),
+    }
+    path = Path(path) if path is not None else tuned_path(spec.kernel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written whole, then renamed: a crash never leaves a kernel with half a defaults file.
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    partial.replace(path)
+    load_tuned_file.cache_clear()
+    return path
