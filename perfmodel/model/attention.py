@@ -25,7 +25,15 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost, combine
-from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, is_quantized, matmul_path, parse_dtype
+from perfmodel.model.dtypes import (
+    DTYPES,
+    INDEX_BYTES,
+    SCALE_BYTES,
+    default_kv_scale,
+    is_quantized,
+    matmul_path,
+    parse_dtype,
+)
 from perfmodel.model.shapes import cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
 
 #: VPU ops per computed score element: running max, subtract, row sum, cast of p to the matmul dtype.
@@ -37,11 +45,6 @@ SOFTMAX_EUP_OPS_PER_SCORE = 1
 #: Per row and kv block: new max, exp(m_old - m_new) (EUP), rescale of l; plus head_dim accumulator rescale ops.
 ONLINE_SOFTMAX_VPU_OPS_PER_ROW_BLOCK = 3
 ONLINE_SOFTMAX_EUP_OPS_PER_ROW_BLOCK = 1
-#: Default flash-attention blocks when none are given (tokens).
-DEFAULT_BLOCK_Q = 512
-DEFAULT_BLOCK_KV = 512
-#: Query tokens per block of the ragged kernel's prefill part (vLLM TPU ragged paged attention style).
-DEFAULT_RAGGED_BLOCK_Q = 128
 
 KV_SCALES = (None, "none", "per-tensor", "per-token", "per-page")
 
@@ -124,11 +127,26 @@ def _softmax_work(scores: Num, row_blocks: Num, head_dim: Num, masked_scores: Nu
     return vpu, eup
 
 
-def _default_block(value: Num | None, default: int, length: np.ndarray, multiple: int, name: str) -> np.ndarray:
-    """The block size used: given, or min(default, length rounded up to the tile multiple)."""
+def tuned_block(kernel: str, field: str, chip: object | None) -> int:
+    """The bundled kernel's stored default for one block field on ``chip``: the data its ``blocks.py`` reads
+    (``kernels/<kernel>/tuned.json``), so the op model and the shipped kernel agree. A chip without stored
+    defaults (or none given) takes the default chip's. The kernel may shrink its blocks further to fit VMEM
+    for large GQA groups or f32; the op model does not."""
+    from kernels.common import DEFAULT_CHIP
+    from kernels.tuned import stored_blocks
+
+    name = getattr(chip, "name", None)
+    blocks = (stored_blocks(kernel, name) if name else None) or stored_blocks(kernel, DEFAULT_CHIP)
+    return int(blocks[field])
+
+
+def _default_block(value: Num | None, field: str, chip: object | None, length: np.ndarray, multiple: int,
+                   name: str) -> np.ndarray:
+    """The block size used: given, or the bundled flash attention's tuned one for the chip, at most the length
+    rounded up to the tile multiple."""
     if value is not None:
         return sizes(name, value)
-    return np.minimum(default, round_up(length, multiple))
+    return np.minimum(tuned_block("flash_attention", field, chip), round_up(length, multiple))
 
 
 # ----------------------------------------------------------------------------- prefill
@@ -151,7 +169,8 @@ def flash_attention(
 ) -> OpCost:
     """Flash-style attention (prefill), MHA / GQA / MQA, causal or not, optional sliding window.
 
-    Blocks default to min(512, length rounded up to the tile). metrics:
+    Blocks default to the bundled flash attention's tuned blocks for the chip (:func:`tuned_block`), at most
+    the length rounded up to the tile. metrics:
     ``masked_tile_share`` (share of computed score elements that are masked
     or padding), ``kv_tiles`` per (batch, head), ``grid_steps``.
     """
@@ -166,8 +185,8 @@ def flash_attention(
         raise InputError("--q-len must be <= --kv-len for causal attention (queries are the last q_len positions)")
     tiles = chip_tiles(chip)
     path = matmul_path(chip, dt, dt)
-    bq = _default_block(block_q, DEFAULT_BLOCK_Q, q_len, max(tiles.sublanes, 8), "block_q")
-    bkv = _default_block(block_kv, DEFAULT_BLOCK_KV, kv_len, max(tiles.lanes, 128), "block_kv")
+    bq = _default_block(block_q, "block_q", chip, q_len, max(tiles.sublanes, 8), "block_q")
+    bkv = _default_block(block_kv, "block_kv", chip, kv_len, max(tiles.lanes, 128), "block_kv")
 
     pairs = visible_pairs(q_len, kv_len, causal, window)
     tiles_n = kv_tiles(q_len, kv_len, bq, bkv, causal, window)
@@ -243,7 +262,7 @@ def _resolve_kv_scale(kv_dtype: str, kv_scale: str | None) -> str:
     choice("kv_scale", kv_scale, KV_SCALES)
     quantized = is_quantized(kv_dtype)
     if kv_scale is None:
-        return "per-tensor" if quantized else "none"
+        return default_kv_scale(kv_dtype)
     if kv_scale != "none" and not quantized:
         raise InputError(f"--kv-scale {kv_scale}: a {kv_dtype} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     return kv_scale
@@ -417,7 +436,7 @@ def ragged_paged_attention(
     kv_dtype: str = "bf16",
     q_dtype: str = "bf16",
     kv_scale: str | None = None,
-    block_q: Num = DEFAULT_RAGGED_BLOCK_Q,
+    block_q: Num | None = None,
     pages_per_seq: Num | None = None,
     chip: object | None = None,
 ) -> OpCost:
@@ -428,7 +447,8 @@ def ragged_paged_attention(
     context_lens). Sequences with one query token form the ``decode`` part,
     the rest the ``prefill`` part; the result's ``parts`` are (prefill,
     decode) and its times split accordingly. Prefill chunks are processed in
-    blocks of ``block_q`` query tokens, each re-reading the pages it needs.
+    blocks of ``block_q`` query tokens (default: the bundled kernel's tuned block_q for the chip, see
+    :func:`tuned_block`), each re-reading the pages it needs.
     """
     q_lens = np.atleast_1d(sizes("query_lens", query_lens))
     lens = np.atleast_1d(sizes("context_lens", context_lens))
@@ -443,7 +463,7 @@ def ragged_paged_attention(
     q_heads, kv_heads, head_dim, page_size, kv_dt, q_dt = _paged_common(q_heads, kv_heads, head_dim, page_size,
                                                                         kv_dtype, q_dtype)
     scale = _resolve_kv_scale(kv_dt, kv_scale)
-    bq = sizes("block_q", block_q)
+    bq = sizes("block_q", block_q if block_q is not None else tuned_block("ragged_paged_attention", "block_q", chip))
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)
     common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                   page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, block_q=bq,

@@ -75,6 +75,14 @@ def is_quantized(dtype: str) -> bool:
     return DTYPES[dtype].bits <= 8
 
 
+def default_kv_scale(kv_dtype: str) -> str:
+    """The scale layout of a KV cache when none is given, the one default every op model and command uses
+    (decode and ragged attention, KV-cache update, KV bytes per token, predict model): per-token f32 scales
+    (one per token and KV head, for K and V; what the bundled kv_cache_update writes) for a quantized cache,
+    none otherwise."""
+    return "per-token" if is_quantized(kv_dtype) else "none"
+
+
 def parse_dtype(text: str, flag: str = "--dtype") -> str:
     """Canonical name of a dtype a user typed; InputError naming ``flag`` if unknown."""
     key = str(text).strip().lower().replace("-", "_")

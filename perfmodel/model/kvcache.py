@@ -18,7 +18,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost
-from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, is_quantized, parse_dtype
+from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, SCALE_BYTES, default_kv_scale, is_quantized, parse_dtype
 from perfmodel.model.shapes import cdiv, chip_tiles, choice, flag_name, fval, sizes
 
 #: Quantize-on-write per element: |x|, running max, multiply by 1/scale, round, cast.
@@ -48,9 +48,9 @@ def kv_cache_update(
 
     Reads K and V in ``src_dtype`` and the int32 slot mapping, writes them
     in ``kv_dtype``. A narrower cache dtype quantizes on write: ``kv_scale``
-    None = "per-token" scales (one f32 per token and kv head, for K and V,
-    written next to the page) for a quantized cache; "per-tensor" uses a fixed
-    scale (no scale bytes, no absmax).
+    None = :func:`default_kv_scale` ("per-token" scales, one f32 per token and kv
+    head, for K and V, written next to the page, for a quantized cache);
+    "per-tensor" uses a fixed scale (no scale bytes, no absmax).
     """
     tokens = sizes("num_tokens", num_tokens)
     kv_heads, head_dim, page_size = sizes("kv_heads", kv_heads), sizes("head_dim", head_dim), sizes(
@@ -59,7 +59,7 @@ def kv_cache_update(
     choice("kv_scale", kv_scale, UPDATE_SCALES)
     quantize = kv_dt != src_dt and is_quantized(kv_dt)
     if kv_scale is None:
-        kv_scale = "per-token" if quantize else "none"
+        kv_scale = default_kv_scale(kv_dt)
     if kv_scale != "none" and not is_quantized(kv_dt):
         raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     tiles = chip_tiles(chip)
@@ -150,10 +150,12 @@ def kv_gather(
 
 def kv_bytes_per_token(*, layers: Num, kv_heads: Num, head_dim: Num, kv_dtype: str = "bf16",
                        kv_scale: str | None = None) -> Num:
-    """KV-cache bytes one token takes over all layers (K and V; f32 scales if per-token)."""
+    """KV-cache bytes one token takes over all layers (K and V; f32 scales if per-token, the default for a
+    quantized cache, see :func:`default_kv_scale`)."""
     layers, kv_heads, head_dim = sizes("layers", layers), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     kv_dt = parse_dtype(kv_dtype, "--kv-dtype")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
+    kv_scale = default_kv_scale(kv_dt) if kv_scale is None else kv_scale
     if kv_scale not in (None, "none") and not is_quantized(kv_dt):
         raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
     per_head = head_dim * DTYPES[kv_dt].itemsize_bytes + (SCALE_BYTES if kv_scale == "per-token" else 0)

@@ -43,8 +43,7 @@ from perfmodel.errors import InputError
 from perfmodel.model import attention, collectives, core, fused, kvcache, sampling
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
-from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, matmul_path, parse_dtype
-from perfmodel.model.dtypes import is_quantized
+from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, default_kv_scale, is_quantized, matmul_path, parse_dtype
 from perfmodel.model.gemm import gemm
 
 PHASES: tuple[str, ...] = ("prefill", "decode")
@@ -268,11 +267,6 @@ def _matrix(cfg: ModelConfig, sh: Shard, name: str) -> Matrix:
 # --------------------------------------------------------------------------- KV cache
 
 
-def kv_scale_mode(kv_dtype: str) -> str | None:
-    """KV scales used throughout: per-token f32 scales for a quantized cache, none otherwise."""
-    return "per-token" if is_quantized(kv_dtype) else None
-
-
 def kv_bytes_per_token_per_layer(cfg: ModelConfig, sh: Shard, kv_dtype: str) -> float:
     """KV-cache bytes one token takes in one layer on one chip."""
     item = DTYPES[kv_dtype].itemsize_bytes
@@ -280,7 +274,7 @@ def kv_bytes_per_token_per_layer(cfg: ModelConfig, sh: Shard, kv_dtype: str) -> 
         width = cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim
         return width * item + (SCALE_BYTES if is_quantized(kv_dtype) else 0)
     return float(kvcache.kv_bytes_per_token(layers=1, kv_heads=sh.kv_heads, head_dim=cfg.head_dim,
-                                            kv_dtype=kv_dtype, kv_scale=kv_scale_mode(kv_dtype)))
+                                            kv_dtype=kv_dtype, kv_scale=default_kv_scale(kv_dtype)))
 
 
 def layer_kv_tokens(cfg: ModelConfig, tokens: int) -> list[tuple[int, int]]:
@@ -450,7 +444,7 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[t
     h = cfg.hidden_size
     ops: list[tuple[str, int, OpCost]] = [
         ("attn_norm", L, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip))]
-    kv_scale = kv_scale_mode(step.kv_dtype)
+    kv_scale = default_kv_scale(step.kv_dtype)
     if cfg.mla is None:
         ops.append(("qkv_proj", L, _proj("qkv_proj", _matrix(cfg, sh, "qkv_proj"), T, step, chip)))
         if cfg.qk_norm:
@@ -503,7 +497,7 @@ def _mla_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[s
     """Latent attention: down projections, latent norms, rope, latent cache write, attention, up / out projections."""
     m, L, T, act = cfg.mla, cfg.num_layers, step.tokens, step.act_dtype
     latent = m.kv_lora_rank + m.qk_rope_head_dim
-    kv_scale = kv_scale_mode(step.kv_dtype)
+    kv_scale = default_kv_scale(step.kv_dtype)
     ops: list[tuple[str, int, OpCost]] = []
     if m.q_lora_rank is None:
         ops.append(("q_proj", L, _proj("q_proj", _matrix(cfg, sh, "q_proj"), T, step, chip)))

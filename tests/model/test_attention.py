@@ -58,7 +58,8 @@ def test_noncausal_mha_hand_worked(v5e):
 
 def test_causal_masking_waste_at_block_size(v5e):
     s, d = 1024, 128
-    big = flash_attention(batch=1, q_len=s, kv_len=s, q_heads=1, kv_heads=1, head_dim=d, chip=v5e)
+    big = flash_attention(batch=1, q_len=s, kv_len=s, q_heads=1, kv_heads=1, head_dim=d, block_q=512,
+                          block_kv=512, chip=v5e)
     small = flash_attention(batch=1, q_len=s, kv_len=s, q_heads=1, kv_heads=1, head_dim=d, block_q=128,
                             block_kv=128, chip=v5e)
     pairs = s * (s + 1) // 2  # the lower triangle with its diagonal
@@ -71,6 +72,31 @@ def test_causal_masking_waste_at_block_size(v5e):
     assert small.metrics["masked_tile_share"] == pytest.approx(1 - pairs / (36 * 128 * 128))
     assert small.metrics["masked_tile_share"] < big.metrics["masked_tile_share"]
     assert big.mxu_flops == 4 * 3 * 512 * 512 * d
+
+
+@pytest.mark.parametrize("chip_name", ["tpu-v5e", "tpu-v6e", "tpu-v2"])
+def test_default_blocks_are_the_bundled_kernels_tuned_ones(chip_name):
+    from kernels.tuned import stored_blocks
+    from perfmodel.hw.registry import get_chip
+
+    chip = get_chip(chip_name)
+    # v2 has no stored flash defaults: the default chip's (v5e) apply, as documented.
+    stored = stored_blocks("flash_attention", chip_name) or stored_blocks("flash_attention", "tpu-v5e")
+    cost = flash_attention(batch=1, q_len=8192, kv_len=8192, q_heads=32, kv_heads=8, head_dim=128, chip=chip)
+    assert (cost.metrics["block_q"], cost.metrics["block_kv"]) == (stored["block_q"], stored["block_kv"])
+    # Short sequences: at most the length rounded up to the tile (1001 -> 1008 rows, 1024 lanes).
+    short = flash_attention(batch=1, q_len=1001, kv_len=1001, q_heads=32, kv_heads=8, head_dim=128, chip=chip)
+    assert short.metrics["block_q"] == min(stored["block_q"], 1008)
+    assert short.metrics["block_kv"] == min(stored["block_kv"], 1024)
+
+
+def test_ragged_default_block_q_is_the_bundled_kernels_tuned_one(v5e):
+    from kernels.tuned import stored_blocks
+
+    stored = stored_blocks("ragged_paged_attention", "tpu-v5e")["block_q"]
+    kw = dict(query_lens=[512], context_lens=[512], q_heads=32, kv_heads=8, head_dim=128, page_size=16, chip=v5e)
+    assert ragged_paged_attention(**kw).hbm_bytes == ragged_paged_attention(block_q=stored, **kw).hbm_bytes
+    assert ragged_paged_attention(**kw).hbm_bytes != ragged_paged_attention(block_q=4 * stored, **kw).hbm_bytes
 
 
 def test_gqa_shares_kv_reads(v6e):
@@ -150,7 +176,9 @@ def test_partial_last_page_costs_a_full_page(v5e):
 
 @pytest.mark.parametrize("kv_dtype,scale,per_token_bytes", [
     # per token and kv head: K and V of head_dim elements, plus f32 K and V scales where per-token
-    ("bf16", None, 2 * 128 * 2), ("int8", None, 2 * 128), ("fp8", "per-token", 2 * 128 + 2 * 4),
+    # (a quantized cache defaults to per-token scales, as everywhere: default_kv_scale)
+    ("bf16", None, 2 * 128 * 2), ("int8", None, 2 * 128 + 2 * 4), ("int8", "per-tensor", 2 * 128),
+    ("fp8", "per-token", 2 * 128 + 2 * 4),
     ("int4", "per-token", 2 * 64 + 2 * 4),
 ])
 def test_kv_dtype_and_scales(v6e, kv_dtype, scale, per_token_bytes):
