@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -21,6 +21,8 @@ ENTRIES = (
                     BlockAxis(field="block_kv_compute", array="k", dim=2, align=128, minimum=256,
                               maximum=1024)),
         block_class="kernels.flash_attention:FlashAttentionBlockSizes",
+        production=ProductionCall(label="flash_attention causal prefill 8k, GQA 4", shapes=(
+            "q=1x32x8192x128:bf16", "k=1x8x8192x128:bf16", "v=1x8x8192x128:bf16")),
     ),
 )
 

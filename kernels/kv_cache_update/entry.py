@@ -3,7 +3,7 @@ tuned problem of the token-major layout (no jax)."""
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 _ARRAYS = ("new_k", "new_v", "k_cache", "v_cache", "slot_mapping")
 
@@ -16,6 +16,9 @@ ENTRIES = (
         example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x256x16x128:bf16",
                  "v_cache=8x256x16x128:bf16", "slot_mapping=64:int32=arange"),
         block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
+        production=ProductionCall(label="kv_cache_update 64 tokens", shapes=(
+            "new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x8192x16x128:bf16", "v_cache=8x8192x16x128:bf16",
+            "slot_mapping=64:int32=arange")),
     ),
     KernelEntry(
         name="kv_cache_update_token_major",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -14,6 +14,7 @@ ENTRIES = (
                     BlockAxis(field="bk", array="x", dim=1, align=128),
                     BlockAxis(field="bn", array="w", dim=1, align=128)),
         block_class="kernels.matmul:MatmulBlockSizes",
+        production=ProductionCall(label="matmul 8192x4096 @ 4096x14336 bf16", shapes=("x=8192x4096:bf16", "w=4096x14336:bf16")),
     ),
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -17,6 +17,9 @@ ENTRIES = (
         block_axes=(BlockAxis(field="pages_per_compute_block", array="page_table", dim=1, align=1, divides=True,
                               minimum=1),),
         block_class="kernels.paged_attention:PagedAttentionBlockSizes",
+        production=ProductionCall(label="paged_attention decode 64 seqs x 2k", shapes=(
+            "q=64x32x128:bf16", "k_pages=8x8192x16x128:bf16", "v_pages=8x8192x16x128:bf16",
+            "page_table=64x128:int32=arange", "lengths=64:int32=2048")),
     ),
 )
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -19,6 +19,9 @@ ENTRIES = (
                     BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
                               times_dim=2)),
         block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
+        production=ProductionCall(label="ragged_paged_attention 64 seqs x 16 tokens, 2k context", shapes=(
+            "q=1024x32x128:bf16", "k_pages=8x8192x16x128:bf16", "v_pages=8x8192x16x128:bf16", "kv_lens=64:int32=2048",
+            "page_table=64x128:int32=arange", "cu_q_lens=65:int32=arange*16", "num_seqs=1:int32=64")),
     ),
 )
 

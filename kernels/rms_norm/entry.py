@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -12,6 +12,8 @@ ENTRIES = (
         example=("x=8192x4096:bf16", "residual=8192x4096:bf16", "weight=4096:f32"),
         block_axes=(BlockAxis(field="block_tokens", array="x", dim=0, align=8, minimum=8),),
         block_class="kernels.rms_norm:RmsNormBlockSizes",
+        production=ProductionCall(label="rms_norm 8192x4096 bf16",
+                                  shapes=("x=8192x4096:bf16", "residual=8192x4096:bf16", "weight=4096:f32")),
     ),
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -14,6 +14,7 @@ ENTRIES = (
         block_axes=(BlockAxis(field="block_b", array="logits", dim=0, align=8, minimum=8),
                     BlockAxis(field="block_v", array="logits", dim=1, align=128)),
         block_class="kernels.sampling:SamplingBlockSizes",
+        production=ProductionCall(label="sampling 64 x 128256 f32", shapes=("logits=64x128256:f32",)),
     ),
 )
 

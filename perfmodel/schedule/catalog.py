@@ -54,6 +54,16 @@ class BlockAxis:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProductionCall:
+    """A production-sized call of a kernel: what the compile matrix compiles on every TPU generation."""
+
+    #: What the call is, in words (a row label).
+    label: str
+    #: --shape strings.
+    shapes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class KernelEntry:
     name: str
     summary: str
@@ -80,6 +90,8 @@ class KernelEntry:
     reference_static: Mapping[str, Any] = field(default_factory=dict)
     #: perfmodel op model of the call (an OpCost), for kernels without a pl.CostEstimate from perfmodel.
     op_model: Callable[[Mapping[str, ShapeSpec], Mapping[str, Any]], Any] | None = None
+    #: The production-sized call the compile matrix compiles (bundled kernels; None: not in the matrix).
+    production: ProductionCall | None = None
 
     @property
     def tunable(self) -> bool:
