@@ -6,8 +6,8 @@ import importlib
 import inspect
 from typing import Any, Callable, Sequence
 
-#: Chip whose block-size defaults and VMEM budget apply when none is given.
-DEFAULT_CHIP = "tpu-v5e"
+# The chip whose block-size defaults and VMEM budget apply when none is given: perfmodel's one default chip.
+from perfmodel.hw.registry import DEFAULT_CHIP as DEFAULT_CHIP
 
 
 def interpret_params(interpret: bool) -> Any:

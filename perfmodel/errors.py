@@ -1,13 +1,27 @@
-"""Exceptions for user errors. Each message is one line that names the flag,
-field or file:line at fault and says how to fix it; the CLI prints it as is."""
+"""Exceptions for user errors. Each message is one line that names the field
+or file:line at fault and says how to fix it.
+
+A library function names its keyword arguments in backticks as they are
+(`` `context_lens` ``) and lists them in ``fields``; the CLI rewrites each
+listed name into the flag of the command that ran (``--context-lens``) and
+prints the line.
+"""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 
 class PerfmodelError(ValueError):
     """Base class of every user-facing error; the CLI turns it into one line."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        #: Keyword-argument names the message mentions, for the CLI to rewrite into flags.
+        self.fields = tuple(fields)
 
 
 class SpecError(PerfmodelError):
@@ -22,3 +36,14 @@ class UnknownChipError(PerfmodelError):
 
 class InputError(PerfmodelError):
     """A shape, dtype or option given to the model is invalid."""
+
+
+@contextlib.contextmanager
+def naming(*fields: str) -> Iterator[None]:
+    """Add ``fields`` to the fields of a PerfmodelError raised inside (for helpers that name a field they were
+    handed, e.g. ``parse_dtype(text, "`weight_dtype`")``), so that the CLI rewrites them into flags too."""
+    try:
+        yield
+    except PerfmodelError as exc:
+        exc.fields = tuple(dict.fromkeys(exc.fields + fields))
+        raise

@@ -3,23 +3,18 @@
 ``analyze MODULE:FUNCTION`` traces any function that runs Pallas TPU kernels
 and models each pallas_call; ``tune KERNEL`` ranks block sizes of a kernel
 from the catalog (`perfmodel tune --list`). Both take array arguments as
-``--shape NAME=DIMS[:DTYPE][=FILL]`` (see perfmodel.schedule.shapes).
+``--shape NAME=DIMS[:DTYPE][=FILL]`` (see perfmodel.schedule.shapes). The
+work is :func:`perfmodel.schedule.inspection.analyze_target` and
+:func:`perfmodel.schedule.tune.tune`; the text is
+:mod:`perfmodel.schedule.analysis_render` and :mod:`perfmodel.schedule.tune_render`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
-
 import click
 
-from perfmodel.cli.common import UserError, echo_json, json_option, to_jsonable, user_errors
-from perfmodel.errors import InputError
-from perfmodel.schedule.binding import bind_function, parse_arg
-
-if TYPE_CHECKING:
-    from perfmodel.hw.spec import ChipSpec
-
-DEFAULT_CHIP = "tpu-v5e"
+from perfmodel.cli.common import UserError, emit, json_option, output_format, progress_echo, user_errors
+from perfmodel.hw.registry import DEFAULT_CHIP
 
 SHAPE_HELP = (
     "Array argument NAME=DIMS[:DTYPE][=FILL], repeatable; e.g. x=4096x4096:bf16, lengths=8:int32=1024, "
@@ -57,35 +52,18 @@ Examples:
 @user_errors
 def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, with_compile: bool,
             as_json: bool) -> None:
-    from perfmodel.schedule.analyze import analyze as run_analysis
-    from perfmodel.schedule.analyze import resolve_chip
-    from perfmodel.schedule.report import render, to_json
-
-    chip = resolve_chip(hw)
-    if with_compile:
-        from perfmodel.compiler.toolchain import toolchain
-
-        toolchain()  # fail fast, in one line, without libtpu
-    fn, arrays = bind_function(target, shapes, args, chip)
-    result = run_analysis(fn, *arrays, chip=chip, keep_step_times=with_compile)
-    if not with_compile:
-        echo_json(to_json(result)) if as_json else click.echo(render(result))
-        return
-    from perfmodel.compiler.api import CompileCall, compile_report
     from perfmodel.compiler.render import render_report
-    from perfmodel.schedule.compiled import pair
+    from perfmodel.schedule.analysis_render import render
+    from perfmodel.schedule.inspection import analyze_target, compiled_record
 
-    report = compile_report(CompileCall(kind="function", target=target, shapes=tuple(shapes), args=tuple(args)),
-                            chip, progress=progress_echo)
-    if not report.compiled:
-        raise UserError(f"{target} does not compile for {chip.name}: {report.error}")
-    views = pair(result, report, chip)
-    if as_json:
-        echo_json({"analysis": to_json(result), "compile": to_jsonable(report), "compiled_kernels": to_jsonable(views)})
-        return
-    click.echo(render(result))
-    click.echo("")
-    click.echo(render_report(report, views))
+    fmt = output_format(as_json)
+    result = analyze_target(target, shapes, args, hw, with_compile=with_compile, progress=progress_echo)
+    a, c = result.analysis, result.compiled
+    if c is None:
+        emit(fmt, text=lambda: render(a), json=a.as_dict)
+    else:
+        emit(fmt, text=lambda: render(a) + "\n\n" + render_report(c.compile, c.compiled_kernels),
+             json=lambda: {"analysis": a.as_dict(), **compiled_record(c)})
 
 
 _TUNE_HELP = """Rank the legal block sizes of KERNEL (divisibility, (8,128) tiling, VMEM) by the
@@ -116,10 +94,12 @@ Examples:
 @user_errors
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
          compile_top: int | None, list_kernels: bool, write: bool, as_json: bool) -> None:
+    from perfmodel.schedule import tune_render
     from perfmodel.schedule.catalog import entries, tuned_kernels
 
+    fmt = output_format(as_json)
     if list_kernels:
-        click.echo(catalog_table(entries()))
+        click.echo(tune_render.catalog_table(entries()))
         return
     if write:
         from perfmodel.schedule.tuned import write_tuned_defaults
@@ -132,109 +112,23 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
         for name in names:
             progress_echo(f"tuning {name} ...")
             written.append(str(write_tuned_defaults(name)))
-        if as_json:
-            echo_json({"written": written})
-        else:
-            click.echo("\n".join(f"wrote {p}" for p in written))
+        emit(fmt, text=lambda: "\n".join(f"wrote {p}" for p in written), json=lambda: {"written": written})
         return
     if kernel is None:
         raise UserError("KERNEL: missing; pick one of " + ", ".join(e.name for e in entries() if e.tunable)
                         + " (perfmodel tune --list)")
+    from perfmodel.schedule.binding import parse_arg
     from perfmodel.schedule.tune import tune as run_tune
 
     extra = dict(parse_arg(a) for a in args)
     result = run_tune(kernel, shapes, hw, extra=extra)
-    if compile_top is not None:
-        from perfmodel.schedule.analyze import resolve_chip
-        from perfmodel.schedule.compiled import rerank_compiled
-
-        chip = resolve_chip(hw)
-        reranked = rerank_compiled(result, shapes or get_example(kernel), chip, top=compile_top, extra=extra,
-                                   progress=progress_echo)
-        if as_json:
-            echo_json({"kernel": result.kernel, "chip": result.chip, "shapes": result.shapes,
-                       "compiled": to_jsonable(reranked)})
-        else:
-            click.echo(render_compiled_tune(result, reranked))
+    if compile_top is None:
+        emit(fmt, text=lambda: tune_render.render_tune(result, top), json=lambda: tune_render.tune_record(result, top))
         return
-    if as_json:
-        out = to_jsonable(result)
-        out["ranked"] = out["ranked"][:top]
-        echo_json(out)
-        return
-    click.echo(render_tune(result, top))
+    from perfmodel.schedule.analyze import resolve_chip
+    from perfmodel.schedule.compiled import rerank_compiled
 
-
-def progress_echo(message: str) -> None:
-    """Progress of long work, on stderr so that --json output stays clean."""
-    click.echo(message, err=True)
-
-
-def get_example(kernel: str) -> tuple[str, ...]:
-    from perfmodel.schedule.catalog import get_entry
-
-    return tuple(get_entry(kernel).example)
-
-
-def render_compiled_tune(result: Any, reranked: Sequence[Any]) -> str:
-    from perfmodel.units import binary, seconds, table
-
-    rows, rejected = [], []
-    for c in reranked:
-        if c.compiled_s is None:
-            rejected.append(f"  {c.candidate.label}: {c.error}")
-            continue
-        rows.append([str(len(rows) + 1), c.candidate.label, seconds(c.compiled_s), seconds(c.candidate.expected_s),
-                     binary(c.vmem_allocated_bytes) if c.vmem_allocated_bytes else "-",
-                     binary(c.candidate.vmem_bytes), f"{c.candidate.steps:,}"])
-    lines = [f"tune {result.kernel} on {result.chip} --compile: {' '.join(result.shapes)}", ""]
-    if rows:
-        lines.append(table(["#", "blocks", "compiler-backed", "analytic", "VMEM (Mosaic)", "VMEM (estimate)", "steps"],
-                           rows, align="llrrrrr"))
-    else:
-        lines.append("the compiler rejected every candidate compiled")
-    lines.append("")
-    lines.append(f"{len(reranked)} compiled, {len(rows)} accepted, {len(rejected)} rejected by the compiler"
-                 + (":" if rejected else ""))
-    lines += rejected
-    return "\n".join(lines)
-
-
-def catalog_table(entries: Sequence[Any]) -> str:
-    """One line per catalog kernel (name, tuned block fields, what it is), then its example --shape flags."""
-    from perfmodel.units import table
-
-    rows = [[e.name, ", ".join(ax.field for ax in e.block_axes) or "-", e.summary] for e in entries]
-    lines = [table(["kernel", "tuned blocks", "what"], rows, align="lll"), "", "example shapes:"]
-    lines += [f"  {e.name}: " + " ".join(f"--shape {t}" for t in e.example) for e in entries]
-    return "\n".join(lines)
-
-
-def render_tune(result: Any, top: int) -> str:
-    from perfmodel.units import binary, nbytes, seconds, table
-
-    if not result.ranked:
-        reasons = "; ".join(f"{k} ({v}x)" for k, v in result.rejected.items()) or "no candidates"
-        raise InputError(f"tune {result.kernel}: no legal block sizes on {result.chip}: {reasons}")
-    best = result.ranked[0]
-    base = result.baseline
-    rows = []
-    for i, c in enumerate(result.ranked[:top], start=1):
-        vs = f"{c.expected_s / base.expected_s:.3f}x" if base else "-"
-        rows.append([str(i), c.label, seconds(c.expected_s), vs, nbytes(c.hbm_bytes), f"{c.reread_factor:.2f}x",
-                     binary(c.vmem_bytes), f"{c.steps:,}", c.reason])
-    head = ["#", "blocks", "expected", f"vs {result.baseline_label}", "HBM moved", "re-read", "VMEM", "steps", "reason"]
-    lines = [f"tune {result.kernel} on {result.chip}: {' '.join(result.shapes)}", "",
-             table(head, rows, align="llrrrrrrl"), ""]
-    if base:
-        which = f"{result.baseline_label} ({base.label})" if base.label else result.baseline_label
-        verdict = (f"best is {base.expected_s / best.expected_s:.3f}x faster" if best.expected_s < base.expected_s
-                   else "no candidate is predicted faster")
-        lines.append(f"{which}: {seconds(base.expected_s)}; {verdict}")
-    else:
-        lines.append(f"{result.baseline_label}: not applicable to these shapes, so no comparison")
-    lines.append(f"{result.evaluated} candidates evaluated, {len(result.ranked)} legal, "
-                 f"{sum(result.rejected.values())} rejected, {result.pruned} pruned by the steps x overhead bound")
-    for example, count in result.rejected.items():  # one real message per group of like reasons
-        lines.append(f"  rejected {count}x, e.g.: {example}" if count > 1 else f"  rejected 1x: {example}")
-    return "\n".join(lines)
+    reranked = rerank_compiled(result, result.shapes, resolve_chip(hw), top=compile_top, extra=extra,
+                               progress=progress_echo)
+    emit(fmt, text=lambda: tune_render.render_compiled_tune(result, reranked),
+         json=lambda: tune_render.compiled_tune_record(result, reranked))

@@ -1,16 +1,16 @@
-"""Shared CLI plumbing: --json, error translation, chip resolution."""
+"""Shared CLI plumbing: library errors as one-line messages naming flags, output formats, printing.
+
+Nothing here imports numpy, yaml, jax or the model.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import math
 from typing import Any, Callable
 
 import click
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.errors import InputError, PerfmodelError
 
 
 class UserError(click.ClickException):
@@ -21,15 +21,40 @@ class UserError(click.ClickException):
         self.exit_code = exit_code
 
 
+def flag_of(field: str, ctx: click.Context | None = None) -> str:
+    """The flag (or argument name) of the running command that sets keyword argument ``field``:
+    ``context_lens`` -> ``--context-lens``, ``config_path`` -> ``--config``, ``kernel`` -> ``KERNEL``."""
+    ctx = ctx if ctx is not None else click.get_current_context(silent=True)
+    if ctx is not None:
+        for p in ctx.command.params:
+            if p.name != field:
+                continue
+            if isinstance(p, click.Option):
+                preferred = "--" + field.replace("_", "-")
+                longs = [o for o in p.opts if o.startswith("--")]
+                return preferred if preferred in longs else (longs[0] if longs else p.opts[0])
+            return p.human_readable_name
+    return "--" + field.replace("_", "-")
+
+
+def cli_message(exc: PerfmodelError) -> str:
+    """The error's message with each field it names in backticks (listed in ``exc.fields``) written as the
+    command's flag: "`context_lens`: ..." -> "--context-lens: ..."."""
+    text = str(exc)
+    for field in exc.fields:
+        text = text.replace(f"`{field}`", flag_of(field))
+    return text
+
+
 def user_errors(fn: Callable) -> Callable:
-    """Turn library errors (PerfmodelError) into one-line click errors."""
+    """Turn library errors (PerfmodelError) into one-line click errors naming the command's flags."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except PerfmodelError as exc:
-            raise UserError(str(exc), exc.exit_code) from None
+            raise UserError(cli_message(exc), exc.exit_code) from None
 
     return wrapper
 
@@ -37,20 +62,30 @@ def user_errors(fn: Callable) -> Callable:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, numpy scalars/arrays, tuples and dicts to plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "tolist"):  # numpy scalar or array
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return None
-    return obj
+def output_format(as_json: bool, as_csv: bool = False) -> str:
+    """"json", "csv" or "text"; an InputError when both --json and --csv are given."""
+    if as_json and as_csv:
+        raise InputError("--json and --csv: pick one output format")
+    return "json" if as_json else "csv" if as_csv else "text"
+
+
+def emit(fmt: str, *, text: Callable[[], str], json: Callable[[], Any] | None = None,
+         csv: Callable[[], str] | None = None) -> None:
+    """Print a result in the format asked for (each renderer runs only when its format is asked for)."""
+    if fmt == "json" and json is not None:
+        echo_json(json())
+    elif fmt == "csv" and csv is not None:
+        click.echo(csv(), nl=False)
+    else:
+        click.echo(text())
 
 
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(to_jsonable(obj), indent=2))
+    from perfmodel.jsonable import dumps
+
+    click.echo(dumps(obj, indent=2))
+
+
+def progress_echo(message: str) -> None:
+    """Progress of long work, on stderr so that --json output stays clean."""
+    click.echo(message, err=True)

@@ -36,20 +36,14 @@ Examples:
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name, target in _COMMANDS.items() if _module_exists(target))
+        return sorted(_COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = _COMMANDS.get(name)
-        if target is None or not _module_exists(target):
+        if target is None:
             return None
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
-
-
-def _module_exists(target: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(target.split(":")[0]) is not None
 
 
 @click.group(cls=LazyGroup, help=_HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

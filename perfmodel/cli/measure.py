@@ -1,6 +1,7 @@
 """`perfmodel measure`, `compare` and `calibrate`: the measurement harness on the command line.
 
-Thin layer over :mod:`perfmodel.harness`. Only ``measure`` imports jax (and
+Thin layer over :mod:`perfmodel.harness` (the work) and
+:mod:`perfmodel.harness.render` (the text). Only ``measure`` imports jax (and
 reading a published-measurement YAML, which runs the schedule model);
 ``compare`` and ``calibrate`` of a results file do not.
 """
@@ -11,9 +12,9 @@ from typing import Any, Sequence
 
 import click
 
-from perfmodel.cli.analyze import parse_arg
-from perfmodel.cli.common import echo_json, json_option, to_jsonable, user_errors
+from perfmodel.cli.common import echo_json, emit, json_option, output_format, user_errors
 from perfmodel.errors import InputError
+from perfmodel.jsonable import to_jsonable
 
 _MEASURE_HELP = """Run a bundled kernel on the JAX backend that is present and time it (warm-up, then
 --repeat calls, each timed up to block_until_ready; median and spread), next to perfmodel's
@@ -76,8 +77,8 @@ def parse_block_sweep(texts: Sequence[str]) -> dict[str, list[int]] | None:
 def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args: tuple[str, ...], hw: str | None,
             repeat: int, warmup: int, out: str | None, as_json: bool) -> None:
     from perfmodel.harness.measure import Case, block_sets, run_cases
-    from perfmodel.harness.records import to_json
-    from perfmodel.harness.report import record_text
+    from perfmodel.harness.render import record_text
+    from perfmodel.schedule.binding import parse_arg
     from perfmodel.schedule.catalog import get_entry
 
     entry = get_entry(kernel)
@@ -91,13 +92,13 @@ def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args:
 
     records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show)
     if as_json:
-        echo_json([to_json(r) for r in records])
+        echo_json(records)
     elif out is not None:
         click.echo(f"appended {len(records)} record(s) to {out}")
 
 
 def _load(paths: Sequence[str]) -> Any:
-    from perfmodel.harness.records import load_results
+    from perfmodel.harness.sources import load_results
 
     loaded = load_results(list(paths))
     for w in loaded.warnings:
@@ -124,23 +125,21 @@ Examples:
 @json_option
 @user_errors
 def compare(results: tuple[str, ...], plot: str | None, as_json: bool) -> None:
-    from perfmodel.harness.records import to_json
-    from perfmodel.harness.report import compare as build, render_compare
+    from perfmodel.harness.comparison import compare as build
+    from perfmodel.harness.render import render_compare
 
+    fmt = output_format(as_json)
     loaded = _load(results)
     comparison = build(loaded.items)
     if plot is not None:
         from perfmodel.harness.plots import compare_figure, save
 
         save(compare_figure(loaded.items), plot)
-    if as_json:
-        echo_json({"records": [{"where": i.where, **to_json(i.record)} for i in loaded.items],
-                   "efficiency": comparison.efficiency, "measured_over_expected": comparison.measured_over_expected,
-                   "notes": comparison.notes, "warnings": loaded.warnings, "plot": plot})
-        return
-    click.echo(render_compare(comparison))
-    if plot is not None:
-        click.echo(f"wrote {plot}")
+    wrote = f"\nwrote {plot}" if plot is not None else ""
+    emit(fmt, text=lambda: render_compare(comparison) + wrote,
+         json=lambda: {"records": [{"where": i.where, **to_jsonable(i.record)} for i in loaded.items],
+                       "efficiency": comparison.efficiency, "measured_over_expected": comparison.measured_over_expected,
+                       "notes": comparison.notes, "warnings": loaded.warnings, "plot": plot})
 
 
 _CALIBRATE_HELP = """Fit the expected-time model's achievable-efficiency factors (MXU, HBM, ...) from
@@ -160,33 +159,9 @@ Example:
 @user_errors
 def calibrate(results: tuple[str, ...], as_json: bool) -> None:
     from perfmodel.harness.calibrate import calibrate as fit
+    from perfmodel.harness.render import render_calibration
 
+    fmt = output_format(as_json)
     loaded = _load(results)
     cal = fit(loaded.items)
-    if as_json:
-        echo_json({**to_jsonable(cal), "warnings": loaded.warnings})
-        return
-    click.echo(render_calibration(cal))
-
-
-def render_calibration(cal: Any) -> str:
-    from perfmodel.units import percent, seconds, table
-
-    def pct(x: float | None) -> str:
-        return percent(x) if x is not None else "-"
-
-    rows = [[f.chip, f.unit.upper(), pct(f.factor), str(f.points),
-             f"{pct(f.lowest)}..{pct(f.highest)}" if f.points else "-",
-             pct(f.model_factor) + ("" if f.points else " (kept: no usable point)")] for f in cal.factors]
-    lines = [f"method: {cal.method}", "",
-             table(["chip", "unit", "fitted", "points", "range", "model now"], rows, align="llrrrl"), ""]
-    prow = [[str(n), p.where, p.kernel, p.arrays, p.blocks, p.unit, seconds(p.measured_s),
-             seconds(p.device_s) if p.device_s is not None else "-", seconds(p.expected_s),
-             pct(p.implied_factor), "used" if p.used else p.reason]
-            for n, p in enumerate(cal.points, start=1)]
-    lines.append(table(["#", "record", "kernel", "arrays", "blocks", "unit", "measured", "less dispatch",
-                        "expected", "implied", "used?"], prow, align="rllllrrrrrl"))
-    if cal.interpret_records:
-        lines.append(f"note: {cal.interpret_records} interpret-mode record(s) left out (host wall time, not TPU "
-                     "performance)")
-    return "\n".join(lines)
+    emit(fmt, text=lambda: render_calibration(cal), json=lambda: {**to_jsonable(cal), "warnings": loaded.warnings})

@@ -2,7 +2,9 @@
 
 Every subcommand takes --hw (several chips side by side), --sweep
 NAME=V1,V2 (cross product; one row per point, bound changes marked), --json
-and --csv. No jax import on this path.
+and --csv. Each parses its options and hands them to :mod:`perfmodel.predict`
+(the op builders of :mod:`perfmodel.predict.ops`), which returns the result
+its renderers print. No numpy, jax or model import until a command runs.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from typing import Any
 
 import click
 
-from perfmodel.cli.common import user_errors
-from perfmodel.cli.predict_common import (blame_context, context_flag, context_lengths, context_options,
-                                          predict_options, run_prediction)
+from perfmodel.cli.common import emit, output_format, user_errors
+from perfmodel.cli.predict_common import check_required, context_options, predict_options, run_op, sweep_points
+from perfmodel.cli.predict_model import model as model_command
 
 _DTYPE_HELP = "bf16, fp32, fp16, fp8, int8, int4 (aliases: bfloat16, f32, e4m3, i8, ...)."
 
@@ -55,10 +57,7 @@ def predict() -> None:
 @user_errors
 def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue."""
-    from perfmodel.model.gemm import gemm as model
-
-    run_prediction("gemm", model, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
-                   required=("m", "n", "k"))
+    run_op("gemm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("m", "n", "k"))
 
 
 # ----------------------------------------------------------------------------- attention
@@ -79,20 +78,16 @@ def _head_options(fn: Any) -> Any:
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--sliding-window", type=int, default=None, help="Attend to the last N keys only.")
 @click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
-@click.option("--block-q", type=int, default=None, help="Query block of the kernel (default min(512, q-len)).")
-@click.option("--block-kv", type=int, default=None, help="KV block of the kernel (default min(512, kv-len)).")
+@click.option("--block-q", type=int, default=None,
+              help="Query block of the kernel (default: the bundled flash_attention's tuned block_q for the chip, "
+                   "at most q-len).")
+@click.option("--block-kv", type=int, default=None,
+              help="KV block of the kernel (default: the bundled kernel's tuned block_kv, at most kv-len).")
 @predict_options
 @user_errors
 def attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Flash-style prefill attention: MHA / GQA / MQA, causal masking waste at the block size."""
-    from perfmodel.model.attention import flash_attention
-
-    def build(*, chip: Any, kv_len: int | None, kv_heads: int | None, **kw: Any) -> Any:
-        return flash_attention(chip=chip, kv_len=kw["q_len"] if kv_len is None else kv_len,
-                               kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
-
-    run_prediction("attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
-                   required=("q_len",))
+    run_op("attention", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("q_len",))
 
 
 def _paged_options(fn: Any) -> Any:
@@ -109,22 +104,13 @@ def _paged_options(fn: Any) -> Any:
 @_head_options
 @_paged_options
 @click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token", "per-page"]), default=None,
-              help="Scales of a quantized KV cache (default per-tensor).")
+              help="Scales of a quantized KV cache (default per-token for int8/fp8/int4, none otherwise).")
 @predict_options
 @user_errors
 def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
                      **params: Any) -> None:
     """One decode step over a paged KV cache (whole pages, page table, GQA packing)."""
-    from perfmodel.model.attention import paged_decode_attention
-
-    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, kv_heads: Any,
-              **kw: Any) -> Any:
-        lens, b = context_lengths(context, context_lens, context_dist, batch)
-        with blame_context(context_flag(context, context_lens, context_dist)):
-            return paged_decode_attention(chip=chip, context_lens=lens, batch=b,
-                                          kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
-
-    run_prediction("decode-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_op("decode-attention", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
 
 @predict.command("ragged-attention")
@@ -135,22 +121,15 @@ def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
 @_head_options
 @_paged_options
 @click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token", "per-page"]), default=None)
-@click.option("--block-q", type=int, default=128, show_default=True, help="Query tokens per prefill block.")
+@click.option("--block-q", type=int, default=None,
+              help="Query tokens per prefill block (default: the bundled ragged_paged_attention's tuned block_q for "
+                   "the chip).")
 @predict_options
 @user_errors
 def ragged_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
                      **params: Any) -> None:
     """A mixed batch of prefill chunks and decode tokens in one kernel (vLLM TPU style); time split by part."""
-    from perfmodel.model.attention import ragged_paged_attention
-    from perfmodel.model.distributions import parse_length_list
-
-    def build(*, chip: Any, query_lens: str, context_lens: str, kv_heads: Any, **kw: Any) -> Any:
-        with blame_context("--context-lens"):
-            return ragged_paged_attention(chip=chip, query_lens=parse_length_list(query_lens, "--query-lens"),
-                                          context_lens=parse_length_list(context_lens, "--context-lens"),
-                                          kv_heads=kw["q_heads"] if kv_heads is None else kv_heads, **kw)
-
-    run_prediction("ragged-attention", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_op("ragged-attention", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
 
 @predict.command("mla-decode")
@@ -166,14 +145,7 @@ def ragged_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
 @user_errors
 def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """DeepSeek-style MLA decode (absorbed form): latent + rope KV per token shared by all heads."""
-    from perfmodel.model.attention import mla_decode as model
-
-    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, **kw: Any) -> Any:
-        lens, b = context_lengths(context, context_lens, context_dist, batch)
-        with blame_context(context_flag(context, context_lens, context_dist)):
-            return model(chip=chip, context_lens=lens, batch=b, **kw)
-
-    run_prediction("mla-decode", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_op("mla-decode", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -198,24 +170,7 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 @user_errors
 def sampling(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Sampling from [batch, vocab] logits: penalties, temperature, top-k / top-p / min-p, the draw."""
-    from perfmodel.errors import InputError
-    from perfmodel.model.sampling import sampling as model
-    from perfmodel.model.shapes import sizes
-
-    def build(*, chip: Any, method: str, projection_hidden: Any, **kw: Any) -> Any:
-        filtering = kw["top_k"] is not None or kw["top_p"] is not None
-        if not kw["temperature"] and (filtering or kw["min_p"] is not None):
-            raise InputError("--greedy takes the argmax and applies no filters; drop --top-k / --top-p / --min-p "
-                             "or sample with --temperature")
-        if projection_hidden is not None:
-            sizes("projection_hidden", projection_hidden)
-        methods = ["threshold", "sort"] if method == "both" and filtering else (
-            ["threshold"] if method == "both" else [method])
-        costs = {m: model(chip=chip, method=m, include_projection_hidden=projection_hidden, **kw) for m in methods}
-        return costs if len(costs) > 1 else costs[methods[0]]
-
-    run_prediction("sampling", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
-                   required=("batch", "vocab"))
+    run_op("sampling", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("batch", "vocab"))
 
 
 # ----------------------------------------------------------------------------- kv cache
@@ -239,14 +194,7 @@ def kv_cache() -> None:
 @user_errors
 def kv_update(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Scatter new K / V rows into their page slots, quantizing on write."""
-    from perfmodel.model.kvcache import kv_cache_update
-    from perfmodel.model.shapes import sizes
-
-    def build(*, chip: Any, tokens: int, **kw: Any) -> Any:
-        return kv_cache_update(chip=chip, num_tokens=sizes("tokens", tokens), **kw)
-
-    run_prediction("kv-cache update", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv,
-                   required=("tokens",))
+    run_op("kv-cache update", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens",))
 
 
 @kv_cache.command("gather")
@@ -260,13 +208,7 @@ def kv_update(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv
 @user_errors
 def kv_gather_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """Copy sequences' pages into a contiguous buffer (whole pages read)."""
-    from perfmodel.model.kvcache import kv_gather
-
-    def build(*, chip: Any, context: Any, context_lens: Any, context_dist: Any, batch: Any, **kw: Any) -> Any:
-        lens, b = context_lengths(context, context_lens, context_dist, batch)
-        return kv_gather(chip=chip, context_lens=lens, batch=b, **kw)
-
-    run_prediction("kv-cache gather", build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    run_op("kv-cache gather", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
 
 
 @kv_cache.command("capacity")
@@ -290,9 +232,16 @@ def kv_gather_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as
 def kv_capacity_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
                     **params: Any) -> None:
     """How many tokens / sequences of KV fit in HBM next to the weights."""
-    from perfmodel.cli.predict_common import run_capacity
+    from perfmodel.predict import render
+    from perfmodel.predict.capacity import NOT_SWEEPABLE, capacity_sweep
+    from perfmodel.predict.sweep import resolve_chips
 
-    run_capacity(params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+    fmt = output_format(as_json, as_csv)
+    points = sweep_points(sweep, [k for k in params if k not in NOT_SWEEPABLE])
+    check_required(params, points[0], ("layers", "kv_heads"))
+    result = capacity_sweep(params, chips=resolve_chips(hw), points=points)
+    emit(fmt, text=lambda: render.capacity_text(result), json=lambda: render.capacity_records(result),
+         csv=lambda: render.capacity_csv(result))
 
 
 # ----------------------------------------------------------------------------- fused ops
@@ -301,14 +250,6 @@ def kv_capacity_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, 
 @predict.group()
 def fused() -> None:
     """Fused elementwise ops: fused vs unfused HBM traffic side by side."""
-
-
-def _fused_run(op: str, fn: Any, params: dict[str, Any], hw: Any, sweep: Any, as_json: bool, as_csv: bool,
-               required: tuple[str, ...]) -> None:
-    def build(*, chip: Any, **kw: Any) -> Any:
-        return {"fused": fn(chip=chip, fused=True, **kw), "unfused": fn(chip=chip, fused=False, **kw)}
-
-    run_prediction(op, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=required)
 
 
 @fused.command("rms-norm")
@@ -321,9 +262,7 @@ def _fused_run(op: str, fn: Any, params: dict[str, Any], hw: Any, sweep: Any, as
 @user_errors
 def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
     """Residual add + RMSNorm."""
-    from perfmodel.model.fused import rms_norm
-
-    _fused_run("rms-norm", rms_norm, params, hw, sweep, as_json, as_csv, ("tokens", "hidden"))
+    run_op("rms-norm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens", "hidden"))
 
 
 def _glu_command(kind: str) -> Any:
@@ -334,10 +273,7 @@ def _glu_command(kind: str) -> Any:
     @predict_options
     @user_errors
     def cmd(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
-        from perfmodel.model.fused import glu
-
-        _fused_run(kind, lambda **kw: glu(kind=kind, **kw), params, hw, sweep, as_json, as_csv,
-                   ("tokens", "intermediate"))
+        run_op(kind, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens", "intermediate"))
 
     return cmd
 
@@ -356,9 +292,7 @@ _glu_command("geglu")
 @user_errors
 def fused_rope(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
     """Rotary position embedding with cos / sin tables."""
-    from perfmodel.model.fused import rope
-
-    _fused_run("rope", rope, params, hw, sweep, as_json, as_csv, ("tokens", "heads"))
+    run_op("rope", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens", "heads"))
 
 
 @fused.command("dequant-gemm")
@@ -374,9 +308,7 @@ def fused_rope(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) 
 @user_errors
 def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
     """Quantized-weight GEMM: dequantize in VMEM (fused) vs a separate dequantize kernel."""
-    from perfmodel.model.fused import dequant_gemm
-
-    _fused_run("dequant-gemm", dequant_gemm, params, hw, sweep, as_json, as_csv, ("m", "n", "k"))
+    run_op("dequant-gemm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("m", "n", "k"))
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -395,35 +327,7 @@ def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **param
 @user_errors
 def collective(kind: str, hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
     """All-gather, reduce-scatter or all-reduce over ICI (tensor parallelism)."""
-    from perfmodel.model.collectives import COLLECTIVES
-
-    def build(*, chip: Any, shape: Any, bytes_per_chip: Any, **kw: Any) -> Any:
-        dims = None if shape is None else _shape(shape)
-        return COLLECTIVES[kind](chip=chip, shape=dims, bytes_per_chip=bytes_per_chip, **kw)
-
-    run_prediction(kind, build, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("num_chips",))
+    run_op(kind, params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("num_chips",))
 
 
-def _shape(text: str) -> list[int]:
-    from perfmodel.errors import InputError
-
-    try:
-        return [int(d) for d in str(text).replace("x", ",").split(",") if d.strip()]
-    except ValueError:
-        raise InputError(f"--shape: '{text}' must be comma-separated integers, e.g. 8,4096") from None
-
-
-# ----------------------------------------------------------------------------- whole models (separate module)
-
-def _register_model_command() -> None:
-    """`predict model` lives in perfmodel/cli/predict_model.py; a missing module must not break the rest."""
-    import importlib.util
-
-    if importlib.util.find_spec("perfmodel.cli.predict_model") is None:  # pragma: no cover - depends on the tree
-        return
-    from perfmodel.cli.predict_model import model as _model_cmd
-
-    predict.add_command(_model_cmd)
-
-
-_register_model_command()
+predict.add_command(model_command)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -36,9 +35,7 @@ from perfmodel.errors import InputError, PerfmodelError
 from perfmodel.harness.records import (
     INTERPRET_LABEL,
     ArraySpec,
-    Loaded,
-    Located,
-    Prediction,
+    CallPrediction,
     Record,
     Timing,
     append_record,
@@ -98,7 +95,8 @@ class ChipChoice:
 
 
 def choose_chip(hw: str | None, backend: Backend) -> ChipChoice:
-    """--hw, else the TPU matching the device's device_kind; InputError asking for --hw otherwise."""
+    """The chip ``hw`` names, else the TPU matching the device's device_kind; InputError asking for ``hw``
+    otherwise."""
     from perfmodel.hw.registry import get_chip, normalize
     from perfmodel.schedule.analyze import resolve_chip
 
@@ -109,8 +107,8 @@ def choose_chip(hw: str | None, backend: Backend) -> ChipChoice:
     if hw is None:
         if device is None or device.kind != "tpu":
             what = f"'{backend.device_kind}'" + (f" ({device.name}, not a TPU)" if device is not None else "")
-            raise InputError(f"--hw: the {backend.name} device {what} is not a TPU perfmodel knows; "
-                             "give --hw CHIP for the TPU the predictions are for, e.g. --hw v5e")
+            raise InputError(f"`hw`: the {backend.name} device {what} is not a TPU perfmodel knows; "
+                             "give `hw` CHIP for the TPU the predictions are for, e.g. `hw` v5e", fields=("hw",))
         return ChipChoice(chip=resolve_chip(device.name), device_chip=device.name)
     chip = resolve_chip(hw)
     names = {normalize(n) for n in [chip.name, *chip.aliases, *chip.jax_device_kinds]}
@@ -170,7 +168,7 @@ def timing(times: Sequence[float], *, warmup: int, dispatch_s: float | None) -> 
 
 
 def predict_call(entry: Any, specs: Mapping[str, Any], blocks: Mapping[str, int] | None, chip: ChipSpec,
-                 static: Mapping[str, Any], *, dispatch_s: float) -> Prediction:
+                 static: Mapping[str, Any], *, dispatch_s: float) -> CallPrediction:
     """Op floor and the schedule model's expected time of one catalog kernel call."""
     from perfmodel.model.core import ACHIEVABLE
     from perfmodel.schedule.analyze import analyze
@@ -189,7 +187,7 @@ def predict_call(entry: Any, specs: Mapping[str, Any], blocks: Mapping[str, int]
     floor_kernel = max(analysis.kernels, key=lambda k: k.time.op_floor_s)
     unit = limiting_unit(main, chip)
     expected = float(analysis.expected_s)
-    return Prediction(
+    return CallPrediction(
         chip=chip.name,
         op_floor_s=float(sum(k.time.op_floor_s for k in analysis.kernels)),
         op_floor_limiter=floor_kernel.time.op_floor_limiter,
@@ -232,15 +230,15 @@ def limiting_unit(kernel: Any, chip: ChipSpec) -> str:
     return max(seconds, key=seconds.get)
 
 
-def op_model_prediction(cost: Any, chip: ChipSpec, *, dispatch_s: float) -> Prediction:
-    """Prediction of an XLA op from the op model alone (no kernel to analyze; no jax)."""
+def op_model_prediction(cost: Any, chip: ChipSpec, *, dispatch_s: float) -> CallPrediction:
+    """The prediction of an XLA op from the op model alone (no kernel to analyze; no jax)."""
     from perfmodel.model.core import ACHIEVABLE, evaluate
     from perfmodel.schedule.timing import DISPATCH_DOMINATED_RATIO
 
     roof = evaluate(cost, chip)
     unit = str(roof.limiter)
     expected = float(roof.expected_s)
-    return Prediction(
+    return CallPrediction(
         chip=chip.name, op_floor_s=float(roof.floor_s), op_floor_limiter=unit, expected_s=expected,
         expected_source="op model", limiting_unit=unit,
         model_factor=ACHIEVABLE[unit][0] if unit in ACHIEVABLE else None,
@@ -260,11 +258,12 @@ def block_sets(entry: Any, sweeps: Mapping[str, Sequence[int]] | None) -> list[d
     if fields:
         unknown = [f for f in sweeps if f not in fields]
         if unknown:
-            raise InputError(f"--block: {', '.join(unknown)} not a block field of {entry.name}; "
-                             f"fields: {', '.join(fields)}")
+            raise InputError(f"`blocks`: {', '.join(unknown)} not a block field of {entry.name}; "
+                             f"fields: {', '.join(fields)}", fields=("blocks",))
         missing = [f for f in fields if f not in sweeps]
         if missing:
-            raise InputError(f"--block: give every block field of {entry.name} together; missing {', '.join(missing)}")
+            raise InputError(f"`blocks`: give every block field of {entry.name} together; missing {', '.join(missing)}",
+                             fields=("blocks",))
     names = list(sweeps)
     return [dict(zip(names, values)) for values in itertools.product(*(sweeps[n] for n in names))]
 
@@ -320,11 +319,12 @@ def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat:
     records were saved; every record finished before it is in the file.
     """
     if warmup < 0 or repeat < 1:
-        raise InputError(f"--repeat {repeat} / --warmup {warmup}: need repeat >= 1 and warmup >= 0")
+        raise InputError(f"`repeat` {repeat} / `warmup` {warmup}: need repeat >= 1 and warmup >= 0",
+                         fields=("repeat", "warmup"))
     backend = current_backend()
     if backend.mode == "interpret" and any(not c.shapes for c in cases):
-        raise InputError(f"--shape: the {backend.name} backend runs the kernel in interpret mode on the host; "
-                         "give small shapes explicitly (the catalog's example shapes are TPU-sized)")
+        raise InputError(f"`shapes`: the {backend.name} backend runs the kernel in interpret mode on the host; "
+                         "give small shapes explicitly (the catalog's example shapes are TPU-sized)", fields=("shapes",))
     chip = choose_chip(hw, backend)
     if out is not None:
         check_appendable(out)
@@ -355,95 +355,3 @@ def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-# --------------------------------------------------------------------------- published measurements
-
-
-def published_records(path: str | Path) -> Loaded:
-    """Records of a published-measurement YAML (perfmodel/data/validation/tpu_v5e_matmul.yaml's format).
-
-    Pallas points are JAX's example matmul (the catalog's ``jax-matmul``) at the
-    given blocks, predicted by the schedule model (traced with jax, nothing
-    runs); XLA points (``kernel: xla``) by the op model. The figures are means
-    of timed calls with dispatch included: the dispatch estimate is
-    :data:`perfmodel.schedule.timing.DEFAULT_HOST_DISPATCH`, as in the schedule
-    model's own calibration.
-    """
-    import yaml
-
-    from perfmodel.model.gemm import gemm
-    from perfmodel.schedule.analyze import resolve_chip
-    from perfmodel.schedule.catalog import get_entry
-    from perfmodel.schedule.shapes import parse_shape
-    from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
-
-    p = Path(path)
-    try:
-        text = p.read_text()
-        data = yaml.safe_load(text)
-        lines = _point_lines(text)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("points"), list) or "chip" not in data:
-        raise InputError(f"{p}: expected a published-measurement file with 'chip', 'source' and 'points' "
-                         "(like perfmodel/data/validation/tpu_v5e_matmul.yaml)")
-    chip = resolve_chip(str(data["chip"]))
-    source = data.get("source") or {}
-    citation = ", ".join(str(source[k]) for k in ("title", "url") if k in source) or str(p)
-    calls = re.search(r"over (\d+) calls", str(source.get("measurement", "")))
-    dispatch = DEFAULT_HOST_DISPATCH
-    items = []
-    for i, point in enumerate(data["points"]):
-        where = f"{p}:{lines[i]}" if i < len(lines) else f"{p}: points[{i}]"
-        try:
-            m, n, k = (int(point[d]) for d in ("m", "n", "k"))
-            kind = str(point["kernel"])
-            measured_s = float(point["measured_ms"]) * 1e-3
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{where}: a point needs kernel, m, n, k and measured_ms") from None
-        x = parse_shape(f"x={m}x{k}:bf16")
-        y = parse_shape(f"y={k}x{n}:bf16")
-        if kind == "pallas":
-            entry = get_entry("jax-matmul")
-            try:
-                blocks = {"bm": int(point["bm"]), "bk": int(point["bk"]), "bn": int(point["bn"])}
-            except (KeyError, TypeError, ValueError):
-                raise InputError(f"{where}: a pallas point needs bm, bk and bn") from None
-            pred = predict_call(entry, {"x": x, "y": y}, blocks, chip, {}, dispatch_s=dispatch.seconds)
-            name, function = entry.name, entry.function
-        elif kind == "xla":
-            cost = gemm(m=m, n=n, k=k, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16", chip=chip)
-            pred = op_model_prediction(cost, chip, dispatch_s=dispatch.seconds)
-            name, function, blocks = "xla-matmul", "jax.numpy:matmul", None
-        else:
-            raise InputError(f"{where}: field 'kernel' is '{kind}'; expected 'pallas' or 'xla'")
-        t = Timing(statistic="mean", measured_s=measured_s, repeats=int(calls.group(1)) if calls else 0,
-                   includes_dispatch=True, dispatch_s=dispatch.seconds, dispatch_source=dispatch.source)
-        record = Record(
-            kernel=name, function=function,
-            arrays=(ArraySpec(name="x", shape=(m, k), dtype=x.dtype), ArraySpec(name="y", shape=(k, n), dtype=y.dtype)),
-            blocks=blocks, backend="tpu", device_kind=(chip.jax_device_kinds or [chip.name])[0],
-            device_chip=chip.name, mode="compiled", source=f"published: {citation}", timing=t, prediction=pred,
-            efficiency=efficiency(pred, measured_s, mode="compiled", device_chip=chip.name),
-            notes=(f"published figure ({source.get('measurement', 'method not stated')})",),
-        )
-        items.append(Located(where=where, record=record))
-    return Loaded(items=tuple(items))
-
-
-def _point_lines(text: str) -> list[int]:
-    """1-based line of each item of the top-level 'points' list."""
-    import yaml
-
-    root = yaml.compose(text)
-    if not isinstance(root, yaml.MappingNode):
-        return []
-    for key, value in root.value:
-        if key.value == "points" and isinstance(value, yaml.SequenceNode):
-            return [item.start_mark.line + 1 for item in value.value]
-    return []

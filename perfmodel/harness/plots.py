@@ -28,15 +28,16 @@ def _figure(width_in: float, height_in: float) -> Any:
     return fig
 
 
-def save(fig: Any, path: str | Path, flag: str = "--plot") -> Path:
-    """Write fig as PNG; InputError naming flag when the path cannot be written."""
+def save(fig: Any, path: str | Path, field: str = "plot") -> Path:
+    """Write fig as PNG; InputError naming ``field`` (the keyword argument the path came in) when the path
+    cannot be written."""
     p = Path(path)
     if p.suffix.lower() != ".png":
-        raise InputError(f"{flag} '{p}': give a .png path")
+        raise InputError(f"`{field}` '{p}': give a .png path", fields=(field,))
     try:
         fig.savefig(p, format="png", dpi=120)
     except OSError as exc:
-        raise InputError(f"{flag} '{p}': cannot write ({exc.strerror})") from None
+        raise InputError(f"`{field}` '{p}': cannot write ({exc.strerror})", fields=(field,)) from None
     return p
 
 

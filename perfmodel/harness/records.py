@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfmodel.errors import InputError
+from perfmodel.jsonable import to_jsonable
 
 #: Written into every record; the reader rejects other schemas.
 SCHEMA = "perfmodel.measurement/1"
@@ -87,7 +87,7 @@ class Timing:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prediction:
+class CallPrediction:
     """perfmodel's predictions for the same call on ``chip``, in seconds."""
 
     chip: str
@@ -131,7 +131,7 @@ class Record:
     arrays: tuple[ArraySpec, ...]
     #: Static keyword arguments (e.g. causal), block sizes excluded.
     static: dict[str, Any] = field(default_factory=dict)
-    #: Block sizes asked for (null: the kernel's default; Prediction.operand_blocks has the effective ones).
+    #: Block sizes asked for (null: the kernel's default; CallPrediction.operand_blocks has the effective ones).
     blocks: dict[str, int] | None = None
     #: jax.default_backend() ("tpu", "cpu", "gpu") and the device's device_kind.
     backend: str
@@ -145,7 +145,7 @@ class Record:
     #: "perfmodel measure" or the citation of published figures.
     source: str
     timing: Timing
-    prediction: Prediction
+    prediction: CallPrediction
     #: op floor / measured time; null in interpret mode or when the prediction is for another chip than
     #: device_chip.
     efficiency: float | None = None
@@ -181,11 +181,23 @@ class Record:
         return ",".join(f"{k}={v}" for k, v in self.blocks.items()) if self.blocks else "default"
 
 
-def efficiency(prediction: Prediction, measured_s: float, *, mode: str, device_chip: str | None) -> float | None:
+def efficiency(prediction: CallPrediction, measured_s: float, *, mode: str, device_chip: str | None) -> float | None:
     """Op floor over the measured time, only where that means something (a real TPU of the predicted chip)."""
     if mode != "compiled" or device_chip != prediction.chip or measured_s <= 0:
         return None
     return prediction.op_floor_s / measured_s
+
+
+def bound_name(unit: str) -> str:
+    """"MXU-bound", "HBM-bound", ... for a unit name ("mxu", "hbm", ...); other names as they are."""
+    from perfmodel.model.core import BOUND_NAMES
+
+    return BOUND_NAMES.get(unit, unit)
+
+
+def limited_by(prediction: CallPrediction) -> str:
+    """What limits the expected time: the unit (as its bound name) or the per-step overhead."""
+    return "step overhead" if prediction.limiting_unit == "overhead" else bound_name(prediction.limiting_unit)
 
 
 _SHORT_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float16": "f16", "float8_e4m3fn": "fp8",
@@ -201,19 +213,7 @@ def short_dtype(name: str) -> str:
 
 def to_json(record: Record) -> dict[str, Any]:
     """The record as plain JSON values (tuples as lists, NaN/inf as null)."""
-    return _clean(dataclasses.asdict(record))
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):  # numpy scalar
-        return _clean(obj.item())
-    return obj
+    return to_jsonable(record)
 
 
 def from_json(obj: Any, where: str) -> Record:
@@ -228,7 +228,7 @@ def from_json(obj: Any, where: str) -> Record:
     values["arrays"] = tuple(ArraySpec(**_fields(ArraySpec, a, where, f"arrays[{i}]"))
                              for i, a in enumerate(_list(obj, "arrays", where)))
     values["timing"] = Timing(**_fields(Timing, obj["timing"], where, "timing"))
-    values["prediction"] = Prediction(**_fields(Prediction, obj["prediction"], where, "prediction"))
+    values["prediction"] = CallPrediction(**_fields(CallPrediction, obj["prediction"], where, "prediction"))
     record = Record(**values)
     if record.mode not in MODES:
         raise InputError(f"{where}: field 'mode' is {record.mode!r}; expected one of {', '.join(MODES)}")
@@ -375,23 +375,4 @@ def read_records(path: str | os.PathLike) -> Loaded:
             detail = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
             raise InputError(f"{where}: not a valid JSON line ({detail})") from None
         items.append(Located(where=where, record=from_json(obj, where)))
-    return Loaded(items=tuple(items), warnings=tuple(warnings))
-
-
-def load_results(paths: Sequence[str | os.PathLike]) -> Loaded:
-    """Records of results files (.jsonl) and published-measurement YAMLs (.yaml, converted with the schedule
-    model; that needs jax, a results file does not). InputError when nothing is left."""
-    items: list[Located] = []
-    warnings: list[str] = []
-    for path in paths:
-        if str(path).endswith((".yaml", ".yml")):
-            from perfmodel.harness.measure import published_records
-
-            loaded = published_records(path)
-        else:
-            loaded = read_records(path)
-        items += loaded.items
-        warnings += loaded.warnings
-    if not items:
-        raise InputError(f"{', '.join(map(str, paths))}: no measurement records")
     return Loaded(items=tuple(items), warnings=tuple(warnings))

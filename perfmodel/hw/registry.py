@@ -22,6 +22,9 @@ from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
 
 ENV_VAR = "PERFMODEL_HW_PATH"
 
+#: The chip every command and function uses when none is given.
+DEFAULT_CHIP = "tpu-v5e"
+
 
 def normalize(name: str) -> str:
     """Case-, space- and underscore-insensitive key for a chip name."""

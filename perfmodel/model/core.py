@@ -101,9 +101,6 @@ class OpCost:
             waste = np.where(ops > 0, pad / np.where(ops > 0, ops, 1.0), 0.0)
         return waste if waste.ndim else float(waste)
 
-    def with_notes(self, *notes: str) -> "OpCost":
-        return dataclasses.replace(self, notes=self.notes + tuple(n for n in notes if n not in self.notes))
-
 
 #: Fraction of each unit's peak a well-written kernel sustains, and where that
 #: figure comes from. Used only for ``expected_s``; the floor uses 100%.

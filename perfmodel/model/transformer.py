@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.jsonable import to_jsonable
 from perfmodel.model import attention, collectives, core, fused, kvcache, sampling
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
@@ -744,7 +745,7 @@ def prediction_record(p: StepPrediction) -> dict[str, Any]:
     return {
         "model": p.model.name,
         "chip": p.chip.name,
-        "step": dataclasses.asdict(p.step),
+        "step": to_jsonable(p.step),
         "floor_s": p.floor_s,
         "expected_s": p.expected_s,
         "no_overlap_s": p.no_overlap_s,
@@ -762,8 +763,8 @@ def prediction_record(p: StepPrediction) -> dict[str, Any]:
         "hbm_bytes": p.hbm_bytes,
         "useful_flops": p.useful_flops,
         "ici_bytes": p.ici_bytes,
-        "memory": dataclasses.asdict(mem),
-        "routing": dataclasses.asdict(p.routing) if p.routing else None,
+        "memory": to_jsonable(mem),
+        "routing": to_jsonable(p.routing) if p.routing else None,
         "ops": [
             {"name": op.name, "block": op.block, "count": op.count, "floor_s": op.floor_s,
              "expected_s": op.expected_s, "bound": op.bound, "share": p.share(op), "hbm_bytes": op.hbm_bytes,

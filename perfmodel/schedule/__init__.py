@@ -20,7 +20,7 @@ _LAZY = {
     "analyze_call": "perfmodel.schedule.analyze",
     "Analysis": "perfmodel.schedule.results",
     "KernelAnalysis": "perfmodel.schedule.results",
-    "render": "perfmodel.schedule.report",
+    "render": "perfmodel.schedule.analysis_render",
     "find_pallas_calls": "perfmodel.schedule.extract",
 }
 

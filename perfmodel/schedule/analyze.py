@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.hw.registry import DEFAULT_CHIP
 from perfmodel.hw.spec import ChipSpec
 from perfmodel.model.core import OpCost, combine, evaluate
 from perfmodel.schedule import pipeline as pl_sim
@@ -54,7 +55,7 @@ def resolve_chip(chip: str | ChipSpec) -> ChipSpec:
     return spec
 
 
-def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = "tpu-v5e", host_dispatch_s: float | None = None,
+def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = DEFAULT_CHIP, host_dispatch_s: float | None = None,
             keep_step_times: bool = False, **kwargs: Any) -> Analysis:
     """Trace ``fn(*args, **kwargs)`` and model every pallas_call it runs on ``chip``.
 

@@ -24,7 +24,6 @@ renames them makes :func:`record_traffic` raise a clear error.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -196,7 +195,3 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
     finally:
         jax.clear_caches()
     return rec
-
-
-def block_bytes_total(rec: Recording, role: str) -> int:
-    return int(math.fsum(t.nbytes for t in rec.transfers if t.role == role))

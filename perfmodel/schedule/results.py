@@ -3,15 +3,19 @@
 A :class:`KernelAnalysis` describes one ``pallas_call``; an :class:`Analysis`
 every ``pallas_call`` a traced function runs. Per-step arrays that the
 block-size advisor needs live in :class:`StepTimes`, which the JSON output
-leaves out (see :func:`perfmodel.schedule.report.to_json`).
+leaves out: :meth:`Analysis.as_dict` is :func:`perfmodel.jsonable.to_jsonable`,
+which honours each class's ``JSON_OMIT`` and ``JSON_DERIVED``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+
+from perfmodel.errors import InputError
+from perfmodel.jsonable import to_jsonable
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +50,8 @@ class OperandTraffic:
     ideal_hbm_bytes: int
     #: VMEM (or SMEM) bytes of its buffers, padded to the chip's tiling.
     buffer_bytes: int
+
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("reread_factor",)
 
     @property
     def reread_factor(self) -> float:
@@ -109,6 +115,8 @@ class BodyWork:
     mean_step_vpu_ops: float
     mean_step_eup_ops: float
 
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("manual_dma_bytes",)
+
     @property
     def manual_dma_bytes(self) -> float:
         return self.manual_dma_read_bytes + self.manual_dma_write_bytes
@@ -145,6 +153,8 @@ class TimeEstimate:
     #: True when a timed single call would be dominated by dispatch (expected_s < 2 x host_dispatch_s).
     dispatch_dominated: bool
 
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("expected_wall_s",)
+
     @property
     def expected_wall_s(self) -> float:
         """What a wall-clock timing of one call (dispatch included) should read."""
@@ -175,6 +185,9 @@ class KernelAnalysis:
     notes: tuple[str, ...]
     #: Per-step arrays (not serialized); None when dropped.
     step_times: "StepTimes | None" = field(default=None, repr=False, compare=False)
+
+    JSON_OMIT: ClassVar[tuple[str, ...]] = ("step_times",)
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("hbm_bytes", "ideal_hbm_bytes")
 
     @property
     def hbm_bytes(self) -> int:
@@ -228,6 +241,8 @@ class Analysis:
     kernels: tuple[KernelAnalysis, ...]
     notes: tuple[str, ...] = ()
 
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("expected_s",)
+
     @property
     def expected_s(self) -> float:
         return sum(k.time.expected_s for k in self.kernels)
@@ -236,12 +251,9 @@ class Analysis:
         for k in self.kernels:
             if k.name == name:
                 return k
-        from perfmodel.errors import InputError
-
         known = ", ".join(k.name for k in self.kernels) or "none"
         raise InputError(f"no pallas_call named '{name}' in {self.function}; kernels: {known}")
 
     def as_dict(self) -> dict[str, Any]:
-        from perfmodel.schedule.report import to_json
-
-        return to_json(self)
+        """Plain-JSON form (per-step arrays left out); what `perfmodel analyze --json` prints."""
+        return to_jsonable(self)

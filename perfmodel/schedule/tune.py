@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from perfmodel.errors import InputError
+from perfmodel.hw.registry import DEFAULT_CHIP
 from perfmodel.hw.spec import ChipSpec
 from perfmodel.schedule.catalog import BlockAxis, KernelEntry, entries, get_entry
 from perfmodel.schedule.results import Analysis
@@ -163,7 +164,7 @@ def _evaluate(entry: KernelEntry, specs: Mapping, args: Sequence[Any], blocks: M
     return _candidate(blocks or {}, a)
 
 
-def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | ChipSpec = "tpu-v5e", *,
+def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | ChipSpec = DEFAULT_CHIP, *,
          extra: Mapping[str, Any] | None = None, max_evaluated: int = MAX_EVALUATED,
          prune_slack: float = 0.0) -> TuneResult:
     """Rank the legal block sizes of a catalog kernel for these shapes on chip.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -194,3 +196,36 @@ def test_perfmodel_import_does_not_import_jax_for_these_commands():
             "perfmodel.schedule.analyze, perfmodel.schedule.tune; print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- a spec file as --hw
+
+
+def _spec_copy(tmp_path, name):
+    """tpu-v5e's spec saved under tmp_path with its name changed (aliases dropped so they cannot collide)."""
+    text = (Path(__file__).resolve().parents[2] / "hwspecs" / "tpu-v5e.yaml").read_text()
+    text = re.sub(r"(?m)^name: tpu-v5e$", f"name: {name}", text)
+    text = re.sub(r"(?m)^aliases: .*$", "aliases: []", text)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name", ["my-tpu", "tpu-v5e"])
+def test_chip_argument_resolves_back_to_a_spec_file(tmp_path, name):
+    from perfmodel.hw.registry import chip_argument, get_chip
+
+    builtin = get_chip("tpu-v5e")
+    assert chip_argument(builtin) == "tpu-v5e"
+    spec = get_chip(str(_spec_copy(tmp_path, name)))
+    arg = chip_argument(spec)
+    # the file's own spec comes back, not the built-in one of the same name
+    assert get_chip(arg) is spec and arg.endswith(f"{name}.yaml")
+
+
+def test_analyze_bundled_kernel_on_a_spec_file(tmp_path):
+    path = _spec_copy(tmp_path, "my-tpu")
+    result = run("analyze", "kernels.matmul:matmul", "--hw", str(path),
+                 "--shape", "x=256x256:bf16", "--shape", "w=256x256:bf16")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "pallas_call matmul on my-tpu"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from perfmodel.cli.main import main
+from perfmodel.hw import get_chip
+from perfmodel.hw.describe import _fmt_field, compare_table, list_table, ridge_text, show_text
 
 
 def run(*args: str):
@@ -117,3 +121,65 @@ def test_hw_list_does_not_import_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("chips", [["v5e,v6e"], ["v5e,", "v6e"], ["v5e", "tpu-v6e"]])
+def test_hw_compare_accepts_comma_lists(chips):
+    result = run("hw", "compare", *chips)
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0].split()
+    assert header == ["tpu-v5e", "tpu-v6e"]
+
+
+def test_hw_compare_with_only_commas_is_one_line():
+    result = run("hw", "compare", ",")
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: CHIPS: no chip name given; e.g. perfmodel hw compare tpu-v5e tpu-v6e"
+
+
+def test_hw_show_disagreements_carry_units():
+    result = run("hw", "show", "tpu-7x")
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("  memory.vmem_bytes_per_core: chose")]
+    # 67108864 B = 64 MiB (67.1 MB) chosen over 134217728 B = 128 MiB (134 MB); no bare 6.71089e+07
+    assert len(lines) == 1
+    assert "chose 64.0 MiB (67.1 MB) [jax-tpu-info] over 128 MiB (134 MB) [jax-issue-38988]" in lines[0]
+    assert "e+0" not in result.output.split("where sources disagree:")[1].split("notes:")[0]
+
+
+# ----------------------------------------------------------------------------- integer fields
+
+
+@pytest.mark.parametrize("value, text", [
+    (8, "8"),
+    (8.0, "8"),  # a count stored as a float (e.g. a disagreement's value) prints as an integer
+    (9216, "9,216"),
+    (1024.0, "1,024"),
+    (2.5, "2.5"),
+])
+def test_unitless_counts_print_as_integers_with_separators(value, text):
+    assert _fmt_field("max_chips_per_pod", value) == text
+
+
+def test_show_prints_pod_sizes_as_integers():
+    assert "  max_chips_per_pod: 9,216" in show_text(get_chip("tpu-7x"))
+    # h100's disagreement stores 8 and 256 as floats; both print as integers.
+    assert re.search(r"max_chips_per_pod: chose 8 \[[^]]+\] over 256 \[", show_text(get_chip("h100-sxm")))
+
+
+# ----------------------------------------------------------------------------- ridge points
+
+
+@pytest.mark.parametrize("ridge, text", [(1835.6, "1,836 FLOP/B"), (64.2, "64 FLOP/B"), (None, "-")])
+def test_ridge_text(ridge, text):
+    assert ridge_text(ridge) == text
+
+
+def test_ridge_points_share_one_format_in_list_show_and_compare():
+    v5e, v6e = get_chip("tpu-v5e"), get_chip("tpu-v6e")
+    # v6e int8: 2 x 918 TOP/s / 1638 GB/s = 1120.9 -> "1,121 FLOP/B"; bf16: 918e12 / 1638e9 = 560.4 -> "560"
+    assert "  int8: 1,121 FLOP/B" in show_text(v6e).splitlines()
+    compare = [line for line in compare_table([v5e, v6e]).splitlines() if line.startswith("ridge int8")]
+    assert compare and compare[0].endswith("1,121 FLOP/B")
+    listed = [line for line in list_table([v6e]).splitlines() if line.startswith("tpu-v6e")]
+    assert listed and listed[0].endswith("  560 FLOP/B")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from perfmodel.cli.main import main
+from perfmodel.errors import InputError
+from perfmodel.harness.roofline_report import build_report
 
 YAML = os.path.join(os.path.dirname(__file__), "..", "..", "perfmodel", "data", "validation", "tpu_v5e_matmul.yaml")
 RMS = ["--shape", "x=16x256:bf16", "--shape", "residual=16x256:bf16", "--shape", "weight=256:f32"]
@@ -165,3 +168,18 @@ def test_compare_calibrate_report_of_a_results_file_do_not_import_jax(measured, 
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
     assert (tmp_path / "r.md").exists() and (tmp_path / "c.png").exists()
+
+
+def test_report_stdin_names_what_report_accepts(tmp_path):
+    gemm = run("predict", "gemm", "-m", "8", "-n", "8", "-k", "8", "--json")
+    assert gemm.exit_code == 0, gemm.output
+    res = run("report", "-", "--out", str(tmp_path / "r.md"), input=gemm.output)
+    assert res.exit_code == 1
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1, res.output
+    assert re.fullmatch(r"Error: INPUT -: not `perfmodel predict model --json` output; report reads that .*"
+                        r"a measure results file or the published results YAML given by path", lines[0])
+    # the library names its argument; the CLI wrote it as INPUT
+    with pytest.raises(InputError, match=r"^`input_path` -: not `perfmodel predict model --json` output; .*measure "
+                                         r"results file.*published results YAML"):
+        build_report("-", stdin_text=gemm.output)

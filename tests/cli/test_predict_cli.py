@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,7 +180,8 @@ def test_collective():
     (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--kv-scale", "per-token"], 1,
      "--kv-scale per-token: a bf16 KV cache has no scales"),
     (["sampling", "--batch", "2", "--vocab", "100", "--greedy", "--top-k", "5"], 1,
-     "--greedy takes the argmax and applies no filters"),
+     "greedy sampling takes the argmax and applies no filters; drop --top-k / --top-p / --min-p or sample with "
+     "--temperature"),
     (["sampling", "--batch", "2", "--vocab", "100", "--projection-hidden", "0"], 1,
      "--projection-hidden must be >= 1, got 0"),
     (["fused", "rope", "--tokens", "8", "--heads", "2", "--rotary-dim", "33"], 1, "--rotary-dim must be even"),
@@ -258,3 +260,78 @@ def test_predict_path_does_not_import_jax():
             "try:\n    main(['predict', 'gemm', '-m', '1', '-n', '8', '-k', '8'])\nexcept SystemExit:\n    pass\n"
             "assert 'jax' not in sys.modules, 'jax imported'\n")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+
+
+# ----------------------------------------------------------------------------- --sweep next to the flag it sweeps
+
+
+@pytest.mark.parametrize("args, match", [
+    (["predict", "gemm", "-m", "4", "--sweep", "m=1,2", "-n", "8", "-k", "8"],
+     r"^Error: --sweep m: --m is also given and would be ignored; drop --m or the sweep$"),
+    (["predict", "decode-attention", "--context", "100", "--batch", "4", "--sweep", "batch=1,2"],
+     r"^Error: --sweep batch: --batch is also given and would be ignored; drop --batch or the sweep$"),
+    (["predict", "model", "llama-3.1-8b", "--batch", "4", "--sweep", "batch=1,32"],
+     r"^Error: --sweep batch: --batch is also given and would be ignored; drop --batch or the sweep$"),
+])
+def test_sweep_and_explicit_flag_conflict_is_one_line(args, match):
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert re.match(match, lines[0]), lines[0]
+
+
+def test_sweep_without_the_flag_still_sweeps():
+    result = CliRunner().invoke(main, ["predict", "gemm", "--sweep", "m=1,2", "-n", "8", "-k", "8", "--csv"])
+    assert result.exit_code == 0, result.output
+    rows = result.output.strip().splitlines()
+    assert len(rows) == 3  # header + one row per swept m
+
+
+# ----------------------------------------------------------------------------- units and counts in reports
+
+
+def _row(output: str, label: str) -> str:
+    """The value column of one report row."""
+    lines = [line for line in output.splitlines() if line.startswith(label + "  ")]
+    assert len(lines) == 1, output
+    return lines[0][len(label):].strip()
+
+
+def test_attention_report_vmem_in_binary_and_reread_factor_with_x():
+    # 512 x 512 blocks given (the default is the bundled kernel's tuned block for the chip)
+    out = run("attention", "--q-len", "4096", "--kv-heads", "4", "--block-q", "512", "--block-kv", "512")
+    assert re.fullmatch(r"\d+(\.\d+)? MiB", _row(out, "VMEM working set"))
+    # 8 causal q blocks of 512 read 1 + 2 + ... + 8 = 36 KV tiles instead of 8: 36 / 8 = 4.50x
+    assert _row(out, "kv reread factor") == "4.50x"
+
+
+def test_counts_in_reports_have_thousands_separators():
+    out = run("decode-attention", "--context", "127076", "--batch", "1")
+    assert _row(out, "context tokens") == "127,076"
+    # ceil(127076 / 16) = 7943 pages (16 x 7942 = 127072, 4 tokens over)
+    assert _row(out, "kv pages read") == "7,943"
+
+
+# ----------------------------------------------------------------------------- the page-table error names the flag
+
+
+@pytest.mark.parametrize("args, match", [
+    # ceil(100 / 16) = 7 pages
+    (["decode-attention", "--context", "100", "--batch", "2", "--pages-per-seq", "2"],
+     r"^Error: --context: a context of 100 tokens needs 7 pages of 16 tokens but --pages-per-seq is 2; "
+     r"give --pages-per-seq 7 or more, or a larger --page-size$"),
+    # uniform:100:200 at batch 2 -> quantiles 125 and 175; ceil(125 / 16) = 8
+    (["decode-attention", "--context-dist", "uniform:100:200", "--batch", "2", "--pages-per-seq", "2"],
+     r"^Error: --context-dist: a context of 125 tokens needs 8 pages of 16 tokens but --pages-per-seq is 2; "),
+    # ceil(1000 / 64) = 16
+    (["mla-decode", "--context-lens", "100,1000", "--pages-per-seq", "2"],
+     r"^Error: --context-lens: a context of 1000 tokens needs 16 pages of 64 tokens but --pages-per-seq is 2; "),
+    (["ragged-attention", "--query-lens", "1,5", "--context-lens", "100,50", "--pages-per-seq", "2"],
+     r"^Error: --context-lens: a context of 100 tokens needs 7 pages of 16 tokens but --pages-per-seq is 2; "),
+])
+def test_page_table_error_names_the_context_flag_given(args, match):
+    res = CliRunner().invoke(main, ["predict", *args])
+    assert res.exit_code == 1
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert re.search(match, res.output.strip())

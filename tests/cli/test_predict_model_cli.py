@@ -198,11 +198,13 @@ def test_context_lens_and_dist():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--context-lens", "10,20", "--context-dist", "uniform:1:9"), r"give --context-lens or --context-dist, not"),
+    (("--context-lens", "10,20", "--context-dist", "uniform:1:9"),
+     r"give exactly one of --context, --context-lens, --context-dist \(got --context-lens, --context-dist\)"),
     (("--context-lens", "10,20", "--batch", "2"), r"--batch: not with --context-lens"),
     (("--context-lens", "10,abc"), r"--context-lens: 'abc' is not an integer"),
     (("--context-dist", "zipf:1:2"), r"--context-dist: 'zipf:1:2': use uniform"),
-    (("--context-lens", "10,20", "--context", "5"), r"give --context or --context-lens"),
+    (("--context-lens", "10,20", "--context", "5"),
+     r"give exactly one of --context, --context-lens, --context-dist \(got --context, --context-lens\)"),
 ])
 def test_context_list_errors(args, message):
     r = run("llama-3.1-8b", *args)

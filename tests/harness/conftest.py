@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfmodel.harness.records import ArraySpec, Prediction, Record, Timing
+from perfmodel.harness.records import ArraySpec, CallPrediction, Record, Timing
 
 V5E_BF16_FLOPS_PER_S = 197e12
 V5E_HBM_BYTES_PER_S = 819e9
@@ -25,7 +25,7 @@ def build_record(*, kernel: str = "matmul", unit: str = "mxu", expected_s: float
     floor = floor_s if floor_s is not None else expected_s * (factor or 1.0)
     flops = useful_flops if useful_flops is not None else (floor * V5E_BF16_FLOPS_PER_S if unit == "mxu" else 0.0)
     measured = device_s + (dispatch_s or 0.0)
-    pred = Prediction(chip=chip, op_floor_s=floor, op_floor_limiter=unit if unit != "overhead" else "mxu",
+    pred = CallPrediction(chip=chip, op_floor_s=floor, op_floor_limiter=unit if unit != "overhead" else "mxu",
                       expected_s=expected_s, expected_source="schedule model",
                       schedule_limiter={"mxu": "compute", "hbm": "dma"}.get(unit, "overhead"), limiting_unit=unit,
                       model_factor=factor, useful_flops=flops, mxu_dtype="bf16", ideal_hbm_bytes=ideal_hbm_bytes,

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from perfmodel.cli.main import main
 from perfmodel.errors import InputError
 from perfmodel.harness.calibrate import calibrate
-from perfmodel.harness.records import Located, append_record, load_results
-from perfmodel.harness.report import compare
+from perfmodel.harness.comparison import compare
+from perfmodel.harness.records import Located, append_record
+from perfmodel.harness.sources import load_results
 
 YAML = os.path.join(os.path.dirname(__file__), "..", "..", "perfmodel", "data", "validation", "tpu_v5e_matmul.yaml")
 

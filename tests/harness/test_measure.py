@@ -23,10 +23,10 @@ from perfmodel.harness.measure import (
     MeasurementError,
     block_sets,
     choose_chip,
-    published_records,
     run_cases,
 )
 from perfmodel.harness.records import INTERPRET_LABEL, read_records, to_json
+from perfmodel.harness.sources import published_records
 from perfmodel.schedule.catalog import get_entry
 
 V5E_HBM_BYTES_PER_S = 819e9
@@ -168,7 +168,7 @@ def test_compiled_mode_record_on_a_tpu(fake_tpu, tmp_path, hw, device_chip_is_pr
 
 
 def test_interpret_mode_needs_explicit_shapes():
-    with pytest.raises(InputError, match=r"^--shape: the cpu backend runs the kernel in interpret mode"):
+    with pytest.raises(InputError, match=r"^`shapes`: the cpu backend runs the kernel in interpret mode"):
         run_cases([Case(kernel="matmul", shapes=())], hw="v5e")
 
 
@@ -179,8 +179,8 @@ def test_kernel_argument_errors_become_one_line_input_errors():
 
 
 @pytest.mark.parametrize("sweep, message", [
-    ({"bq": [128]}, r"^--block: bq not a block field of matmul; fields: bm, bk, bn"),
-    ({"bm": [128]}, r"^--block: give every block field of matmul together; missing bk, bn"),
+    ({"bq": [128]}, r"^`blocks`: bq not a block field of matmul; fields: bm, bk, bn"),
+    ({"bm": [128]}, r"^`blocks`: give every block field of matmul together; missing bk, bn"),
 ])
 def test_block_sweep_errors(sweep, message):
     with pytest.raises(InputError, match=message):
@@ -198,8 +198,8 @@ def test_block_sweep_is_a_cross_product_in_the_order_given():
 
 
 @pytest.mark.parametrize("backend, device_kind, message", [
-    ("cpu", "cpu", r"^--hw: the cpu device 'cpu' is not a TPU perfmodel knows; give --hw CHIP"),
-    ("gpu", "NVIDIA H200", r"^--hw: the gpu device 'NVIDIA H200' \(h200-sxm, not a TPU\) is not a TPU"),
+    ("cpu", "cpu", r"^`hw`: the cpu device 'cpu' is not a TPU perfmodel knows; give `hw` CHIP"),
+    ("gpu", "NVIDIA H200", r"^`hw`: the gpu device 'NVIDIA H200' \(h200-sxm, not a TPU\) is not a TPU"),
 ])
 def test_without_hw_a_non_tpu_device_asks_for_hw(backend, device_kind, message):
     with pytest.raises(InputError, match=message):

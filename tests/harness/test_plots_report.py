@@ -7,7 +7,7 @@ import pytest
 from perfmodel.errors import InputError
 from perfmodel.harness.plots import compare_figure, roofline_figure, save
 from perfmodel.harness.records import Located
-from perfmodel.harness.report import as_dict, records_report, step_report, to_markdown
+from perfmodel.harness.roofline_report import as_dict, records_report, step_report, to_markdown
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -87,5 +87,6 @@ def test_compare_figure_with_only_interpret_records(tmp_path, make_record):
 
 def test_save_wants_a_png_path(tmp_path, synthetic_records):
     items = [Located(where="r:1", record=synthetic_records[0])]
-    with pytest.raises(InputError, match=r"^--plot '.*c.pdf': give a .png path"):
+    with pytest.raises(InputError, match=r"^`plot` '.*c.pdf': give a .png path") as err:
         save(compare_figure(items), tmp_path / "c.pdf")
+    assert err.value.fields == ("plot",)  # the CLI writes it as its flag, --plot

@@ -13,7 +13,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
 
-from kernels.lowering import traced_cost_estimate
+from tests.kernels.lowering import traced_cost_estimate
 from kernels.flash_attention import (
     FlashAttentionBlockSizes,
     attention_mask,

@@ -20,7 +20,7 @@ from kernels.kv_cache_update import (
     kv_cache_update_reference,
 )
 from kernels.kv_cache_update.blocks import FALLBACK_BLOCK_SIZES, default_block_sizes
-from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape

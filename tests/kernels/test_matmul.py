@@ -12,7 +12,7 @@ import yaml
 
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
-from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults

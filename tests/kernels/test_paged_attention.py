@@ -14,7 +14,7 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jax.experimental.pallas.ops.tpu.paged_attention import quantization_utils as jax_quant
 from jax.experimental.pallas.ops.tpu.paged_attention import util as jax_paged_util
 
-from kernels.lowering import traced_cost_estimate
+from tests.kernels.lowering import traced_cost_estimate
 from kernels.paged_attention import (
     DEFAULT_TOKENS_PER_COMPUTE_BLOCK,
     PagedAttentionBlockSizes,

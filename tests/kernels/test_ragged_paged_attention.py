@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes as Blocks
 from kernels.ragged_paged_attention import (
     DEFAULT_BLOCK_SIZES,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from kernels.quant import quantize_int8
 from kernels.rms_norm import DEFAULT_BLOCK_SIZES, RmsNormBlockSizes, default_block_sizes, rms_norm, rms_norm_reference
 from kernels.rms_norm.blocks import FALLBACK_BLOCK_SIZES

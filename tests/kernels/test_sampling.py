@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from kernels.sampling import SamplingBlockSizes as Blocks
 from kernels.sampling import (
     DEFAULT_BLOCK_SIZES,

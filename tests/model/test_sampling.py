@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from perfmodel.errors import InputError
@@ -72,3 +73,19 @@ def test_bad_input(v5e, kwargs, match):
     args = dict(batch=4, vocab=32000, chip=v5e) | kwargs
     with pytest.raises(InputError, match=match):
         sampling(**args)
+
+
+@pytest.mark.parametrize("filters, passes, expected", [
+    # top-p only: one bisection; fp32 logits default to 32 passes (the dtype's bits)
+    (dict(top_p=0.9), None, "threshold bisection (1 filter(s) x 32 passes)"),
+    # top-k and top-p: two bisections of 16 passes each
+    (dict(top_k=50, top_p=0.9), 16, "threshold bisection (2 filter(s) x 16 passes)"),
+])
+def test_stage_note_names_the_pass_count(filters, passes, expected):
+    cost = sampling(batch=8, vocab=4096, passes=passes, **filters)
+    assert any(expected in note for note in cost.notes), cost.notes
+
+
+def test_stage_note_with_swept_passes():
+    cost = sampling(batch=8, vocab=4096, top_k=50, passes=np.array([8, 24]))
+    assert any("threshold bisection (1 filter(s) x 8-24 passes)" in note for note in cost.notes), cost.notes

@@ -5,6 +5,8 @@
 Both return a :class:`Report` (tables of strings plus the roofline's roofs
 and points); :func:`to_markdown` renders it, :func:`perfmodel.harness.plots.roofline_figure`
 draws its roofline. Pure functions of their inputs; no jax, no matplotlib.
+:func:`build_report` tells the kinds of input apart (what `perfmodel report`
+reads) and :func:`write_report` writes the markdown and the PNG.
 
 Roofline axes: arithmetic intensity (useful matrix FLOPs per HBM byte) and
 useful FLOP/s. A roof per (chip, MXU dtype): min(peak FLOP/s, intensity x
@@ -16,11 +18,16 @@ on a FLOP/s roofline: they are listed in the tables and named in a note.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from perfmodel.errors import InputError
-from perfmodel.harness.records import INTERPRET_LABEL, Located
+from perfmodel.harness.records import Located, bound_name, limited_by
+from perfmodel.jsonable import to_jsonable
 from perfmodel.units import intensity, percent, seconds, si
 
 
@@ -47,7 +54,9 @@ class RooflinePoint:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Roofline:
+class RooflineChart:
+    """The roofs and points of a report's roofline figure."""
+
     roofs: tuple[Roof, ...]
     points: tuple[RooflinePoint, ...]
     #: Labels of rows that have no point (no matrix FLOPs or no HBM bytes).
@@ -69,8 +78,10 @@ class Report:
     title: str
     source: str
     sections: tuple[Section, ...]
-    roofline: Roofline
+    roofline: RooflineChart
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Problems met reading the input that did not stop it (e.g. a truncated last line skipped).
+    warnings: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -156,8 +167,8 @@ def step_report(data: Any, *, source: str) -> Report:
     if left_out:
         notes.append(f"not on the roofline (no matrix FLOPs): {', '.join(dict.fromkeys(left_out))}")
     return Report(title=f"Roofline report: {models} on {chips}", source=source, sections=tuple(sections),
-                  roofline=Roofline(roofs=tuple(roofs.values()), points=tuple(points),
-                                    left_out=tuple(dict.fromkeys(left_out))),
+                  roofline=RooflineChart(roofs=tuple(roofs.values()), points=tuple(points),
+                                         left_out=tuple(dict.fromkeys(left_out))),
                   notes=tuple(notes))
 
 
@@ -217,7 +228,7 @@ def records_report(items: Sequence[Located], *, source: str) -> Report:
             measured = f"{seconds(r.timing.measured_s)} interpret wall (not TPU)"
             eff, mxu, hbm = "-", "-", "-"
         rows.append((str(n), r.kernel, r.arrays_text, r.blocks_text, p.chip, f"{r.backend}/{r.mode}", measured,
-                     seconds(p.op_floor_s), seconds(r.expected_wall_s), _bound(p.op_floor_limiter), _limited_by(p),
+                     seconds(p.op_floor_s), seconds(r.expected_wall_s), bound_name(p.op_floor_limiter), limited_by(p),
                      eff, mxu, hbm))
         ai = _intensity(p.useful_flops, p.ideal_hbm_bytes)
         roof = _roof(chip, p.mxu_dtype) or _roof(chip, "bf16")
@@ -250,19 +261,8 @@ def records_report(items: Sequence[Located], *, source: str) -> Report:
     if left_out:
         notes.append(f"not on the roofline (no matrix FLOPs): {', '.join(left_out)}")
     return Report(title="Roofline report: measured kernels", source=source, sections=(section,),
-                  roofline=Roofline(roofs=tuple(roofs.values()), points=tuple(points), left_out=tuple(left_out)),
+                  roofline=RooflineChart(roofs=tuple(roofs.values()), points=tuple(points), left_out=tuple(left_out)),
                   notes=tuple(notes))
-
-
-def _limited_by(p: Any) -> str:
-    """What limits the expected time: the unit (as its bound name) or the per-step overhead."""
-    return "step overhead" if p.limiting_unit == "overhead" else _bound(p.limiting_unit)
-
-
-def _bound(unit: str) -> str:
-    from perfmodel.model.core import BOUND_NAMES
-
-    return BOUND_NAMES.get(unit, unit)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -293,145 +293,85 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str)
 
 def as_dict(report: Report) -> dict[str, Any]:
     """JSON-ready form (tables as lists of dicts keyed by header)."""
-    import dataclasses
-
     return {
         "title": report.title,
         "source": report.source,
         "sections": [{"heading": s.heading, "rows": [dict(zip(s.headers, r)) for r in s.rows],
                       "summary": list(s.summary)} for s in report.sections],
-        "roofline": dataclasses.asdict(report.roofline),
+        "roofline": to_jsonable(report.roofline),
         "notes": list(report.notes),
     }
 
 
-# --------------------------------------------------------------------------- compare (text)
+# --------------------------------------------------------------------------- input and files
+
+
+def build_report(input_path: str, *, stdin_text: str | None = None) -> Report:
+    """The report of INPUT: `perfmodel predict model --json` output (a file, or ``"-"`` with ``stdin_text``), a
+    results file of `perfmodel measure` (.jsonl) or a published-measurement YAML; the kind is told apart by the
+    name and the content."""
+    from perfmodel.harness.sources import load_results
+
+    if input_path.endswith((".yaml", ".yml")):
+        loaded = load_results([input_path])
+        return dataclasses.replace(records_report(loaded.items, source=input_path), warnings=loaded.warnings)
+    if input_path == "-":
+        text = stdin_text or ""
+    else:
+        try:
+            text = Path(input_path).read_text()
+        except FileNotFoundError:
+            raise InputError(f"`input_path` '{input_path}': no such file", fields=("input_path",)) from None
+        except OSError as exc:
+            raise InputError(f"`input_path` '{input_path}': cannot read ({exc.strerror})",
+                             fields=("input_path",)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None
+    if _is_step(data):
+        return step_report(data, source="stdin" if input_path == "-" else input_path)
+    if input_path == "-":
+        raise InputError("`input_path` -: not `perfmodel predict model --json` output; report reads that (also from "
+                         "stdin), or a measure results file or the published results YAML given by path",
+                         fields=("input_path",))
+    loaded = load_results([input_path])
+    return dataclasses.replace(records_report(loaded.items, source=input_path), warnings=loaded.warnings)
+
+
+def _is_step(data: Any) -> bool:
+    items = data if isinstance(data, list) else [data]
+    return bool(items) and all(isinstance(d, dict) and "ops" in d for d in items)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Stats:
-    count: int
-    median: float | None
-    lowest: float | None
-    highest: float | None
+class WrittenReport:
+    report: Report
+    markdown: str
+    plot: str
+
+    @property
+    def table_rows(self) -> int:
+        return sum(len(s.rows) for s in self.report.sections)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Comparison:
-    """Measured vs predicted, real-TPU records and interpret-mode records apart."""
+def write_report(report: Report, out: str | os.PathLike, plot: str | os.PathLike | None = None) -> WrittenReport:
+    """Write the markdown to ``out`` and the roofline PNG to ``plot`` (default: ``out`` with .png), the markdown
+    linking the image by its relative path."""
+    from perfmodel.harness.plots import roofline_figure, save
 
-    real: tuple[Section, ...]
-    interpret: tuple[Section, ...]
-    #: Over real-TPU records with an efficiency: op floor / measured.
-    efficiency: Stats
-    #: Over real-TPU records: measured / expected (+dispatch).
-    measured_over_expected: Stats
-    notes: tuple[str, ...]
-
-
-def _stats(values: Sequence[float]) -> Stats:
-    import statistics
-
-    if not values:
-        return Stats(count=0, median=None, lowest=None, highest=None)
-    return Stats(count=len(values), median=statistics.median(values), lowest=min(values), highest=max(values))
-
-
-def compare(items: Sequence[Located]) -> Comparison:
-    """Tables of measured vs predicted and statistics over the real-TPU records only."""
-    real_rows, interp_rows = [], []
-    for n, item in enumerate(items, start=1):
-        r, p = item.record, item.record.prediction
-        head = (str(n), r.kernel, r.arrays_text, r.blocks_text, p.chip)
-        if r.is_real:
-            t = r.timing
-            spread = f"{seconds(t.min_s)}..{seconds(t.max_s)}" if t.min_s is not None and t.max_s is not None else "-"
-            real_rows.append(head + (f"{seconds(t.measured_s)} ({t.statistic})", spread, seconds(p.op_floor_s),
-                                     seconds(r.expected_wall_s), f"{t.measured_s / r.expected_wall_s:.2f}x",
-                                     percent(r.efficiency) if r.efficiency is not None else "-",
-                                     _bound(p.op_floor_limiter), _limited_by(p), item.where))
-        else:
-            interp_rows.append(head + (r.backend, seconds(r.timing.measured_s), seconds(p.op_floor_s),
-                                       seconds(p.expected_s), item.where))
-    real = [i.record for i in items if i.record.is_real]
-    notes = []
-    interp = len(items) - len(real)
-    if interp:
-        notes.append(f"{interp} interpret-mode record(s) shown apart and left out of the statistics: Pallas TPU "
-                     "interpret mode runs on the host, so their wall times say nothing about TPU speed")
-    if any(r.efficiency is None for r in real):
-        notes.append("records predicted for another chip than the device have no efficiency and are left out of "
-                     "the statistics")
-    real_section = Section(
-        heading="real TPU (compiled)",
-        headers=("#", "kernel", "arrays", "blocks", "chip", "measured", "spread", "op floor", "expected (+dispatch)",
-                 "measured/expected", "efficiency", "floor bound", "limited by", "record"),
-        align="rllllrrrrrrlll", rows=tuple(real_rows))
-    interp_section = Section(
-        heading="interpret mode (host wall time of an emulation: not TPU performance)",
-        headers=("#", "kernel", "arrays", "blocks", "predicted for", "backend", "interpret wall time",
-                 "op floor (pred.)", "expected (pred.)", "record"),
-        align="rllllrrrrl", rows=tuple(interp_rows))
-    return Comparison(
-        real=(real_section,) if real_rows else (), interpret=(interp_section,) if interp_rows else (),
-        efficiency=_stats([r.efficiency for r in real if r.efficiency is not None]),
-        measured_over_expected=_stats([r.timing.measured_s / r.expected_wall_s for r in real
-                                       if r.device_chip == r.prediction.chip]),
-        notes=tuple(notes),
-    )
-
-
-def render_compare(c: Comparison) -> str:
-    from perfmodel.units import table
-
-    lines: list[str] = []
-    for s in c.real + c.interpret:
-        lines += [s.heading + ":", table(list(s.headers), [list(r) for r in s.rows], align=s.align), ""]
-    if c.efficiency.count:
-        e, m = c.efficiency, c.measured_over_expected
-        lines.append(f"efficiency (op floor / measured) over {e.count} real-TPU record(s): median {percent(e.median)}, "
-                     f"range {percent(e.lowest)}..{percent(e.highest)}")
-        lines.append(f"measured / expected (+dispatch) over {m.count}: median {m.median:.2f}x, "
-                     f"range {m.lowest:.2f}x..{m.highest:.2f}x")
-    else:
-        lines.append("no real-TPU records: no efficiency statistics")
-    lines += [f"note: {n}" for n in c.notes]
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- one record as text
-
-
-def record_text(record: Any) -> str:
-    """A few lines describing one measurement; interpret-mode times are labelled as not TPU performance."""
-    r, p, t = record, record.prediction, record.timing
-    spread = ""
-    if t.min_s is not None and t.max_s is not None:
-        spread = f" (min {seconds(t.min_s)}, max {seconds(t.max_s)}, IQR {seconds(t.iqr_s)}"
-        after = f" after {t.warmup} warm-up" if t.warmup is not None else ""
-        spread += f", {t.repeats} repeat{'s' if t.repeats != 1 else ''}{after})"
-    lines = [f"{r.kernel}  {r.arrays_text}  blocks: {r.blocks_text}  (grid {_grid(p.grid)})",
-             f"  backend {r.backend} ({r.device_kind}), mode {r.mode}, jax {r.jax_version or '?'}"]
-    if r.is_real:
-        dispatch = f"; trivial jitted call {seconds(t.dispatch_s)}" if t.dispatch_s is not None else ""
-        lines.append(f"  measured: {t.statistic} {seconds(t.measured_s)}{spread}; wall per call, dispatch "
-                     f"included{dispatch}")
-    else:
-        lines.append(f"  {INTERPRET_LABEL}: {t.statistic} {seconds(t.measured_s)}{spread}")
-    lines.append(f"  predicted on {p.chip}: op floor {seconds(p.op_floor_s)} ({_bound(p.op_floor_limiter)}), "
-                 f"expected {seconds(p.expected_s)} ({p.expected_source}"
-                 + (f", {p.schedule_limiter}-limited" if p.schedule_limiter else "") + ")"
-                 + (f", {seconds(r.expected_wall_s)} with dispatch" if r.is_real else ""))
-    if r.efficiency is not None:
-        lines.append(f"  efficiency (op floor / measured): {percent(r.efficiency)}; measured / expected "
-                     f"(+dispatch): {t.measured_s / r.expected_wall_s:.2f}x")
-    elif not r.is_real:
-        lines.append("  efficiency: n/a (interpret mode: host wall time, not TPU performance)")
-    else:
-        lines.append("  efficiency: n/a (prediction is for another chip than the device)")
-    lines += [f"  note: {n}" for n in r.notes if not n.startswith(INTERPRET_LABEL)]
-    return "\n".join(lines)
-
-
-def _grid(grid: Any) -> str:
-    return "x".join(str(g) for g in grid) if grid else "-"
+    md_path = Path(out)
+    png_path = Path(plot) if plot is not None else md_path.with_suffix(".png")
+    for path, name in ((md_path, "out"), (png_path, "plot")):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"`{name}` '{path}': cannot create its directory ({exc.strerror})",
+                             fields=(name,)) from None
+    save(roofline_figure(report.roofline, report.title), png_path, field="plot")
+    link = os.path.relpath(png_path.resolve(), md_path.resolve().parent)
+    try:
+        md_path.write_text(to_markdown(report, plot_name=link))
+    except OSError as exc:
+        raise InputError(f"`out` '{md_path}': cannot write ({exc.strerror})", fields=("out",)) from None
+    return WrittenReport(report=report, markdown=str(md_path), plot=str(png_path))

@@ -1,9 +1,7 @@
-"""Text and JSON renderings of schedule-model results."""
+"""Text rendering of a schedule-model :class:`~perfmodel.schedule.results.Analysis` (what `perfmodel analyze`
+prints); its JSON form is :meth:`Analysis.as_dict`."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 from perfmodel.schedule.results import Analysis, KernelAnalysis, OperandTraffic
 from perfmodel.units import binary, nbytes, percent, seconds, si, table
@@ -106,32 +104,3 @@ def render(a: Analysis) -> str:
         blocks.append(f"total expected {seconds(a.expected_s)} over {len(a.kernels)} pallas_calls")
     blocks.extend(f"note: {n}" for n in a.notes)
     return "\n\n".join(blocks)
-
-
-def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "step_times"}
-        if isinstance(obj, OperandTraffic):
-            out["reread_factor"] = obj.reread_factor
-        if hasattr(obj, "expected_wall_s"):
-            out["expected_wall_s"] = obj.expected_wall_s
-        if hasattr(obj, "manual_dma_bytes"):
-            out["manual_dma_bytes"] = obj.manual_dma_bytes
-        if isinstance(obj, KernelAnalysis):
-            out["hbm_bytes"] = obj.hbm_bytes
-            out["ideal_hbm_bytes"] = obj.ideal_hbm_bytes
-        return out
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-def to_json(a: Analysis) -> dict[str, Any]:
-    """Plain-JSON form of an Analysis (per-step arrays left out)."""
-    from perfmodel.cli.common import to_jsonable
-
-    out = _plain(a)
-    out["expected_s"] = a.expected_s
-    return to_jsonable(out)

@@ -1,0 +1,125 @@
+"""Where measurement records come from: results files of `perfmodel measure` and published-measurement YAMLs.
+
+:func:`load_results` reads any mix of them (what ``compare``, ``calibrate``
+and ``report`` take); :func:`published_records` converts a published YAML
+(perfmodel/data/validation/tpu_v5e_matmul.yaml's format) into records
+predicted with the schedule model. Reading a results file needs no jax; a
+published YAML runs the schedule model (jax, imported when it runs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from perfmodel.errors import InputError
+from perfmodel.harness.measure import op_model_prediction, predict_call
+from perfmodel.harness.records import ArraySpec, Loaded, Located, Record, Timing, efficiency, read_records
+
+
+def load_results(paths: Sequence[str | os.PathLike]) -> Loaded:
+    """Records of results files (.jsonl) and published-measurement YAMLs (.yaml, converted with the schedule
+    model; that needs jax, a results file does not). InputError when nothing is left."""
+    items: list[Located] = []
+    warnings: list[str] = []
+    for path in paths:
+        if str(path).endswith((".yaml", ".yml")):
+            loaded = published_records(path)
+        else:
+            loaded = read_records(path)
+        items += loaded.items
+        warnings += loaded.warnings
+    if not items:
+        raise InputError(f"{', '.join(map(str, paths))}: no measurement records")
+    return Loaded(items=tuple(items), warnings=tuple(warnings))
+
+
+def published_records(path: str | Path) -> Loaded:
+    """Records of a published-measurement YAML (perfmodel/data/validation/tpu_v5e_matmul.yaml's format).
+
+    Pallas points are JAX's example matmul (the catalog's ``jax-matmul``) at the
+    given blocks, predicted by the schedule model (traced with jax, nothing
+    runs); XLA points (``kernel: xla``) by the op model. The figures are means
+    of timed calls with dispatch included: the dispatch estimate is
+    :data:`perfmodel.schedule.timing.DEFAULT_HOST_DISPATCH`, as in the schedule
+    model's own calibration.
+    """
+    import yaml
+
+    from perfmodel.model.gemm import gemm
+    from perfmodel.schedule.analyze import resolve_chip
+    from perfmodel.schedule.catalog import get_entry
+    from perfmodel.schedule.shapes import parse_shape
+    from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+        data = yaml.safe_load(text)
+        lines = _point_lines(text)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list) or "chip" not in data:
+        raise InputError(f"{p}: expected a published-measurement file with 'chip', 'source' and 'points' "
+                         "(like perfmodel/data/validation/tpu_v5e_matmul.yaml)")
+    chip = resolve_chip(str(data["chip"]))
+    source = data.get("source") or {}
+    citation = ", ".join(str(source[k]) for k in ("title", "url") if k in source) or str(p)
+    calls = re.search(r"over (\d+) calls", str(source.get("measurement", "")))
+    dispatch = DEFAULT_HOST_DISPATCH
+    items = []
+    for i, point in enumerate(data["points"]):
+        where = f"{p}:{lines[i]}" if i < len(lines) else f"{p}: points[{i}]"
+        try:
+            m, n, k = (int(point[d]) for d in ("m", "n", "k"))
+            kind = str(point["kernel"])
+            measured_s = float(point["measured_ms"]) * 1e-3
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{where}: a point needs kernel, m, n, k and measured_ms") from None
+        x = parse_shape(f"x={m}x{k}:bf16")
+        y = parse_shape(f"y={k}x{n}:bf16")
+        if kind == "pallas":
+            entry = get_entry("jax-matmul")
+            try:
+                blocks = {"bm": int(point["bm"]), "bk": int(point["bk"]), "bn": int(point["bn"])}
+            except (KeyError, TypeError, ValueError):
+                raise InputError(f"{where}: a pallas point needs bm, bk and bn") from None
+            pred = predict_call(entry, {"x": x, "y": y}, blocks, chip, {}, dispatch_s=dispatch.seconds)
+            name, function = entry.name, entry.function
+        elif kind == "xla":
+            cost = gemm(m=m, n=n, k=k, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16", chip=chip)
+            pred = op_model_prediction(cost, chip, dispatch_s=dispatch.seconds)
+            name, function, blocks = "xla-matmul", "jax.numpy:matmul", None
+        else:
+            raise InputError(f"{where}: field 'kernel' is '{kind}'; expected 'pallas' or 'xla'")
+        t = Timing(statistic="mean", measured_s=measured_s, repeats=int(calls.group(1)) if calls else 0,
+                   includes_dispatch=True, dispatch_s=dispatch.seconds, dispatch_source=dispatch.source)
+        record = Record(
+            kernel=name, function=function,
+            arrays=(ArraySpec(name="x", shape=(m, k), dtype=x.dtype), ArraySpec(name="y", shape=(k, n), dtype=y.dtype)),
+            blocks=blocks, backend="tpu", device_kind=(chip.jax_device_kinds or [chip.name])[0],
+            device_chip=chip.name, mode="compiled", source=f"published: {citation}", timing=t, prediction=pred,
+            efficiency=efficiency(pred, measured_s, mode="compiled", device_chip=chip.name),
+            notes=(f"published figure ({source.get('measurement', 'method not stated')})",),
+        )
+        items.append(Located(where=where, record=record))
+    return Loaded(items=tuple(items))
+
+
+def _point_lines(text: str) -> list[int]:
+    """1-based line of each item of the top-level 'points' list."""
+    import yaml
+
+    root = yaml.compose(text)
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for key, value in root.value:
+        if key.value == "points" and isinstance(value, yaml.SequenceNode):
+            return [item.start_mark.line + 1 for item in value.value]
+    return []

@@ -1,0 +1,233 @@
+"""The op of each ``perfmodel predict`` command, built from flat keyword parameters.
+
+Each builder takes ``chip=`` and the parameters as the command has them
+(one value each; a sweep calls it once per point), fills in the defaults
+that depend on other parameters (KV heads default to the query heads, the
+KV length to the query length, ...) and returns an
+:class:`~perfmodel.model.core.OpCost` or ``{variant: OpCost}``.
+:func:`predict_op` runs one over chips x points (see
+:mod:`perfmodel.predict.sweep`). Errors name the keyword arguments
+(`` `context_lens` ``); the CLI turns them into its flags. No jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping, Sequence
+
+from perfmodel.errors import InputError, naming
+from perfmodel.predict.sweep import Builder, OpSweep, predict_sweep
+
+_CONTEXT_FIELDS = ("context", "context_lens", "context_dist")
+
+
+# ----------------------------------------------------------------------------- per-sequence context lengths
+
+
+def context_lengths(context: int | None = None, context_lens: Any = None, context_dist: str | None = None,
+                    batch: int | None = None) -> tuple[Any, Any]:
+    """``(context_lens, batch)`` arguments of the paged-attention models from exactly one of:
+
+    * ``context`` (one length shared by ``batch`` sequences, default 1): ``(context, batch)``;
+    * ``context_lens``, one length per sequence (a list, or text such as ``"4096,100"`` or ``"2048x31,8192"``):
+      ``(lengths, None)``;
+    * ``context_dist``, ``batch`` quantiles of ``uniform:LO:HI``, ``normal:MEAN:STD`` or
+      ``lognormal:MEDIAN:SIGMA``: ``(lengths, None)``.
+    """
+    from perfmodel.model.distributions import quantile_lengths
+    from perfmodel.model.shapes import sizes
+
+    given = [n for n, v in zip(_CONTEXT_FIELDS, (context, context_lens, context_dist)) if v is not None]
+    if len(given) != 1:
+        raise InputError("give exactly one of `context`, `context_lens`, `context_dist`"
+                         + (f" (got {', '.join(f'`{g}`' for g in given)})" if given else ""), fields=_CONTEXT_FIELDS)
+    if batch is not None:
+        sizes("batch", batch)
+    if context is not None:
+        return sizes("context", context), (1 if batch is None else batch)
+    if context_lens is not None:
+        if batch is not None:
+            raise InputError("`batch`: not with `context_lens` (the list gives one length per sequence)",
+                             fields=("batch", "context_lens"))
+        return length_list(context_lens, "context_lens"), None
+    with naming("context_dist"):
+        return quantile_lengths(context_dist, 1 if batch is None else batch, "`context_dist`"), None
+
+
+def length_list(value: Any, field: str) -> Any:
+    """Lengths from a list or from text like ``"1x64,512x2"`` (VALUExCOUNT); errors name ``field``."""
+    import numpy as np
+
+    from perfmodel.model.distributions import parse_length_list
+
+    if not isinstance(value, str):
+        return np.asarray(value, dtype=np.int64)
+    with naming(field):
+        return parse_length_list(value, f"`{field}`")
+
+
+def context_field(context: Any = None, context_lens: Any = None, context_dist: Any = None) -> str:
+    """The context parameter that was given (for error messages); ``context_lens`` when none or several."""
+    given = [n for n, v in zip(_CONTEXT_FIELDS, (context, context_lens, context_dist)) if v is not None]
+    return given[0] if len(given) == 1 else "context_lens"
+
+
+@contextlib.contextmanager
+def blame_context(field: str) -> Iterator[None]:
+    """Prefix the model's too-small page table error ("a context of N tokens needs ... --pages-per-seq ...",
+    which cannot know which parameter gave the lengths) with the context parameter given."""
+    try:
+        yield
+    except InputError as exc:
+        if str(exc).startswith("a context of "):
+            raise InputError(f"`{field}`: {exc}", fields=exc.fields + (field,)) from None
+        raise
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def gemm(*, chip: Any, **params: Any) -> Any:
+    """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm)."""
+    from perfmodel.model.gemm import gemm as model
+
+    return model(chip=chip, **params)
+
+
+def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, kv_heads: Any = None,
+              **params: Any) -> Any:
+    """Flash prefill attention; the KV length defaults to the query length, KV heads to the query heads."""
+    from perfmodel.model.attention import flash_attention
+
+    return flash_attention(chip=chip, q_len=q_len, kv_len=q_len if kv_len is None else kv_len, q_heads=q_heads,
+                           kv_heads=q_heads if kv_heads is None else kv_heads, **params)
+
+
+def decode_attention(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
+                     batch: Any = None, q_heads: Any = 32, kv_heads: Any = None, **params: Any) -> Any:
+    """One paged decode step; contexts from :func:`context_lengths`, KV heads default to the query heads."""
+    from perfmodel.model.attention import paged_decode_attention
+
+    lens, b = context_lengths(context, context_lens, context_dist, batch)
+    with blame_context(context_field(context, context_lens, context_dist)):
+        return paged_decode_attention(chip=chip, context_lens=lens, batch=b, q_heads=q_heads,
+                                      kv_heads=q_heads if kv_heads is None else kv_heads, **params)
+
+
+def ragged_attention(*, chip: Any, query_lens: Any, context_lens: Any, q_heads: Any = 32, kv_heads: Any = None,
+                     **params: Any) -> Any:
+    """A mixed batch of prefill chunks and decode tokens; lengths as lists or VALUExCOUNT text."""
+    from perfmodel.model.attention import ragged_paged_attention
+
+    queries, contexts = length_list(query_lens, "query_lens"), length_list(context_lens, "context_lens")
+    with blame_context("context_lens"):
+        return ragged_paged_attention(chip=chip, query_lens=queries, context_lens=contexts, q_heads=q_heads,
+                                      kv_heads=q_heads if kv_heads is None else kv_heads, **params)
+
+
+def mla_decode(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
+               batch: Any = None, **params: Any) -> Any:
+    """DeepSeek-style MLA decode; contexts from :func:`context_lengths`."""
+    from perfmodel.model.attention import mla_decode as model
+
+    lens, b = context_lengths(context, context_lens, context_dist, batch)
+    with blame_context(context_field(context, context_lens, context_dist)):
+        return model(chip=chip, context_lens=lens, batch=b, **params)
+
+
+def sampling(*, chip: Any, method: str = "both", projection_hidden: Any = None, temperature: bool = True,
+             **params: Any) -> Any:
+    """Sampling; ``method="both"`` gives the threshold and sort forms side by side when a filter is set."""
+    from perfmodel.model.sampling import sampling as model
+    from perfmodel.model.shapes import sizes
+
+    filtering = params.get("top_k") is not None or params.get("top_p") is not None
+    if not temperature and (filtering or params.get("min_p") is not None):
+        raise InputError("greedy sampling takes the argmax and applies no filters; drop `top_k` / `top_p` / `min_p` "
+                         "or sample with `temperature`", fields=("top_k", "top_p", "min_p", "temperature"))
+    if projection_hidden is not None:
+        sizes("projection_hidden", projection_hidden)
+    methods = ["threshold", "sort"] if method == "both" and filtering else (
+        ["threshold"] if method == "both" else [method])
+    costs = {m: model(chip=chip, method=m, temperature=temperature, include_projection_hidden=projection_hidden,
+                      **params) for m in methods}
+    return costs if len(costs) > 1 else costs[methods[0]]
+
+
+def kv_update(*, chip: Any, tokens: Any, **params: Any) -> Any:
+    """Writing ``tokens`` new tokens' K / V into their page slots."""
+    from perfmodel.model.kvcache import kv_cache_update
+    from perfmodel.model.shapes import sizes
+
+    return kv_cache_update(chip=chip, num_tokens=sizes("tokens", tokens), **params)
+
+
+def kv_gather(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
+              batch: Any = None, **params: Any) -> Any:
+    """Copying sequences' pages into a contiguous buffer; contexts from :func:`context_lengths`."""
+    from perfmodel.model.kvcache import kv_gather as model
+
+    lens, b = context_lengths(context, context_lens, context_dist, batch)
+    return model(chip=chip, context_lens=lens, batch=b, **params)
+
+
+def _fused(name: str) -> Builder:
+    """The fused and unfused forms of perfmodel.model.fused.<name> side by side."""
+
+    def build(*, chip: Any, **params: Any) -> Any:
+        from perfmodel.model import fused
+
+        fn = getattr(fused, name)
+        return {"fused": fn(chip=chip, fused=True, **params), "unfused": fn(chip=chip, fused=False, **params)}
+
+    return build
+
+
+def parse_dims(value: Any, field: str = "shape") -> list[int]:
+    """``"8,4096"`` or ``"8x4096"`` (or a list) -> [8, 4096]; errors name ``field``."""
+    if not isinstance(value, str):
+        return [int(d) for d in value]
+    try:
+        return [int(d) for d in value.replace("x", ",").split(",") if d.strip()]
+    except ValueError:
+        raise InputError(f"`{field}`: '{value}' must be comma-separated integers, e.g. 8,4096",
+                         fields=(field,)) from None
+
+
+def _collective(kind: str) -> Builder:
+    def build(*, chip: Any, shape: Any = None, bytes_per_chip: Any = None, **params: Any) -> Any:
+        from perfmodel.model.collectives import COLLECTIVES
+
+        dims = None if shape is None else parse_dims(shape)
+        return COLLECTIVES[kind](chip=chip, shape=dims, bytes_per_chip=bytes_per_chip, **params)
+
+    return build
+
+
+#: op name (as `perfmodel predict` prints it) -> builder.
+BUILDERS: dict[str, Builder] = {
+    "gemm": gemm,
+    "attention": attention,
+    "decode-attention": decode_attention,
+    "ragged-attention": ragged_attention,
+    "mla-decode": mla_decode,
+    "sampling": sampling,
+    "kv-cache update": kv_update,
+    "kv-cache gather": kv_gather,
+    "rms-norm": _fused("rms_norm"),
+    "swiglu": _fused("swiglu"),
+    "geglu": _fused("geglu"),
+    "rope": _fused("rope"),
+    "dequant-gemm": _fused("dequant_gemm"),
+    "all-gather": _collective("all-gather"),
+    "reduce-scatter": _collective("reduce-scatter"),
+    "all-reduce": _collective("all-reduce"),
+}
+
+
+def predict_op(op: str, params: Mapping[str, Any], *, chips: Sequence[Any],
+               points: Sequence[Mapping[str, Any]] = ({},)) -> OpSweep:
+    """The op named ``op`` (a key of :data:`BUILDERS`) over chips x points."""
+    if op not in BUILDERS:
+        raise InputError(f"`op`: unknown op '{op}'; one of {', '.join(BUILDERS)}", fields=("op",))
+    return predict_sweep(op, BUILDERS[op], params, chips=chips, points=points)

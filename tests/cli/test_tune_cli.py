@@ -1,0 +1,43 @@
+"""What `perfmodel tune` says about rejected candidates: one real message per group of like reasons, cut only
+beyond 200 characters, and the rendered summary with its counts."""
+
+import pytest
+
+from perfmodel.schedule import tune as tune_mod
+from perfmodel.schedule.tune import Candidate, TuneResult
+from perfmodel.schedule.tune_render import render_tune
+
+
+def test_rejections_keep_the_first_real_message_per_group():
+    groups: dict = {}
+    first = "--block: flash_attention block sizes {'block_q': 2048, 'block_kv': 512} rejected: 1024 does not divide 512"
+    tune_mod._count(groups, first)
+    tune_mod._count(groups, "--block: flash_attention block sizes {'block_q': 256, 'block_kv': 128} rejected: "
+                            "1024 does not divide 128")
+    tune_mod._count(groups, "VMEM needs vmem_limit_bytes on tpu-v5e")
+    shown = {msg: n for msg, n in groups.values()}
+    # numbers kept, tune's nonexistent --block flag dropped, like messages counted together
+    assert shown == {
+        "flash_attention block sizes {'block_q': 2048, 'block_kv': 512} rejected: 1024 does not divide 512": 2,
+        "VMEM needs vmem_limit_bytes on tpu-v5e": 1,
+    }
+
+
+@pytest.mark.parametrize("length, shown", [(200, 200), (201, 200)])
+def test_rejection_message_cut_only_beyond_200_chars(length, shown):
+    text = "tracing k failed: " + "x" * length
+    message = tune_mod._message(text)
+    assert len(message) == shown
+    assert message.endswith("...") == (length > 200)
+    assert not message.startswith("tracing")
+
+
+def test_render_tune_shows_examples_with_counts():
+    cand = Candidate(blocks={"bm": 128}, expected_s=1e-3, hbm_bytes=100, ideal_hbm_bytes=100, vmem_bytes=2**20,
+                     vmem_status="fits", vmem_limit_bytes=None, steps=4, limiter="compute", reason="ok")
+    result = TuneResult(kernel="k", chip="tpu-v5e", shapes=(), ranked=(cand,), evaluated=4,
+                        rejected={"bm=64 does not divide 100": 2, "VMEM needs vmem_limit_bytes on tpu-v5e": 1},
+                        pruned=0, baseline=None, baseline_label="kernel default")
+    lines = render_tune(result, 1).splitlines()
+    assert lines[-2:] == ["  rejected 2x, e.g.: bm=64 does not divide 100",
+                          "  rejected 1x: VMEM needs vmem_limit_bytes on tpu-v5e"]
