@@ -8,7 +8,6 @@ field by field against the dataclass's type hints. Anything unexpected is a
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import typing
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import yaml
 
 from perfmodel.errors import SpecError
+from perfmodel.hw.speccache import dataclass_fields
 
 _NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _UNIT_RE = re.compile(r"^\s*[+-]?[\d.]+(?:[eE][+-]?\d+)?\s*[A-Za-zµ/]+")
@@ -128,13 +128,14 @@ def load_dataclass(node: yaml.Node, cls: type, path: str, ctx: _Ctx) -> Any:
     """Build ``cls`` from a mapping node, rejecting unknown and missing keys."""
     if not isinstance(node, yaml.MappingNode):
         raise ctx.fail(node, path, f"must be a mapping of {cls.__name__} fields")
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
+    hints, fields = dataclass_fields(cls)
     seen: dict[str, Any] = {}
     for key_node, val_node in node.value:
         key = key_node.value
         sub = f"{path}.{key}" if path else key
         if key not in hints:
+            import difflib
+
             close = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
             hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(fields)}"
             raise ctx.fail(key_node, sub, f"unknown key in {cls.__name__}; {hint}")
@@ -148,13 +149,14 @@ def load_dataclass(node: yaml.Node, cls: type, path: str, ctx: _Ctx) -> Any:
     return cls(**seen)
 
 
-def load_yaml_file(file: Path, cls: type) -> Any:
-    """Parse ``file`` and build ``cls`` from it, strictly."""
+def load_yaml_file(file: Path, cls: type, text: str | None = None) -> Any:
+    """Parse ``file`` (or ``text``, read from it already) and build ``cls`` from it, strictly."""
     ctx = _Ctx(str(file))
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{file}: cannot read ({exc.strerror})") from None
+    if text is None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"{file}: cannot read ({exc.strerror})") from None
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
@@ -165,3 +167,4 @@ def load_yaml_file(file: Path, cls: type) -> Any:
     if node is None:
         raise SpecError(f"{file}: empty file; expected a {cls.__name__} mapping")
     return load_dataclass(node, cls, "", ctx)
+

@@ -5,20 +5,25 @@ Extra directories of ``*.yaml`` specs can be listed in the environment
 variable ``PERFMODEL_HW_PATH`` (``os.pathsep``-separated, like ``PATH``); a
 user spec there may shadow a built-in one of the same name. Anywhere a chip
 name is accepted, a path to a spec file works too.
+
+Resolving one chip reads only that chip's spec in full: the names of the others
+come from a scan of each file's first lines (:func:`perfmodel.hw.speccache.scan_header`,
+no YAML parse). Where a file's head is not in the simple form the scan reads, or the
+name is unknown, every file is loaded. Built-in specs are loaded through a JSON cache
+that is used only for the same YAML text and the same loading code
+(:func:`perfmodel.hw.speccache.load_cached`); yaml is imported only on a miss.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
-import importlib.resources
 import os
 import re
 from pathlib import Path
 
 from perfmodel.errors import SpecError, UnknownChipError
-from perfmodel.hw.loader import load_yaml_file
 from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
+from perfmodel.hw.speccache import load_cached, scan_header
 
 ENV_VAR = "PERFMODEL_HW_PATH"
 
@@ -36,6 +41,11 @@ def _get_path(spec: object, dotted: str) -> object:
     for part in dotted.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _numeric_paths() -> tuple[str, ...]:
+    return tuple(numeric_field_paths())
 
 
 def validate(spec: ChipSpec, file: Path) -> ChipSpec:
@@ -64,7 +74,7 @@ def validate(spec: ChipSpec, file: Path) -> ChipSpec:
     for ref in set(spec.sources.values()):
         if ref not in spec.references:
             raise bad(f"field 'sources' names reference '{ref}' that is not in 'references'")
-    for path in numeric_field_paths():
+    for path in _numeric_paths():
         value = _get_path(spec, path)
         if value is None:
             continue
@@ -94,11 +104,20 @@ def validate(spec: ChipSpec, file: Path) -> ChipSpec:
 _SOURCE_FILES: dict[int, str] = {}
 
 
+def _load_checked(file: Path, text: str | None = None) -> ChipSpec:
+    from perfmodel.hw.loader import load_yaml_file
+
+    return validate(load_yaml_file(file, ChipSpec, text), file)
+
+
 @functools.lru_cache(maxsize=None)
 def load_spec_file(path: str) -> ChipSpec:
-    """Load and validate one spec file (cached by path)."""
+    """Load and validate one spec file (cached by path; a built-in one also on disk, see speccache)."""
     file = Path(path)
-    spec = validate(load_yaml_file(file, ChipSpec), file)
+    if file.parent == _builtin_dir():
+        spec = load_cached(file, ChipSpec, lambda text: _load_checked(file, text), code=(__file__,))
+    else:
+        spec = _load_checked(file)
     _SOURCE_FILES[id(spec)] = path
     return spec
 
@@ -114,8 +133,15 @@ def chip_argument(spec: ChipSpec) -> str:
     return _SOURCE_FILES.get(id(spec), spec.name)
 
 
+@functools.lru_cache(maxsize=None)
+def _builtin_dir() -> Path:
+    import hwspecs  # a regular package of data files: its directory is what importlib.resources.files() gives
+
+    return Path(hwspecs.__file__).parent
+
+
 def _spec_dirs() -> list[Path]:
-    dirs = [Path(str(importlib.resources.files("hwspecs")))]
+    dirs = [_builtin_dir()]
     extra = os.environ.get(ENV_VAR, "")
     for entry in extra.split(os.pathsep):
         if entry:
@@ -144,6 +170,48 @@ def _names(spec: ChipSpec) -> list[str]:
     return [spec.name, *spec.aliases, *spec.jax_device_kinds]
 
 
+#: Top-level keys holding a chip's names, as scan_header reads them.
+_NAME_KEYS: dict[str, type] = {"name": str, "aliases": tuple, "jax_device_kinds": tuple}
+
+
+@functools.lru_cache(maxsize=256)
+def _scan_file(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+    """(name, *aliases, *jax_device_kinds) of one spec file from its head, or None when the scan is unsure.
+    Keyed by the file's mtime and size too, so an edited file is scanned again."""
+    try:
+        head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if head is None:
+        return None
+    return (head["name"], *head["aliases"], *head["jax_device_kinds"])
+
+
+def _find_by_scan(key: str) -> ChipSpec | None:
+    """The chip whose name, alias or device kind normalizes to ``key``, loading only its file.
+
+    Same answer as a search of all_chips() (a later directory's spec of the same name replaces an
+    earlier one; the first match in that order wins). None when any file's head cannot be scanned,
+    when nothing matches, or when the loaded spec's names are not what the scan read: the caller
+    then loads every file.
+    """
+    by_name: dict[str, tuple[Path, tuple[str, ...]]] = {}
+    for f in spec_files():
+        try:
+            st = os.stat(f)
+        except OSError:
+            return None
+        names = _scan_file(str(f), st.st_mtime_ns, st.st_size)
+        if names is None:
+            return None
+        by_name[names[0]] = (f, names)
+    for f, names in by_name.values():
+        if key in {normalize(n) for n in names}:
+            spec = load_spec_file(str(f))
+            return spec if tuple(_names(spec)) == names else None
+    return None
+
+
 def get_chip(name_or_path: str) -> ChipSpec:
     """Resolve a chip name, alias, JAX device_kind or spec-file path.
 
@@ -158,11 +226,16 @@ def get_chip(name_or_path: str) -> ChipSpec:
             raise SpecError(f"spec file '{text}' does not exist; give a chip name (see `perfmodel hw list`) "
                             "or the path of a chip spec YAML")
         return load_spec_file(str(Path(text).resolve()))
-    chips = all_chips()
     key = normalize(text)
+    found = _find_by_scan(key)
+    if found is not None:
+        return found
+    chips = all_chips()
     for spec in chips:
         if key in {normalize(n) for n in _names(spec)}:
             return spec
+    import difflib
+
     known = sorted(spec.name for spec in chips)
     every = {normalize(n): spec.name for spec in chips for n in _names(spec)}
     close = sorted({every[m] for m in difflib.get_close_matches(key, list(every), n=3, cutoff=0.6)})

@@ -17,9 +17,9 @@ layers; nothing here carries a physical unit.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,18 +303,65 @@ def presets_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "models"
 
 
-@functools.lru_cache(maxsize=None)
-def load_model_yaml(path: str) -> ModelConfig:
-    """Load and validate one preset file (cached by path)."""
+def _load_checked(file: Path, text: str | None = None) -> ModelConfig:
     from perfmodel.hw.loader import load_yaml_file
 
+    return validate(load_yaml_file(file, ModelConfig, text), str(file))
+
+
+@functools.lru_cache(maxsize=None)
+def load_model_yaml(path: str) -> ModelConfig:
+    """Load and validate one preset file (cached by path; a built-in preset also on disk, see
+    :func:`perfmodel.hw.speccache.load_cached`: used only for the same YAML text and loading code)."""
     file = Path(path)
-    return validate(load_yaml_file(file, ModelConfig), str(file))
+    if file.parent == presets_dir():
+        from perfmodel.hw.speccache import load_cached
+
+        return load_cached(file, ModelConfig, lambda text: _load_checked(file, text), code=(__file__,))
+    return _load_checked(file)
 
 
 def all_presets() -> list[ModelConfig]:
     """Every built-in model, sorted by name."""
     return sorted((load_model_yaml(str(f)) for f in sorted(presets_dir().glob("*.yaml"))), key=lambda c: c.name)
+
+
+#: Top-level keys holding a preset's names, as perfmodel.hw.loader.scan_header reads them.
+_NAME_KEYS: dict[str, type] = {"name": str, "display_name": str, "aliases": tuple}
+
+
+@functools.lru_cache(maxsize=256)
+def _scan_preset(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+    """(name, display_name, *aliases) of one preset from the file's first lines (no YAML parse), or None
+    when the scan is unsure. Keyed by mtime and size too, so an edited file is scanned again."""
+    from perfmodel.hw.speccache import scan_header
+
+    try:
+        head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None if head is None else (head["name"], head["display_name"], *head["aliases"])
+
+
+def _find_preset(key: str) -> ModelConfig | None:
+    """The preset get_model() would pick for ``key`` (same order as all_presets()), loading only its file;
+    None when a file's head cannot be scanned, nothing matches, or the loaded preset's names are not what
+    the scan read (the caller then loads every preset)."""
+    heads = []
+    for f in sorted(presets_dir().glob("*.yaml")):
+        try:
+            st = os.stat(f)
+        except OSError:
+            return None
+        names = _scan_preset(str(f), st.st_mtime_ns, st.st_size)
+        if names is None:
+            return None
+        heads.append((f, names))
+    for f, names in sorted(heads, key=lambda h: h[1][0]):
+        if key in {normalize(n) for n in names}:
+            cfg = load_model_yaml(str(f))
+            return cfg if (cfg.name, cfg.display_name, *cfg.aliases) == names else None
+    return None
 
 
 def get_model(name_or_path: str) -> ModelConfig:
@@ -329,11 +376,16 @@ def get_model(name_or_path: str) -> ModelConfig:
         if path.suffix in (".yaml", ".yml"):
             return load_model_yaml(str(path.resolve()))
         return load_hf_config(path)
-    presets = all_presets()
     key = normalize(text)
+    found = _find_preset(key)
+    if found is not None:
+        return found
+    presets = all_presets()
     for cfg in presets:
         if key in {normalize(n) for n in (cfg.name, cfg.display_name, *cfg.aliases)}:
             return cfg
+    import difflib
+
     names = {normalize(n): cfg.name for cfg in presets for n in (cfg.name, cfg.display_name, *cfg.aliases)}
     close = sorted({names[m] for m in difflib.get_close_matches(key, list(names), n=3, cutoff=0.6)})
     hint = f"did you mean {', '.join(close)}? " if close else ""
