@@ -324,7 +324,8 @@ def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat:
     backend = current_backend()
     if backend.mode == "interpret" and any(not c.shapes for c in cases):
         raise InputError(f"`shapes`: the {backend.name} backend runs the kernel in interpret mode on the host; "
-                         "give small shapes explicitly (the catalog's example shapes are TPU-sized)", fields=("shapes",))
+                         "give small shapes explicitly (the catalog's example shapes are TPU-sized)",
+                         fields=("shapes",))
     chip = choose_chip(hw, backend)
     if out is not None:
         check_appendable(out)

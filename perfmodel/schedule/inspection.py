@@ -92,7 +92,8 @@ def inspect_kernel(kernel: str, shapes: Sequence[str] = (), blocks: Mapping[str,
     est = [k.cost_estimate for k in analysis.kernels if k.cost_estimate]
     if est:
         rows.append(CostCount(source="perfmodel op model (the kernel's pl.CostEstimate)",
-                              flops=sum(e["flops"] for e in est), transcendentals=sum(e["transcendentals"] for e in est),
+                              flops=sum(e["flops"] for e in est),
+                              transcendentals=sum(e["transcendentals"] for e in est),
                               hbm_bytes=sum(e["bytes_accessed"] for e in est)))
     elif entry.op_model is not None:
         cost = entry.op_model(specs, {**entry.static, **extra})

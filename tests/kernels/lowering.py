@@ -8,6 +8,7 @@ import re
 from typing import Any, Callable
 
 import jax
+import jax.extend  # jax.extend.core is not loaded by `import jax` alone
 
 #: Name of the custom call a Mosaic kernel lowers to.
 MOSAIC_CUSTOM_CALL = "tpu_custom_call"
