@@ -175,16 +175,17 @@ _NAME_KEYS: dict[str, type] = {"name": str, "aliases": tuple, "jax_device_kinds"
 
 
 @functools.lru_cache(maxsize=256)
-def _scan_file(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
-    """(name, *aliases, *jax_device_kinds) of one spec file from its head, or None when the scan is unsure.
-    Keyed by the file's mtime and size too, so an edited file is scanned again."""
+def _scan_file(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], frozenset[str]] | None:
+    """((name, *aliases, *jax_device_kinds), their normalized forms) of one spec file from its head, or None
+    when the scan is unsure. Keyed by the file's mtime and size too, so an edited file is scanned again."""
     try:
         head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
     except (OSError, UnicodeDecodeError):
         return None
     if head is None:
         return None
-    return (head["name"], *head["aliases"], *head["jax_device_kinds"])
+    names = (head["name"], *head["aliases"], *head["jax_device_kinds"])
+    return names, frozenset(normalize(n) for n in names)
 
 
 def _find_by_scan(key: str) -> ChipSpec | None:
@@ -195,18 +196,18 @@ def _find_by_scan(key: str) -> ChipSpec | None:
     when nothing matches, or when the loaded spec's names are not what the scan read: the caller
     then loads every file.
     """
-    by_name: dict[str, tuple[Path, tuple[str, ...]]] = {}
+    by_name: dict[str, tuple[Path, tuple[str, ...], frozenset[str]]] = {}
     for f in spec_files():
         try:
             st = os.stat(f)
         except OSError:
             return None
-        names = _scan_file(str(f), st.st_mtime_ns, st.st_size)
-        if names is None:
+        scanned = _scan_file(str(f), st.st_mtime_ns, st.st_size)
+        if scanned is None:
             return None
-        by_name[names[0]] = (f, names)
-    for f, names in by_name.values():
-        if key in {normalize(n) for n in names}:
+        by_name[scanned[0][0]] = (f, *scanned)
+    for f, names, keys in by_name.values():
+        if key in keys:
             spec = load_spec_file(str(f))
             return spec if tuple(_names(spec)) == names else None
     return None

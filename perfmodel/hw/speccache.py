@@ -176,28 +176,43 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def from_plain(tp: Any, data: Any) -> Any:
-    """Rebuild a value of type ``tp`` from to_plain() data; ValueError if the data does not fit the type."""
+@functools.lru_cache(maxsize=None)
+def _shape(tp: Any) -> tuple[str, Any]:
+    """How from_plain rebuilds a value of type ``tp``: (kind, inner type(s))."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union or (origin is not None and type(None) in args):
-        if data is None:
-            return None
         (inner,) = [a for a in args if a is not type(None)]
-        return from_plain(inner, data)
+        return "optional", inner
     if dataclasses.is_dataclass(tp):
-        hints, fields = dataclass_fields(tp)
+        return "dataclass", dataclass_fields(tp)
+    if tp is bool or tp is int or tp is float or tp is str:
+        return "scalar", tp
+    if origin is tuple:
+        return "tuple", args[0]
+    if origin is dict:
+        return "dict", args
+    raise ValueError(f"cannot rebuild {tp!r}")
+
+
+def from_plain(tp: Any, data: Any) -> Any:
+    """Rebuild a value of type ``tp`` from to_plain() data; ValueError if the data does not fit the type."""
+    kind, inner = _shape(tp)
+    if kind == "optional":
+        return None if data is None else from_plain(inner, data)
+    if kind == "scalar":
+        if type(data) is not inner:
+            raise ValueError(f"expected {inner.__name__}, got {type(data).__name__}")
+        return data
+    if kind == "dataclass":
+        hints, fields = inner
         if not isinstance(data, dict) or list(data) != fields:
             raise ValueError(f"{tp.__name__}: fields differ")
         return tp(**{k: from_plain(hints[k], data[k]) for k in fields})
-    if tp is bool or tp is int or tp is float or tp is str:
-        if type(data) is not tp:
-            raise ValueError(f"expected {tp.__name__}, got {type(data).__name__}")
-        return data
-    if origin is tuple and isinstance(data, list):
-        return tuple(from_plain(args[0], x) for x in data)
-    if origin is dict and isinstance(data, dict):
-        return {from_plain(args[0], k): from_plain(args[1], v) for k, v in data.items()}
+    if kind == "tuple" and isinstance(data, list):
+        return tuple(from_plain(inner, x) for x in data)
+    if kind == "dict" and isinstance(data, dict):
+        return {from_plain(inner[0], k): from_plain(inner[1], v) for k, v in data.items()}
     raise ValueError(f"cannot rebuild {tp!r} from {type(data).__name__}")
 
 

@@ -331,16 +331,20 @@ _NAME_KEYS: dict[str, type] = {"name": str, "display_name": str, "aliases": tupl
 
 
 @functools.lru_cache(maxsize=256)
-def _scan_preset(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
-    """(name, display_name, *aliases) of one preset from the file's first lines (no YAML parse), or None
-    when the scan is unsure. Keyed by mtime and size too, so an edited file is scanned again."""
+def _scan_preset(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], frozenset[str]] | None:
+    """((name, display_name, *aliases), their normalized forms) of one preset from the file's first lines
+    (no YAML parse), or None when the scan is unsure. Keyed by mtime and size too, so an edited file is
+    scanned again."""
     from perfmodel.hw.speccache import scan_header
 
     try:
         head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
     except (OSError, UnicodeDecodeError):
         return None
-    return None if head is None else (head["name"], head["display_name"], *head["aliases"])
+    if head is None:
+        return None
+    names = (head["name"], head["display_name"], *head["aliases"])
+    return names, frozenset(normalize(n) for n in names)
 
 
 def _find_preset(key: str) -> ModelConfig | None:
@@ -353,12 +357,12 @@ def _find_preset(key: str) -> ModelConfig | None:
             st = os.stat(f)
         except OSError:
             return None
-        names = _scan_preset(str(f), st.st_mtime_ns, st.st_size)
-        if names is None:
+        scanned = _scan_preset(str(f), st.st_mtime_ns, st.st_size)
+        if scanned is None:
             return None
-        heads.append((f, names))
-    for f, names in sorted(heads, key=lambda h: h[1][0]):
-        if key in {normalize(n) for n in names}:
+        heads.append((f, *scanned))
+    for f, names, keys in sorted(heads, key=lambda h: h[1][0]):
+        if key in keys:
             cfg = load_model_yaml(str(f))
             return cfg if (cfg.name, cfg.display_name, *cfg.aliases) == names else None
     return None
