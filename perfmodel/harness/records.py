@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from perfmodel.errors import InputError
 from perfmodel.jsonable import to_jsonable
@@ -291,11 +291,12 @@ def _fields(cls: type, obj: Any, where: str, prefix: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- writing
 
 
-def check_appendable(path: str | os.PathLike, flag: str = "--out") -> None:
-    """Refuse to append to a file whose last line is truncated (it would glue the next record onto it)."""
+def check_appendable(path: str | os.PathLike, field: str = "out") -> None:
+    """Refuse to append to a file whose last line is truncated (it would glue the next record onto it); errors name
+    ``field``, the keyword argument the path came in."""
     p = Path(path)
     if p.is_dir():
-        raise InputError(f"{flag} '{p}': is a directory; give a results file, e.g. results.jsonl")
+        raise InputError(f"`{field}` '{p}': is a directory; give a results file, e.g. results.jsonl", fields=(field,))
     if not p.exists() or p.stat().st_size == 0:
         return
     with open(p, "rb") as fh:
@@ -303,24 +304,25 @@ def check_appendable(path: str | os.PathLike, flag: str = "--out") -> None:
         last = fh.read(1)
     if last != b"\n":
         line = p.read_bytes().count(b"\n") + 1
-        raise InputError(f"{flag} {p}:{line}: the last line is truncated (an interrupted write); "
-                         f"delete that line before appending records")
+        raise InputError(f"`{field}` {p}:{line}: the last line is truncated (an interrupted write); "
+                         f"delete that line before appending records", fields=(field,))
 
 
-def append_record(path: str | os.PathLike, record: Record, flag: str = "--out") -> None:
+def append_record(path: str | os.PathLike, record: Record, field: str = "out") -> None:
     """Append one record as one line: a single os.write of the encoded line on an O_APPEND file, then fsync."""
     data = (json.dumps(to_json(record), allow_nan=False, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
     try:
         fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise InputError(f"{flag} '{path}': cannot open for appending ({exc.strerror})") from None
+        raise InputError(f"`{field}` '{path}': cannot open for appending ({exc.strerror})",
+                         fields=(field,)) from None
     try:
         written = os.write(fd, data)
         while written < len(data):  # only on a short write (a full disk); a regular file writes all at once
             written += os.write(fd, data[written:])
         os.fsync(fd)
     except OSError as exc:
-        raise InputError(f"{flag} '{path}': write failed ({exc.strerror})") from None
+        raise InputError(f"`{field}` '{path}': write failed ({exc.strerror})", fields=(field,)) from None
     finally:
         os.close(fd)
 

@@ -50,7 +50,7 @@ def test_truncated_last_line_is_skipped_with_file_and_line(tmp_path, make_record
     assert len(loaded.records) == 2
     assert loaded.warnings == (f"{path}:3: truncated last line skipped (an interrupted write?)",)
     # and appending to such a file is refused (it would glue the next record onto the half line)
-    with pytest.raises(InputError, match=rf"--out {path}:3: the last line is truncated"):
+    with pytest.raises(InputError, match=rf"`out` {path}:3: the last line is truncated"):
         check_appendable(path)
 
 
@@ -82,7 +82,7 @@ def test_malformed_records_name_the_field(tmp_path, mutate, message, make_record
 def test_missing_file_and_directory_are_one_line_errors(tmp_path):
     with pytest.raises(InputError, match=r"no such results file"):
         read_records(tmp_path / "nope.jsonl")
-    with pytest.raises(InputError, match=r"--out '.*': is a directory"):
+    with pytest.raises(InputError, match=r"`out` '.*': is a directory"):
         check_appendable(tmp_path)
 
 
