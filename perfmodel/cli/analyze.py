@@ -95,23 +95,19 @@ Examples:
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
          compile_top: int | None, list_kernels: bool, write: bool, as_json: bool) -> None:
     from perfmodel.schedule import tune_render
-    from perfmodel.schedule.catalog import entries, tuned_kernels
+    from perfmodel.schedule.catalog import entries
 
     fmt = output_format(as_json)
     if list_kernels:
         click.echo(tune_render.catalog_table(entries()))
         return
     if write:
-        from perfmodel.schedule.tuned import write_tuned_defaults
+        from perfmodel.schedule.tuned import write_all
 
         if shapes or args or compile_top is not None:
             raise UserError("--write: tunes each kernel's representative problem (kernels/<name>/entry.py); "
                             "drop --shape/--arg/--compile")
-        names = [kernel] if kernel else [t.kernel for t in tuned_kernels()]
-        written = []
-        for name in names:
-            progress_echo(f"tuning {name} ...")
-            written.append(str(write_tuned_defaults(name)))
+        written = [str(p) for p in write_all([kernel] if kernel else [], progress=progress_echo)]
         emit(fmt, text=lambda: "\n".join(f"wrote {p}" for p in written), json=lambda: {"written": written})
         return
     if kernel is None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from kernels.tuned import load_tuned_file, tuned_path
 from perfmodel.errors import InputError
-from perfmodel.schedule.catalog import TunedKernel, get_entry, get_tuned_kernel
+from perfmodel.schedule.catalog import TunedKernel, get_entry, get_tuned_kernel, tuned_kernels
 from perfmodel.schedule.tune import Candidate, TuneResult, tune
 
 #: Candidates this close to the best expected time count as ties when picking a stored default.
@@ -125,3 +125,16 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
     partial.replace(path)
     load_tuned_file.cache_clear()
     return path
+
+
+def write_all(kernels: Sequence[str] = (), *, progress: Callable[[str], None] | None = None) -> list[Path]:
+    """Rewrite the stored defaults of the named bundled kernels (all with block sizes when none is named)."""
+    names = list(kernels) or [t.kernel for t in tuned_kernels()]
+    for name in names:
+        get_tuned_kernel(name)  # an unknown name fails before any kernel is re-tuned
+    written = []
+    for name in names:
+        if progress is not None:
+            progress(f"tuning {name} ...")
+        written.append(write_tuned_defaults(name))
+    return written

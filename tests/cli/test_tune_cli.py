@@ -41,3 +41,37 @@ def test_render_tune_shows_examples_with_counts():
     lines = render_tune(result, 1).splitlines()
     assert lines[-2:] == ["  rejected 2x, e.g.: bm=64 does not divide 100",
                           "  rejected 1x: VMEM needs vmem_limit_bytes on tpu-v5e"]
+
+
+def test_tune_write_rewrites_every_kernel_with_block_sizes_through_the_library(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from perfmodel.cli.main import main
+    from perfmodel.schedule import tuned
+    from perfmodel.schedule.catalog import tuned_kernels
+
+    done = []
+    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda name: done.append(name) or tmp_path / f"{name}.json")
+    result = CliRunner().invoke(main, ["tune", "--write"])
+    assert result.exit_code == 0, result.output
+    assert done == [t.kernel for t in tuned_kernels()]
+    assert f"wrote {tmp_path / 'sampling.json'}" in result.output
+    done.clear()
+    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--json"])
+    assert result.exit_code == 0 and done == ["rms_norm"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["tune", "--write", "kv_cache_updat"], "--write: 'kv_cache_updat' has no tuned defaults; kernels with block"),
+    (["tune", "--write", "matmul", "--shape", "x=8x8:bf16"], "--write: tunes each kernel's representative problem"),
+])
+def test_tune_write_errors_are_one_line_before_any_work(monkeypatch, argv, match):
+    from click.testing import CliRunner
+
+    from perfmodel.cli.main import main
+    from perfmodel.schedule import tuned
+
+    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda name: pytest.fail("nothing may be re-tuned"))
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code != 0
+    assert match in result.output and "Traceback" not in result.output
