@@ -53,6 +53,9 @@ def predict() -> None:
 @click.option("--scale-block", type=int, default=None, help="K rows per scale with --weight-scale per-block (128).")
 @click.option("--epilogue", default="", metavar="LIST", help="Fused epilogue: comma list of bias, residual, relu, "
               "gelu, silu, sigmoid, tanh.")
+@click.option("--precision", type=click.Choice(["default", "high", "highest"], case_sensitive=False),
+              default="default", show_default=True,
+              help="The dot's precision (jax.lax.Precision): bf16 passes of an fp32 matmul on a TPU, 1 / 3 / 6.")
 @predict_options
 @user_errors
 def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:

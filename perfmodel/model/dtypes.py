@@ -114,7 +114,7 @@ class MatmulPath:
     rhs_fed: str
     #: Dtype whose peak rate applies (a key of the chip's matmul rate table).
     compute_dtype: str
-    #: MXU passes per useful FLOP (6 for fp32 emulated with bf16 passes, else 1).
+    #: MXU passes per useful FLOP (fp32 on a chip without an fp32 MXU rate: by precision, see PRECISION_PASSES).
     passes: int
     notes: tuple[str, ...] = ()
 
@@ -129,26 +129,44 @@ class MatmulPath:
 
 #: Widening order tried when a pair has no native path (narrow -> wide).
 _WIDEN_TO = ("bf16", "fp32")
-#: bf16 passes XLA uses for an f32 matmul at Precision.HIGHEST on a chip without an f32 MXU rate.
-FP32_EMULATION_PASSES = 6
+#: Dot precisions (jax.lax.Precision, lower case) and the bf16 MXU passes an fp32 matmul takes at each on a chip
+#: without an fp32 MXU rate (every TPU): DEFAULT rounds the operands to bf16 (one pass), HIGH runs three bf16
+#: passes (bf16_3x), HIGHEST six (bf16_6x). Source: the jax.lax.Precision documentation
+#: (https://docs.jax.dev/en/latest/_autosummary/jax.lax.Precision.html: "On TPU: performs float32 computations
+#: in bfloat16 / in 3 bfloat16 passes / in 6 bfloat16 passes"). Mosaic and XLA honour a dot's precision.
+PRECISION_PASSES: dict[str, int] = {"default": 1, "high": 3, "highest": 6}
+#: bf16 passes of an fp32 matmul at Precision.HIGHEST (what the bundled kernels ask for with f32 operands).
+FP32_EMULATION_PASSES = PRECISION_PASSES["highest"]
 
 
 def _wider(a: DType, b: DType) -> DType:
     return a if a.bits >= b.bits else b
 
 
-def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str) -> MatmulPath:
-    """Per-generation dtype rule for an (lhs, rhs) matmul on ``chip``.
+def parse_precision(text: str | None, flag: str = "--precision") -> str:
+    """Canonical dot precision ("default", "high", "highest"); None means "default" (jax's default for a dot
+    without a precision). InputError naming ``flag`` otherwise."""
+    if text is None:
+        return "default"
+    key = str(text).strip().lower()
+    if key not in PRECISION_PASSES:
+        raise InputError(f"{flag} '{text}' is not a dot precision; use one of {', '.join(PRECISION_PASSES)}")
+    return key
+
+
+def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str, precision: str | None = None) -> MatmulPath:
+    """Per-generation dtype rule for an (lhs, rhs) matmul on ``chip`` at a dot ``precision`` (None: default).
 
     * A native pair (``chip.supports_matmul``) runs at the rate of its wider
       operand's dtype.
     * Otherwise the narrower operand(s) are widened on the VPU to the wider
       operand's dtype if ``w x w`` is native, else to bf16, else fp32.
-    * fp32 on a chip without an fp32 matmul rate runs as 6 bf16 passes
-      (Precision.HIGHEST).
+    * fp32 on a chip without an fp32 matmul rate runs as bf16 passes: 1 at
+      Precision.DEFAULT, 3 at HIGH, 6 at HIGHEST (:data:`PRECISION_PASSES`).
     ``chip=None`` assumes every pair is native (used for pl.CostEstimate).
     """
     lo, ro = DTYPES[parse_dtype(lhs, "--lhs-dtype")], DTYPES[parse_dtype(rhs, "--rhs-dtype")]
+    prec = parse_precision(precision)
     wide = _wider(lo, ro)
     if chip is None:
         return MatmulPath(compute_dtype=wide.matmul_key or "bf16", lhs_fed=lo.name, rhs_fed=ro.name, passes=1,
@@ -158,7 +176,9 @@ def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str) -> MatmulPath:
         lhs_fed, rhs_fed = lo.name, ro.name
     else:
         candidates = [wide.name] + [d for d in _WIDEN_TO if DTYPES[d].bits > wide.bits or d == wide.name]
-        target = next((d for d in candidates if chip.supports_matmul(d, d) and chip.matmul_rate(d)), None)
+        # fp32 x fp32 counts as a target where native even without an fp32 rate (emulated in bf16 passes below).
+        target = next((d for d in candidates if chip.supports_matmul(d, d)
+                       and (chip.matmul_rate(d) or d == "fp32")), None)
         if target is None:
             target = "bf16"
         lhs_fed, rhs_fed = target, target
@@ -170,9 +190,9 @@ def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str) -> MatmulPath:
     compute = _wider(DTYPES[lhs_fed], DTYPES[rhs_fed]).matmul_key or "bf16"
     passes = 1
     if compute == "fp32" and chip.matmul_rate("fp32") is None:
-        compute, passes = "bf16", FP32_EMULATION_PASSES
-        notes.append(f"{chip.name} lists no fp32 MXU rate: fp32 matmul modelled as {passes} bf16 passes "
-                     "(Precision.HIGHEST)")
+        compute, passes = "bf16", PRECISION_PASSES[prec]
+        notes.append(f"{chip.name} lists no fp32 MXU rate: fp32 matmul at Precision.{prec.upper()} modelled as "
+                     f"{passes} bf16 pass{'es' if passes > 1 else ''}")
     if chip.matmul_rate(compute) is None:
         known = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
         raise InputError(f"{chip.name} has no {compute} matmul rate in its spec; it has: {known}")

@@ -78,10 +78,14 @@ def gemm(
     weight_scale: str | None = None,
     scale_block: Num | None = None,
     epilogue: Sequence[str] | str = (),
+    precision: str | None = None,
     chip: object | None = None,
 ) -> OpCost:
     """Cost of a (batched) GEMM; see the module docstring for what is counted.
 
+    ``precision``: the dot's precision ("default", "high", "highest"; None = default), which sets the bf16
+    passes of an fp32 matmul on a chip without an fp32 MXU rate (1, 3, 6; see
+    :data:`perfmodel.model.dtypes.PRECISION_PASSES`).
     ``weight_scale``: None picks "per-channel" when rhs_dtype is quantized
     (int8/int4/fp8) and nothing otherwise; "per-block" uses ``scale_block``
     rows of K per scale (default 128). A quantized lhs carries one scale per
@@ -95,7 +99,7 @@ def gemm(
     weight_scale, block = resolve_weight_scale(rhs, weight_scale, scale_block)
     ep = parse_epilogue(epilogue)
     tiles = chip_tiles(chip)
-    path = matmul_path(chip, lhs, rhs)
+    path = matmul_path(chip, lhs, rhs, precision)
 
     useful = 2.0 * batch * m * n * k
     issued = mxu_issued_flops(m, n, k, batch, tiles, path.passes)

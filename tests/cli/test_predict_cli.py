@@ -335,3 +335,19 @@ def test_page_table_error_names_the_context_flag_given(args, match):
     assert res.exit_code == 1
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert re.search(match, res.output.strip())
+
+
+def test_gemm_precision_sets_the_fp32_passes():
+    # 1024^3 f32 on v5e: 2.147 GFLOP useful; HIGHEST issues 6 bf16 passes, DEFAULT one, so the MXU floor is 6x.
+    base = ["predict", "gemm", "-m", "1024", "-n", "1024", "-k", "1024", "--lhs-dtype", "f32", "--rhs-dtype", "f32",
+            "--out-dtype", "f32", "--hw", "v5e", "--json"]
+    rows = {}
+    for precision in ("default", "high", "highest"):
+        result = CliRunner().invoke(main, base + ["--precision", precision])
+        assert result.exit_code == 0, result.output
+        rows[precision] = json.loads(result.output)
+    mxu = {p: r[0]["cost"]["mxu_flops"] for p, r in rows.items()}
+    assert mxu["default"] == 2 * 1024**3
+    assert mxu["high"] == 3 * mxu["default"] and mxu["highest"] == 6 * mxu["default"]
+    bad = CliRunner().invoke(main, base + ["--precision", "fastest"])
+    assert bad.exit_code == 2 and "--precision" in bad.output

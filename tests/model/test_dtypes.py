@@ -55,9 +55,43 @@ def test_mixed_native_pair_runs_at_wider_rate():
 
 
 def test_fp32_without_rate_is_emulated(v5e):
-    path = matmul_path(v5e, "fp32", "fp32")
-    assert path.compute_dtype == "bf16" and path.passes == FP32_EMULATION_PASSES
-    assert any("fp32" in n for n in path.notes)
+    path = matmul_path(v5e, "fp32", "fp32", "highest")
+    assert path.compute_dtype == "bf16" and path.passes == FP32_EMULATION_PASSES == 6
+    assert any("fp32" in n and "HIGHEST" in n for n in path.notes)
+
+
+TPUS = ("tpu-v2", "tpu-v3", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
+
+
+@pytest.mark.parametrize("chip_name", TPUS)
+@pytest.mark.parametrize("precision, passes", [(None, 1), ("default", 1), ("high", 3), ("HIGHEST", 6)])
+def test_fp32_dot_passes_follow_the_precision_on_every_tpu(chip_name, precision, passes):
+    # No TPU lists an fp32 MXU rate: an f32 x f32 dot is bf16 passes, 1 at DEFAULT (operands rounded to bf16),
+    # 3 at HIGH (bf16_3x), 6 at HIGHEST (bf16_6x); f32 x bf16 widens the bf16 side and is priced the same.
+    chip = get_chip(chip_name)
+    assert chip.matmul_rate("fp32") is None
+    for lhs, rhs in (("fp32", "fp32"), ("fp32", "bf16")):
+        path = matmul_path(chip, lhs, rhs, precision)
+        assert (path.compute_dtype, path.passes) == ("bf16", passes), (lhs, rhs)
+
+
+def test_gemm_time_scales_with_the_precision_passes(v5e):
+    from perfmodel.model.gemm import gemm
+
+    # 4096^3 f32 on v5e: 2 * 4096^3 = 137.4 GFLOP useful; issued = useful x passes (aligned shapes, no padding).
+    costs = {p: gemm(m=4096, n=4096, k=4096, lhs_dtype="fp32", rhs_dtype="fp32", out_dtype="fp32", precision=p,
+                     chip=v5e) for p in ("default", "high", "highest")}
+    useful = 2 * 4096**3
+    assert [costs[p].mxu_flops for p in ("default", "high", "highest")] == [useful, 3 * useful, 6 * useful]
+
+
+def test_bf16_dots_ignore_the_precision(v5e):
+    assert matmul_path(v5e, "bf16", "bf16", "highest").passes == 1
+
+
+def test_unknown_precision_names_the_flag(v5e):
+    with pytest.raises(InputError, match="--precision 'fastest' is not a dot precision; use one of default, high"):
+        matmul_path(v5e, "fp32", "fp32", "fastest")
 
 
 def test_no_chip_assumes_native():

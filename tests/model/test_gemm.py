@@ -104,8 +104,10 @@ def test_fp8_on_v5e_vs_v6e(v5e, v6e):
     assert on_v5e.vpu_ops - on_v6e.vpu_ops == 2 * (2 * 1024 * 1024)
 
 
-def test_fp32_is_six_bf16_passes_on_v5e(v5e):
-    cost = gemm(m=128, n=128, k=128, lhs_dtype="fp32", rhs_dtype="fp32", out_dtype="fp32", chip=v5e)
+def test_fp32_is_one_bf16_pass_at_default_precision_and_six_at_highest_on_v5e(v5e):
+    kw = dict(m=128, n=128, k=128, lhs_dtype="fp32", rhs_dtype="fp32", out_dtype="fp32", chip=v5e)
+    assert gemm(**kw).mxu_flops == 2 * 128**3
+    cost = gemm(precision="highest", **kw)
     assert cost.mxu_flops == 6 * 2 * 128**3
     assert cost.useful_flops == 2 * 128**3
 
