@@ -146,8 +146,24 @@ def _indexed_shape(t: Any, shape: list[int]) -> list[int]:
     return out
 
 
+#: WorkCounter fields that add up over the equations executed (per-step scalars or arrays).
+_ADDITIVE = ("useful", "vpu", "eup", "dma_read", "dma_write")
+
+
+def _fold(x: Any, lanes: np.ndarray, n: int) -> Any:
+    """Per-step sums of a value over expanded lanes (``lanes``: the step of each)."""
+    if isinstance(x, np.ndarray) and x.ndim and x.shape[0] > 1:
+        return np.bincount(lanes, weights=np.broadcast_to(x, lanes.shape).astype(float), minlength=n)
+    scalar = float(np.asarray(x).reshape(-1)[0]) if np.ndim(x) else float(x)
+    if scalar == 0.0:
+        return 0.0
+    return np.bincount(lanes, minlength=n) * scalar
+
+
 class WorkCounter(Hook):
     """Accumulates per-step work (scalars or ``(n,)`` arrays) while the body is interpreted."""
+
+    foldable = True
 
     def __init__(self, chip: ChipSpec, notes: list[str] | None = None):
         self.chip = chip
@@ -199,6 +215,52 @@ class WorkCounter(Hook):
         for k, v in best.scoped_bytes.items():
             self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
         self.dma_directions |= best.dma_directions
+
+    def absorb_costliest_grouped(self, children: Sequence[Hook], reason: str, groups: np.ndarray,
+                                 ngroups: int) -> None:
+        """absorb_costliest within each group of lanes: the lanes of a group were one per-iteration pass."""
+        kids = [c for c in children if isinstance(c, WorkCounter)]
+        if not kids:
+            return
+        if len(kids) > 1:
+            self.note(f"{reason}: the costliest branch is assumed to run at every step")
+        n = groups.shape[0]
+        totals = np.stack([np.bincount(groups, weights=np.broadcast_to(np.asarray(c.seconds_at_peak(), dtype=float),
+                                                                        (n,)), minlength=ngroups) for c in kids])
+        chosen = np.argmax(totals, axis=0)[groups]  # first costliest on ties, like max()
+        for i, best in enumerate(kids):
+            mask = chosen == i
+            if not mask.any():
+                continue
+            self.useful = self.useful + best.useful * mask
+            for k, v in best.issued.items():
+                self.issued[k] = self.issued.get(k, 0.0) + v * mask
+            for k, v in best.unpadded.items():
+                self.unpadded[k] = self.unpadded.get(k, 0.0) + v * mask
+            self.vpu = self.vpu + best.vpu * mask
+            self.eup = self.eup + best.eup * mask
+            self.dma_read = self.dma_read + best.dma_read * mask
+            self.dma_write = self.dma_write + best.dma_write * mask
+            self.dot_eqns |= best.dot_eqns
+            for k, v in best.scoped_bytes.items():
+                self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
+            self.dma_directions |= best.dma_directions
+
+    def fold(self, child: Hook, lanes: np.ndarray, n: int) -> None:
+        """Add a child's counts over expanded lanes to this counter's ``n`` steps."""
+        assert isinstance(child, WorkCounter)
+        for name in _ADDITIVE:
+            folded = _fold(getattr(child, name), lanes, n)
+            if not (isinstance(folded, float) and folded == 0.0):
+                setattr(self, name, getattr(self, name) + folded)
+        for field in ("issued", "unpadded"):
+            mine = getattr(self, field)
+            for k, v in getattr(child, field).items():
+                mine[k] = mine.get(k, 0.0) + _fold(v, lanes, n)
+        self.dot_eqns |= child.dot_eqns
+        for k, v in child.scoped_bytes.items():
+            self.scoped_bytes[k] = self.scoped_bytes.get(k, 0) + v
+        self.dma_directions |= child.dma_directions
 
     def seconds_at_peak(self) -> Any:
         """Per-step seconds of the body's work at peak rates (for comparing branches)."""

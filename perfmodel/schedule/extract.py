@@ -336,9 +336,144 @@ def _walk_eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], found: li
 def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
     if any(x is None for x in invals) or eqn.effects:
         return [None] * len(eqn.outvars)
+    computed = _numpy_eval(eqn, invals)
+    if computed is not None:
+        return [computed]
+    key = _memo_key(eqn, invals)
+    if key is not None and key in _BIND_MEMO:
+        return list(_BIND_MEMO[key])
     try:
         out = eqn.primitive.bind(*invals, **eqn.params)
     except Exception:  # noqa: BLE001 - anything we cannot run eagerly is unknown
         return [None] * len(eqn.outvars)
     out = out if eqn.primitive.multiple_results else [out]
-    return [np.asarray(o) for o in out]
+    result = [np.asarray(o) for o in out]
+    if key is not None:
+        if len(_BIND_MEMO) >= MAX_BIND_MEMO:
+            _BIND_MEMO.clear()
+        _BIND_MEMO[key] = tuple(result)
+    return result
+
+
+#: Eager results of equations jax had to run (each a CPU compile the first time), by primitive, params
+#: and input values: tune evaluates the same wrapper prologue for every candidate.
+_BIND_MEMO: dict = {}
+MAX_BIND_MEMO = 512
+#: Inputs larger than this are not hashed for the memo.
+MAX_MEMO_INPUT_BYTES = 1 << 22
+
+
+def _memo_key(eqn: Any, invals: list[Any]) -> Any:
+    try:
+        params = tuple(sorted((k, v) for k, v in eqn.params.items()))
+        hash(params)
+    except TypeError:
+        return None
+    parts = []
+    for x in invals:
+        arr = np.asarray(x)
+        if arr.dtype == object or arr.nbytes > MAX_MEMO_INPUT_BYTES:
+            return None
+        parts.append((arr.dtype.str, arr.shape, arr.tobytes()))
+    return (eqn.primitive.name, params, tuple(parts))
+
+
+def _int_like(dtype: Any) -> bool:
+    try:
+        kind = np.dtype(dtype).kind
+    except TypeError:
+        return False
+    return kind in "biu"
+
+
+def _numpy_eval(eqn: Any, invals: list[Any]) -> np.ndarray | None:
+    """The few integer / layout primitives a kernel wrapper computes before its pallas_call (index
+    arithmetic on lengths and page tables), in numpy with XLA's semantics; None: let jax run it.
+
+    Only integer and boolean arithmetic is done here (exact in both); layout primitives move values
+    of any dtype unchanged.
+    """
+    from perfmodel.schedule.interp import ELEMENTWISE
+
+    if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
+        return None
+    name = eqn.primitive.name
+    p = eqn.params
+    aval = eqn.outvars[0].aval
+    try:
+        out_dtype = np.dtype(aval.dtype)
+    except TypeError:
+        return None
+    xs = [np.asarray(x) for x in invals]
+    if any(x.dtype == object for x in xs):
+        return None
+    out: Any
+    try:
+        if name in _INT_ELEMENTWISE:
+            if not _int_like(out_dtype) or not all(_int_like(x.dtype) for x in xs):
+                return None
+            if name in ("div", "rem") and np.any(xs[1] == 0):
+                return None
+            with np.errstate(all="ignore"):
+                out = ELEMENTWISE[name](*xs)
+        elif name == "select_n":
+            out = ELEMENTWISE[name](*xs)
+        elif name == "convert_element_type":
+            if not _int_like(xs[0].dtype):
+                return None
+            out = xs[0]
+        elif name == "iota":
+            shape, dim = tuple(p["shape"]), int(p["dimension"])
+            ar = np.arange(shape[dim], dtype=out_dtype).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+            out = np.broadcast_to(ar, shape)
+        elif name == "broadcast_in_dim":
+            shape, dims = tuple(p["shape"]), tuple(p["broadcast_dimensions"])
+            view = [1] * len(shape)
+            for i, d in enumerate(dims):
+                view[d] = xs[0].shape[i]
+            out = np.broadcast_to(xs[0].reshape(view), shape)
+        elif name == "reshape":
+            if p.get("dimensions") is not None:
+                return None
+            out = xs[0].reshape(tuple(p["new_sizes"]))
+        elif name == "squeeze":
+            out = np.squeeze(xs[0], axis=tuple(p["dimensions"]))
+        elif name == "slice":
+            strides = p.get("strides") or (1,) * xs[0].ndim
+            out = xs[0][tuple(slice(a, b, c) for a, b, c in zip(p["start_indices"], p["limit_indices"], strides))]
+        elif name == "concatenate":
+            out = np.concatenate(xs, axis=int(p["dimension"]))
+        elif name == "transpose":
+            out = np.transpose(xs[0], tuple(p["permutation"]))
+        elif name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
+            if not _int_like(xs[0].dtype):
+                return None
+            fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min, "reduce_and": np.all,
+                  "reduce_or": np.any}[name]
+            axes = tuple(p["axes"])
+            if name in ("reduce_max", "reduce_min") and any(xs[0].shape[a] == 0 for a in axes):
+                return None
+            out = fn(xs[0], axis=axes, dtype=out_dtype) if name == "reduce_sum" else fn(xs[0], axis=axes)
+        elif name == "cumsum":
+            if not _int_like(xs[0].dtype):
+                return None
+            x = np.flip(xs[0], int(p["axis"])) if p.get("reverse") else xs[0]
+            out = np.cumsum(x, axis=int(p["axis"]), dtype=out_dtype)
+            out = np.flip(out, int(p["axis"])) if p.get("reverse") else out
+        elif name in ("copy", "copy_p"):
+            out = xs[0]
+        else:
+            return None
+    except (ValueError, IndexError, TypeError):
+        return None
+    out = np.asarray(out)
+    if out.shape != tuple(aval.shape):
+        return None
+    return np.array(out, dtype=out_dtype)
+
+
+#: Element-wise primitives evaluated in numpy when every operand is an integer or boolean.
+_INT_ELEMENTWISE = frozenset({
+    "add", "sub", "mul", "div", "rem", "neg", "abs", "sign", "max", "min", "eq", "ne", "lt", "le", "gt", "ge",
+    "and", "or", "xor", "not", "clamp",
+})

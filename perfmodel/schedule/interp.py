@@ -22,12 +22,27 @@ Anything else (vector values, reads of VMEM refs) evaluates to
 equation with its execution *weight*: how many times it runs at each grid step
 (a scalar or an ``(n,)`` array), which is how :mod:`perfmodel.schedule.body`
 counts the body's work per step.
+
+Loops are counted without a Python pass per iteration where possible:
+
+* only single-element values can ever be known (a vector op evaluates to
+  UNKNOWN), so a loop's trip counts and carries are simulated on the *slice*
+  of its body that computes them (:func:`slice_jaxpr`: the equations its
+  condition and its scalar carries depend on, plus writes to refs), usually a
+  handful of equations instead of hundreds;
+* the body's work is then counted in one pass over *expanded lanes*, one per
+  (grid step, iteration) pair that runs, each holding that iteration's carries
+  (:meth:`Interpreter._expanded_body`), and folded back per grid step
+  (:meth:`Hook.fold`). This equals the per-iteration pass (kept as the
+  reference, ``expand=False``, and used for hooks that cannot fold or past
+  :data:`MAX_EXPANDED_LANES`) up to float summation order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,10 +52,17 @@ import numpy as np
 MAX_WHILE_LANE_ITERATIONS = 20_000_000
 #: Loops up to this many lanes x iterations have their body counted iteration by
 #: iteration (exact per-iteration predicates); longer ones count the body once
-#: (at the initial carry) times the trip count.
+#: (at the initial carry) times the trip count. A while loop whose (step,
+#: iteration) pairs number at most :data:`MAX_EXPANDED_LANES` is always counted
+#: exactly (it runs as expanded lanes).
 MAX_UNROLLED_LANE_ITERATIONS = 2_000_000
 #: Longest scan counted iteration by iteration.
 MAX_UNROLLED_SCAN_LENGTH = 4096
+#: Most (grid step, iteration) lanes a loop body is counted over in one pass.
+MAX_EXPANDED_LANES = 1 << 20
+#: Default of ``Interpreter(expand=...)``: count loop bodies over expanded lanes
+#: (False: one pass per iteration, the reference implementation).
+EXPAND_LOOPS = True
 
 
 class _Unknown:
@@ -69,7 +91,15 @@ class RefValue:
 
 
 class Hook:
-    """Receives executed equations. The default does nothing."""
+    """Receives executed equations. The default does nothing.
+
+    A hook that sets ``foldable`` implements :meth:`fold` and
+    :meth:`absorb_costliest_grouped`, which lets the interpreter count a loop's
+    iterations in one pass over expanded lanes instead of one pass each.
+    """
+
+    #: Whether fold() and absorb_costliest_grouped() are implemented.
+    foldable = False
 
     def eqn(self, eqn: Any, weight: Any, interp: "Interpreter") -> None:  # pragma: no cover - interface
         pass
@@ -79,6 +109,17 @@ class Hook:
 
     def absorb_costliest(self, children: Sequence["Hook"], reason: str) -> None:
         pass
+
+    def absorb_costliest_grouped(self, children: Sequence["Hook"], reason: str, groups: np.ndarray,
+                                 ngroups: int) -> None:
+        """absorb_costliest chosen separately within each group of lanes (``groups``: a group id per lane):
+        the lanes of one group are the steps one per-iteration pass would have seen together."""
+        raise NotImplementedError  # pragma: no cover - only called on foldable hooks
+
+    def fold(self, child: "Hook", lanes: np.ndarray, n: int) -> None:
+        """Add what ``child`` counted over expanded lanes to this hook's ``n`` lanes (``lanes``: the lane of
+        this hook each expanded lane belongs to)."""
+        raise NotImplementedError  # pragma: no cover - only called on foldable hooks
 
     def note(self, text: str) -> None:
         pass
@@ -171,18 +212,344 @@ def _aval_size(aval: Any) -> int:
     return int(math.prod(shape)) if shape is not None else 1
 
 
+# ----- slicing: which equations compute the values a caller needs -----
+
+#: Primitives that change a ref's content (the interpreter then forgets it).
+_WRITES = frozenset({"swap", "addupdate"})
+
+_Literal: Any = None
+_Var: Any = None
+
+
+def _jax_types() -> tuple[Any, Any]:
+    global _Literal, _Var
+    if _Literal is None:
+        from jax.extend.core import Literal, Var
+
+        _Literal, _Var = Literal, Var
+    return _Literal, _Var
+
+
+def _kind(eqn: Any) -> str:
+    """How the interpreter runs an equation (mirrors :meth:`Interpreter.eqn`'s dispatch)."""
+    name = eqn.primitive.name
+    if name in _WRITES:
+        return "write"
+    if name in ("cond", "while", "scan", "run_scoped"):
+        return name
+    if name == "custom_jvp_call" or (name != "pallas_call" and any(p in eqn.params for p in CALL_PARAMS)):
+        return "call"
+    return "other"
+
+
+def _call_jaxpr(eqn: Any) -> tuple[Any, bool] | None:
+    """(sub-jaxpr, closed?) that :meth:`Interpreter._call` runs for a call-like equation."""
+    from jax.extend.core import ClosedJaxpr
+
+    for key in CALL_PARAMS:
+        sub = eqn.params.get(key)
+        if sub is None:
+            continue
+        if isinstance(sub, ClosedJaxpr):
+            return sub.jaxpr, True
+        if hasattr(sub, "eqns"):
+            return sub, False
+    return None
+
+
+def _open(j: Any) -> Any:
+    return getattr(j, "jaxpr", j)
+
+
+def _may_be_known(var: Any) -> bool:
+    """Only single-element values (and refs) can be known: every operation with a vector result evaluates
+    to UNKNOWN, and no operation the interpreter computes derives a single element from a vector."""
+    aval = getattr(var, "aval", None)
+    if aval is None or hasattr(aval, "inner_aval") or not hasattr(aval, "dtype"):
+        return True  # refs, tokens, unfamiliar types: keep
+    return _aval_size(aval) == 1
+
+
+class _Cache:
+    """Per-jaxpr memo (jaxprs are weak-referenceable and hash by identity)."""
+
+    def __init__(self) -> None:
+        self._data: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+    def get(self, jaxpr: Any) -> dict:
+        try:
+            d = self._data.get(jaxpr)
+        except TypeError:  # pragma: no cover - not weak-referenceable
+            return {}
+        if d is None:
+            d = {}
+            try:
+                self._data[jaxpr] = d
+            except TypeError:  # pragma: no cover
+                pass
+        return d
+
+
+_CACHE = _Cache()
+
+
+def jaxpr_writes(jaxpr: Any) -> bool:
+    """Whether running ``jaxpr`` can change a ref's content (a swap / addupdate anywhere inside)."""
+    jaxpr = _open(jaxpr)
+    memo = _CACHE.get(jaxpr)
+    if "writes" not in memo:
+        memo["writes"] = any(_eqn_writes(e) for e in jaxpr.eqns)
+    return memo["writes"]
+
+
+def _eqn_writes(eqn: Any) -> bool:
+    if eqn.primitive.name in _WRITES:
+        return True
+    return any(jaxpr_writes(sub) for sub in _subs(eqn))
+
+
+def _subs(eqn: Any) -> list[Any]:
+    from jax.extend.core import jaxprs_in_params
+
+    return list(jaxprs_in_params(eqn.params))
+
+
+def jaxpr_has(jaxpr: Any, primitive: str) -> bool:
+    """Whether ``primitive`` runs anywhere inside ``jaxpr``."""
+    jaxpr = _open(jaxpr)
+    memo = _CACHE.get(jaxpr)
+    key = ("has", primitive)
+    if key not in memo:
+        memo[key] = any(e.primitive.name == primitive or any(jaxpr_has(s, primitive) for s in _subs(e))
+                        for e in jaxpr.eqns)
+    return memo[key]
+
+
+def written_inputs(jaxpr: Any) -> frozenset:
+    """Positions of ``jaxpr``'s (constvars + invars) that it writes to (refs passed in)."""
+    jaxpr = _open(jaxpr)
+    memo = _CACHE.get(jaxpr)
+    if "written" not in memo:
+        written: set = set()
+        for eqn in jaxpr.eqns:
+            written |= _written_operands(eqn)
+        params = list(jaxpr.constvars) + list(jaxpr.invars)
+        memo["written"] = frozenset(i for i, v in enumerate(params) if v in written)
+    return memo["written"]
+
+
+def _written_operands(eqn: Any) -> set:
+    """The operand Vars of one equation that it (or its sub-jaxprs) writes to."""
+    kind = _kind(eqn)
+    if kind == "write":
+        return {eqn.invars[0]}
+    if not _eqn_writes(eqn):
+        return set()
+    ins = eqn.invars
+    out: set = set()
+
+    def mark(sub: Any, operands: Sequence[Any], consts_are_operands: bool = False) -> None:
+        sub = _open(sub)
+        params = (list(sub.constvars) if consts_are_operands else []) + list(sub.invars)
+        for i in written_inputs(sub):
+            j = i if consts_are_operands else i - len(sub.constvars)
+            if 0 <= j < len(operands):
+                out.add(operands[j])
+
+    if kind == "cond":
+        for br in eqn.params["branches"]:
+            mark(br, ins[1:])
+    elif kind == "while":
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        mark(p["cond_jaxpr"], list(ins[:cn]) + list(ins[cn + bn:]))
+        mark(p["body_jaxpr"], list(ins[cn:cn + bn]) + list(ins[cn + bn:]))
+    elif kind == "scan":
+        mark(eqn.params["jaxpr"], ins)
+    elif kind == "run_scoped":
+        mark(eqn.params["jaxpr"], ins, consts_are_operands=True)
+    elif kind == "call" and _call_jaxpr(eqn) is not None:
+        mark(_call_jaxpr(eqn)[0], ins)
+    else:
+        out |= set(ins)  # an unfamiliar primitive with sub-jaxprs that write: assume it writes everything
+    _, Var = _jax_types()
+    return {v for v in out if isinstance(v, Var)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """The equations of a jaxpr that compute the needed outputs (and every ref write), each with the
+    outputs needed of it, and which constvars / invars they read."""
+
+    eqns: tuple[tuple[Any, tuple[bool, ...]], ...]
+    constvars: tuple[bool, ...]
+    invars: tuple[bool, ...]
+
+
+def slice_jaxpr(jaxpr: Any, needed: Sequence[bool]) -> Slice:
+    """Backward slice of an open jaxpr for the outputs marked in ``needed``.
+
+    Kept: equations with a needed output that can be known (:func:`_may_be_known`), and every equation
+    that writes to a ref (a later read must see the ref as changed); a write needs only its ref.
+    Sub-jaxprs (cond branches, loop bodies, calls) are sliced in turn when run.
+    """
+    jaxpr = _open(jaxpr)
+    key = ("slice", tuple(bool(x) for x in needed))
+    memo = _CACHE.get(jaxpr)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    _, Var = _jax_types()
+    live: set = {v for v, nd in zip(jaxpr.outvars, needed) if nd and isinstance(v, Var) and _may_be_known(v)}
+    kept = []
+    for eqn in reversed(jaxpr.eqns):
+        outs = tuple(isinstance(v, Var) and v in live for v in eqn.outvars)
+        if not any(outs) and not _eqn_writes(eqn):
+            continue
+        kept.append((eqn, outs))
+        for v in _inputs_needed(eqn, outs):
+            if isinstance(v, Var) and _may_be_known(v):
+                live.add(v)
+    kept.reverse()
+    result = Slice(eqns=tuple(kept), constvars=tuple(v in live for v in jaxpr.constvars),
+                   invars=tuple(v in live for v in jaxpr.invars))
+    memo[key] = result
+    return result
+
+
+def _or(a: Sequence[bool], b: Sequence[bool]) -> list[bool]:
+    return [x or y for x, y in zip(a, b)]
+
+
+def loop_carries_needed(eqn: Any, outs: Sequence[bool]) -> tuple[bool, ...]:
+    """Carries of a while / scan equation that must be simulated for the outputs ``outs`` (and, for a
+    while loop, its condition): the closure of ``outs`` under the body's dependencies."""
+    p = eqn.params
+    memo = _CACHE.get(_open(p["body_jaxpr"] if eqn.primitive.name == "while" else p["jaxpr"]))
+    key = ("carries", eqn.primitive.name, tuple(bool(x) for x in outs))
+    if key in memo:
+        return memo[key]
+    if eqn.primitive.name == "while":
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        body = _open(p["body_jaxpr"])
+        ncarry = len(body.outvars)
+        cond = slice_jaxpr(p["cond_jaxpr"], (True,))
+        need = _or(list(outs)[:ncarry], cond.invars[cn:])
+        skip = bn
+    else:
+        body = _open(p["jaxpr"])
+        ncarry = p["num_carry"]
+        need = list(outs)[:ncarry]
+        skip = p["num_consts"]
+    while True:
+        s = slice_jaxpr(body, tuple(need) + (False,) * (len(body.outvars) - ncarry))
+        new = _or(need, s.invars[skip:skip + ncarry])
+        if new == need:
+            break
+        need = new
+    memo[key] = tuple(need)
+    return memo[key]
+
+
+def _inputs_needed(eqn: Any, outs: tuple[bool, ...]) -> list[Any]:
+    """The operands of a kept equation that its needed outputs (and its writes) read."""
+    kind = _kind(eqn)
+    ins = list(eqn.invars)
+    if kind == "write":
+        return ins if any(outs) else ins[:1]
+    if kind == "cond":
+        need = [False] * (len(ins) - 1)
+        for br in eqn.params["branches"]:
+            need = _or(need, slice_jaxpr(br.jaxpr, outs).invars)
+        return ins[:1] + [v for v, nd in zip(ins[1:], need) if nd]
+    if kind == "while":
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        carries = loop_carries_needed(eqn, outs)
+        cond = slice_jaxpr(p["cond_jaxpr"], (True,))
+        body = slice_jaxpr(p["body_jaxpr"], carries)
+        return ([v for v, nd in zip(ins[:cn], cond.invars[:cn]) if nd]
+                + [v for v, nd in zip(ins[cn:cn + bn], body.invars[:bn]) if nd]
+                + [v for v, nd in zip(ins[cn + bn:], carries) if nd])
+    if kind == "scan":
+        p = eqn.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        carries = loop_carries_needed(eqn, outs)
+        body = _open(p["jaxpr"])
+        s = slice_jaxpr(body, tuple(carries) + (False,) * (len(body.outvars) - nk))
+        return ([v for v, nd in zip(ins[:nc], s.invars[:nc]) if nd]
+                + [v for v, nd in zip(ins[nc:nc + nk], carries) if nd])  # xs are never known
+    if kind == "run_scoped":
+        s = slice_jaxpr(eqn.params["jaxpr"], outs)
+        return [v for v, nd in zip(ins, s.constvars) if nd]
+    if kind == "call":
+        found = _call_jaxpr(eqn)
+        if found is None:
+            return ins
+        sub, _ = found
+        s = slice_jaxpr(sub, outs)
+        return [v for v, nd in zip(ins, s.invars) if nd]
+    return ins
+
+
+def _consts_of(closed: Any) -> list[Any]:
+    """A closed jaxpr's consts in batched form (memoized: every run of a loop body reuses them)."""
+    memo = _CACHE.get(closed)
+    hit = memo.get("consts")
+    if hit is not None:
+        return hit
+    out = []
+    for c in closed.consts:
+        if _is_ref_const(c):
+            out.append(UNKNOWN)
+            continue
+        arr = np.asarray(c)
+        out.append(UNKNOWN if arr.dtype == object else arr.reshape((1,) + tuple(arr.shape)))
+    memo["consts"] = out
+    return out
+
+
+def _gather(x: Any, lanes: np.ndarray, n: int) -> Any:
+    """A value of ``n`` lanes at the expanded lanes (an unbatched value stays as it is)."""
+    if n <= 1:
+        return x
+    if isinstance(x, np.ndarray) and x.ndim and x.shape[0] == n:
+        return x[lanes]
+    if isinstance(x, RefValue) and isinstance(x.value, np.ndarray) and x.value.ndim and x.value.shape[0] == n:
+        return RefValue(x.value[lanes], x.memory_space)
+    return x
+
+
+_ERRSTATE_DEPTH = 0
+
+
 class Interpreter:
     """Evaluates jaxprs over ``n`` grid steps at once.
 
     ``grid_ids`` holds one int array of shape ``(n,)`` per grid dimension (the
     coordinates of every step, in order); ``grid`` the grid sizes.
+    ``groups`` (expanded lanes only): for each lane, which per-iteration pass
+    of the reference implementation it belongs to. ``expand``: count loop bodies
+    over expanded lanes (default :data:`EXPAND_LOOPS`).
     """
 
-    def __init__(self, n: int, grid: Sequence[int] = (), grid_ids: Sequence[np.ndarray] = (), hook: Hook | None = None):
+    def __init__(self, n: int, grid: Sequence[int] = (), grid_ids: Sequence[np.ndarray] = (), hook: Hook | None = None,
+                 *, groups: np.ndarray | None = None, expand: bool | None = None):
         self.n = n
         self.grid = tuple(grid)
         self.grid_ids = tuple(np.asarray(g).reshape(-1) for g in grid_ids)
         self.hook = hook or _NULL_HOOK
+        self.groups = groups
+        self.ngroups = int(groups.max()) + 1 if groups is not None and groups.shape[0] else 0
+        self.expand = EXPAND_LOOPS if expand is None else expand
+
+    @property
+    def quiet(self) -> bool:
+        """No hook: only values are computed (jaxprs run sliced to the outputs asked for)."""
+        return self.hook is _NULL_HOOK
+
+    def _quiet(self) -> "Interpreter":
+        return Interpreter(self.n, self.grid, self.grid_ids, _NULL_HOOK, expand=self.expand)
 
     # ----- values -----
 
@@ -193,41 +560,61 @@ class Interpreter:
         return arr.reshape((1,) + tuple(arr.shape))
 
     def read(self, env: dict, var: Any) -> Any:
-        from jax.extend.core import Literal
-
+        Literal, _ = _jax_types()
         if isinstance(var, Literal):
             return self.literal(var.val, var.aval)
         return env.get(var, UNKNOWN)
 
     # ----- driver -----
 
-    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], weight: Any = 1.0) -> list[Any]:
-        """Run an open jaxpr; consts/args already in batched form (or RefValue / UNKNOWN)."""
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], weight: Any = 1.0,
+            needed: Sequence[bool] | None = None) -> list[Any]:
+        """Run an open jaxpr; consts/args already in batched form (or RefValue / UNKNOWN).
+
+        ``needed`` (quiet interpreters only): compute just these outputs (the rest may come back UNKNOWN)
+        and the jaxpr's ref writes.
+        """
+        global _ERRSTATE_DEPTH
         env: dict = {}
         for v, x in zip(jaxpr.constvars, consts):
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        for eqn in jaxpr.eqns:
-            invals = [self.read(env, v) for v in eqn.invars]
-            outs = self.eqn(eqn, invals, weight)  # always a list, one value per outvar
-            for v, x in zip(eqn.outvars, outs):
-                env[v] = x
-        return [self.read(env, v) for v in jaxpr.outvars]
+        if needed is not None and self.quiet:
+            eqns: Any = slice_jaxpr(jaxpr, needed).eqns
+        else:
+            eqns = [(e, None) for e in jaxpr.eqns]
+        read = self.read
+        state = None
+        if _ERRSTATE_DEPTH == 0:
+            state = np.errstate(all="ignore")
+            state.__enter__()
+        _ERRSTATE_DEPTH += 1
+        try:
+            for eqn, outs_needed in eqns:
+                invals = [read(env, v) for v in eqn.invars]
+                outs = self.eqn(eqn, invals, weight, outs_needed)  # always a list, one value per outvar
+                for v, x in zip(eqn.outvars, outs):
+                    env[v] = x
+        finally:
+            _ERRSTATE_DEPTH -= 1
+            if state is not None:
+                state.__exit__(None, None, None)
+        return [read(env, v) for v in jaxpr.outvars]
 
-    def run_closed(self, closed: Any, args: Sequence[Any], weight: Any = 1.0) -> list[Any]:
-        consts = [self.literal(c, None) if not _is_ref_const(c) else UNKNOWN for c in closed.consts]
-        return self.run(closed.jaxpr, consts, args, weight)
+    def run_closed(self, closed: Any, args: Sequence[Any], weight: Any = 1.0,
+                   needed: Sequence[bool] | None = None) -> list[Any]:
+        return self.run(closed.jaxpr, _consts_of(closed), args, weight, needed)
 
     # ----- one equation -----
 
-    def eqn(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def eqn(self, eqn: Any, invals: list[Any], weight: Any, needed: Sequence[bool] | None = None) -> list[Any]:
         name = eqn.primitive.name
-        handler = getattr(self, f"_p_{name}", None)
+        handler = _HANDLERS.get(name)
         if handler is not None:
-            return handler(eqn, invals, weight)
+            return handler(self, eqn, invals, weight, needed)
         if any(p in eqn.params for p in CALL_PARAMS) and name not in ("pallas_call",):
-            return self._call(eqn, invals, weight)
+            return self._call(eqn, invals, weight, needed)
         self.hook.eqn(eqn, weight, self)
         return self._compute(eqn, invals)
 
@@ -240,8 +627,7 @@ class Interpreter:
         if any(_aval_size(a) != 1 for a in out_avals) or any(_is_unknown(x) or isinstance(x, RefValue) for x in invals):
             return self._unknown_outs(eqn)
         if name in ELEMENTWISE:
-            with np.errstate(all="ignore"):
-                out = ELEMENTWISE[name](*invals)
+            out = ELEMENTWISE[name](*invals)
             return [self._cast(out, out_avals[0])]
         if name == "convert_element_type":
             return [self._cast(invals[0], out_avals[0])]
@@ -267,13 +653,13 @@ class Interpreter:
 
     # ----- grid queries -----
 
-    def _p_program_id(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_program_id(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         axis = eqn.params["axis"]
         if axis >= len(self.grid_ids):
             return [UNKNOWN]
         return [self.grid_ids[axis].astype(np.int32)]
 
-    def _p_num_programs(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_num_programs(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         axis = eqn.params["axis"]
         if axis >= len(self.grid):
             return [UNKNOWN]
@@ -291,7 +677,7 @@ class Interpreter:
             return None
         return transforms, invals[1:]
 
-    def _p_get(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_get(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         self.hook.eqn(eqn, weight, self)
         ref = invals[0]
         if not isinstance(ref, RefValue) or _is_unknown(ref.value):
@@ -344,7 +730,7 @@ class Interpreter:
         except IndexError:
             return UNKNOWN
 
-    def _p_swap(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_swap(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         self.hook.eqn(eqn, weight, self)
         ref = invals[0]
         if isinstance(ref, RefValue):
@@ -355,7 +741,7 @@ class Interpreter:
 
     # ----- control flow -----
 
-    def _call(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _call(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         from jax.extend.core import ClosedJaxpr
 
         for key in CALL_PARAMS:
@@ -363,31 +749,38 @@ class Interpreter:
             if sub is None:
                 continue
             if isinstance(sub, ClosedJaxpr):
-                return self.run_closed(sub, invals[: len(sub.jaxpr.invars)], weight)
+                return self.run_closed(sub, invals[: len(sub.jaxpr.invars)], weight, needed)
             if hasattr(sub, "eqns"):
-                return self.run(sub, [], invals[: len(sub.invars)], weight)
+                return self.run(sub, [], invals[: len(sub.invars)], weight, needed)
         self.hook.eqn(eqn, weight, self)
         return self._unknown_outs(eqn)
 
-    def _p_custom_jvp_call(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
-        return self._call(eqn, invals, weight)
+    def _p_custom_jvp_call(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
+        return self._call(eqn, invals, weight, needed)
 
-    def _p_run_scoped(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_run_scoped(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         self.hook.eqn(eqn, weight, self)
         jaxpr = eqn.params["jaxpr"]
         scoped = [RefValue(UNKNOWN, str(getattr(v.aval, "memory_space", ""))) for v in jaxpr.invars]
-        return self.run(jaxpr, invals, scoped, weight)
+        return self.run(jaxpr, invals, scoped, weight, needed)
 
-    def _p_cond(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _p_cond(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         branches = eqn.params["branches"]
         index, operands = invals[0], invals[1:]
+        quiet = self.quiet
         if _is_unknown(index):
             children = []
             for br in branches:
-                child = Interpreter(self.n, self.grid, self.grid_ids, self.hook.child())
-                child.run_closed(br, _copy_refs(operands), weight)
+                child = Interpreter(self.n, self.grid, self.grid_ids, self.hook.child(), groups=self.groups,
+                                    expand=self.expand)
+                child.run_closed(br, _copy_refs(operands), weight, needed)
                 children.append(child.hook)
-            self.hook.absorb_costliest(children, "a pl.when / lax.cond whose predicate depends on data")
+            if not quiet:
+                reason = "a pl.when / lax.cond whose predicate depends on data"
+                if self.groups is not None and len(children) > 1:
+                    self.hook.absorb_costliest_grouped(children, reason, self.groups, self.ngroups)
+                else:
+                    self.hook.absorb_costliest(children, reason)
             return self._unknown_outs(eqn)
         index = np.clip(np.asarray(index).reshape(-1), 0, len(branches) - 1)
         outs_per_branch = []
@@ -398,11 +791,14 @@ class Interpreter:
                 outs_per_branch.append(None)
                 masks.append(mask)
                 continue
-            w = weight * mask if mask.shape[0] > 1 or not mask.all() else weight
-            outs_per_branch.append(self.run_closed(br, operands, w))
+            w = weight if quiet or not (mask.shape[0] > 1 or not mask.all()) else weight * mask
+            outs_per_branch.append(self.run_closed(br, operands, w, needed))
             masks.append(mask)
         results = []
         for j in range(len(eqn.outvars)):
+            if needed is not None and quiet and not needed[j]:
+                results.append(UNKNOWN)
+                continue
             taken = [(m, outs[j]) for m, outs in zip(masks, outs_per_branch) if outs is not None]
             if any(_is_unknown(v) or isinstance(v, RefValue) for _, v in taken):
                 results.append(UNKNOWN)
@@ -418,30 +814,56 @@ class Interpreter:
             results.append(out)
         return results
 
-    def _p_while(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    # ----- loops -----
+
+    def _carries_needed(self, eqn: Any, needed: Sequence[bool] | None) -> tuple[bool, ...]:
+        """Carries to simulate: those the caller needs (quiet), or every one that can be known (counting)."""
+        if needed is None or not self.quiet:
+            needed = [_may_be_known(v) for v in eqn.outvars]
+        return loop_carries_needed(eqn, needed)
+
+    def _p_while(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         p = eqn.params
         cond_j, body_j = p["cond_jaxpr"], p["body_jaxpr"]
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
-        trips, final = self._simulate_while(cond_j, body_j, cconsts, bconsts, init)
+        carries = self._carries_needed(eqn, needed)
+        if self.quiet and self._writes_known_ref(body_j, bconsts, bn):
+            carries = tuple(True for _ in carries)  # the reference path below runs the whole body
+        record = (not self.quiet and self.expand and self.hook.foldable
+                  and not self._writes_known_ref(body_j, bconsts, bn) and not jaxpr_has(body_j, "run_scoped"))
+        trips, final, history = self._simulate_while(cond_j, body_j, cconsts, bconsts, init, carries, record)
         if trips is None:
             self.hook.note("a while loop with a data-dependent trip count is counted as one iteration")
-            self.run_closed(body_j, list(bconsts) + list(init), weight)
+            self.run_closed(body_j, list(bconsts) + list(init), weight, (False,) * len(init) if self.quiet else None)
             return self._unknown_outs(eqn)
+        if self.quiet and not self._writes_known_ref(body_j, bconsts, bn):
+            return final  # nothing to count, and running the body again changes no known value
         lanes = max(trips.shape[0], 1)
-        if int(trips.max(initial=0)) * lanes <= MAX_UNROLLED_LANE_ITERATIONS:
+        if history is not None and self._expand_history(history, init):
+            self._expanded_body(body_j, bconsts, history, weight)
+        elif int(trips.max(initial=0)) * lanes <= MAX_UNROLLED_LANE_ITERATIONS:
             self._unrolled_while(cond_j, body_j, cconsts, bconsts, init, weight)
         else:
             trips_w = trips if trips.shape[0] > 1 else float(trips[0])
             self.run_closed(body_j, list(bconsts) + list(init), weight * trips_w)
         return final
 
+    def _writes_known_ref(self, body: Any, consts: Sequence[Any], nconsts: int) -> bool:
+        """Whether the loop body writes to a ref given as one of its consts whose content is known."""
+        written = written_inputs(body)
+        if not written:
+            return False
+        offset = len(_open(body).constvars)
+        return any(offset + i in written and isinstance(c, RefValue) and not _is_unknown(c.value)
+                   for i, c in enumerate(consts[:nconsts]))
+
     def _unrolled_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list, weight: Any) -> None:
         """Run the body once per iteration with the real carries, each lane weighted while its loop runs."""
-        quiet = Interpreter(self.n, self.grid, self.grid_ids, _NULL_HOOK)
+        quiet = self._quiet()
         carry = list(init)
         while True:
-            pred = quiet.run_closed(cond_j, _copy_refs(cconsts) + carry)[0]
+            pred = quiet.run_closed(cond_j, _copy_refs(cconsts) + carry, needed=(True,))[0]
             if _is_unknown(pred):
                 return
             pred = np.asarray(pred).reshape(-1)
@@ -451,30 +873,85 @@ class Interpreter:
             new = self.run_closed(body_j, list(bconsts) + carry, w)
             carry = _merge_carry(pred, new, carry)
 
-    def _simulate_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list) -> tuple[Any, Any]:
-        """Trip count per lane (None when unknown) and the final carries, without counting work."""
-        quiet = Interpreter(self.n, self.grid, self.grid_ids, _NULL_HOOK)
-        carry = list(init)
+    def _simulate_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list,
+                        carries: Sequence[bool] | None = None, record: bool = False) -> tuple[Any, Any, Any]:
+        """Trip count per lane (None when unknown), the final carries and, when ``record``, each
+        iteration's (predicate, carries) (None when more than MAX_EXPANDED_LANES lanes would run),
+        without counting work. Only the ``carries`` marked (default: all) are computed."""
+        quiet = self._quiet()
+        carries = tuple(carries) if carries is not None else (True,) * len(init)
+        carry = [c if nd else UNKNOWN for c, nd in zip(init, carries)]
         cconsts, bconsts = _copy_refs(cconsts), _copy_refs(bconsts)
+        history: list | None = [] if record else None
+        active = 0
         trips = None
         it = 0
         while True:
-            pred = quiet.run_closed(cond_j, cconsts + carry)[0]
+            pred = quiet.run_closed(cond_j, cconsts + carry, needed=(True,))[0]
             if _is_unknown(pred):
-                return None, None
+                return None, None, None
             pred = np.asarray(pred).reshape(-1)
             lanes = pred.shape[0]
             trips = np.zeros(lanes, dtype=np.int64) if trips is None else np.broadcast_to(trips, (max(lanes, trips.shape[0]),)).copy()
             if not pred.any():
-                return trips, carry
+                return trips, carry, history
             it += 1
             if lanes * it > MAX_WHILE_LANE_ITERATIONS:
-                return None, None
+                return None, None, None
+            if history is not None:
+                active += int(np.count_nonzero(pred)) * (self.n if lanes == 1 else 1)
+                if active <= MAX_EXPANDED_LANES:
+                    history.append((pred, carry))
+                else:
+                    history = None
             trips = trips + pred
-            new = quiet.run_closed(body_j, bconsts + carry)
+            new = quiet.run_closed(body_j, bconsts + carry, needed=carries)
             carry = _merge_carry(pred, new, carry)
 
-    def _p_scan(self, eqn: Any, invals: list[Any], weight: Any) -> list[Any]:
+    def _expand_history(self, history: list, init: Sequence[Any]) -> bool:
+        """Whether every carry is known at every iteration or at none (then a single pass sees what each
+        per-iteration pass would), and none is a ref."""
+        if not history:
+            return False
+        for j in range(len(init)):
+            known = {not _is_unknown(carry[j]) for _, carry in history}
+            if len(known) > 1 or any(isinstance(carry[j], RefValue) for _, carry in history):
+                return False
+        return True
+
+    def _expanded_body(self, body_j: Any, consts: Sequence[Any], history: list, weight: Any) -> None:
+        """Count the body once over every (lane, iteration) pair that runs, with that iteration's carries."""
+        n = self.n
+        lane_parts, iter_parts = [], []
+        for k, (pred, _) in enumerate(history):
+            idx = np.flatnonzero(np.broadcast_to(pred, (n,)))
+            lane_parts.append(idx)
+            iter_parts.append(np.full(idx.shape[0], k, dtype=np.int64))
+        lanes = np.concatenate(lane_parts)
+        child = self._expanded(lanes, np.concatenate(iter_parts), len(history))
+        carry = []
+        for j in range(len(history[0][1])):
+            if _is_unknown(history[0][1][j]):
+                carry.append(UNKNOWN)
+                continue
+            parts = []
+            for (pred, c), idx in zip(history, lane_parts):
+                v = np.asarray(c[j])
+                parts.append(np.broadcast_to(v, (n,) + v.shape[1:])[idx])
+            carry.append(np.concatenate(parts))
+        w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
+        child.run_closed(body_j, [_gather(c, lanes, n) for c in consts] + carry, w)
+        self.hook.fold(child.hook, lanes, n)
+
+    def _expanded(self, lanes: np.ndarray, iters: np.ndarray, niter: int) -> "Interpreter":
+        """An interpreter over expanded lanes (lane ``lanes[i]`` of this one at iteration ``iters[i]``)."""
+        n = self.n
+        ids = [np.broadcast_to(g, (n,))[lanes] for g in self.grid_ids]
+        parent = self.groups[lanes] if self.groups is not None else np.zeros(lanes.shape[0], dtype=np.int64)
+        groups = np.unique(parent * niter + iters, return_inverse=True)[1].reshape(-1)
+        return Interpreter(int(lanes.shape[0]), self.grid, ids, self.hook.child(), groups=groups, expand=self.expand)
+
+    def _p_scan(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         p = eqn.params
         length = int(p["length"])
         nconsts, ncarry = p["num_consts"], p["num_carry"]
@@ -484,12 +961,66 @@ class Interpreter:
         xs = [UNKNOWN] * (len(invals) - nconsts - ncarry)
         lanes = max(self.n, 1) if any(isinstance(c, np.ndarray) and c.shape[0] > 1 for c in carry) else 1
         if length * lanes <= MAX_UNROLLED_LANE_ITERATIONS and length <= MAX_UNROLLED_SCAN_LENGTH:
+            carries = self._carries_needed(eqn, needed)
+            writes = self._writes_known_ref(body, consts, nconsts)
+            if self.quiet and not writes:
+                return self._simulate_scan(body, consts, carry, xs, length, carries)[0] \
+                    + [UNKNOWN] * (len(eqn.outvars) - ncarry)
+            if (self.expand and self.hook.foldable and not writes and not jaxpr_has(body, "run_scoped")
+                    and 1 < length and length * self.n <= MAX_EXPANDED_LANES):
+                final, history = self._simulate_scan(body, consts, carry, xs, length, carries, record=True)
+                if self._expand_history(history, carry):
+                    self._expanded_scan(body, consts, history, xs, weight)
+                    return final + [UNKNOWN] * (len(eqn.outvars) - ncarry)
             for _ in range(length):
                 outs = self.run_closed(body, consts + carry + xs, weight)
                 carry = outs[:ncarry]
             return list(carry) + [UNKNOWN] * (len(eqn.outvars) - ncarry)
-        self.run_closed(body, consts + carry + xs, weight * length)
+        self.run_closed(body, consts + carry + xs, weight * length, (False,) * len(eqn.outvars) if self.quiet else None)
         return self._unknown_outs(eqn)
+
+    def _simulate_scan(self, body: Any, consts: list, carry: list, xs: list, length: int, carries: Sequence[bool],
+                       record: bool = False) -> tuple[list, list | None]:
+        """The final carries of a scan (only those marked are computed) and, when ``record``, each
+        iteration's carries."""
+        quiet = self._quiet()
+        ncarry = len(carry)
+        nout = len(_open(body).outvars)
+        needed = tuple(carries) + (False,) * (nout - ncarry)
+        carry = [c if nd else UNKNOWN for c, nd in zip(carry, carries)]
+        consts = _copy_refs(consts)
+        history: list | None = [] if record else None
+        true = np.ones(1, dtype=bool)
+        for _ in range(length):
+            if history is not None:
+                history.append((true, carry))
+            carry = quiet.run_closed(body, consts + carry + xs, needed=needed)[:ncarry]
+        return list(carry), history
+
+    def _expanded_scan(self, body: Any, consts: list, history: list, xs: list, weight: Any) -> None:
+        n = self.n
+        length = len(history)
+        lanes = np.tile(np.arange(n, dtype=np.int64), length)
+        iters = np.repeat(np.arange(length, dtype=np.int64), n)
+        child = self._expanded(lanes, iters, length)
+        carry = []
+        for j in range(len(history[0][1])):
+            if _is_unknown(history[0][1][j]):
+                carry.append(UNKNOWN)
+                continue
+            parts = []
+            for _, c in history:
+                v = np.asarray(c[j])
+                parts.append(np.broadcast_to(v, (n,) + v.shape[1:]))
+            carry.append(np.concatenate(parts))
+        w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
+        child.run_closed(body, [_gather(c, lanes, n) for c in consts] + carry + xs, w)
+        self.hook.fold(child.hook, lanes, n)
+
+
+_HANDLERS: dict[str, Callable[..., list[Any]]] = {
+    name[3:]: fn for name, fn in vars(Interpreter).items() if name.startswith("_p_") and callable(fn)
+}
 
 
 def _merge_carry(pred: np.ndarray, new: Sequence[Any], old: Sequence[Any]) -> list[Any]:
