@@ -160,9 +160,12 @@ def _code_stamp(cls: type, code: Sequence[str | Path]) -> list[list[Any]]:
 
 
 def _entry_path(file: Path) -> Path:
-    import zlib
-
-    return cache_dir() / f"{file.stem}-{zlib.crc32(str(file).encode()):08x}.json"
+    """One entry per source file; the path's FNV-1a hash keeps checkouts apart (zlib/hashlib would cost an
+    extension-module import on every run)."""
+    h = 0xCBF29CE484222325
+    for byte in str(file).encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return cache_dir() / f"{file.stem}-{h:016x}.json"
 
 
 def to_plain(obj: Any) -> Any:
