@@ -378,23 +378,25 @@ def _written_operands(eqn: Any) -> set:
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
-    """The equations of a jaxpr that compute the needed outputs (and every ref write), each with the
-    outputs needed of it, and which constvars / invars they read."""
+    """The equations of a jaxpr that compute the needed outputs (and, when asked, every ref write), each
+    with the outputs needed of it, and which constvars / invars they read."""
 
     eqns: tuple[tuple[Any, tuple[bool, ...]], ...]
     constvars: tuple[bool, ...]
     invars: tuple[bool, ...]
 
 
-def slice_jaxpr(jaxpr: Any, needed: Sequence[bool]) -> Slice:
+def slice_jaxpr(jaxpr: Any, needed: Sequence[bool], writes: bool = True) -> Slice:
     """Backward slice of an open jaxpr for the outputs marked in ``needed``.
 
-    Kept: equations with a needed output that can be known (:func:`_may_be_known`), and every equation
-    that writes to a ref (a later read must see the ref as changed); a write needs only its ref.
-    Sub-jaxprs (cond branches, loop bodies, calls) are sliced in turn when run.
+    Kept: equations with a needed output that can be known (:func:`_may_be_known`) and, with ``writes``,
+    every equation that writes to a ref (a later read must see the ref as changed; a write needs only its
+    ref). Without ``writes`` (no ref whose content is known is written) writes are dropped: writing a ref
+    the interpreter does not know changes nothing. Sub-jaxprs (cond branches, loop bodies, calls) are
+    sliced in turn when run.
     """
     jaxpr = _open(jaxpr)
-    key = ("slice", tuple(bool(x) for x in needed))
+    key = ("slice", tuple(bool(x) for x in needed), writes)
     memo = _CACHE.get(jaxpr)
     hit = memo.get(key)
     if hit is not None:
@@ -404,10 +406,10 @@ def slice_jaxpr(jaxpr: Any, needed: Sequence[bool]) -> Slice:
     kept = []
     for eqn in reversed(jaxpr.eqns):
         outs = tuple(isinstance(v, Var) and v in live for v in eqn.outvars)
-        if not any(outs) and not _eqn_writes(eqn):
+        if not any(outs) and not (writes and _eqn_writes(eqn)):
             continue
         kept.append((eqn, outs))
-        for v in _inputs_needed(eqn, outs):
+        for v in _inputs_needed(eqn, outs, writes):
             if isinstance(v, Var) and _may_be_known(v):
                 live.add(v)
     kept.reverse()
@@ -421,19 +423,19 @@ def _or(a: Sequence[bool], b: Sequence[bool]) -> list[bool]:
     return [x or y for x, y in zip(a, b)]
 
 
-def loop_carries_needed(eqn: Any, outs: Sequence[bool]) -> tuple[bool, ...]:
+def loop_carries_needed(eqn: Any, outs: Sequence[bool], writes: bool = True) -> tuple[bool, ...]:
     """Carries of a while / scan equation that must be simulated for the outputs ``outs`` (and, for a
     while loop, its condition): the closure of ``outs`` under the body's dependencies."""
     p = eqn.params
     memo = _CACHE.get(_open(p["body_jaxpr"] if eqn.primitive.name == "while" else p["jaxpr"]))
-    key = ("carries", eqn.primitive.name, tuple(bool(x) for x in outs))
+    key = ("carries", eqn.primitive.name, tuple(bool(x) for x in outs), writes)
     if key in memo:
         return memo[key]
     if eqn.primitive.name == "while":
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         body = _open(p["body_jaxpr"])
         ncarry = len(body.outvars)
-        cond = slice_jaxpr(p["cond_jaxpr"], (True,))
+        cond = slice_jaxpr(p["cond_jaxpr"], (True,), writes)
         need = _or(list(outs)[:ncarry], cond.invars[cn:])
         skip = bn
     else:
@@ -442,7 +444,7 @@ def loop_carries_needed(eqn: Any, outs: Sequence[bool]) -> tuple[bool, ...]:
         need = list(outs)[:ncarry]
         skip = p["num_consts"]
     while True:
-        s = slice_jaxpr(body, tuple(need) + (False,) * (len(body.outvars) - ncarry))
+        s = slice_jaxpr(body, tuple(need) + (False,) * (len(body.outvars) - ncarry), writes)
         new = _or(need, s.invars[skip:skip + ncarry])
         if new == need:
             break
@@ -451,7 +453,7 @@ def loop_carries_needed(eqn: Any, outs: Sequence[bool]) -> tuple[bool, ...]:
     return memo[key]
 
 
-def _inputs_needed(eqn: Any, outs: tuple[bool, ...]) -> list[Any]:
+def _inputs_needed(eqn: Any, outs: tuple[bool, ...], writes: bool) -> list[Any]:
     """The operands of a kept equation that its needed outputs (and its writes) read."""
     kind = _kind(eqn)
     ins = list(eqn.invars)
@@ -460,36 +462,44 @@ def _inputs_needed(eqn: Any, outs: tuple[bool, ...]) -> list[Any]:
     if kind == "cond":
         need = [False] * (len(ins) - 1)
         for br in eqn.params["branches"]:
-            need = _or(need, slice_jaxpr(br.jaxpr, outs).invars)
+            need = _or(need, slice_jaxpr(br.jaxpr, outs, writes).invars)
         return ins[:1] + [v for v, nd in zip(ins[1:], need) if nd]
     if kind == "while":
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        carries = loop_carries_needed(eqn, outs)
-        cond = slice_jaxpr(p["cond_jaxpr"], (True,))
-        body = slice_jaxpr(p["body_jaxpr"], carries)
+        carries = loop_carries_needed(eqn, outs, writes)
+        cond = slice_jaxpr(p["cond_jaxpr"], (True,), writes)
+        body = slice_jaxpr(p["body_jaxpr"], carries, writes)
         return ([v for v, nd in zip(ins[:cn], cond.invars[:cn]) if nd]
                 + [v for v, nd in zip(ins[cn:cn + bn], body.invars[:bn]) if nd]
                 + [v for v, nd in zip(ins[cn + bn:], carries) if nd])
     if kind == "scan":
         p = eqn.params
         nc, nk = p["num_consts"], p["num_carry"]
-        carries = loop_carries_needed(eqn, outs)
+        carries = loop_carries_needed(eqn, outs, writes)
         body = _open(p["jaxpr"])
-        s = slice_jaxpr(body, tuple(carries) + (False,) * (len(body.outvars) - nk))
+        s = slice_jaxpr(body, tuple(carries) + (False,) * (len(body.outvars) - nk), writes)
         return ([v for v, nd in zip(ins[:nc], s.invars[:nc]) if nd]
                 + [v for v, nd in zip(ins[nc:nc + nk], carries) if nd])  # xs are never known
     if kind == "run_scoped":
-        s = slice_jaxpr(eqn.params["jaxpr"], outs)
+        s = slice_jaxpr(eqn.params["jaxpr"], outs, writes)
         return [v for v, nd in zip(ins, s.constvars) if nd]
     if kind == "call":
         found = _call_jaxpr(eqn)
         if found is None:
             return ins
         sub, _ = found
-        s = slice_jaxpr(sub, outs)
+        s = slice_jaxpr(sub, outs, writes)
         return [v for v, nd in zip(ins, s.invars) if nd]
     return ins
+
+
+def writes_known(jaxpr: Any, values: Sequence[Any]) -> bool:
+    """Whether running ``jaxpr`` (open) on ``values`` (its constvars then invars) writes to a ref whose
+    content is known."""
+    written = written_inputs(jaxpr)
+    return bool(written) and any(i < len(values) and isinstance(values[i], RefValue)
+                                 and not _is_unknown(values[i].value) for i in written)
 
 
 def _consts_of(closed: Any) -> list[Any]:
@@ -581,7 +591,7 @@ class Interpreter:
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
         if needed is not None and self.quiet:
-            eqns: Any = slice_jaxpr(jaxpr, needed).eqns
+            eqns: Any = slice_jaxpr(jaxpr, needed, writes_known(jaxpr, list(consts) + list(args))).eqns
         else:
             eqns = [(e, None) for e in jaxpr.eqns]
         read = self.read
@@ -816,47 +826,44 @@ class Interpreter:
 
     # ----- loops -----
 
-    def _carries_needed(self, eqn: Any, needed: Sequence[bool] | None) -> tuple[bool, ...]:
+    def _loop_writes(self, body: Any, values: Sequence[Any]) -> bool:
+        """Whether a loop body (closed) writes a ref whose content is known (``values``: its operands)."""
+        return writes_known(body, [UNKNOWN] * len(_open(body).constvars) + list(values))
+
+    def _carries_needed(self, eqn: Any, needed: Sequence[bool] | None, writes: bool) -> tuple[bool, ...]:
         """Carries to simulate: those the caller needs (quiet), or every one that can be known (counting)."""
         if needed is None or not self.quiet:
             needed = [_may_be_known(v) for v in eqn.outvars]
-        return loop_carries_needed(eqn, needed)
+        return loop_carries_needed(eqn, needed, writes)
 
     def _p_while(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         p = eqn.params
         cond_j, body_j = p["cond_jaxpr"], p["body_jaxpr"]
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, init = invals[:cn], invals[cn : cn + bn], invals[cn + bn :]
-        carries = self._carries_needed(eqn, needed)
-        if self.quiet and self._writes_known_ref(body_j, bconsts, bn):
-            carries = tuple(True for _ in carries)  # the reference path below runs the whole body
-        record = (not self.quiet and self.expand and self.hook.foldable
-                  and not self._writes_known_ref(body_j, bconsts, bn) and not jaxpr_has(body_j, "run_scoped"))
-        trips, final, history = self._simulate_while(cond_j, body_j, cconsts, bconsts, init, carries, record)
+        writes = self._loop_writes(body_j, list(bconsts) + list(init))
+        if self.quiet and writes:
+            carries = (True,) * len(init)  # the reference path below runs the whole body
+        else:
+            carries = self._carries_needed(eqn, needed, writes)
+        record = (not self.quiet and self.expand and self.hook.foldable and not writes
+                  and not jaxpr_has(body_j, "run_scoped"))
+        trips, final, expansion = self._simulate_while(cond_j, body_j, cconsts, bconsts, init, carries, record)
         if trips is None:
             self.hook.note("a while loop with a data-dependent trip count is counted as one iteration")
             self.run_closed(body_j, list(bconsts) + list(init), weight, (False,) * len(init) if self.quiet else None)
             return self._unknown_outs(eqn)
-        if self.quiet and not self._writes_known_ref(body_j, bconsts, bn):
+        if self.quiet and not writes:
             return final  # nothing to count, and running the body again changes no known value
         lanes = max(trips.shape[0], 1)
-        if history is not None and self._expand_history(history, init):
-            self._expanded_body(body_j, bconsts, history, weight)
+        if expansion is not None:
+            self._expanded_body(body_j, bconsts, expansion, weight)
         elif int(trips.max(initial=0)) * lanes <= MAX_UNROLLED_LANE_ITERATIONS:
             self._unrolled_while(cond_j, body_j, cconsts, bconsts, init, weight)
         else:
             trips_w = trips if trips.shape[0] > 1 else float(trips[0])
             self.run_closed(body_j, list(bconsts) + list(init), weight * trips_w)
         return final
-
-    def _writes_known_ref(self, body: Any, consts: Sequence[Any], nconsts: int) -> bool:
-        """Whether the loop body writes to a ref given as one of its consts whose content is known."""
-        written = written_inputs(body)
-        if not written:
-            return False
-        offset = len(_open(body).constvars)
-        return any(offset + i in written and isinstance(c, RefValue) and not _is_unknown(c.value)
-                   for i, c in enumerate(consts[:nconsts]))
 
     def _unrolled_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list, weight: Any) -> None:
         """Run the body once per iteration with the real carries, each lane weighted while its loop runs."""
@@ -875,12 +882,16 @@ class Interpreter:
 
     def _simulate_while(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, init: list,
                         carries: Sequence[bool] | None = None, record: bool = False) -> tuple[Any, Any, Any]:
-        """Trip count per lane (None when unknown), the final carries and, when ``record``, each
-        iteration's (predicate, carries) (None when more than MAX_EXPANDED_LANES lanes would run),
-        without counting work. Only the ``carries`` marked (default: all) are computed."""
-        quiet = self._quiet()
+        """Trip count per lane (None when unknown), the final carries and, when ``record``, the
+        :class:`_Expansion` of the iterations that run (None when more than MAX_EXPANDED_LANES lanes
+        would run, or a carry is known at some iterations only), without counting work. Only the
+        ``carries`` marked (default: all) are computed."""
         carries = tuple(carries) if carries is not None else (True,) * len(init)
         carry = [c if nd else UNKNOWN for c, nd in zip(init, carries)]
+        counted = self._counter_loop(cond_j, body_j, cconsts, bconsts, carry, carries, record)
+        if counted is not None:
+            return counted
+        quiet = self._quiet()
         cconsts, bconsts = _copy_refs(cconsts), _copy_refs(bconsts)
         history: list | None = [] if record else None
         active = 0
@@ -894,7 +905,7 @@ class Interpreter:
             lanes = pred.shape[0]
             trips = np.zeros(lanes, dtype=np.int64) if trips is None else np.broadcast_to(trips, (max(lanes, trips.shape[0]),)).copy()
             if not pred.any():
-                return trips, carry, history
+                return trips, carry, self._from_history(history)
             it += 1
             if lanes * it > MAX_WHILE_LANE_ITERATIONS:
                 return None, None, None
@@ -908,48 +919,101 @@ class Interpreter:
             new = quiet.run_closed(body_j, bconsts + carry, needed=carries)
             carry = _merge_carry(pred, new, carry)
 
-    def _expand_history(self, history: list, init: Sequence[Any]) -> bool:
-        """Whether every carry is known at every iteration or at none (then a single pass sees what each
-        per-iteration pass would), and none is a ref."""
+    def _counter_loop(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, carry: list,
+                      carries: Sequence[bool], record: bool) -> tuple[Any, Any, Any] | None:
+        """:meth:`_simulate_while` in closed form for a counting loop (``fori_loop`` with traced bounds):
+        the condition is ``i < u``, the body adds 1 to ``i`` and leaves every other simulated carry as it
+        is. None when the loop is not of that form (or a bound is unknown)."""
+        form = _counter_form(cond_j, body_j, carries)
+        if form is None:
+            return None
+        k_i, bound = form
+        i0 = carry[k_i]
+        kind, where = bound
+        u0 = carry[where] if kind == "carry" else cconsts[where] if kind == "const" else where
+        if _is_unknown(i0) or _is_unknown(u0) or isinstance(i0, RefValue) or isinstance(u0, RefValue):
+            return None
+        i0, u0 = np.asarray(i0).reshape(-1), np.asarray(u0).reshape(-1)
+        if not (_int_like(i0.dtype) and _int_like(u0.dtype)):
+            return None
+        lanes = max(i0.shape[0], u0.shape[0])
+        trips = np.broadcast_to(np.maximum(u0.astype(np.int64) - i0.astype(np.int64), 0), (lanes,)).copy()
+        t_max = int(trips.max(initial=0))
+        if lanes * t_max > MAX_WHILE_LANE_ITERATIONS:
+            return None, None, None
+        if t_max == 0:
+            return trips, carry, None
+        final = []
+        for j, c in enumerate(carry):
+            if j == k_i:
+                final.append((i0 + trips).astype(i0.dtype))
+            elif isinstance(c, np.ndarray):
+                final.append(np.broadcast_to(c, (lanes,) + c.shape[1:]).copy())  # as merged per iteration
+            else:
+                final.append(c)
+        expansion = None
+        total = int(trips.sum()) * (self.n if lanes == 1 else 1)
+        if record and total <= MAX_EXPANDED_LANES:
+            n = self.n
+            per = np.broadcast_to(trips, (n,)) if lanes == 1 else trips
+            lane = np.repeat(np.arange(per.shape[0], dtype=np.int64), per)
+            starts = np.cumsum(per) - per
+            it = np.arange(lane.shape[0], dtype=np.int64) - np.repeat(starts, per)
+            order = np.lexsort((lane, it))  # iteration-major, as the per-iteration history is
+            lane, it = lane[order], it[order]
+            values = []
+            for j, c in enumerate(carry):
+                if j == k_i:
+                    values.append((np.broadcast_to(i0, (n,))[lane] + it).astype(i0.dtype))
+                elif isinstance(c, np.ndarray):
+                    values.append(np.broadcast_to(c, (n,) + c.shape[1:])[lane])
+                else:
+                    values.append(c)
+            expansion = _Expansion(lanes=lane, iters=it, niter=t_max, carries=values)
+        return trips, final, expansion
+
+    def _from_history(self, history: list | None) -> "_Expansion | None":
+        """The expansion of a recorded per-iteration history, when every carry is known at every iteration
+        or at none (then a single pass sees what each per-iteration pass would) and none is a ref."""
         if not history:
-            return False
-        for j in range(len(init)):
+            return None
+        ncarry = len(history[0][1])
+        for j in range(ncarry):
             known = {not _is_unknown(carry[j]) for _, carry in history}
             if len(known) > 1 or any(isinstance(carry[j], RefValue) for _, carry in history):
-                return False
-        return True
-
-    def _expanded_body(self, body_j: Any, consts: Sequence[Any], history: list, weight: Any) -> None:
-        """Count the body once over every (lane, iteration) pair that runs, with that iteration's carries."""
+                return None
         n = self.n
         lane_parts, iter_parts = [], []
         for k, (pred, _) in enumerate(history):
             idx = np.flatnonzero(np.broadcast_to(pred, (n,)))
             lane_parts.append(idx)
             iter_parts.append(np.full(idx.shape[0], k, dtype=np.int64))
-        lanes = np.concatenate(lane_parts)
-        child = self._expanded(lanes, np.concatenate(iter_parts), len(history))
-        carry = []
-        for j in range(len(history[0][1])):
+        values = []
+        for j in range(ncarry):
             if _is_unknown(history[0][1][j]):
-                carry.append(UNKNOWN)
+                values.append(UNKNOWN)
                 continue
             parts = []
-            for (pred, c), idx in zip(history, lane_parts):
+            for (_, c), idx in zip(history, lane_parts):
                 v = np.asarray(c[j])
                 parts.append(np.broadcast_to(v, (n,) + v.shape[1:])[idx])
-            carry.append(np.concatenate(parts))
-        w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
-        child.run_closed(body_j, [_gather(c, lanes, n) for c in consts] + carry, w)
-        self.hook.fold(child.hook, lanes, n)
+            values.append(np.concatenate(parts))
+        return _Expansion(lanes=np.concatenate(lane_parts), iters=np.concatenate(iter_parts), niter=len(history),
+                          carries=values)
 
-    def _expanded(self, lanes: np.ndarray, iters: np.ndarray, niter: int) -> "Interpreter":
-        """An interpreter over expanded lanes (lane ``lanes[i]`` of this one at iteration ``iters[i]``)."""
+    def _expanded_body(self, body: Any, consts: Sequence[Any], expansion: "_Expansion", weight: Any,
+                       extra: Sequence[Any] = ()) -> None:
+        """Count the body once over every (lane, iteration) pair that runs, with that iteration's carries
+        (``extra``: operands after the carries, e.g. a scan's xs), folded back per lane."""
         n = self.n
+        lanes = expansion.lanes
         ids = [np.broadcast_to(g, (n,))[lanes] for g in self.grid_ids]
         parent = self.groups[lanes] if self.groups is not None else np.zeros(lanes.shape[0], dtype=np.int64)
-        groups = np.unique(parent * niter + iters, return_inverse=True)[1].reshape(-1)
-        return Interpreter(int(lanes.shape[0]), self.grid, ids, self.hook.child(), groups=groups, expand=self.expand)
+        groups = np.unique(parent * expansion.niter + expansion.iters, return_inverse=True)[1].reshape(-1)
+        child = Interpreter(int(lanes.shape[0]), self.grid, ids, self.hook.child(), groups=groups, expand=self.expand)
+        w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
+        child.run_closed(body, [_gather(c, lanes, n) for c in consts] + list(expansion.carries) + list(extra), w)
+        self.hook.fold(child.hook, lanes, n)
 
     def _p_scan(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
         p = eqn.params
@@ -959,63 +1023,133 @@ class Interpreter:
         consts = list(invals[:nconsts])
         carry = list(invals[nconsts : nconsts + ncarry])
         xs = [UNKNOWN] * (len(invals) - nconsts - ncarry)
+        nys = len(eqn.outvars) - ncarry
         lanes = max(self.n, 1) if any(isinstance(c, np.ndarray) and c.shape[0] > 1 for c in carry) else 1
         if length * lanes <= MAX_UNROLLED_LANE_ITERATIONS and length <= MAX_UNROLLED_SCAN_LENGTH:
-            carries = self._carries_needed(eqn, needed)
-            writes = self._writes_known_ref(body, consts, nconsts)
-            if self.quiet and not writes:
-                return self._simulate_scan(body, consts, carry, xs, length, carries)[0] \
-                    + [UNKNOWN] * (len(eqn.outvars) - ncarry)
-            if (self.expand and self.hook.foldable and not writes and not jaxpr_has(body, "run_scoped")
-                    and 1 < length and length * self.n <= MAX_EXPANDED_LANES):
-                final, history = self._simulate_scan(body, consts, carry, xs, length, carries, record=True)
-                if self._expand_history(history, carry):
-                    self._expanded_scan(body, consts, history, xs, weight)
-                    return final + [UNKNOWN] * (len(eqn.outvars) - ncarry)
+            writes = self._loop_writes(body, consts + carry + xs)
+            if not writes:
+                carries = self._carries_needed(eqn, needed, writes)
+                if self.quiet:
+                    return self._simulate_scan(body, consts, carry, xs, length, carries)[0] + [UNKNOWN] * nys
+                if (self.expand and self.hook.foldable and not jaxpr_has(body, "run_scoped")
+                        and 1 < length and length * self.n <= MAX_EXPANDED_LANES):
+                    final, expansion = self._simulate_scan(body, consts, carry, xs, length, carries, record=True)
+                    if expansion is not None:
+                        self._expanded_body(body, consts, expansion, weight, xs)
+                        return final + [UNKNOWN] * nys
             for _ in range(length):
                 outs = self.run_closed(body, consts + carry + xs, weight)
                 carry = outs[:ncarry]
-            return list(carry) + [UNKNOWN] * (len(eqn.outvars) - ncarry)
+            return list(carry) + [UNKNOWN] * nys
         self.run_closed(body, consts + carry + xs, weight * length, (False,) * len(eqn.outvars) if self.quiet else None)
         return self._unknown_outs(eqn)
 
     def _simulate_scan(self, body: Any, consts: list, carry: list, xs: list, length: int, carries: Sequence[bool],
-                       record: bool = False) -> tuple[list, list | None]:
-        """The final carries of a scan (only those marked are computed) and, when ``record``, each
-        iteration's carries."""
+                       record: bool = False) -> tuple[list, "_Expansion | None"]:
+        """The final carries of a scan (only those marked are computed) and, when ``record``, the
+        expansion of its iterations over every lane."""
         quiet = self._quiet()
         ncarry = len(carry)
         nout = len(_open(body).outvars)
         needed = tuple(carries) + (False,) * (nout - ncarry)
         carry = [c if nd else UNKNOWN for c, nd in zip(carry, carries)]
         consts = _copy_refs(consts)
-        history: list | None = [] if record else None
-        true = np.ones(1, dtype=bool)
+        history: list = []
         for _ in range(length):
-            if history is not None:
-                history.append((true, carry))
+            if record:
+                history.append(carry)
             carry = quiet.run_closed(body, consts + carry + xs, needed=needed)[:ncarry]
-        return list(carry), history
-
-    def _expanded_scan(self, body: Any, consts: list, history: list, xs: list, weight: Any) -> None:
+        if not record:
+            return list(carry), None
         n = self.n
-        length = len(history)
-        lanes = np.tile(np.arange(n, dtype=np.int64), length)
-        iters = np.repeat(np.arange(length, dtype=np.int64), n)
-        child = self._expanded(lanes, iters, length)
-        carry = []
-        for j in range(len(history[0][1])):
-            if _is_unknown(history[0][1][j]):
-                carry.append(UNKNOWN)
+        for j in range(ncarry):
+            known = {not _is_unknown(c[j]) for c in history}
+            if len(known) > 1 or any(isinstance(c[j], RefValue) for c in history):
+                return list(carry), None
+        values = []
+        for j in range(ncarry):
+            if _is_unknown(history[0][j]):
+                values.append(UNKNOWN)
                 continue
-            parts = []
-            for _, c in history:
-                v = np.asarray(c[j])
-                parts.append(np.broadcast_to(v, (n,) + v.shape[1:]))
-            carry.append(np.concatenate(parts))
-        w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
-        child.run_closed(body, [_gather(c, lanes, n) for c in consts] + carry + xs, w)
-        self.hook.fold(child.hook, lanes, n)
+            values.append(np.concatenate([np.broadcast_to(np.asarray(c[j]), (n,) + np.asarray(c[j]).shape[1:])
+                                          for c in history]))
+        expansion = _Expansion(lanes=np.tile(np.arange(n, dtype=np.int64), length),
+                               iters=np.repeat(np.arange(length, dtype=np.int64), n), niter=length, carries=values)
+        return list(carry), expansion
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Expansion:
+    """The (lane, iteration) pairs of a loop that run, in iteration-major order, and the carries of each."""
+
+    #: Lane (of the interpreter running the loop) of each pair.
+    lanes: np.ndarray
+    #: Iteration of each pair.
+    iters: np.ndarray
+    niter: int
+    #: Per carry: its value at each pair (batched over the pairs), or UNKNOWN.
+    carries: list
+
+
+def _int_like(dtype: Any) -> bool:
+    return np.dtype(dtype).kind in "biu"
+
+
+def _counter_form(cond_j: Any, body_j: Any, carries: Sequence[bool]) -> tuple[int, tuple[str, Any]] | None:
+    """(counter carry, bound) when a while loop is ``while i < u: i += 1`` with every other simulated
+    carry unchanged; the bound is ("carry", index), ("const", index into the cond consts) or
+    ("literal", value). None otherwise."""
+    cond, body = _open(cond_j), _open(body_j)
+    memo = _CACHE.get(body)
+    key = ("counter", id(cond), tuple(carries))
+    hit = memo.get(key)
+    if hit is not None and hit[0]() is cond:
+        return hit[1]
+    result = _find_counter_form(cond, body, tuple(carries))
+    memo[key] = (weakref.ref(cond), result)
+    return result
+
+
+def _find_counter_form(cond: Any, body: Any, carries: tuple[bool, ...]) -> tuple[int, tuple[str, Any]] | None:
+    Literal, Var = _jax_types()
+    ncarry = len(body.outvars)
+    cn = len(cond.invars) - ncarry
+    bn = len(body.invars) - ncarry
+    if cn < 0 or bn < 0 or jaxpr_writes(cond) or cond.constvars:
+        return None
+    cs = slice_jaxpr(cond, (True,), False)
+    if len(cs.eqns) != 1 or cs.eqns[0][0].primitive.name != "lt" or cond.outvars[0] is not cs.eqns[0][0].outvars[0]:
+        return None
+    a, b = cs.eqns[0][0].invars
+    cvars = list(cond.invars)
+    if not isinstance(a, Var) or a not in cvars[cn:]:
+        return None
+    k_i = cvars.index(a) - cn
+    if isinstance(b, Literal):
+        bound: tuple[str, Any] = ("literal", np.asarray(b.val).reshape(1))
+    elif b in cvars[cn:]:
+        bound = ("carry", cvars.index(b) - cn)
+    elif b in cvars[:cn]:
+        bound = ("const", cvars.index(b))
+    else:
+        return None
+    if bound[0] == "carry" and (bound[1] == k_i or not carries[bound[1]]):
+        return None
+    bs = slice_jaxpr(body, carries, False)
+    bin_ = list(body.invars[bn:])
+    for j, nd in enumerate(carries):
+        if nd and j != k_i and body.outvars[j] is not bin_[j]:
+            return None  # another simulated carry changes
+    if len(bs.eqns) != 1:
+        return None
+    add, _ = bs.eqns[0]
+    if add.primitive.name != "add" or add.outvars[0] is not body.outvars[k_i]:
+        return None
+    x, y = add.invars
+    one = y if x is bin_[k_i] else x if y is bin_[k_i] else None
+    if one is None or not isinstance(one, Literal) or np.asarray(one.val).shape != () or int(one.val) != 1:
+        return None
+    return k_i, bound
 
 
 _HANDLERS: dict[str, Callable[..., list[Any]]] = {
