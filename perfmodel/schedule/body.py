@@ -63,8 +63,33 @@ def _model_dtype(dtype: Any) -> str:
         return "fp32"
 
 
-def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec) -> tuple[str, int, tuple[str, ...]]:
-    """(rate key, MXU passes, notes) for a dot of these operand dtypes on chip.
+#: A DotAlgorithmPreset's name -> the precision whose passes it takes (bf16 x3 / x6 algorithms, tf32, full f32).
+_ALGORITHM_PRECISION = (("_X6", "highest"), ("F32_F32_F32", "highest"), ("_X3", "high"), ("TF32", "high"))
+#: jax_default_matmul_precision values -> precision.
+_CONFIG_PRECISION = {"bfloat16": "default", "fastest": "default", "default": "default", "tensorfloat32": "high",
+                     "bfloat16_3x": "high", "high": "high", "float32": "highest", "highest": "highest"}
+
+
+def dot_precision(params: Any) -> str:
+    """The precision ("default", "high", "highest") of a dot_general: its ``precision`` parameter (a pair of
+    jax.lax.Precision, the higher of the two; or a DotAlgorithmPreset), else ``jax_default_matmul_precision``
+    (what jax applies to a dot without one), else default."""
+    value = params.get("precision") if hasattr(params, "get") else None
+    if value is None:
+        import jax
+
+        configured = jax.config.jax_default_matmul_precision
+        return _CONFIG_PRECISION.get(str(configured).lower(), "default") if configured else "default"
+    if isinstance(value, (tuple, list)):
+        names = [getattr(p, "name", str(p)).lower() for p in value if p is not None]
+        order = ("default", "high", "highest")
+        return max((n for n in names if n in order), key=order.index, default="default")
+    name = getattr(value, "name", str(value)).upper()
+    return next((prec for marker, prec in _ALGORITHM_PRECISION if marker in name), "default")
+
+
+def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec, precision: str | None = None) -> tuple[str, int, tuple[str, ...]]:
+    """(rate key, MXU passes, notes) for a dot of these operand dtypes at ``precision`` on chip.
 
     Delegates to the op model's per-generation rule
     (:func:`perfmodel.model.dtypes.matmul_path`), so the schedule model and
@@ -72,7 +97,7 @@ def mxu_rate_key(lhs: Any, rhs: Any, chip: ChipSpec) -> tuple[str, int, tuple[st
     """
     from perfmodel.model.dtypes import matmul_path
 
-    path = matmul_path(chip, _model_dtype(lhs), _model_dtype(rhs))
+    path = matmul_path(chip, _model_dtype(lhs), _model_dtype(rhs), precision)
     return path.compute_dtype, path.passes, path.notes
 
 
@@ -278,7 +303,8 @@ class WorkCounter(Hook):
         name = eqn.primitive.name
         if name == "dot_general":
             useful, issued = dot_flops(eqn, self.chip)
-            key, passes, notes = mxu_rate_key(eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, self.chip)
+            key, passes, notes = mxu_rate_key(eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype, self.chip,
+                                              dot_precision(eqn.params))
             for note in notes:
                 self.note(note)
             self.useful = self.useful + weight * useful

@@ -88,3 +88,29 @@ def test_reductions_count_their_input_elements():
     assert kern.work.vpu_ops == STEPS * (2048 + 2048)
     assert kern.work.eup_ops == 0
     assert kern.work.dot_generals == 0
+
+
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-7x"])
+@pytest.mark.parametrize("precision, passes", [
+    (None, 1), (jax.lax.Precision.DEFAULT, 1), (jax.lax.Precision.HIGH, 3), (jax.lax.Precision.HIGHEST, 6),
+    ((jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST), 6),  # the higher of the pair
+    (jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3, 3), (jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6, 6),
+])
+def test_f32_dots_cost_the_bf16_passes_of_their_precision(chip, precision, passes):
+    # x (128, 128) @ w (128, 128) f32 per step: useful 2*128^3; issued = useful x passes, and on 7x (256-wide MXU)
+    # K and N pad 128 -> 256: 4x more issued.
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32, precision=precision)
+
+    kern = _run(body, (128, 128), (128, 128), chip=chip, dtype=jnp.float32)
+    assert kern.work.mxu_useful_flops == STEPS * 2 * 128**3
+    assert kern.work.mxu_issued_flops == STEPS * 2 * 128**3 * passes * (1 if chip == "tpu-v5e" else 4)
+
+
+def test_default_matmul_precision_config_applies_to_dots_without_one():
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    with jax.default_matmul_precision("float32"):
+        kern = _run(body, (128, 128), (128, 128), dtype=jnp.float32)
+    assert kern.work.mxu_issued_flops == STEPS * 2 * 128**3 * 6
