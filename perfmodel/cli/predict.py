@@ -40,6 +40,13 @@ def predict() -> None:
 # ----------------------------------------------------------------------------- gemm
 
 
+def precision_option(fn: Any) -> Any:
+    return click.option("--precision", type=click.Choice(["default", "high", "highest"], case_sensitive=False),
+                        default="default", show_default=True,
+                        help="The dots' precision (jax.lax.Precision): bf16 passes of an fp32 matmul on a TPU, "
+                             "1 / 3 / 6.")(fn)
+
+
 @predict.command()
 @click.option("-m", "--m", "m", type=int, default=None, help="Rows of the activations (tokens). Required.")
 @click.option("-n", "--n", "n", type=int, default=None, help="Output features (weight columns). Required.")
@@ -53,9 +60,7 @@ def predict() -> None:
 @click.option("--scale-block", type=int, default=None, help="K rows per scale with --weight-scale per-block (128).")
 @click.option("--epilogue", default="", metavar="LIST", help="Fused epilogue: comma list of bias, residual, relu, "
               "gelu, silu, sigmoid, tanh.")
-@click.option("--precision", type=click.Choice(["default", "high", "highest"], case_sensitive=False),
-              default="default", show_default=True,
-              help="The dot's precision (jax.lax.Precision): bf16 passes of an fp32 matmul on a TPU, 1 / 3 / 6.")
+@precision_option
 @predict_options
 @user_errors
 def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
@@ -86,6 +91,7 @@ def _head_options(fn: Any) -> Any:
                    "at most q-len).")
 @click.option("--block-kv", type=int, default=None,
               help="KV block of the kernel (default: the bundled kernel's tuned block_kv, at most kv-len).")
+@precision_option
 @predict_options
 @user_errors
 def attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
@@ -108,6 +114,7 @@ def _paged_options(fn: Any) -> Any:
 @_paged_options
 @click.option("--kv-scale", type=click.Choice(["none", "per-tensor", "per-token", "per-page"]), default=None,
               help="Scales of a quantized KV cache (default per-token for int8/fp8/int4, none otherwise).")
+@precision_option
 @predict_options
 @user_errors
 def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
@@ -127,6 +134,7 @@ def decode_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
 @click.option("--block-q", type=int, default=None,
               help="Query tokens per prefill block (default: the bundled ragged_paged_attention's tuned block_q for "
                    "the chip).")
+@precision_option
 @predict_options
 @user_errors
 def ragged_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,

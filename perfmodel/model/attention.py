@@ -165,9 +165,13 @@ def flash_attention(
     dtype: str = "bf16",
     block_q: Num | None = None,
     block_kv: Num | None = None,
+    precision: str | None = None,
     chip: object | None = None,
 ) -> OpCost:
     """Flash-style attention (prefill), MHA / GQA / MQA, causal or not, optional sliding window.
+
+    ``precision``: of the QK^T and PV dots (None = default: an fp32 dot is one bf16 pass on a TPU; the bundled
+    kernel asks for "highest" with f32 inputs, six passes).
 
     Blocks default to the bundled flash attention's tuned blocks for the chip (:func:`tuned_block`), at most
     the length rounded up to the tile. metrics:
@@ -184,7 +188,7 @@ def flash_attention(
     if causal and np.any(q_len > kv_len):
         raise InputError("--q-len must be <= --kv-len for causal attention (queries are the last q_len positions)")
     tiles = chip_tiles(chip)
-    path = matmul_path(chip, dt, dt)
+    path = matmul_path(chip, dt, dt, precision)
     bq = _default_block(block_q, "block_q", chip, q_len, max(tiles.sublanes, 8), "block_q")
     bkv = _default_block(block_kv, "block_kv", chip, kv_len, max(tiles.lanes, 128), "block_kv")
 
@@ -310,6 +314,7 @@ def _paged_attention_cost(
     kv_dtype: str,
     q_dtype: str,
     kv_scale: str,
+    precision: str | None,
     block_q: Num,
     table_entries: np.ndarray,
     chip: object | None,
@@ -323,7 +328,7 @@ def _paged_attention_cost(
     """
     group = _check_heads(q_heads, kv_heads)
     tiles = chip_tiles(chip)
-    path = matmul_path(chip, q_dtype, kv_dtype)
+    path = matmul_path(chip, q_dtype, kv_dtype, precision)
     keep = np.ones(np.shape(lens)) if seq_mask is None else seq_mask.astype(float)
     bq = np.minimum(block_q, q_lens)
     pages_visited = kv_tiles(q_lens, lens, bq, page_size, True, None)
@@ -400,6 +405,7 @@ def paged_decode_attention(
     kv_scale: str | None = None,
     batch: Num | None = None,
     pages_per_seq: Num | None = None,
+    precision: str | None = None,
     chip: object | None = None,
 ) -> OpCost:
     """One decode step (one query token per sequence) over a paged KV cache.
@@ -408,10 +414,11 @@ def paged_decode_attention(
     axes are independent scenarios), or, with ``batch``, one length (or an
     array of them) that all ``batch`` sequences share. KV bytes count whole
     pages (a partial last page costs a full one), scales (``kv_scale``: None
-    = per-tensor for a quantized cache, "per-token" / "per-page" store f32
+    = :func:`default_kv_scale`, per-token for a quantized cache; "per-token" / "per-page" store f32
     K and V scales per kv head), the page table (``pages_per_seq`` int32
     entries per sequence; default: the most any sequence needs), q and the
-    output. GQA: the q heads of a group share one pass over their KV pages.
+    output. GQA: the q heads of a group share one pass over their KV pages. ``precision``: of the dots (None =
+    default, see :func:`flash_attention`).
     """
     lens, b = _context_batch(context_lens, batch)
     q_heads, kv_heads, head_dim, page_size, kv_dt, q_dt = _paged_common(q_heads, kv_heads, head_dim, page_size,
@@ -421,8 +428,8 @@ def paged_decode_attention(
     ones = np.ones_like(lens)
     return _paged_attention_cost(
         name="decode-attention", q_lens=ones, lens=lens, batch=b, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, block_q=1,
-        table_entries=table, chip=chip)
+        head_dim=head_dim, page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, precision=precision,
+        block_q=1, table_entries=table, chip=chip)
 
 
 def ragged_paged_attention(
@@ -438,6 +445,7 @@ def ragged_paged_attention(
     kv_scale: str | None = None,
     block_q: Num | None = None,
     pages_per_seq: Num | None = None,
+    precision: str | None = None,
     chip: object | None = None,
 ) -> OpCost:
     """One mixed batch of prefill chunks and decode tokens (vLLM TPU's ragged paged attention).
@@ -466,8 +474,8 @@ def ragged_paged_attention(
     bq = sizes("block_q", block_q if block_q is not None else tuned_block("ragged_paged_attention", "block_q", chip))
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)
     common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-                  page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, block_q=bq,
-                  table_entries=table, chip=chip)
+                  page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, precision=precision,
+                  block_q=bq, table_entries=table, chip=chip)
     decode = q_lens == 1
     prefill_part = _paged_attention_cost(name="prefill", seq_mask=~decode, **common)
     decode_part = _paged_attention_cost(name="decode", seq_mask=decode, **common)

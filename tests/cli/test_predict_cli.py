@@ -351,3 +351,18 @@ def test_gemm_precision_sets_the_fp32_passes():
     assert mxu["high"] == 3 * mxu["default"] and mxu["highest"] == 6 * mxu["default"]
     bad = CliRunner().invoke(main, base + ["--precision", "fastest"])
     assert bad.exit_code == 2 and "--precision" in bad.output
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "attention", "--q-len", "1024", "--dtype", "f32"],
+    ["predict", "decode-attention", "--context", "2048", "--batch", "8", "--q-dtype", "f32", "--kv-dtype", "f32"],
+    ["predict", "ragged-attention", "--query-lens", "64,1", "--context-lens", "1024,2048", "--q-dtype", "f32",
+     "--kv-dtype", "f32"],
+])
+def test_attention_precision_multiplies_the_f32_mxu_work(argv):
+    def mxu(precision):
+        result = CliRunner().invoke(main, argv + ["--hw", "v5e", "--precision", precision, "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)[0]["cost"]["mxu_flops"]
+
+    assert mxu("highest") == pytest.approx(6 * mxu("default")) and mxu("high") == pytest.approx(3 * mxu("default"))
