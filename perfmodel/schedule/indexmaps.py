@@ -72,8 +72,12 @@ def _evaluate_with_jax(block: BlockMapping, call: PallasCall, points: np.ndarray
     from jax.extend.core import jaxpr_as_fun
 
     closed = block.index_map
-    jaxpr, consts = discharge_state(closed.jaxpr, closed.consts)
-    fn = jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, consts))
+    try:
+        discharged = discharge_state(closed)  # jax >= 0.10: ClosedJaxpr in and out
+    except TypeError:  # older jax: (jaxpr, consts)
+        jaxpr, consts = discharge_state(closed.jaxpr, closed.consts)
+        discharged = jax.extend.core.ClosedJaxpr(jaxpr, consts)
+    fn = jaxpr_as_fun(discharged)
     ngrid = len(call.grid)
     nouts = len(closed.jaxpr.outvars)
 

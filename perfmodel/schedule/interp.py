@@ -63,6 +63,10 @@ MAX_EXPANDED_LANES = 1 << 20
 #: Default of ``Interpreter(expand=...)``: count loop bodies over expanded lanes
 #: (False: one pass per iteration, the reference implementation).
 EXPAND_LOOPS = True
+#: Quiet runs (trip counts, carries, index maps) compute only the slice of a jaxpr their outputs need.
+SLICE_QUIET_RUNS = True
+#: Counting loops (``fori_loop`` with traced bounds) are simulated in closed form.
+CLOSED_FORM_LOOPS = True
 
 
 class _Unknown:
@@ -590,7 +594,7 @@ class Interpreter:
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        if needed is not None and self.quiet:
+        if needed is not None and self.quiet and SLICE_QUIET_RUNS:
             eqns: Any = slice_jaxpr(jaxpr, needed, writes_known(jaxpr, list(consts) + list(args))).eqns
         else:
             eqns = [(e, None) for e in jaxpr.eqns]
@@ -886,9 +890,12 @@ class Interpreter:
         :class:`_Expansion` of the iterations that run (None when more than MAX_EXPANDED_LANES lanes
         would run, or a carry is known at some iterations only), without counting work. Only the
         ``carries`` marked (default: all) are computed."""
-        carries = tuple(carries) if carries is not None else (True,) * len(init)
+        if carries is None or not SLICE_QUIET_RUNS:
+            carries = (True,) * len(init)
+        carries = tuple(carries)
         carry = [c if nd else UNKNOWN for c, nd in zip(init, carries)]
-        counted = self._counter_loop(cond_j, body_j, cconsts, bconsts, carry, carries, record)
+        counted = self._counter_loop(cond_j, body_j, cconsts, bconsts, carry, carries, record) \
+            if CLOSED_FORM_LOOPS else None
         if counted is not None:
             return counted
         quiet = self._quiet()
@@ -1051,6 +1058,8 @@ class Interpreter:
         quiet = self._quiet()
         ncarry = len(carry)
         nout = len(_open(body).outvars)
+        if not SLICE_QUIET_RUNS:
+            carries = (True,) * ncarry
         needed = tuple(carries) + (False,) * (nout - ncarry)
         carry = [c if nd else UNKNOWN for c, nd in zip(carry, carries)]
         consts = _copy_refs(consts)
@@ -1115,7 +1124,7 @@ def _find_counter_form(cond: Any, body: Any, carries: tuple[bool, ...]) -> tuple
     ncarry = len(body.outvars)
     cn = len(cond.invars) - ncarry
     bn = len(body.invars) - ncarry
-    if cn < 0 or bn < 0 or jaxpr_writes(cond) or cond.constvars:
+    if cn < 0 or bn < 0 or len(carries) != ncarry or jaxpr_writes(cond) or cond.constvars:
         return None
     cs = slice_jaxpr(cond, (True,), False)
     if len(cs.eqns) != 1 or cs.eqns[0][0].primitive.name != "lt" or cond.outvars[0] is not cs.eqns[0][0].outvars[0]:

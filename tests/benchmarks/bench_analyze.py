@@ -1,7 +1,9 @@
-"""Speed of the kernel-schedule model on million-step grids, and its calibration against published timings.
+"""Speed of the kernel-schedule model on million-step grids and on a ragged attention grid with data-dependent
+loops, and its calibration against published timings.
 
 Run: .venv/bin/python tests/benchmarks/bench_analyze.py   (prints figures; not collected by pytest)
-Target (issue 5): a grid of a million steps analyzed in well under a second.
+Targets: a grid of a million steps analyzed in well under a second (issue 5); `analyze` of an 8k-context ragged
+paged attention call in under 2 s (issue 9; tests/benchmarks/bench_tune.py prints it with the tune figures).
 
 Two figures per kernel: the schedule model alone on an already-traced pallas_call
 (index maps at every step, pipeline simulation, body work, timing), and the whole
@@ -31,6 +33,56 @@ from perfmodel.schedule.extract import find_pallas_calls, trace  # noqa: E402
 from perfmodel.units import seconds, table  # noqa: E402
 
 REPEATS = 5
+#: Seconds `analyze` of an 8k-context ragged attention call may take (issue 9).
+ANALYZE_TARGET_S = 2.0
+
+#: 8k-context ragged paged attention calls (bundled kernel, its default blocks): a decode-heavy batch of 8
+#: sequences with 8 new tokens each, and one 8k-token prefill. 16-token pages, 32 q / 8 kv heads of 128.
+RAGGED_8K = {
+    "8 seqs x 8 new tokens, 8k context": (
+        "q=64x32x128:bf16", "k_pages=8x4096x16x128:bf16", "v_pages=8x4096x16x128:bf16", "kv_lens=8:int32=8192",
+        "page_table=8x512:int32=arange", "cu_q_lens=9:int32=arange*8", "num_seqs=1:int32=8"),
+    "1 seq, 8k-token prefill": (
+        "q=8192x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16", "kv_lens=1:int32=8192",
+        "page_table=1x512:int32=arange", "cu_q_lens=2:int32=arange*8192", "num_seqs=1:int32=1"),
+}
+
+
+def timed(fn, repeats: int, cold: bool = False) -> list[float]:
+    """Wall seconds of ``fn()`` over ``repeats`` runs; ``cold``: JAX's trace caches cleared before each (a run
+    then traces its kernels again, as a new process would)."""
+    out = []
+    for _ in range(repeats):
+        if cold:
+            jax.clear_caches()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def verdict(seconds_: float, target_s: float) -> str:
+    return "PASS" if seconds_ < target_s else "FAIL"
+
+
+def ragged_8k_rows(repeats: int = 3) -> list[list[str]]:
+    """`analyze` of the RAGGED_8K calls, each run tracing the kernel afresh: label, grid steps, median, best,
+    target, verdict."""
+    from perfmodel.schedule.catalog import get_entry
+
+    chip = resolve_chip("tpu-v5e")
+    entry = get_entry("ragged_paged_attention")
+    rows = []
+    for label, shapes in RAGGED_8K.items():
+        specs = entry.specs(shapes)
+        args = entry.arguments(specs)
+        fn = entry.make_function(specs, None, chip)
+        result = []
+        times = timed(lambda: result.append(analyze(fn, *args, chip=chip)), repeats, cold=True)
+        med = statistics.median(times)
+        rows.append([f"analyze ragged_paged_attention, {label}", f"{result[-1].kernels[0].steps:,}",
+                     seconds(med), seconds(min(times)), seconds(ANALYZE_TARGET_S), verdict(med, ANALYZE_TARGET_S)])
+    return rows
 
 
 def _cases():
@@ -61,6 +113,7 @@ def speed() -> None:
         print(f"{label}: {call.steps:,} grid steps; schedule model median {seconds(statistics.median(model))} "
               f"(best {seconds(min(model))}); analyze() incl. tracing median {seconds(statistics.median(full))} "
               f"over {REPEATS} runs (target well under 1 s)")
+    print(table(["call", "steps", "median", "best", "target", ""], ragged_8k_rows()))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
