@@ -186,28 +186,88 @@ def _fold(x: Any, lanes: np.ndarray, n: int) -> Any:
 
 
 class WorkCounter(Hook):
-    """Accumulates per-step work (scalars or ``(n,)`` arrays) while the body is interpreted."""
+    """Accumulates per-step work (scalars or ``(n,)`` arrays) while the body is interpreted.
+
+    Work under a per-step weight array (a ``pl.when`` mask, a loop's trip counts) is summed per weight
+    first and multiplied out once when a total is read: on a million-step grid that is one array operation
+    per distinct weight instead of one per equation. Counts are integers, so the sums are exact either way.
+    """
 
     foldable = True
 
     def __init__(self, chip: ChipSpec, notes: list[str] | None = None):
         self.chip = chip
-        self.useful: Any = 0.0
+        self._totals: dict[str, Any] = dict.fromkeys(_ADDITIVE, 0.0)
         #: rate key -> issued FLOPs (padding and multi-pass included).
-        self.issued: dict[str, Any] = {}
+        self._issued: dict[str, Any] = {}
         #: rate key -> FLOPs without padding (multi-pass included): what the op floor uses.
-        self.unpadded: dict[str, Any] = {}
-        self.vpu: Any = 0.0
-        self.eup: Any = 0.0
-        #: Bytes of the body's own DMAs per step: HBM -> on-chip (reads) and on-chip -> HBM (writes).
-        self.dma_read: Any = 0.0
-        self.dma_write: Any = 0.0
+        self._unpadded: dict[str, Any] = {}
+        #: id(weight array) -> [weight, {(field, rate key or None): amount per unit weight}].
+        self._pending: dict[int, list] = {}
         #: Distinct dot_general equations executed (a loop's dot counts once).
         self.dot_eqns: set[int] = set()
         self.notes: list[str] = notes if notes is not None else []
         #: Bytes of run_scoped VMEM / SMEM allocations, by memory space (largest seen).
         self.scoped_bytes: dict[str, int] = {}
         self.dma_directions: set[tuple[str, str]] = set()
+
+    def _add(self, field: str, weight: Any, amount: float, key: str | None = None) -> None:
+        """Add ``weight * amount`` to a total (``key``: the rate key of issued / unpadded FLOPs)."""
+        if isinstance(weight, np.ndarray) and weight.ndim and weight.shape[0] > 1:
+            entry = self._pending.get(id(weight))
+            if entry is None:
+                entry = self._pending[id(weight)] = [weight, {}]
+            k = (field, key)
+            entry[1][k] = entry[1].get(k, 0.0) + amount
+            if key is not None:
+                (self._issued if field == "issued" else self._unpadded).setdefault(key, 0.0)  # first-seen order
+            return
+        if key is None:
+            self._totals[field] = self._totals[field] + weight * amount
+        else:
+            d = self._issued if field == "issued" else self._unpadded
+            d[key] = d.get(key, 0.0) + weight * amount
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        for weight, amounts in pending.values():
+            for (field, key), amount in amounts.items():
+                if key is None:
+                    self._totals[field] = self._totals[field] + weight * amount
+                else:
+                    d = self._issued if field == "issued" else self._unpadded
+                    d[key] = d.get(key, 0.0) + weight * amount
+
+    def _total(name: str) -> property:  # noqa: N805 - a property factory used in the class body
+        def get(self: "WorkCounter") -> Any:
+            self._flush()
+            return self._totals[name]
+
+        def put(self: "WorkCounter", value: Any) -> None:
+            self._flush()
+            self._totals[name] = value
+
+        return property(get, put)
+
+    useful = _total("useful")
+    vpu = _total("vpu")
+    eup = _total("eup")
+    #: Bytes of the body's own DMAs per step: HBM -> on-chip (reads) and on-chip -> HBM (writes).
+    dma_read = _total("dma_read")
+    dma_write = _total("dma_write")
+    del _total
+
+    @property
+    def issued(self) -> dict[str, Any]:
+        self._flush()
+        return self._issued
+
+    @property
+    def unpadded(self) -> dict[str, Any]:
+        self._flush()
+        return self._unpadded
 
     @property
     def dots(self) -> int:
@@ -307,9 +367,9 @@ class WorkCounter(Hook):
                                               dot_precision(eqn.params))
             for note in notes:
                 self.note(note)
-            self.useful = self.useful + weight * useful
-            self.issued[key] = self.issued.get(key, 0.0) + weight * issued * passes
-            self.unpadded[key] = self.unpadded.get(key, 0.0) + weight * useful * passes
+            self._add("useful", weight, useful)
+            self._add("issued", weight, issued * passes, key)
+            self._add("unpadded", weight, useful * passes, key)
             self.dot_eqns.add(id(eqn))
             return
         if name == "dma_start":
@@ -319,10 +379,7 @@ class WorkCounter(Hook):
                 return
             if src != "any" and dst != "any":
                 return  # VMEM <-> VMEM / SMEM copies do not touch HBM
-            if src == "any":
-                self.dma_read = self.dma_read + weight * nbytes
-            else:
-                self.dma_write = self.dma_write + weight * nbytes
+            self._add("dma_read" if src == "any" else "dma_write", weight, nbytes)
             self.dma_directions.add((src, dst))
             return
         if name == "run_scoped":
@@ -345,11 +402,11 @@ class WorkCounter(Hook):
         if out is None or not getattr(out, "shape", ()):
             return  # scalar-unit work is not counted
         if name in EUP_PRIMITIVES:
-            self.eup = self.eup + weight * _size(out)
+            self._add("eup", weight, _size(out))
         elif name in VPU_PRIMITIVES or name == "div":
-            self.vpu = self.vpu + weight * _size(out)
+            self._add("vpu", weight, _size(out))
         elif name in REDUCTIONS:
-            self.vpu = self.vpu + weight * _size(eqn.invars[0].aval)
+            self._add("vpu", weight, _size(eqn.invars[0].aval))
 
 
 def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,

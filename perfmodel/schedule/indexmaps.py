@@ -25,7 +25,14 @@ def grid_points(grid: Sequence[int]) -> np.ndarray:
     n = int(np.prod(grid)) if grid else 1
     if not grid:
         return np.zeros((1, 0), dtype=np.int32)
-    return np.stack(np.unravel_index(np.arange(n, dtype=np.int64), grid), axis=1).astype(np.int32)
+    out = np.empty((n, len(grid)), dtype=np.int32)
+    if n == 0:
+        return out
+    inner = n
+    for d, g in enumerate(grid):
+        inner //= g
+        out[:, d] = np.broadcast_to(np.arange(g, dtype=np.int32)[None, :, None], (n // (inner * g), g, inner)).reshape(-1)
+    return out
 
 
 def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray) -> list[np.ndarray]:
