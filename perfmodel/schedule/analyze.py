@@ -60,11 +60,17 @@ def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = DEFAULT_CHIP, host_
     """Trace ``fn(*args, **kwargs)`` and model every pallas_call it runs on ``chip``.
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``; scalar-prefetch
-    operands that index maps read must be concrete arrays. Returns an
+    operands that index maps read must be concrete arrays. The function is
+    traced as if on ``chip`` (its JAX device kind, see
+    :mod:`perfmodel.schedule.device_kind`), so kernels that call
+    ``pltpu.get_tpu_info()`` trace on a CPU. Returns an
     :class:`~perfmodel.schedule.results.Analysis`.
     """
+    from perfmodel.schedule.device_kind import as_device
+
     spec = resolve_chip(chip)
-    closed = trace(fn, *args, **kwargs)
+    with as_device(spec):
+        closed = trace(fn, *args, **kwargs)
     calls = find_pallas_calls(closed, args)
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or repr(fn)
     notes: tuple[str, ...] = ()

@@ -34,3 +34,24 @@ def test_get_tpu_info_sees_the_chosen_chip(chip_name, version, cores):
 def test_a_gpu_has_no_tpu_device_kind():
     with pytest.raises(InputError, match="--hw: .* is not a TPU with a JAX device kind"):
         tpu_device_kind(get_chip("h100"))
+
+
+def test_analyze_traces_a_kernel_that_asks_for_the_chip():
+    # The kernel sizes its block from the chip's lane count and VMEM: traced on a CPU without the chip's device
+    # kind, get_tpu_info() would fail.
+    from jax.experimental import pallas as pl
+
+    from perfmodel.schedule.analyze import analyze
+
+    def fn(x):
+        info = pltpu.get_tpu_info()
+        rows = 8 if info.vmem_capacity_bytes < 64 * 2**20 else 16  # v4: 16 MiB per core -> 8 rows; v5e: 128 MiB
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                              grid=(x.shape[0] // rows,),
+                              in_specs=[pl.BlockSpec((rows, info.num_lanes), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((rows, info.num_lanes), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    assert analyze(fn, x, chip="tpu-v4").kernels[0].steps == 64 // 8
+    assert analyze(fn, x, chip="tpu-v5e").kernels[0].steps == 64 // 16
