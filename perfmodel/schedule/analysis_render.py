@@ -102,5 +102,22 @@ def render(a: Analysis) -> str:
     blocks = [render_kernel(k) for k in a.kernels]
     if len(a.kernels) > 1:
         blocks.append(f"total expected {seconds(a.expected_s)} over {len(a.kernels)} pallas_calls")
+    if a.xla is not None and a.xla.ops:
+        blocks.append(render_xla(a))
     blocks.extend(f"note: {n}" for n in a.notes)
     return "\n\n".join(blocks)
+
+
+def render_xla(a: Analysis) -> str:
+    """The XLA ops around the pallas_calls and the function's total."""
+    from perfmodel.model.core import BOUND_NAMES
+    from perfmodel.units import flops
+
+    rows = [[o.primitive, f"{o.count:,}", flops(o.flops) if o.flops else "-", nbytes(o.hbm_bytes),
+             seconds(o.expected_s), BOUND_NAMES.get(o.limiter, o.limiter)] for o in a.xla.ops]
+    lines = ["XLA ops around the pallas_calls (op model)",
+             table(["op", "count", "FLOPs", "HBM bytes", "expected", "bound"], rows, align="lrrrrl"),
+             f"total expected {seconds(a.total_s)} = pallas_calls {seconds(a.expected_s)} + XLA ops "
+             f"{seconds(a.xla_s)}"]
+    lines += [f"  {n}" for n in a.xla.notes]
+    return "\n".join(lines)

@@ -22,6 +22,7 @@ from perfmodel.model.core import OpCost, combine, evaluate
 from perfmodel.schedule import pipeline as pl_sim
 from perfmodel.schedule.body import WorkCounter, count_body_work
 from perfmodel.schedule.extract import PallasCall, find_pallas_calls, trace
+from perfmodel.schedule.xla_ops import xla_ops
 from perfmodel.schedule.indexmaps import block_indices, grid_points
 from perfmodel.schedule.results import (
     Analysis,
@@ -79,7 +80,7 @@ def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = DEFAULT_CHIP, host_
     kernels = tuple(
         analyze_call(c, spec, host_dispatch_s=host_dispatch_s, keep_step_times=keep_step_times) for c in calls
     )
-    return Analysis(function=str(name), chip=spec.name, kernels=kernels, notes=notes)
+    return Analysis(function=str(name), chip=spec.name, kernels=kernels, notes=notes, xla=xla_ops(closed, spec))
 
 
 def cores_for(call: PallasCall, chip: ChipSpec) -> int:

@@ -240,12 +240,25 @@ class Analysis:
     chip: str
     kernels: tuple[KernelAnalysis, ...]
     notes: tuple[str, ...] = ()
+    #: The XLA ops the function runs around its pallas_calls (perfmodel.schedule.xla_ops.XlaOps); None: not counted.
+    xla: Any = None
 
-    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("expected_s",)
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("expected_s", "xla_s", "total_s")
 
     @property
     def expected_s(self) -> float:
+        """The pallas_calls' expected time (what the block-size advisor ranks)."""
         return sum(k.time.expected_s for k in self.kernels)
+
+    @property
+    def xla_s(self) -> float:
+        """The expected time of the XLA ops around the pallas_calls (0 when not counted)."""
+        return float(self.xla.expected_s) if self.xla is not None else 0.0
+
+    @property
+    def total_s(self) -> float:
+        """What a user times: the pallas_calls and the XLA ops around them."""
+        return self.expected_s + self.xla_s
 
     def kernel(self, name: str) -> KernelAnalysis:
         for k in self.kernels:

@@ -1,0 +1,80 @@
+"""The XLA ops around a function's pallas_calls: counted unfused on the roofline, hand-worked."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+from perfmodel.hw.registry import get_chip
+from perfmodel.schedule.analyze import analyze
+from perfmodel.schedule.xla_ops import xla_ops
+
+
+def _double(x):
+    """A one-step pallas_call that doubles a (256, 512) f32 array."""
+    return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def _ops(fn, *args, chip="tpu-v5e"):
+    return xla_ops(jax.make_jaxpr(fn)(*args), get_chip(chip))
+
+
+def test_a_transpose_around_a_kernel_is_one_hbm_round_trip():
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
+    a = analyze(lambda x: _double(x.T), x)
+    [op] = a.xla.ops
+    # transpose of 512x256 f32: 512 KiB read + 512 KiB written = 1,048,576 B; at v5e's 819 GB/s / 0.9 achievable.
+    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 1, 2 * 512 * 256 * 4)
+    hbm = get_chip("tpu-v5e").memory.hbm_bw_bytes_per_s_per_chip
+    assert op.expected_s == pytest.approx(2 * 512 * 256 * 4 / hbm, rel=0.2)
+    assert a.total_s == pytest.approx(a.expected_s + op.expected_s)
+    assert a.xla_s == op.expected_s > 0
+
+
+def test_layout_only_and_scalar_ops_cost_nothing():
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
+    ops = _ops(lambda x: _double(x.reshape(256, 512)).reshape(-1)[None], x)
+    assert ops.ops == () and ops.expected_s == 0
+
+
+def test_dots_outside_kernels_follow_their_precision():
+    # 1024^2 @ 1024^2 f32: 2*1024^3 useful FLOPs; HIGHEST issues 6 bf16 passes (MXU-bound then).
+    a = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    default = _ops(lambda a, b: a @ b, a, a).ops[0]
+    highest = _ops(lambda a, b: jnp.dot(a, b, precision="highest"), a, a).ops[0]
+    assert default.flops == highest.flops == 2 * 1024**3
+    assert highest.expected_s > default.expected_s
+    assert default.hbm_bytes == 3 * 1024 * 1024 * 4
+
+
+def test_scan_multiplies_its_body_cond_takes_the_costliest_branch_while_is_counted_once():
+    x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+
+    def scanned(x):
+        return jax.lax.scan(lambda c, _: (jnp.sin(c), None), x, None, length=5)[0]
+
+    [op] = _ops(scanned, x).ops
+    assert (op.primitive, op.count, op.hbm_bytes) == ("sin", 5, 5 * 2 * 4096)
+
+    def branchy(p, x):
+        return jax.lax.cond(p, lambda x: jnp.sin(jnp.cos(x)), lambda x: jnp.sin(x), x)
+
+    ops = _ops(branchy, jax.ShapeDtypeStruct((), jnp.bool_), x)
+    assert sorted(o.primitive for o in ops.ops) == ["cos", "sin"]
+
+    def looped(x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.exp(c[1])), (0, x))[1]
+
+    ops = _ops(looped, x)
+    assert [o.primitive for o in ops.ops] == ["exp"] and ops.ops[0].count == 1
+    assert any("while loop" in n for n in ops.notes)
+
+
+def test_analyze_renders_the_xla_ops_and_the_total():
+    from perfmodel.schedule.analysis_render import render
+
+    x = jax.ShapeDtypeStruct((512, 256), jnp.float32)
+    text = render(analyze(lambda x: _double(x.T), x))
+    assert "XLA ops around the pallas_calls" in text and "transpose" in text
+    assert "total expected" in text and "+ XLA ops" in text
