@@ -163,17 +163,14 @@ def _block_dims(block_shape: Sequence[Any]) -> tuple[tuple[int, ...], tuple[str,
     return tuple(sizes), tuple(kinds)
 
 
-def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None) -> PallasCall:
-    """Read one pallas_call equation."""
+def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
+                     grid_bounds: Sequence[Any] | None = None) -> PallasCall:
+    """Read one pallas_call equation. ``grid_bounds``: the values of its dynamic grid sizes, in order (computed
+    from the concrete arguments they depend on, see :func:`find_pallas_calls`)."""
     p = eqn.params
     gm = p["grid_mapping"]
     body = p["jaxpr"]
-    if any(not isinstance(g, (int, np.integer)) for g in gm.grid):
-        raise InputError(
-            "pallas_call has a dynamic grid; the schedule model needs static grid sizes "
-            "(pass concrete shapes to analyze)"
-        )
-    grid = tuple(int(g) for g in gm.grid)
+    grid = _static_grid(gm.grid, grid_bounds, p.get("name") or "pallas_call")
     n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
     arg_names = getattr(getattr(body, "debug_info", None), "arg_names", None)
     names = list(arg_names) if arg_names and len(arg_names) == len(body.invars) else None
@@ -224,6 +221,24 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None) -> 
     )
 
 
+def _static_grid(grid: Sequence[Any], bounds: Sequence[Any] | None, name: str) -> tuple[int, ...]:
+    """The grid with each dynamic size replaced by its value; InputError when a size depends on data given
+    only as a shape."""
+    out, dynamic = [], iter(bounds or ())
+    for g in grid:
+        if isinstance(g, (int, np.integer)):
+            out.append(int(g))
+            continue
+        value = next(dynamic, None)
+        if value is None or np.ndim(value) != 0:
+            raise InputError(
+                f"{name}: the grid size is computed at run time from arguments given only as shapes; give those "
+                "arguments values (--shape NAME=DIMS:DTYPE=FILL, or concrete arrays to analyze) so the size can "
+                "be evaluated")
+        out.append(int(value))
+    return tuple(out)
+
+
 def _clean_name(name: str) -> str:
     """Kernel argument names come as e.g. "x_tile_ref" or "args[0]"; keep them readable."""
     return name.replace(" ", "")
@@ -243,7 +258,7 @@ def find_pallas_calls(closed: Any, args: Sequence[Any] = ()) -> list[PallasCall]
         _walk_eval(closed.jaxpr, [np.asarray(c) if _is_array_like(c) else None for c in closed.consts], env_args, found)
     else:
         _walk(closed.jaxpr, found)
-    return [read_pallas_call(eqn, values) for eqn, values in found]
+    return [read_pallas_call(eqn, values, bounds) for eqn, values, bounds in found]
 
 
 def _sub_jaxprs(params: dict) -> list[Any]:
@@ -255,7 +270,8 @@ def _sub_jaxprs(params: dict) -> list[Any]:
 def _any_prefetch(jaxpr: Any) -> bool:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            if eqn.params["grid_mapping"].num_index_operands:
+            gm = eqn.params["grid_mapping"]
+            if gm.num_index_operands or gm.num_dynamic_grid_bounds:
                 return True
             continue
         if any(_any_prefetch(sub) for sub in _sub_jaxprs(eqn.params)):
@@ -266,7 +282,7 @@ def _any_prefetch(jaxpr: Any) -> bool:
 def _walk(jaxpr: Any, found: list) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            found.append((eqn, None))
+            found.append((eqn, None, None))
             continue
         for sub in _sub_jaxprs(eqn.params):
             _walk(sub, found)
@@ -312,7 +328,7 @@ def _walk_eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], found: li
             gm = eqn.params["grid_mapping"]
             n_dyn = gm.num_dynamic_grid_bounds
             values = invals[n_dyn : n_dyn + gm.num_index_operands]
-            found.append((eqn, values))
+            found.append((eqn, values, invals[:n_dyn]))
             outs = [None] * len(eqn.outvars)
         elif name in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call"):
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")

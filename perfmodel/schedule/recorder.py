@@ -180,7 +180,8 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
     from perfmodel.schedule.extract import find_pallas_calls, trace
 
     rec = Recording()
-    shapes = {(b.role, b.name): b.array_shape for c in find_pallas_calls(trace(fn, *args, **kwargs)) for b in c.blocks}
+    calls = find_pallas_calls(trace(fn, *args, **kwargs), args)
+    shapes = {(b.role, b.name): b.array_shape for c in calls for b in c.blocks}
 
     def on_grid_point(token: Any, grid_point: Any, core: Any) -> Any:
         rec.grid_points.append(tuple(int(x) for x in np.asarray(grid_point).reshape(-1)))
