@@ -1,5 +1,6 @@
-"""Kernels perfmodel did not write, with run-time grids: JAX's megablox grouped matmul (gmm), whose grid's
-middle dimension is the number of active (group, row-tile) pairs computed from the group sizes."""
+"""Kernels perfmodel did not write: JAX's megablox grouped matmul (gmm), whose grid's middle dimension is the
+number of active (group, row-tile) pairs computed from the group sizes at run time; JAX's splash attention
+(block-sparse mask info as scalar prefetch); JAX's ragged paged attention (manual page DMAs)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,55 @@ def test_gmm_transfers_equal_the_interpreter_run(v5e, sizes):
     for o in kern.operands:
         if o.pipelined:
             assert (o.transfers, o.hbm_bytes) == rec.count(o.role, o.name), o.name
+
+
+def _assert_transfers_match(v5e, fn, *args):
+    rec = record_traffic(fn, *args)
+    calls = find_pallas_calls(trace(fn, *args), args)
+    assert len(calls) == 1
+    kern = analyze_call(calls[0], v5e, order=np.array(rec.grid_points))
+    assert kern.steps == len(rec.grid_points)
+    for o in kern.operands:
+        if o.pipelined:
+            assert (o.transfers, o.hbm_bytes) == rec.count(o.role, o.name), o.name
+    return kern
+
+
+@pytest.mark.parametrize("seq, block", [(512, 128), (768, 256)])
+def test_splash_attention_causal_transfers_equal_the_interpreter_run(v5e, seq, block):
+    # JAX's splash attention: block-sparse mask info as scalar prefetch decides which K/V blocks are fetched.
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    heads, dim = 2, 128
+    mask = sm.MultiHeadMask([sm.CausalMask((seq, seq)) for _ in range(heads)])
+    kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1,
+                                block_sizes=sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block))
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((heads, seq, dim)), jnp.bfloat16) for _ in range(3))
+    kern = _assert_transfers_match(v5e, lambda q, k, v: kernel(q, k, v), q, k, v)
+    n = seq // block
+    k_op = next(o for o in kern.operands if o.name == "k_ref")
+    # causal: q block row i needs kv blocks 0..i -> at most n(n+1)/2 fetches per head (fewer where consecutive
+    # steps keep the same block), fewer than the n^2 grid steps
+    assert k_op.transfers <= heads * n * (n + 1) // 2 < kern.steps
+
+
+@pytest.mark.parametrize("kv_lens, cu_q_lens", [([256, 128, 0, 0], [0, 48, 64, 64, 64]),
+                                                ([64, 64, 64, 64], [0, 1, 2, 3, 4])])
+def test_jax_ragged_paged_attention_is_modeled_with_its_manual_page_dmas(v5e, kv_lens, cu_q_lens):
+    # JAX's ragged paged attention (v2 layout: K and V heads combined in one page array). Its manual page copies
+    # cover at least every page the sequences need: ceil(len / 16) pages x 16 tokens x 4 combined heads x 128 x 2 B.
+    # (It does not run in interpret mode in this jax, so the exact count is not checked against a run.)
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    q = jnp.zeros((64, 8, 128), jnp.bfloat16)
+    kv = jnp.zeros((64, 16, 4, 128), jnp.bfloat16)
+    page_indices = jnp.arange(16, dtype=jnp.int32).reshape(4, 4)
+    args = (q, kv, jnp.asarray(kv_lens, jnp.int32), page_indices, jnp.asarray(cu_q_lens, jnp.int32),
+            jnp.asarray([4 if cu_q_lens[-1] == 4 else 2], jnp.int32))
+    [kern] = analyze(lambda *a: rpa.ragged_paged_attention(*a, num_kv_pages_per_block=4, num_queries_per_block=16),
+                     *args, chip=v5e).kernels
+    needed = sum(-(-n // 16) for n in kv_lens) * 16 * 4 * 128 * 2
+    assert kern.manual_dma and kern.work.manual_dma_bytes >= needed > 0
+
