@@ -109,3 +109,40 @@ def test_jax_ragged_paged_attention_is_modeled_with_its_manual_page_dmas(v5e, kv
     needed = sum(-(-n // 16) for n in kv_lens) * 16 * 4 * 128 * 2
     assert kern.manual_dma and kern.work.manual_dma_bytes >= needed > 0
 
+
+
+def _pipelined(m: int, n: int, bm: int, bn: int):
+    """A pallas_call with no grid whose body runs its own pipeline (pltpu.emit_pipeline) over HBM operands:
+    out[i, j] = y[i, j] + x[i, :bn] with x's row block held across the inner j steps."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def inner(x_ref, y_ref, o_ref):
+        o_ref[...] = y_ref[...] + x_ref[:, :bn]
+
+    def kernel(x_hbm, y_hbm, o_hbm):
+        pltpu.emit_pipeline(inner, grid=(m // bm, n // bn),
+                            in_specs=[pl.BlockSpec((bm, n), lambda i, j: (i, 0)),
+                                      pl.BlockSpec((bm, bn), lambda i, j: (i, j))],
+                            out_specs=[pl.BlockSpec((bm, bn), lambda i, j: (i, j))])(x_hbm, y_hbm, o_hbm)
+
+    def fn(x, y):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+                              in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+                              out_specs=pl.BlockSpec(memory_space=pl.ANY))(x, y)
+
+    return fn
+
+
+@pytest.mark.parametrize("m, n, bm, bn", [(512, 512, 128, 256), (256, 1024, 64, 128)])
+def test_an_in_kernel_pipeline_moves_what_the_interpreter_moves(v5e, m, n, bm, bn):
+    from perfmodel.schedule.device_kind import as_device
+
+    fn = _pipelined(m, n, bm, bn)
+    x = jnp.ones((m, n), jnp.float32)
+    y = jnp.ones((m, n), jnp.float32)
+    [kern] = analyze(fn, x, y, chip=v5e).kernels
+    with as_device(v5e):  # emit_pipeline asks for the chip's info while tracing
+        rec = record_traffic(fn, x, y)
+    # x once per row block (held across j), y read once, out written once: 3 x m x n x 4 bytes.
+    assert kern.manual_dma and kern.work.manual_dma_bytes == rec.manual_hbm_bytes == 3 * m * n * 4
