@@ -60,6 +60,10 @@ MAX_UNROLLED_LANE_ITERATIONS = 2_000_000
 MAX_UNROLLED_SCAN_LENGTH = 4096
 #: Most (grid step, iteration) lanes a loop body is counted over in one pass.
 MAX_EXPANDED_LANES = 1 << 20
+#: Loops run by an interpreter with more lanes than this are counted one pass per iteration: each pass
+#: already works on arrays long enough that Python's per-equation cost does not matter, and expanding
+#: would only copy them.
+MAX_LANES_TO_EXPAND = 16384
 #: Default of ``Interpreter(expand=...)``: count loop bodies over expanded lanes
 #: (False: one pass per iteration, the reference implementation).
 EXPAND_LOOPS = True
@@ -851,7 +855,7 @@ class Interpreter:
         else:
             carries = self._carries_needed(eqn, needed, writes)
         record = (not self.quiet and self.expand and self.hook.foldable and not writes
-                  and not jaxpr_has(body_j, "run_scoped"))
+                  and self.n <= MAX_LANES_TO_EXPAND and not jaxpr_has(body_j, "run_scoped"))
         trips, final, expansion = self._simulate_while(cond_j, body_j, cconsts, bconsts, init, carries, record)
         if trips is None:
             self.hook.note("a while loop with a data-dependent trip count is counted as one iteration")
@@ -1039,7 +1043,7 @@ class Interpreter:
                 if self.quiet:
                     return self._simulate_scan(body, consts, carry, xs, length, carries)[0] + [UNKNOWN] * nys
                 if (self.expand and self.hook.foldable and not jaxpr_has(body, "run_scoped")
-                        and 1 < length and length * self.n <= MAX_EXPANDED_LANES):
+                        and 1 < length and self.n <= MAX_LANES_TO_EXPAND and length * self.n <= MAX_EXPANDED_LANES):
                     final, expansion = self._simulate_scan(body, consts, carry, xs, length, carries, record=True)
                     if expansion is not None:
                         self._expanded_body(body, consts, expansion, weight, xs)
