@@ -1,5 +1,7 @@
-"""flash_attention (prefill) kernel: interpret mode vs the pure-jnp reference and JAX's shipped kernel,
-block skipping, TPU lowering, cost estimate and input validation."""
+"""flash_attention (prefill) kernel beyond the shared contract (tests/kernels/test_contract.py: lowering, cost
+estimate, tuned defaults, a small default-block call vs the reference): tilings, masks and windows in interpret mode
+vs the pure-jnp reference and JAX's shipped kernel, block skipping, block sizes and VMEM, the real compiler, input
+validation."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
 
-from tests.kernels.lowering import traced_cost_estimate
 from kernels.flash_attention import (
     FlashAttentionBlockSizes,
     attention_mask,
@@ -32,6 +33,7 @@ from kernels.tuned import load_tuned_file
 TOLERANCES = {"float32": (2e-5, 2e-5), "bfloat16": (1.5e-2, 1.5e-2)}
 
 BS = FlashAttentionBlockSizes
+SLOW = pytest.mark.slow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +84,17 @@ def _check(out, ref, dtype_name):
     np.testing.assert_allclose(out, np.asarray(ref), atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def _reference_cases() -> list:
+    # Every case in bf16; f32 on the smallest ("short"); the other f32 cases: -m slow.
+    cases = []
+    for case in CASES:
+        for dtype, dtype_id in [(jnp.float32, "f32"), (jnp.bfloat16, "bf16")]:
+            marks = SLOW if dtype_id == "f32" and case.id != "short" else ()
+            cases.append(pytest.param(case, dtype, marks=marks, id=f"{case.id}-{dtype_id}"))
+    return cases
+
+
+@pytest.mark.parametrize("case, dtype", _reference_cases())
 def test_matches_reference(case, dtype):
     q, k, v = _inputs(case, dtype)
     out = flash_attention(q, k, v, causal=case.causal, sliding_window=case.window, block_sizes=case.blocks,
@@ -117,7 +128,8 @@ def _jax_blocks(block: int) -> jax_flash.BlockSizes:
     return jax_flash.BlockSizes(block_q=block, block_k_major=block, block_k=block, block_b=1)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+# Causal by default; bidirectional (also checked against the reference by "gqa8-full"): -m slow.
+@pytest.mark.parametrize("causal", [True, pytest.param(False, marks=SLOW)], ids=["causal", "full"])
 def test_agrees_with_jax_shipped_kernel(causal):
     # Independent check: JAX's own Pallas TPU flash attention (MHA only, so K/V heads
     # are repeated for it), run in TPU interpret mode. With q_len == kv_len both
@@ -182,59 +194,6 @@ def test_sliding_window_shrinks_the_grid():
     assert _plan(8192, 8192, block_q=512, block_kv=512).kv_steps == 16
 
 
-# ----------------------------------------------------------------------------- lowering
-
-
-@pytest.mark.parametrize("window", [None, 4096], ids=["causal", "window"])
-def test_lowers_to_mosaic_at_production_shape(window):
-    # Llama-3-8B-like prefill: 8k tokens, 32 q heads, 8 kv heads, head_dim 128, bf16.
-    q = jax.ShapeDtypeStruct((1, 32, 8192, 128), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((1, 8, 8192, 128), jnp.bfloat16)
-    fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, sliding_window=window))
-    text = jax.export.export(fn, platforms=["tpu"])(q, kv, kv).mlir_module()
-    assert "tpu_custom_call" in text
-    # The named scope carries the v5e default blocks (the stored ones: this is the shape they were tuned on,
-    # so no fitting) into profiles.
-    d = DEFAULT_BLOCK_SIZES["tpu-v5e"]
-    assert f"flash_attention_bq{d.block_q}_bkv{d.block_kv}_bkvc{d.kv_compute}/" in text
-
-
-@pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v5p", "tpu-v6e", "tpu-7x"])
-def test_lowers_with_each_chip_default(chip):
-    q = jax.ShapeDtypeStruct((1, 32, 2048, 128), jnp.bfloat16)
-    kv = jax.ShapeDtypeStruct((1, 8, 2048, 128), jnp.bfloat16)
-    fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, chip=chip))
-    assert "tpu_custom_call" in jax.export.export(fn, platforms=["tpu"])(q, kv, kv).mlir_module()
-
-
-# ----------------------------------------------------------------------------- cost estimate
-
-
-
-
-def test_cost_estimate_is_the_models():
-    from perfmodel.model import attention
-    from perfmodel.model.core import to_cost_estimate
-
-    q = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
-    kv = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
-    blocks = BS(block_q=128, block_kv=128)
-    est = traced_cost_estimate(lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), q, kv, kv)
-    model = to_cost_estimate(attention.flash_attention(
-        batch=1, q_heads=2, kv_heads=2, q_len=256, kv_len=256, head_dim=128, dtype="fp32", causal=True,
-        block_q=128, block_kv=128))
-    assert (est.flops, est.transcendentals, est.bytes_accessed) == (
-        model.flops, model.transcendentals, model.bytes_accessed)
-    # Hand-worked traffic of this kernel: q read and out written once, 2 x 256 x 128 x 4 B
-    # = 262144 B each; K and V read once per visited (q block, kv block) tile per kv head:
-    # 3 tiles (q block 0 -> kv 0; q block 1 -> kv 0, 1) x 2 kv heads x 2 (K, V) x 128 x 128 x 4 B
-    # = 786432 B. Total 1310720 B.
-    assert est.bytes_accessed == 1_310_720
-    # Useful matmul FLOPs alone: 4 x head_dim per visible pair per head:
-    # 4 x 128 x (256 x 257 / 2) x 2 heads = 33685504; flops adds the softmax vector work.
-    assert est.flops > 33_685_504
-
-
 # ----------------------------------------------------------------------------- block sizes
 
 
@@ -259,13 +218,10 @@ def _stored_blocks(entry: dict) -> FlashAttentionBlockSizes:
     return BS(block_q=entry["block_q"], block_kv=entry["block_kv"], block_kv_compute=entry["block_kv_compute"])
 
 
-def test_defaults_come_from_the_tuned_json():
-    stored = load_tuned_file("flash_attention")["defaults"]
-    assert default_block_sizes("tpu-v5e") == _stored_blocks(stored["tpu-v5e"]["bf16"])
-    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
-    for chip, configs in stored.items():
-        assert DEFAULT_BLOCK_SIZES[chip] == _stored_blocks(configs["bf16"])
-        # f32 queries are not tuned separately: the bf16 entry, before fitting.
+def test_f32_queries_take_the_bf16_defaults_before_fitting():
+    # The stored defaults themselves: tests/kernels/test_contract.py. f32 queries are not tuned separately: the
+    # bf16 entry, before fitting.
+    for chip, configs in load_tuned_file("flash_attention")["defaults"].items():
         assert default_block_sizes(chip, q_dtype="float32", kv_dtype="float32") == _stored_blocks(configs["bf16"])
 
 
@@ -396,9 +352,11 @@ def _libtpu() -> bool:
     return available()
 
 
+# tpu-v5e and tpu-v6e by default (the compile matrix, tests/compiler, compiles the same catalog call: one compile per
+# chip in a whole run); tpu-7x: -m slow.
 @pytest.mark.needs_libtpu
 @pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu-compiler]'")
-@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e", "tpu-7x"])
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e", pytest.param("tpu-7x", marks=SLOW)])
 def test_tuned_defaults_compile_within_the_estimate(chip):
     # Regression: with the group's heads and the compute slices unrolled, Mosaic kept every head's f32
     # score/probability tiles at once and allocated ~44 MiB of scoped VMEM at the v6e/7x defaults (then
@@ -407,8 +365,7 @@ def test_tuned_defaults_compile_within_the_estimate(chip):
     from perfmodel.compiler.api import CompileCall, compile_report
 
     shapes = ("q=1x32x8192x128:bf16", "k=1x8x8192x128:bf16", "v=1x8x8192x128:bf16")
-    report = compile_report(CompileCall(kind="function", target="kernels.flash_attention:flash_attention",
-                                        shapes=shapes), get_chip(chip))
+    report = compile_report(CompileCall(kind="catalog", target="flash_attention", shapes=shapes), get_chip(chip))
     assert report.compiled, report.error
     (kernel,) = report.kernels
     spec = get_chip(chip)

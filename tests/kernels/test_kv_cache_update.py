@@ -1,5 +1,7 @@
-"""Paged KV-cache update kernel, both cache layouts: interpret mode vs the jnp reference on poisoned caches,
-chaining into paged_attention (head-major), lowering, cost, errors."""
+"""Paged KV-cache update kernel, both cache layouts, beyond the shared contract (tests/kernels/test_contract.py:
+lowering in place, cost estimate, tuned defaults, a small call vs the reference): interpret mode vs the jnp reference
+on poisoned caches, page revisits and skipped tokens, chaining into paged_attention (head-major), block sizes and
+VMEM, errors."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from kernels.kv_cache_update import (
     kv_cache_update_reference,
 )
 from kernels.kv_cache_update.blocks import FALLBACK_BLOCK_SIZES, default_block_sizes
-from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
@@ -40,6 +41,7 @@ TOL = {
 SCALE_TOL = dict(rtol=1e-6, atol=0)
 SMALL = KvCacheUpdateBlockSizes(tokens_per_block=4)
 S = jax.ShapeDtypeStruct
+SLOW = pytest.mark.slow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,14 +131,21 @@ def test_head_major_is_the_default_and_both_layouts_are_tested():
     assert sorted(la.name for la in LAYOUTS) == sorted(kvcu.LAYOUTS)
 
 
-@pytest.mark.parametrize("quantize", [False, True], ids=["copy", "int8"])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize(
-    "layout, num_tokens",
-    # 13: a partial last token-major block of 4 (head-major has no token blocks).
-    [(HEAD_MAJOR, 12), (TOKEN_MAJOR, 16), (TOKEN_MAJOR, 13)],
-    ids=["head-major-12tok", "token-major-16tok", "token-major-13tok"],
-)
+def _update_cases() -> list:
+    # Every layout and token count (13: a partial last token-major block of 4; head-major has no token blocks),
+    # copied and quantized, with bf16 tokens; f32 tokens on the smallest call, the head-major one. The other f32
+    # calls: -m slow.
+    cases = []
+    for layout, num_tokens in [(HEAD_MAJOR, 12), (TOKEN_MAJOR, 16), (TOKEN_MAJOR, 13)]:
+        for dtype, dtype_id in [(jnp.bfloat16, "bf16"), (jnp.float32, "f32")]:
+            for quantize, q_id in [(False, "copy"), (True, "int8")]:
+                marks = SLOW if dtype_id == "f32" and layout is TOKEN_MAJOR else ()
+                cases.append(pytest.param(layout, num_tokens, quantize, dtype, marks=marks,
+                                          id=f"{layout.name}-{num_tokens}tok-{dtype_id}-{q_id}"))
+    return cases
+
+
+@pytest.mark.parametrize("layout, num_tokens, quantize, dtype", _update_cases())
 def test_matches_reference_and_leaves_other_slots_untouched(layout, num_tokens, quantize, dtype):
     new_k, new_v, slots = _new_tokens(num_tokens + 7 * quantize, num_tokens, dtype, layout.pages * PAGE_SIZE)
     cache_dtype = jnp.int8 if quantize else dtype
@@ -262,7 +271,9 @@ def _dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("kv_dtype, page_size", [("bfloat16", 16), ("int8", 32)], ids=["bf16", "int8"])
+# int8 (quantize on write, scales read back) by default; the bf16 chain: -m slow.
+@pytest.mark.parametrize("kv_dtype, page_size", [pytest.param("bfloat16", 16, marks=SLOW), ("int8", 32)],
+                         ids=["bf16", "int8"])
 def test_written_cache_is_read_by_paged_attention(kv_dtype, page_size):
     from kernels.paged_attention import PagedAttentionBlockSizes, paged_attention, paged_attention_reference
 
@@ -317,72 +328,6 @@ def test_written_cache_is_read_by_paged_attention(kv_dtype, page_size):
         np.testing.assert_allclose(out[b], dense, **DENSE_TOL[kv_dtype], err_msg=f"sequence {b}")
 
 
-# ----- lowering and cost estimate -----
-
-PROD_NEW = (S((512, 8, 128), jnp.bfloat16),) * 2
-PROD_SLOTS = S((512,), jnp.int32)
-
-
-def _model_cost(kv_dtype: str, page_size: int = 16):
-    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
-
-    return kv_cache_update_model(num_tokens=512, kv_heads=8, head_dim=128, page_size=page_size, kv_dtype=kv_dtype,
-                                 src_dtype="bf16")
-
-
-def _assert_cost_is_the_model(text: str, cost) -> None:
-    (est,) = cost_estimates(text)
-    assert est["flops"] == round(cost.useful_flops + cost.vpu_ops)
-    assert est["transcendentals"] == round(cost.eup_ops)
-    assert est["bytes_accessed"] == round(cost.hbm_read_bytes + cost.hbm_write_bytes)
-
-
-def test_head_major_lowers_to_mosaic_in_place_at_production_shape():
-    cache = S((8, 4096, 16, 128), jnp.bfloat16)
-    text = export_for_tpu(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s), *PROD_NEW, cache, cache,
-                          PROD_SLOTS)
-    assert MOSAIC_CUSTOM_CALL in text
-    assert "output_operand_aliases" in text  # the caches are aliased input -> output
-    assert "kv_cache_update[layout=head-major]" in text
-    _assert_cost_is_the_model(text, _model_cost("bf16"))
-    # Independent floor: read 2 * 512*8*128 bf16 = 2 MiB, write the same = 2 MiB.
-    assert cost_estimates(text)[0]["bytes_accessed"] >= 4 * 2**20
-
-
-def test_head_major_quantized_update_lowers_and_costs_as_the_perfmodel_model():
-    # paged_attention's int8 layout: 32-row pages, per-token scales [kv_heads, num_pages, page_size].
-    cache, scales = S((8, 4096, 32, 128), jnp.int8), S((8, 4096, 32), jnp.float32)
-    text = export_for_tpu(
-        lambda nk, nv, kc, vc, s, ks, vs: kv_cache_update(nk, nv, kc, vc, s, k_scale_cache=ks, v_scale_cache=vs),
-        *PROD_NEW, cache, cache, PROD_SLOTS, scales, scales,
-    )
-    assert MOSAIC_CUSTOM_CALL in text and "output_operand_aliases" in text
-    _assert_cost_is_the_model(text, _model_cost("int8", page_size=32))
-
-
-def test_token_major_lowers_to_mosaic_in_place_at_production_shape():
-    cache = S((4096, 16, 8, 128), jnp.bfloat16)
-    text = export_for_tpu(lambda nk, nv, kc, vc, s: kv_cache_update(nk, nv, kc, vc, s, layout="token-major"),
-                          *PROD_NEW, cache, cache, PROD_SLOTS)
-    assert MOSAIC_CUSTOM_CALL in text
-    assert "output_operand_aliases" in text
-    # The default blocks are tpu-v5e's stored ones (at most the 512 tokens, the size they were tuned on).
-    assert f"kv_cache_update[tokens_per_block={DEFAULT_BLOCK_SIZES['tpu-v5e'].tokens_per_block}]" in text
-
-
-def test_token_major_quantized_update_lowers_and_costs_as_the_perfmodel_model():
-    cache, scales = S((4096, 16, 8, 128), jnp.int8), S((4096, 16, 8, 1), jnp.float32)
-    text = export_for_tpu(
-        lambda nk, nv, kc, vc, s, ks, vs: kv_cache_update(nk, nv, kc, vc, s, k_scale_cache=ks, v_scale_cache=vs,
-                                                          layout="token-major"),
-        *PROD_NEW, cache, cache, PROD_SLOTS, scales, scales,
-    )
-    assert MOSAIC_CUSTOM_CALL in text
-    _assert_cost_is_the_model(text, _model_cost("int8"))
-    # Independent floor: read 2 * 512*8*128 bf16 = 2 MiB, write the same count as int8 = 1 MiB.
-    assert cost_estimates(text)[0]["bytes_accessed"] >= 3 * 2**20
-
-
 # ----- block sizes and VMEM -----
 
 def test_block_sizes_are_frozen_and_keyword_only():
@@ -402,14 +347,11 @@ def test_default_table_entries_fit_each_chip(chip_name):
     DEFAULT_BLOCK_SIZES[chip_name].check(kv_heads=8, head_dim=128, new_dtype=jnp.bfloat16, quantize=True, chip=chip)
 
 
-def test_defaults_come_from_the_tuned_json():
+def test_one_stored_configuration_and_a_fallback():
+    # The stored defaults themselves: tests/kernels/test_contract.py. One configuration per chip (int8 caches, the
+    # larger VMEM need, which the bf16 path reuses), and a chip the JSON lacks takes the fallback.
     stored = load_tuned_file("kv_cache_update")["defaults"]
-    (v5e,) = stored["tpu-v5e"].values()  # one configuration: int8 caches, the larger VMEM need
-    assert default_block_sizes("tpu-v5e") == KvCacheUpdateBlockSizes(tokens_per_block=v5e["tokens_per_block"])
-    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
-    for chip_name, configs in stored.items():
-        (entry,) = configs.values()
-        assert DEFAULT_BLOCK_SIZES[chip_name] == KvCacheUpdateBlockSizes(tokens_per_block=entry["tokens_per_block"])
+    assert all(len(configs) == 1 for configs in stored.values())
     assert default_block_sizes("my-chip.yaml") == FALLBACK_BLOCK_SIZES
 
 

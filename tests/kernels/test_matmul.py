@@ -1,4 +1,6 @@
-"""matmul kernel: interpret mode vs the jnp reference, TPU lowering, cost estimate, input errors."""
+"""matmul kernel beyond the shared contract (tests/kernels/test_contract.py: lowering, cost estimate, tuned
+defaults, a small default-block call vs the reference): tilings, epilogues and weight formats in interpret mode,
+block sizes and VMEM, input errors."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import yaml
 
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
-from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -25,7 +26,6 @@ TOL = {
     jnp.dtype(jnp.float32): dict(rtol=2e-5, atol=2e-5),
 }
 SMALL = MatmulBlockSizes(bm=64, bk=128, bn=128)
-S = jax.ShapeDtypeStruct
 
 
 def _inputs(seed: int, m: int, k: int, n: int, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -68,16 +68,21 @@ def _spec_path(name: str) -> str:
 
 # ----- numerics in interpret mode -----
 
-SHAPES = [
-    (128, 256, 256),  # aligned: grid (2, 2, 2)
-    (100, 300, 200),  # nothing aligned: K zero-padded to 384, partial last M and N blocks
-    (8, 1000, 130),  # one short M block, N just over one lane tile
-]
+ALIGNED, UNALIGNED, SHORT = (128, 256, 256), (100, 300, 200), (8, 1000, 130)
+SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_reference(dtype, shape):
+# Every tiling once in bf16 (aligned: grid (2, 2, 2); nothing aligned: K zero-padded to 384, partial last M and N
+# blocks); f32 on the smallest problem (one short M block, N just over one lane tile). The rest: -m slow.
+@pytest.mark.parametrize("shape, dtype", [
+    pytest.param(ALIGNED, jnp.bfloat16, id="128x256x256-bf16"),
+    pytest.param(UNALIGNED, jnp.bfloat16, id="100x300x200-bf16"),
+    pytest.param(SHORT, jnp.float32, id="8x1000x130-f32"),
+    pytest.param(SHORT, jnp.bfloat16, id="8x1000x130-bf16", marks=SLOW),
+    pytest.param(ALIGNED, jnp.float32, id="128x256x256-f32", marks=SLOW),
+    pytest.param(UNALIGNED, jnp.float32, id="100x300x200-f32", marks=SLOW),
+])
+def test_matches_reference(shape, dtype):
     m, k, n = shape
     x, w, _ = _inputs(sum(shape), m, k, n, dtype)
     out = matmul(x, w, block_sizes=SMALL, interpret=True)
@@ -94,7 +99,7 @@ def test_fused_bias_and_activation(activation):
         assert float(jnp.min(out.astype(jnp.float32))) == 0.0
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, pytest.param(jnp.float32, marks=SLOW)], ids=["bf16", "f32"])
 def test_int8_weights_with_per_channel_scales(dtype):
     m, k, n = 40, 300, 200
     x, _, bias = _inputs(2, m, k, n, dtype)
@@ -105,7 +110,7 @@ def test_int8_weights_with_per_channel_scales(dtype):
     _assert_matches(out, matmul_reference(x, wq, w_scale=scale, bias=bias, activation="silu"))
 
 
-@pytest.mark.parametrize("fp8", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("fp8", [jnp.float8_e4m3fn, pytest.param(jnp.float8_e5m2, marks=SLOW)], ids=["e4m3fn", "e5m2"])
 def test_fp8_weights_on_a_chip_with_an_fp8_path(fp8, fp8_chip):
     x, w, _ = _inputs(4, 48, 256, 128, jnp.bfloat16)
     w8 = w.astype(fp8)
@@ -118,13 +123,6 @@ def test_out_dtype_f32_from_bf16_inputs():
     x, w, _ = _inputs(5, 64, 256, 128, jnp.bfloat16)
     out = matmul(x, w, out_dtype=jnp.float32, block_sizes=SMALL, interpret=True)
     _assert_matches(out, matmul_reference(x, w, out_dtype=jnp.float32))
-
-
-def test_default_blocks_clamp_to_a_small_problem():
-    # tpu-v5e's stored bf16 default (at least 256 along every dimension, see matmul.json) clamps on
-    # (24, 200, 136) to bm=32 (24 rounded up to the bf16 sublane tile 16), bk=256, bn=256: one grid step.
-    x, w, bias = _inputs(6, 24, 200, 136, jnp.bfloat16)
-    _assert_matches(matmul(x, w, bias=bias, interpret=True), matmul_reference(x, w, bias=bias))
 
 
 def test_hand_worked_product():
@@ -154,47 +152,10 @@ def test_agrees_with_jax_shipped_pallas_matmul():
     np.testing.assert_array_equal(np.asarray(ours.astype(jnp.float32)), np.asarray(theirs.astype(jnp.float32)))
 
 
-# ----- TPU lowering, named scope and cost estimate -----
+# ----- block sizes -----
 
 PROD = MatmulBlockSizes(bm=512, bk=1024, bn=1024)
 
-
-def test_lowers_to_mosaic_at_production_shape():
-    text = export_for_tpu(
-        lambda x, w, b: matmul(x, w, bias=b, activation="gelu", block_sizes=PROD),
-        S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.bfloat16), S((4096,), jnp.float32),
-    )
-    assert MOSAIC_CUSTOM_CALL in text
-    assert "matmul[bm=512,bk=1024,bn=1024]" in text
-
-
-def test_int8_weights_lower_to_mosaic():
-    text = export_for_tpu(
-        lambda x, w, s: matmul(x, w, w_scale=s, block_sizes=PROD),
-        S((4096, 4096), jnp.bfloat16), S((4096, 4096), jnp.int8), S((4096,), jnp.float32),
-    )
-    assert MOSAIC_CUSTOM_CALL in text
-
-
-def test_cost_estimate_equals_the_perfmodel_gemm_model():
-    from perfmodel.model.gemm import gemm
-
-    m, k, n = 4096, 4096, 4096
-    text = export_for_tpu(
-        lambda x, w, b: matmul(x, w, bias=b, activation="gelu", block_sizes=PROD),
-        S((m, k), jnp.bfloat16), S((k, n), jnp.bfloat16), S((n,), jnp.float32),
-    )
-    (est,) = cost_estimates(text)
-    cost = gemm(m=m, n=n, k=k, lhs_dtype="bf16", rhs_dtype="bf16", out_dtype="bf16", epilogue=("bias", "gelu"))
-    assert est["flops"] == round(cost.useful_flops + cost.vpu_ops)
-    assert est["transcendentals"] == round(cost.eup_ops)
-    assert est["bytes_accessed"] == round(cost.hbm_read_bytes + cost.hbm_write_bytes)
-    # Sanity independent of the model: at least the 2*M*N*K MACs and each bf16 operand/output once.
-    assert est["flops"] >= 2 * m * n * k
-    assert est["bytes_accessed"] >= 3 * m * n * 2
-
-
-# ----- block sizes -----
 
 def test_block_sizes_are_frozen_and_keyword_only():
     with pytest.raises(TypeError):
@@ -244,16 +205,6 @@ def test_blocks_over_physical_vmem_raise():
     huge = MatmulBlockSizes(bm=4096, bk=4096, bn=4096)
     with pytest.raises(ValueError, match=r"block_sizes \(bm=4096,bk=4096,bn=4096\) need .* MiB of VMEM"):
         matmul(x, w, block_sizes=huge, interpret=True)
-
-
-def test_defaults_come_from_the_tuned_json():
-    stored = load_tuned_defaults("matmul")
-    b = stored["tpu-v5e"]["bf16 x bf16"]
-    assert default_block_sizes("tpu-v5e", "bf16", "bf16") == MatmulBlockSizes(bm=b["bm"], bk=b["bk"], bn=b["bn"])
-    for chip_name, pairs in stored.items():
-        for pair, b in pairs.items():
-            x_name, w_name = pair.split(" x ")
-            assert default_block_sizes(chip_name, x_name, w_name) == MatmulBlockSizes(bm=b["bm"], bk=b["bk"], bn=b["bn"])
 
 
 def test_chips_and_pairs_the_json_lacks_fall_back():

@@ -1,5 +1,7 @@
-"""paged_attention (decode) kernel: interpret mode vs the pure-jnp reference and JAX's shipped kernel,
-quantized caches, TPU lowering, cost estimate and input validation."""
+"""paged_attention (decode) kernel beyond the shared contract (tests/kernels/test_contract.py: lowering of every
+cache format, cost estimate, tuned defaults, a small default-block call vs the reference): cache formats and lengths
+in interpret mode vs the pure-jnp reference and JAX's shipped kernel, block sizes and VMEM, the real compiler, input
+validation."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kern
 from jax.experimental.pallas.ops.tpu.paged_attention import quantization_utils as jax_quant
 from jax.experimental.pallas.ops.tpu.paged_attention import util as jax_paged_util
 
-from tests.kernels.lowering import traced_cost_estimate
 from kernels.paged_attention import (
     DEFAULT_TOKENS_PER_COMPUTE_BLOCK,
     PagedAttentionBlockSizes,
@@ -40,6 +41,7 @@ TOLERANCES = {
 }
 
 PBS = PagedAttentionBlockSizes
+SLOW = pytest.mark.slow
 #: A page-table value that is no page at all: the kernel must never follow it.
 GARBAGE_PAGE = 1 << 20
 
@@ -159,8 +161,18 @@ def _check(out, ref, fmt: Cache):
     np.testing.assert_allclose(out, np.asarray(ref), atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=[f.id for f in FORMATS])
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.id for s in SHAPES])
+def _reference_cases() -> list:
+    # Every cache format on GQA 4; every shape (MHA with the edge lengths 0, 1, one page, full) in bf16. The other
+    # (shape, format) pairs: -m slow.
+    cases = []
+    for shape in SHAPES:
+        for fmt in FORMATS:
+            marks = () if shape.id == "gqa4" or fmt.id == "bf16" else SLOW
+            cases.append(pytest.param(shape, fmt, marks=marks, id=f"{shape.id}-{fmt.id}"))
+    return cases
+
+
+@pytest.mark.parametrize("shape, fmt", _reference_cases())
 def test_matches_reference(shape, fmt):
     inputs, ppcb = _make(shape, fmt)
     out = paged_attention(**inputs, block_sizes=PBS(pages_per_compute_block=ppcb), chip=fmt.chip, interpret=True)
@@ -247,73 +259,6 @@ def test_quantize_round_trip():
         assert bool(jnp.all(err <= step / 2 + 1e-6))
 
 
-# ----------------------------------------------------------------------------- lowering
-
-
-@pytest.mark.parametrize(
-    "kv_dtype, page_size, scales",
-    [("bfloat16", 16, None), ("int8", 32, "per-token"), ("int8", 32, "per-page"), ("int8", 16, "per-token")],
-)
-def test_lowers_to_mosaic_at_production_shape(kv_dtype, page_size, scales):
-    # Decode batch 64 with 2k contexts, 32 q heads over 8 kv heads (GQA 4), head_dim 128.
-    batch, q_heads, kv_heads, head_dim, context = 64, 32, 8, 128, 2048
-    pps = context // page_size
-    num_pages = batch * pps
-    sds = jax.ShapeDtypeStruct
-    args = [sds((batch, q_heads, head_dim), jnp.bfloat16),
-            sds((kv_heads, num_pages, page_size, head_dim), kv_dtype),
-            sds((kv_heads, num_pages, page_size, head_dim), kv_dtype),
-            sds((batch, pps), jnp.int32), sds((batch,), jnp.int32)]
-    if scales is None:
-        fn = jax.jit(lambda q, k, v, t, n: paged_attention(q, k, v, t, n))
-    else:
-        shape = (kv_heads, num_pages, page_size) if scales == "per-token" else (kv_heads, num_pages)
-        args += [sds(shape, jnp.float32)] * 2
-        fn = jax.jit(lambda q, k, v, t, n, ks, vs: paged_attention(q, k, v, t, n, k_scales=ks, v_scales=vs))
-    text = jax.export.export(fn, platforms=["tpu"])(*args).mlir_module()
-    assert "tpu_custom_call" in text
-    # The named scope names the blocks: tpu-v5e's stored token target over the page size, when that is a
-    # whole, lane-aligned number of pages dividing the 2048 / page_size pages per sequence (the largest
-    # such block within the target).
-    target = DEFAULT_TOKENS_PER_COMPUTE_BLOCK["tpu-v5e"]
-    assert target % page_size == 0 and target % 128 == 0 and pps % (target // page_size) == 0
-    assert f"paged_attention_ppcb{target // page_size}_ps{page_size}/" in text
-
-
-# ----------------------------------------------------------------------------- cost estimate
-
-
-
-
-@pytest.mark.parametrize("scales", [None, "per-token", "per-page"])
-def test_cost_estimate_is_the_models(scales):
-    from perfmodel.model import attention
-    from perfmodel.model.core import to_cost_estimate
-
-    batch, q_heads, kv_heads, head_dim, ps, pps = 2, 4, 1, 128, 32, 8
-    kv_dtype = "bfloat16" if scales is None else "int8"
-    sds = jax.ShapeDtypeStruct
-    args = [sds((batch, q_heads, head_dim), jnp.bfloat16), sds((kv_heads, 64, ps, head_dim), kv_dtype),
-            sds((kv_heads, 64, ps, head_dim), kv_dtype), sds((batch, pps), jnp.int32), sds((batch,), jnp.int32)]
-    if scales is not None:
-        args += [sds((kv_heads, 64, ps) if scales == "per-token" else (kv_heads, 64), jnp.float32)] * 2
-    fn = lambda q, k, v, t, n, *s: paged_attention(q, k, v, t, n, k_scales=s[0] if s else None,  # noqa: E731
-                                                   v_scales=s[1] if s else None)
-    est = traced_cost_estimate(fn, *args)
-    model = to_cost_estimate(attention.paged_decode_attention(
-        context_lens=pps * ps, batch=batch, pages_per_seq=pps, q_heads=q_heads, kv_heads=kv_heads,
-        head_dim=head_dim, page_size=ps, q_dtype="bf16", kv_dtype="int8" if scales else "bf16",
-        kv_scale=scales or "none"))
-    assert (est.flops, est.transcendentals, est.bytes_accessed) == (
-        model.flops, model.transcendentals, model.bytes_accessed)
-    if scales is None:
-        # Hand-worked traffic, lengths unknown at trace time so every sequence is assumed
-        # full (256 tokens): per sequence K and V 2 x 1 kv head x 256 x 128 x 2 B = 131072 B,
-        # q read and out written 4 x 128 x 2 B = 1024 B each, page table + length + start
-        # (8 + 2) x 4 B = 40 B: 131072 + 2 x 1024 + 40 = 133160 B; x 2 sequences = 266320 B.
-        assert est.bytes_accessed == 266_320
-
-
 # ----------------------------------------------------------------------------- block sizes
 
 
@@ -338,23 +283,16 @@ def test_default_pages_per_compute_block(monkeypatch, chip, page_size, pages_per
 
 
 def test_default_tokens_come_from_the_tuned_json():
+    # The stored pages per block at the tuned shape (and that the call passes validation there):
+    # tests/kernels/test_contract.py. The lookup keeps the stored token count for other page sizes.
     data = load_tuned_file("paged_attention")
     shapes = {parse_shape(t).name: parse_shape(t).shape for t in data["shapes"]["bf16"]}
-    page_size, pages_per_seq = shapes["k_pages"][2], shapes["page_table"][1]
+    page_size = shapes["k_pages"][2]
     assert sorted(DEFAULT_TOKENS_PER_COMPUTE_BLOCK) == sorted(data["defaults"])
     for chip, configs in data["defaults"].items():
         stored = configs["bf16"]
         assert stored["tokens_per_compute_block"] == stored["pages_per_compute_block"] * page_size
         assert DEFAULT_TOKENS_PER_COMPUTE_BLOCK[chip] == stored["tokens_per_compute_block"]
-        # At the tuned shape the lookup gives back the advisor's choice, and it passes validation.
-        sizes = default_block_sizes(chip, page_size=page_size, pages_per_seq=pages_per_seq)
-        assert sizes.pages_per_compute_block == stored["pages_per_compute_block"]
-        q_heads, head_dim = shapes["q"][1:]
-        kv_heads = shapes["k_pages"][0]
-        sizes.validate(page_size=page_size, pages_per_seq=pages_per_seq, num_q_per_kv=q_heads // kv_heads,
-                       kv_heads=kv_heads, head_dim=head_dim, q_dtype="bfloat16", kv_dtype="bfloat16",
-                       per_token_scales=None, spec=get_chip(chip))
-        assert stored["vmem_limit_bytes"] is None  # this kernel never raises the limit
 
 
 def test_default_block_sizes_errors():
@@ -491,9 +429,10 @@ def _libtpu() -> bool:
     return available()
 
 
+# tpu-v6e by default; tpu-v4 (no bf16 VPU: K and V widen through f32): -m slow.
 @pytest.mark.needs_libtpu
 @pytest.mark.skipif(not _libtpu(), reason="libtpu not installed: pip install -e '.[tpu-compiler]'")
-@pytest.mark.parametrize("chip", ["tpu-v4", "tpu-v6e"])
+@pytest.mark.parametrize("chip", [pytest.param("tpu-v4", marks=SLOW), "tpu-v6e"])
 def test_int8_pages_of_16_tokens_compile_within_the_estimate(chip):
     # Regression: int8 pages had to be 32 tokens (the int8 sublane tile), so the production layout of
     # 16-token pages was refused; XLA tiles the cache in 8-row tiles and Mosaic compiles the page DMAs.

@@ -1,5 +1,6 @@
-"""ragged_paged_attention: interpret mode vs the jnp reference (and JAX's own reference), TPU lowering,
-cost estimate, block sizes and input errors."""
+"""ragged_paged_attention beyond the shared contract (tests/kernels/test_contract.py: lowering, cost estimate,
+tuned defaults, a small call vs the reference): mixed batches in interpret mode vs the jnp reference (and JAX's own
+reference), the lengths the cost estimate assumes, block sizes and input errors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
 from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes as Blocks
 from kernels.ragged_paged_attention import (
     DEFAULT_BLOCK_SIZES,
@@ -30,7 +30,7 @@ TOL = {
     jnp.dtype(jnp.bfloat16): dict(rtol=2e-2, atol=2e-2),
 }
 HEAD_DIM = 128
-S = jax.ShapeDtypeStruct
+SLOW = pytest.mark.slow
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,20 +98,24 @@ CASES = {
     "prefill": ([23, 40], [23, 40]),
     "empty": ([2, 0, 1, 0, 9], [30, 12, 1, 5, 9]),  # sequences with no new token in between
 }
-# (case, (q_heads, kv_heads), dtype, page_size, block_q, block_kv, total_tokens or None)
+# (case, (q_heads, kv_heads), dtype, page_size, block_q, block_kv, total_tokens or None). Every case in bf16, f32
+# on the smallest call (decode, 8 rows) and on "empty" (f32 only); the other f32 rows: -m slow.
 MATRIX = [
-    ("mixed", (8, 2), jnp.float32, 16, 16, 128, 48),  # 3 padding rows; q blocks straddle sequences
-    ("mixed", (8, 2), jnp.bfloat16, 16, 16, 128, None),  # 45 tokens: partial last q block
-    ("decode", (2, 2), jnp.float32, 8, 8, 128, 8),  # GQA 1, 16 pages per KV block
-    ("decode", (8, 1), jnp.bfloat16, 32, 16, 128, None),  # GQA 8
-    ("prefill", (8, 1), jnp.float32, 16, 16, 256, 64),  # GQA 8, one KV block spans 16 pages
-    ("prefill", (2, 2), jnp.bfloat16, 16, 32, 128, None),  # GQA 1
-    ("empty", (8, 2), jnp.float32, 16, 8, 128, 16),
+    pytest.param("mixed", (8, 2), jnp.float32, 16, 16, 128, 48,  # 3 padding rows; q blocks straddle sequences
+                 marks=SLOW, id="mixed-gqa4-f32-48rows"),
+    pytest.param("mixed", (8, 2), jnp.bfloat16, 16, 16, 128, None,  # 45 tokens: partial last q block
+                 id="mixed-gqa4-bf16"),
+    pytest.param("decode", (2, 2), jnp.float32, 8, 8, 128, 8,  # GQA 1, 16 pages per KV block, 2 padding rows
+                 id="decode-gqa1-f32-8rows"),
+    pytest.param("decode", (8, 1), jnp.bfloat16, 32, 16, 128, None, id="decode-gqa8-bf16"),
+    pytest.param("prefill", (8, 1), jnp.float32, 16, 16, 256, 64,  # GQA 8, one KV block spans 16 pages
+                 marks=SLOW, id="prefill-gqa8-f32-64rows"),
+    pytest.param("prefill", (2, 2), jnp.bfloat16, 16, 32, 128, None, id="prefill-gqa1-bf16"),  # GQA 1
+    pytest.param("empty", (8, 2), jnp.float32, 16, 8, 128, 16, id="empty-gqa4-f32-16rows"),  # 4 padding rows
 ]
 
 
-@pytest.mark.parametrize("case,heads,dtype,page_size,block_q,block_kv,total_tokens", MATRIX,
-                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize("case,heads,dtype,page_size,block_q,block_kv,total_tokens", MATRIX)
 def test_matches_reference(case, heads, dtype, page_size, block_q, block_kv, total_tokens):
     q_lens, kv_lens = CASES[case]
     batch = make_batch(len(q_lens) + block_q, q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1],
@@ -169,22 +173,7 @@ def test_matches_reference_larger(heads, dtype):
     assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
 
 
-# ----- TPU lowering, named scope, cost estimate -----
-
-
-def _production_structs(dtype=jnp.bfloat16):
-    # 512 tokens of a mixed batch, Llama-3-8B attention (32 q / 8 kv heads, head_dim 128), 16-token pages,
-    # 64 sequences of up to 2048 tokens in a 4096-page cache.
-    return (S((512, 32, 128), dtype), S((8, 4096, 16, 128), dtype), S((8, 4096, 16, 128), dtype),
-            S((64,), jnp.int32), S((64, 128), jnp.int32), S((65,), jnp.int32), S((1,), jnp.int32))
-
-
-@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e"])
-def test_lowers_to_mosaic_at_production_shape(chip):
-    text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip=chip), *_production_structs())
-    assert MOSAIC_CUSTOM_CALL in text
-    blocks = DEFAULT_BLOCK_SIZES[chip]
-    assert f"ragged_paged_attention_bq{blocks.block_q}_bkv{blocks.block_kv}/" in text  # the named scope
+# ----- the lengths the cost estimate assumes (tests/kernels/test_contract.py: it equals the op model's) -----
 
 
 def test_assumed_lengths_share_tokens_and_cache_evenly():
@@ -197,23 +186,6 @@ def test_assumed_lengths_share_tokens_and_cache_evenly():
     # raised to the query length where that is longer (a context includes its queries).
     q_lens, kv_lens = assumed_lengths(total_tokens=10, max_seqs=4, pages_per_seq=2, num_pages=5, page_size=8)
     assert q_lens.tolist() == [3, 3, 2, 2] and kv_lens.tolist() == [8, 8, 8, 8]
-
-
-def test_cost_estimate_equals_the_op_model():
-    from perfmodel.model.attention import ragged_paged_attention as model
-    from perfmodel.model.core import to_cost_estimate
-
-    q_lens, kv_lens = assumed_lengths(total_tokens=512, max_seqs=64, pages_per_seq=128, num_pages=4096,
-                                      page_size=16)
-    expected = to_cost_estimate(model(query_lens=q_lens, context_lens=kv_lens, q_heads=32, kv_heads=8, head_dim=128,
-                                      page_size=16, kv_dtype="bf16", q_dtype="bf16",
-                                      block_q=DEFAULT_BLOCK_SIZES["tpu-v5e"].block_q))
-    text = export_for_tpu(lambda *a: ragged_paged_attention(*a, chip="tpu-v5e"), *_production_structs())
-    (found,) = cost_estimates(text)
-    assert found["flops"] == expected.flops
-    assert found["transcendentals"] == expected.transcendentals
-    assert found["bytes_accessed"] == expected.bytes_accessed
-    assert expected.flops > 0 and expected.bytes_accessed > 0
 
 
 # ----- block sizes -----
@@ -239,31 +211,24 @@ def test_defaults_round_to_dtype_and_page_size(monkeypatch):
     assert default_block_sizes("tpu-v6e", q_dtype=jnp.float32, page_size=16) == Blocks(block_q=24, block_kv=256)
 
 
-def test_defaults_come_from_the_tuned_json():
+def test_untuned_chips_take_the_v5e_defaults():
+    # The stored defaults themselves: tests/kernels/test_contract.py. Chips before tpu-v4 are not tuned: they take
+    # tpu-v5e's defaults.
     stored = load_tuned_file("ragged_paged_attention")["defaults"]
-    v5e = stored["tpu-v5e"]["bf16"]
-    assert default_block_sizes("tpu-v5e", q_dtype=jnp.bfloat16, page_size=16) == Blocks(block_q=v5e["block_q"],
-                                                                                          block_kv=v5e["block_kv"])
-    assert sorted(DEFAULT_BLOCK_SIZES) == sorted(stored)
-    for chip, configs in stored.items():
-        assert DEFAULT_BLOCK_SIZES[chip] == Blocks(block_q=configs["bf16"]["block_q"],
-                                                   block_kv=configs["bf16"]["block_kv"])
-    # Chips before tpu-v4 are not tuned: they take tpu-v5e's defaults.
     assert "tpu-v3" not in stored
     assert default_block_sizes("tpu-v3", q_dtype=jnp.bfloat16, page_size=16) == DEFAULT_BLOCK_SIZES["tpu-v5e"]
 
 
 @pytest.mark.parametrize("chip", sorted(DEFAULT_BLOCK_SIZES))
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
-def test_stored_defaults_pass_validation_at_the_tuned_shape(chip, dtype):
+def test_stored_defaults_pass_validation_for_f32_at_the_tuned_shape(chip):
+    # bf16, the tuned dtype, lowers at the tuned shape with the stored blocks in tests/kernels/test_contract.py
+    # (the wrapper validates them). f32, not tuned separately, fits too (raises over the default scoped VMEM limit).
     data = load_tuned_file("ragged_paged_attention")
     shapes = {parse_shape(t).name: parse_shape(t).shape for t in data["shapes"]["bf16"]}
     page_size = shapes["k_pages"][2]
-    blocks = default_block_sizes(chip, q_dtype=dtype, page_size=page_size)
-    # Raises over the default scoped VMEM limit; f32 (not tuned separately) fits too.
-    blocks.validate(q_dtype=dtype, kv_dtype=dtype, page_size=page_size,
+    blocks = default_block_sizes(chip, q_dtype=jnp.float32, page_size=page_size)
+    blocks.validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=page_size,
                     q_heads_per_kv_head=shapes["q"][1] // shapes["k_pages"][0], head_dim=shapes["q"][2], chip=chip)
-    assert data["defaults"][chip]["bf16"]["vmem_limit_bytes"] is None  # this kernel never raises the limit
 
 
 def test_vmem_bytes_by_hand():
