@@ -412,3 +412,41 @@ def test_writes_to_known_refs_are_kept_in_quiet_runs():
     args = [RefValue(np.asarray([[2, 4]], np.int32), "smem"), RefValue(UNKNOWN, "vmem"), RefValue(UNKNOWN, "vmem")]
     Interpreter(2, call.grid, [np.arange(2)]).run(call.body, [], args, needed=())
     assert args[0].value is UNKNOWN
+
+
+# ----------------------------------------------------------------------------- accumulation and grid order
+
+@pytest.mark.parametrize("grid", [(1,), (7,), (3, 1, 4), (2, 5, 1, 3), (1, 1)])
+def test_grid_points_are_row_major_like_unravel_index(grid):
+    n = int(np.prod(grid))
+    expected = np.stack(np.unravel_index(np.arange(n), grid), axis=1).astype(np.int32)
+    np.testing.assert_array_equal(grid_points(grid), expected)
+
+
+def test_work_under_weight_arrays_sums_like_adding_each_equation(v5e):
+    # The counter defers work under a per-step weight array and multiplies it out on read; the totals and
+    # the first-seen order of MXU rate keys must be those of adding weight * work at every equation.
+    from perfmodel.schedule.body import WorkCounter
+
+    rng = np.random.default_rng(3)
+    weights = [rng.integers(0, 4, 9).astype(float) for _ in range(3)] + [2.0, np.ones(1)]
+    counter = WorkCounter(v5e)
+    expected = {"useful": np.zeros(9), "vpu": np.zeros(9), "bf16": np.zeros(9), "fp32": np.zeros(9)}
+    order = []
+    for step in range(40):
+        w = weights[step % len(weights)]
+        amount = float(rng.integers(1, 1000))
+        key = "fp32" if step % 7 == 3 else "bf16"
+        counter._add("useful", w, amount)
+        counter._add("vpu", w, 2 * amount)
+        counter._add("issued", w, 3 * amount, key)
+        expected["useful"] = expected["useful"] + w * amount
+        expected["vpu"] = expected["vpu"] + w * 2 * amount
+        expected[key] = expected[key] + w * 3 * amount
+        if key not in order:
+            order.append(key)
+    np.testing.assert_array_equal(np.broadcast_to(counter.useful, (9,)), expected["useful"])
+    np.testing.assert_array_equal(np.broadcast_to(counter.vpu, (9,)), expected["vpu"])
+    assert list(counter.issued) == order
+    for key in order:
+        np.testing.assert_array_equal(np.broadcast_to(counter.issued[key], (9,)), expected[key])
