@@ -8,8 +8,9 @@ Targets (issue 9): `tune` ranks the candidates of any bundled kernel and shape u
 Rows: `tune` at each kernel's production shape (its catalog entry's production call, else the problem its
 defaults are tuned on) and, for the kernels with a context dimension (flash, paged and ragged paged attention),
 at 128k context; then the `analyze` rows of bench_analyze.py. Figures are in-process wall times of the library
-calls (`perfmodel.schedule.tune.tune`, `perfmodel.schedule.analyze.analyze`, jax tracing included) after a
-warm-up call, on tpu-v5e; starting Python and importing JAX (printed once) comes on top for a command line run.
+calls (`perfmodel.schedule.tune.tune`, `perfmodel.schedule.analyze.analyze`) on tpu-v5e, after one warm-up call
+and with JAX's trace caches cleared before each run, so every run traces its kernels as a new process would;
+starting Python and importing JAX (printed once) comes on top for a command line run.
 Each row also says where its time went: tracing the kernel with jax (per candidate) against the schedule model.
 The load average is printed: on a busy machine every figure is inflated.
 """
