@@ -5,11 +5,19 @@ conftest keeps only its own tolerance table (``rtol``).
 """
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+# The interpret-mode kernel tests spend most of their time in XLA:CPU compiling the interpreted kernels, which
+# compile about a third faster without LLVM optimization (a kernel and its reference run under the same compiler).
+# For this process only: XLA reads XLA_FLAGS once, at the first compile, and child processes (the libtpu compile
+# worker, CLI subprocesses) get the caller's flags back once collection is done (pytest_collection_finish).
+_CHILD_XLA_FLAGS = os.environ["XLA_FLAGS"]
+if "xla_backend_optimization_level" not in _CHILD_XLA_FLAGS:
+    os.environ["XLA_FLAGS"] = f"{_CHILD_XLA_FLAGS} --xla_backend_optimization_level=0"
 # Compile reports are cached on disk; the tests use a cache of their own so that every run compiles for real
 # (PERFMODEL_TEST_CACHE_DIR reuses one between runs while developing).
 if "PERFMODEL_TEST_CACHE_DIR" in os.environ:
@@ -18,6 +26,14 @@ else:
     import tempfile
 
     os.environ["PERFMODEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfmodel-test-cache-")
+
+
+def pytest_collection_finish(session):
+    if "jax" in sys.modules:  # a collected test uses jax: compile once now, so that XLA has read the flags above
+        import jax
+
+        jax.jit(lambda x: x + 1)(0)
+    os.environ["XLA_FLAGS"] = _CHILD_XLA_FLAGS
 
 
 @pytest.fixture(scope="session")
