@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all compile-checks ci bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,13 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The compiler checks the default run leaves to CI: every kernel on every TPU generation, every published timing.
+compile-checks: $(STAMP)
+	$(BIN)/python -m pytest -m slow tests/compiler
+
+# What CI runs on a fresh clone: the test suite, then the compiler checks.
+ci: test compile-checks
 
 bench: $(STAMP)
 	for f in tests/benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
