@@ -121,33 +121,29 @@ def _paged_kernel(
     blocks = div(length + tokens - 1, tokens)  # compute blocks holding at least one token
     total = plan.kv_heads * blocks
 
-    def copies(t, slot):
-        """DMAs of the pages of flat step t (kv head t // blocks, block t % blocks) into slot."""
+    def for_each_page_copy(t, slot, action):
+        """``action`` on the K and V DMAs of each needed page of flat step t (kv head t // blocks, block
+        t % blocks) into slot: a loop over the block's pages, not unrolled (a block may hold hundreds)."""
         h, j = jax.lax.div(t, blocks), jax.lax.rem(t, blocks)
-        out = []
-        for i in range(plan.pages_per_compute_block):
+
+        def page_copy(i, carry):
             page_pos = j * plan.pages_per_compute_block + i
             page = page_table_ref[b * plan.pages_per_seq + page_pos]
-            needed = page_pos * plan.page_size < length
-            out.append((needed, [
-                pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, i], sems.at[0, slot]),
-                pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, i], sems.at[1, slot]),
-            ]))
-        return out
+
+            @pl.when(page_pos * plan.page_size < length)
+            def _():
+                action(pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, i], sems.at[0, slot]))
+                action(pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, i], sems.at[1, slot]))
+
+            return carry
+
+        jax.lax.fori_loop(0, plan.pages_per_compute_block, page_copy, 0)
 
     def start(t, slot):
-        for needed, pair in copies(t, slot):
-            @pl.when(needed)
-            def _():
-                for c in pair:
-                    c.start()
+        for_each_page_copy(t, slot, lambda copy: copy.start())
 
     def wait(t, slot):
-        for needed, pair in copies(t, slot):
-            @pl.when(needed)
-            def _():
-                for c in pair:
-                    c.wait()
+        for_each_page_copy(t, slot, lambda copy: copy.wait())
 
     @pl.when(total == 0)
     def _empty():

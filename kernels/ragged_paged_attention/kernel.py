@@ -332,7 +332,9 @@ def _ragged_paged_attention_kernel(
 
     def for_each_page_copy(s, j, slot, action):
         num_pages = lax.div(kv_lens_ref[s] + page_size - 1, page_size)
-        for i in range(pages_per_block):
+
+        # A loop over the block's pages (not unrolled: a block may hold hundreds of pages).
+        def page_copy(i, carry):
             page = j * pages_per_block + i
 
             @pl.when(page < num_pages)
@@ -340,6 +342,10 @@ def _ragged_paged_attention_kernel(
                 page_id = page_table_ref[s * pages_per_seq + jnp.minimum(page, pages_per_seq - 1)]
                 for src, dst in ((k_hbm_ref, k_buf), (v_hbm_ref, v_buf)):
                     action(pltpu.make_async_copy(src.at[h, page_id], dst.at[slot, i], sems.at[slot]))
+
+            return carry
+
+        lax.fori_loop(0, pages_per_block, page_copy, 0)
 
     def start_fetch(s, j, slot):
         for_each_page_copy(s, j, slot, lambda copy: copy.start())
