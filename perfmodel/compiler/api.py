@@ -110,11 +110,9 @@ class CompileReport:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("PERFMODEL_CACHE_DIR")
-    if base:
-        return Path(base) / "compile"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "perfmodel" / "compile"
+    from perfmodel.cachedir import cache_dir
+
+    return cache_dir("compile")
 
 
 def _module_path(module: str) -> Path | None:

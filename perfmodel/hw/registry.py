@@ -23,7 +23,7 @@ from pathlib import Path
 
 from perfmodel.errors import SpecError, UnknownChipError
 from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
-from perfmodel.hw.speccache import load_cached, scan_header
+from perfmodel.hw.speccache import load_cached, scan_header, scan_heads
 
 ENV_VAR = "PERFMODEL_HW_PATH"
 
@@ -196,16 +196,10 @@ def _find_by_scan(key: str) -> ChipSpec | None:
     when nothing matches, or when the loaded spec's names are not what the scan read: the caller
     then loads every file.
     """
-    by_name: dict[str, tuple[Path, tuple[str, ...], frozenset[str]]] = {}
-    for f in spec_files():
-        try:
-            st = os.stat(f)
-        except OSError:
-            return None
-        scanned = _scan_file(str(f), st.st_mtime_ns, st.st_size)
-        if scanned is None:
-            return None
-        by_name[scanned[0][0]] = (f, *scanned)
+    heads = scan_heads(spec_files(), _scan_file)
+    if heads is None:
+        return None
+    by_name = {names[0]: (f, names, keys) for f, names, keys in heads}
     for f, names, keys in by_name.values():
         if key in keys:
             spec = load_spec_file(str(f))

@@ -130,11 +130,25 @@ def scan_header(text: str, keys: dict[str, type]) -> dict[str, Any] | None:
 
 def cache_dir() -> Path:
     """Where spec cache entries live: ``$PERFMODEL_CACHE_DIR/specs`` or the user cache directory."""
-    base = os.environ.get("PERFMODEL_CACHE_DIR")
-    if base:
-        return Path(base) / "specs"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "perfmodel" / "specs"
+    from perfmodel.cachedir import cache_dir as perfmodel_cache_dir
+
+    return perfmodel_cache_dir("specs")
+
+
+def scan_heads(files: Any, scan: Any) -> list[tuple[Path, tuple[str, ...], frozenset[str]]] | None:
+    """(file, names, normalized names) of each file's scanned head, in order, from ``scan(path, mtime_ns,
+    size)``; None when any file cannot be read or scanned (the caller then loads every file)."""
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            return None
+        scanned = scan(str(f), st.st_mtime_ns, st.st_size)
+        if scanned is None:
+            return None
+        out.append((Path(f), *scanned))
+    return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,16 +350,11 @@ def _find_preset(key: str) -> ModelConfig | None:
     """The preset get_model() would pick for ``key`` (same order as all_presets()), loading only its file;
     None when a file's head cannot be scanned, nothing matches, or the loaded preset's names are not what
     the scan read (the caller then loads every preset)."""
-    heads = []
-    for f in sorted(presets_dir().glob("*.yaml")):
-        try:
-            st = os.stat(f)
-        except OSError:
-            return None
-        scanned = _scan_preset(str(f), st.st_mtime_ns, st.st_size)
-        if scanned is None:
-            return None
-        heads.append((f, *scanned))
+    from perfmodel.hw.speccache import scan_heads
+
+    heads = scan_heads(sorted(presets_dir().glob("*.yaml")), _scan_preset)
+    if heads is None:
+        return None
     for f, names, keys in sorted(heads, key=lambda h: h[1][0]):
         if key in keys:
             cfg = load_model_yaml(str(f))
