@@ -10,7 +10,11 @@ prints the line.
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Iterator
+
+#: A keyword-argument name as a message writes it: `context_lens`.
+_FIELD = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 
 class PerfmodelError(ValueError):
@@ -20,8 +24,9 @@ class PerfmodelError(ValueError):
 
     def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()):
         super().__init__(message)
-        #: Keyword-argument names the message mentions, for the CLI to rewrite into flags.
-        self.fields = tuple(fields)
+        #: Keyword-argument names the message mentions, for the CLI to rewrite into flags (by default every
+        #: backticked identifier in the message).
+        self.fields = tuple(fields) or tuple(dict.fromkeys(_FIELD.findall(str(message))))
 
 
 class SpecError(PerfmodelError):

@@ -114,7 +114,7 @@ def _check_heads(q_heads: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
     if np.any(q_heads % kv_heads):
         bad = np.broadcast_arrays(q_heads, kv_heads)
         i = np.flatnonzero(bad[0] % bad[1])[0]
-        raise InputError(f"--kv-heads {bad[1].flat[i]} must divide --q-heads {bad[0].flat[i]} "
+        raise InputError(f"`kv_heads` {bad[1].flat[i]} must divide `q_heads` {bad[0].flat[i]} "
                          "(GQA groups need a whole number of q heads per kv head)")
     return q_heads // kv_heads
 
@@ -181,12 +181,12 @@ def flash_attention(
     batch, q_len, kv_len = sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len)
     q_heads, kv_heads, head_dim = sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     window = optional_size("sliding_window", sliding_window)
-    dt = parse_dtype(dtype, "--dtype")
+    dt = parse_dtype(dtype, "`dtype`")
     group = _check_heads(q_heads, kv_heads)
     if window is not None and not causal:
-        raise InputError("--sliding-window needs causal attention; drop --no-causal or the window")
+        raise InputError("`sliding_window` needs causal attention; drop `no_causal` or the window")
     if causal and np.any(q_len > kv_len):
-        raise InputError("--q-len must be <= --kv-len for causal attention (queries are the last q_len positions)")
+        raise InputError("`q_len` must be <= `kv_len` for causal attention (queries are the last q_len positions)")
     tiles = chip_tiles(chip)
     path = matmul_path(chip, dt, dt, precision)
     bq = _default_block(block_q, "block_q", chip, q_len, max(tiles.sublanes, 8), "block_q")
@@ -268,7 +268,7 @@ def _resolve_kv_scale(kv_dtype: str, kv_scale: str | None) -> str:
     if kv_scale is None:
         return default_kv_scale(kv_dtype)
     if kv_scale != "none" and not quantized:
-        raise InputError(f"--kv-scale {kv_scale}: a {kv_dtype} KV cache has no scales; use --kv-dtype int8/fp8/int4")
+        raise InputError(f"`kv_scale` {kv_scale}: a {kv_dtype} KV cache has no scales; use `kv_dtype` int8/fp8/int4")
     return kv_scale
 
 
@@ -296,8 +296,8 @@ def _page_table_width(lens: np.ndarray, page_size: np.ndarray, pages_per_seq: Nu
         ln = np.broadcast_to(lens, over.shape).flat[i]
         g = np.broadcast_to(given_b, over.shape).flat[i]
         ps = np.broadcast_to(page_size, over.shape).flat[i]
-        raise InputError(f"a context of {ln} tokens needs {n} pages of {ps} tokens but --pages-per-seq is {g}; "
-                         f"give --pages-per-seq {n} or more, or a larger --page-size")
+        raise InputError(f"a context of {ln} tokens needs {n} pages of {ps} tokens but `pages_per_seq` is {g}; "
+                         f"give `pages_per_seq` {n} or more, or a larger `page_size`")
     return given_b
 
 
@@ -390,7 +390,7 @@ def _paged_attention_cost(
 def _paged_common(q_heads: Num, kv_heads: Num, head_dim: Num, page_size: Num, kv_dtype: str, q_dtype: str
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str, str]:
     return (sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim),
-            sizes("page_size", page_size), parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(q_dtype, "--q-dtype"))
+            sizes("page_size", page_size), parse_dtype(kv_dtype, "`kv_dtype`"), parse_dtype(q_dtype, "`q_dtype`"))
 
 
 def paged_decode_attention(
@@ -461,12 +461,12 @@ def ragged_paged_attention(
     q_lens = np.atleast_1d(sizes("query_lens", query_lens))
     lens = np.atleast_1d(sizes("context_lens", context_lens))
     if q_lens.shape[-1:] != lens.shape[-1:] and q_lens.shape[-1] != 1 and lens.shape[-1] != 1:
-        raise InputError(f"--query-lens has {q_lens.shape[-1]} sequences but --context-lens has {lens.shape[-1]}; "
+        raise InputError(f"`query_lens` has {q_lens.shape[-1]} sequences but `context_lens` has {lens.shape[-1]}; "
                          "give one of each per sequence")
     q_lens, lens = np.broadcast_arrays(q_lens, lens)
     if np.any(q_lens > lens):
         i = np.flatnonzero(q_lens > lens)[0]
-        raise InputError(f"--query-lens {q_lens.flat[i]} exceeds --context-lens {lens.flat[i]}: the context "
+        raise InputError(f"`query_lens` {q_lens.flat[i]} exceeds `context_lens` {lens.flat[i]}: the context "
                          "includes the new tokens, so it must be at least the query length")
     q_heads, kv_heads, head_dim, page_size, kv_dt, q_dt = _paged_common(q_heads, kv_heads, head_dim, page_size,
                                                                         kv_dtype, q_dtype)
@@ -510,7 +510,7 @@ def mla_decode(
     lens, b = _context_batch(context_lens, batch)
     q_heads, page_size = sizes("q_heads", q_heads), sizes("page_size", page_size)
     rank, rope = sizes("kv_lora_rank", kv_lora_rank), sizes("rope_head_dim", rope_head_dim)
-    kv_dt, q_dt = parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(q_dtype, "--q-dtype")
+    kv_dt, q_dt = parse_dtype(kv_dtype, "`kv_dtype`"), parse_dtype(q_dtype, "`q_dtype`")
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=b is None)
     tiles = chip_tiles(chip)
     path = matmul_path(chip, q_dt, kv_dt)

@@ -40,13 +40,13 @@ def _torus_dims(chip: object | None) -> int:
 
 
 def _size(bytes_per_chip: Num | None, shape: tuple | list | None, dtype: str) -> tuple[np.ndarray, float]:
-    item = DTYPES[parse_dtype(dtype, "--dtype")].itemsize_bytes
+    item = DTYPES[parse_dtype(dtype, "`dtype`")].itemsize_bytes
     if (bytes_per_chip is None) == (shape is None):
-        raise InputError("give exactly one of --bytes-per-chip and --shape")
+        raise InputError("give exactly one of `bytes_per_chip` and `shape`")
     if shape is not None:
         dims = [sizes("shape", d) for d in shape]
         if not dims:
-            raise InputError("--shape: give at least one dimension, e.g. 8192,4096")
+            raise InputError("`shape`: give at least one dimension, e.g. 8192,4096")
         return 1.0 * np.prod(np.broadcast_arrays(*dims), axis=0) * item, item
     return 1.0 * sizes("bytes_per_chip", bytes_per_chip), item
 

@@ -388,7 +388,7 @@ def get_model(name_or_path: str) -> ModelConfig:
     close = sorted({names[m] for m in difflib.get_close_matches(key, list(names), n=3, cutoff=0.6)})
     hint = f"did you mean {', '.join(close)}? " if close else ""
     known = ", ".join(cfg.name for cfg in presets)
-    raise InputError(f"unknown model '{text}'; {hint}known models: {known} (or pass --config PATH/config.json)")
+    raise InputError(f"unknown model '{text}'; {hint}known models: {known} (or pass `config` PATH/config.json)")
 
 
 # --------------------------------------------------------------------------- Hugging Face config.json

@@ -37,7 +37,7 @@ def parse_length_list(text: str, flag: str) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def quantile_lengths(spec: str, batch: int, flag: str = "--context-dist") -> np.ndarray:
+def quantile_lengths(spec: str, batch: int, flag: str = "`context_dist`") -> np.ndarray:
     """``batch`` lengths at evenly spaced quantiles of the distribution ``spec``."""
     kind, *args = str(spec).split(":")
     if kind not in DISTRIBUTIONS or len(args) != 2:
@@ -47,7 +47,7 @@ def quantile_lengths(spec: str, batch: int, flag: str = "--context-dist") -> np.
     except ValueError:
         raise InputError(f"{flag}: '{spec}': parameters must be numbers") from None
     if batch < 1:
-        raise InputError(f"--batch must be >= 1, got {batch}")
+        raise InputError(f"`batch` must be >= 1, got {batch}")
     qs = (np.arange(batch) + 0.5) / batch
     from statistics import NormalDist  # imported here: statistics costs ~5 ms, which every `predict model` paid
 

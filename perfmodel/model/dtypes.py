@@ -83,7 +83,7 @@ def default_kv_scale(kv_dtype: str) -> str:
     return "per-token" if is_quantized(kv_dtype) else "none"
 
 
-def parse_dtype(text: str, flag: str = "--dtype") -> str:
+def parse_dtype(text: str, flag: str = "`dtype`") -> str:
     """Canonical name of a dtype a user typed; InputError naming ``flag`` if unknown."""
     key = str(text).strip().lower().replace("-", "_")
     name = _BY_ALIAS.get(key) or _BY_ALIAS.get(key.replace("_", ""))
@@ -93,11 +93,11 @@ def parse_dtype(text: str, flag: str = "--dtype") -> str:
     return name
 
 
-def dtype_info(text: str, flag: str = "--dtype") -> DType:
+def dtype_info(text: str, flag: str = "`dtype`") -> DType:
     return DTYPES[parse_dtype(text, flag)]
 
 
-def itemsize(text: str, flag: str = "--dtype") -> float:
+def itemsize(text: str, flag: str = "`dtype`") -> float:
     """Bytes per element of a dtype name."""
     return dtype_info(text, flag).itemsize_bytes
 
@@ -143,7 +143,7 @@ def _wider(a: DType, b: DType) -> DType:
     return a if a.bits >= b.bits else b
 
 
-def parse_precision(text: str | None, flag: str = "--precision") -> str:
+def parse_precision(text: str | None, flag: str = "`precision`") -> str:
     """Canonical dot precision ("default", "high", "highest"); None means "default" (jax's default for a dot
     without a precision). InputError naming ``flag`` otherwise."""
     if text is None:
@@ -165,7 +165,7 @@ def matmul_path(chip: "ChipSpec | None", lhs: str, rhs: str, precision: str | No
       Precision.DEFAULT, 3 at HIGH, 6 at HIGHEST (:data:`PRECISION_PASSES`).
     ``chip=None`` assumes every pair is native (used for pl.CostEstimate).
     """
-    lo, ro = DTYPES[parse_dtype(lhs, "--lhs-dtype")], DTYPES[parse_dtype(rhs, "--rhs-dtype")]
+    lo, ro = DTYPES[parse_dtype(lhs, "`lhs_dtype`")], DTYPES[parse_dtype(rhs, "`rhs_dtype`")]
     prec = parse_precision(precision)
     wide = _wider(lo, ro)
     if chip is None:

@@ -41,7 +41,7 @@ EPILOGUES: dict[str, Elementwise] = {
 }
 
 
-def parse_epilogue(epilogue: tuple[str, ...] | list[str] | str, flag: str = "--epilogue") -> tuple[Elementwise, ...]:
+def parse_epilogue(epilogue: tuple[str, ...] | list[str] | str, flag: str = "`epilogue`") -> tuple[Elementwise, ...]:
     """Epilogue names (a tuple or a comma list) to their cost records; InputError for unknown names."""
     names = [e.strip() for e in epilogue.split(",")] if isinstance(epilogue, str) else list(epilogue)
     out = []

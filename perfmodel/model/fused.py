@@ -67,8 +67,8 @@ def rms_norm(
     and the weight and writes the output.
     """
     tokens, hidden = sizes("tokens", tokens), sizes("hidden", hidden)
-    dt = parse_dtype(dtype, "--dtype")
-    out_dt = dt if out_dtype is None else parse_dtype(out_dtype, "--out-dtype")
+    dt = parse_dtype(dtype, "`dtype`")
+    out_dt = dt if out_dtype is None else parse_dtype(out_dtype, "`out_dtype`")
     tiles = chip_tiles(chip)
     elems = 1.0 * tokens * hidden
     padded = 1.0 * tiles.vreg_elements(tokens, hidden)
@@ -105,7 +105,7 @@ def glu(
     gate and writes act(gate); the multiply reads it and up and writes the product.
     """
     tokens, inter = sizes("tokens", tokens), sizes("intermediate", intermediate)
-    dt = parse_dtype(dtype, "--dtype")
+    dt = parse_dtype(dtype, "`dtype`")
     choice("kind", kind, tuple(GLU_KINDS))
     act = EPILOGUES[GLU_KINDS[kind]]
     tiles = chip_tiles(chip)
@@ -147,10 +147,10 @@ def rope(
     tokens, heads, head_dim = sizes("tokens", tokens), sizes("heads", heads), sizes("head_dim", head_dim)
     rot = head_dim if rotary_dim is None else sizes("rotary_dim", rotary_dim)
     if np.any(rot > head_dim):
-        raise InputError(f"--rotary-dim must be <= --head-dim, got {np.max(rot)} > {np.min(head_dim)}")
+        raise InputError(f"`rotary_dim` must be <= `head_dim`, got {np.max(rot)} > {np.min(head_dim)}")
     if rotary_dim is not None and np.any(rot % 2):
-        raise InputError(f"--rotary-dim must be even (RoPE rotates pairs of dims), got {np.max(rot % 2 * rot)}")
-    dt = parse_dtype(dtype, "--dtype")
+        raise InputError(f"`rotary_dim` must be even (RoPE rotates pairs of dims), got {np.max(rot % 2 * rot)}")
+    dt = parse_dtype(dtype, "`dtype`")
     tiles = chip_tiles(chip)
     elems = 1.0 * tokens * heads * rot
     padded = 1.0 * heads * tiles.vreg_elements(tokens, rot)
@@ -188,9 +188,9 @@ def dequant_gemm(
     from perfmodel.model.dtypes import is_quantized
     from perfmodel.model.gemm import gemm, resolve_weight_scale, weight_scale_bytes
 
-    w_dt, a_dt = parse_dtype(weight_dtype, "--weight-dtype"), parse_dtype(act_dtype, "--act-dtype")
+    w_dt, a_dt = parse_dtype(weight_dtype, "`weight_dtype`"), parse_dtype(act_dtype, "`act_dtype`")
     if not is_quantized(w_dt):
-        raise InputError(f"--weight-dtype {w_dt}: weights are not quantized, so there is nothing to dequantize; "
+        raise InputError(f"`weight_dtype` {w_dt}: weights are not quantized, so there is nothing to dequantize; "
                          "use int8, int4 or fp8 (or `predict gemm` for a plain GEMM)")
     if fused:
         cost = gemm(m=m, n=n, k=k, lhs_dtype=a_dt, rhs_dtype=w_dt, out_dtype=out_dtype, weight_scale=weight_scale,

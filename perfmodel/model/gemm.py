@@ -49,10 +49,10 @@ def resolve_weight_scale(rhs_dtype: str, weight_scale: str | None, scale_block: 
     if weight_scale is None:
         weight_scale = "per-channel" if is_quantized(rhs_dtype) else "none"
     if weight_scale != "none" and not is_quantized(rhs_dtype):
-        raise InputError(f"--weight-scale {weight_scale}: weights of dtype {rhs_dtype} are not quantized; "
-                         "drop the flag or pick --rhs-dtype int8/int4/fp8")
+        raise InputError(f"`weight_scale` {weight_scale}: weights of dtype {rhs_dtype} are not quantized; "
+                         "drop the flag or pick `rhs_dtype` int8/int4/fp8")
     if scale_block is not None and weight_scale != "per-block":
-        raise InputError("--scale-block applies only with --weight-scale per-block")
+        raise InputError("`scale_block` applies only with `weight_scale` per-block")
     block = optional_size("scale_block", scale_block)
     return weight_scale, np.asarray(DEFAULT_SCALE_BLOCK) if block is None else block
 
@@ -94,8 +94,8 @@ def gemm(
     dtype paths and no padding (the counts for a pl.CostEstimate).
     """
     m, n, k, batch = sizes("m", m), sizes("n", n), sizes("k", k), sizes("batch", batch)
-    lhs, rhs, out = parse_dtype(lhs_dtype, "--lhs-dtype"), parse_dtype(rhs_dtype, "--rhs-dtype"), parse_dtype(
-        out_dtype, "--out-dtype")
+    lhs, rhs, out = parse_dtype(lhs_dtype, "`lhs_dtype`"), parse_dtype(rhs_dtype, "`rhs_dtype`"), parse_dtype(
+        out_dtype, "`out_dtype`")
     weight_scale, block = resolve_weight_scale(rhs, weight_scale, scale_block)
     ep = parse_epilogue(epilogue)
     tiles = chip_tiles(chip)

@@ -55,13 +55,13 @@ def kv_cache_update(
     tokens = sizes("num_tokens", num_tokens)
     kv_heads, head_dim, page_size = sizes("kv_heads", kv_heads), sizes("head_dim", head_dim), sizes(
         "page_size", page_size)
-    kv_dt, src_dt = parse_dtype(kv_dtype, "--kv-dtype"), parse_dtype(src_dtype, "--src-dtype")
+    kv_dt, src_dt = parse_dtype(kv_dtype, "`kv_dtype`"), parse_dtype(src_dtype, "`src_dtype`")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
     quantize = kv_dt != src_dt and is_quantized(kv_dt)
     if kv_scale is None:
         kv_scale = default_kv_scale(kv_dt)
     if kv_scale != "none" and not is_quantized(kv_dt):
-        raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
+        raise InputError(f"`kv_scale` {kv_scale}: a {kv_dt} KV cache has no scales; use `kv_dtype` int8/fp8/int4")
     tiles = chip_tiles(chip)
     rows = 2.0 * tokens * kv_heads  # K and V rows of head_dim elements
     elems = rows * head_dim
@@ -117,8 +117,8 @@ def kv_gather(
         lens = np.atleast_1d(lens)
     kv_heads, head_dim, page_size = sizes("kv_heads", kv_heads), sizes("head_dim", head_dim), sizes(
         "page_size", page_size)
-    kv_dt = parse_dtype(kv_dtype, "--kv-dtype")
-    out_dt = kv_dt if out_dtype is None else parse_dtype(out_dtype, "--out-dtype")
+    kv_dt = parse_dtype(kv_dtype, "`kv_dtype`")
+    out_dt = kv_dt if out_dtype is None else parse_dtype(out_dtype, "`out_dtype`")
     tiles = chip_tiles(chip)
     pages = cdiv(lens, page_size)
 
@@ -153,11 +153,11 @@ def kv_bytes_per_token(*, layers: Num, kv_heads: Num, head_dim: Num, kv_dtype: s
     """KV-cache bytes one token takes over all layers (K and V; f32 scales if per-token, the default for a
     quantized cache, see :func:`default_kv_scale`)."""
     layers, kv_heads, head_dim = sizes("layers", layers), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
-    kv_dt = parse_dtype(kv_dtype, "--kv-dtype")
+    kv_dt = parse_dtype(kv_dtype, "`kv_dtype`")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
     kv_scale = default_kv_scale(kv_dt) if kv_scale is None else kv_scale
     if kv_scale not in (None, "none") and not is_quantized(kv_dt):
-        raise InputError(f"--kv-scale {kv_scale}: a {kv_dt} KV cache has no scales; use --kv-dtype int8/fp8/int4")
+        raise InputError(f"`kv_scale` {kv_scale}: a {kv_dt} KV cache has no scales; use `kv_dtype` int8/fp8/int4")
     per_head = head_dim * DTYPES[kv_dt].itemsize_bytes + (SCALE_BYTES if kv_scale == "per-token" else 0)
     return fval(2.0 * layers * kv_heads * per_head)
 
@@ -209,18 +209,18 @@ def kv_capacity(
     (activations, workspace) per chip comes off the top.
     """
     if chip is None:
-        raise InputError("--hw: kv capacity needs a chip")
+        raise InputError("`hw`: kv capacity needs a chip")
     if not 0.0 < hbm_utilization <= 1.0:
-        raise InputError(f"--hbm-utilization must be in (0, 1], got {hbm_utilization}")
+        raise InputError(f"`hbm_utilization` must be in (0, 1], got {hbm_utilization}")
     weights = _finite("weight_bytes", weight_bytes)
     if np.any(weights < 0):
-        raise InputError(f"--weight-bytes must be >= 0, got {np.min(weights):g}")
+        raise InputError(f"`weight_bytes` must be >= 0, got {np.min(weights):g}")
     per_token = _finite("kv_bytes_per_token", kv_bytes_per_token)
     if np.any(per_token <= 0):
-        raise InputError(f"--kv-bytes-per-token must be > 0, got {np.min(per_token):g}")
+        raise InputError(f"`kv_bytes_per_token` must be > 0, got {np.min(per_token):g}")
     reserved = _finite("reserved_bytes", reserved_bytes)
     if np.any(reserved < 0):
-        raise InputError(f"--reserved-bytes must be >= 0 (bytes kept free per chip), got {np.min(reserved):g}")
+        raise InputError(f"`reserved_bytes` must be >= 0 (bytes kept free per chip), got {np.min(reserved):g}")
     chips = sizes("num_chips", num_chips)
     page_size = sizes("page_size", page_size)
     hbm = float(chip.memory.hbm_bytes_per_chip)
@@ -231,7 +231,7 @@ def kv_capacity(
     tokens = pages * page_size
     seqs = None
     if context_len is not None:
-        ctx = sizes("context", context_len)  # the CLI flag is --context
+        ctx = sizes("context", context_len)  # the CLI flag is `context`
         seqs = fval(np.floor(pages / cdiv(ctx, page_size)))
     return KVCapacity(
         hbm_bytes=hbm, usable_bytes=usable, weight_bytes=fval(weights), reserved_bytes=fval(reserved),

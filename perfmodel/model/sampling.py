@@ -27,7 +27,7 @@ import numpy as np
 from perfmodel.errors import InputError
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, INDEX_BYTES, parse_dtype
-from perfmodel.model.shapes import chip_tiles, choice, fval, sizes
+from perfmodel.model.shapes import chip_tiles, choice, flag_name, fval, sizes
 
 METHODS = ("threshold", "sort")
 #: Per element: presence test, repetition-penalty select and scale, frequency and presence subtractions.
@@ -90,16 +90,16 @@ def sampling(
     vocab] bf16 projection that produces the logits (a separate part).
     """
     batch, vocab = sizes("batch", batch), sizes("vocab", vocab)
-    dt = parse_dtype(dtype, "--dtype")
+    dt = parse_dtype(dtype, "`dtype`")
     choice("method", method, METHODS)
     if top_k is not None:
         top_k = sizes("top_k", top_k)
         if np.any(top_k > vocab):
-            raise InputError(f"--top-k {np.max(top_k)} exceeds --vocab {np.min(vocab)}; use a k <= vocab")
+            raise InputError(f"`top_k` {np.max(top_k)} exceeds `vocab` {np.min(vocab)}; use a k <= vocab")
     for name, value, lo_open in (("top_p", top_p, True), ("min_p", min_p, False)):
         if value is not None and not (0.0 < value <= 1.0 if lo_open else 0.0 <= value < 1.0):
             rng = "(0, 1]" if lo_open else "[0, 1)"
-            raise InputError(f"--{name.replace('_', '-')} must be in {rng}, got {value}")
+            raise InputError(f"{flag_name(name)} must be in {rng}, got {value}")
     n_passes = sizes("passes", passes) if passes is not None else default_passes(dt)
     tiles = chip_tiles(chip)
     elems_pad = 1.0 * tiles.vreg_elements(batch, vocab)

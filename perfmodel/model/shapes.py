@@ -18,8 +18,9 @@ Num = Union[float, int, np.ndarray]
 
 
 def flag_name(name: str) -> str:
-    """``kv_heads`` -> ``--kv-heads`` (the CLI flag for a keyword argument)."""
-    return "--" + name.replace("_", "-")
+    """``kv_heads`` -> "`kv_heads`": how a message names a keyword argument (the CLI writes it as the command's
+    flag, ``--kv-heads``; see perfmodel.errors)."""
+    return f"`{name}`"
 
 
 def _first_bad(arr: np.ndarray, bad: np.ndarray) -> object:

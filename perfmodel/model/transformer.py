@@ -114,39 +114,39 @@ def make_step(*, phase: str = "decode", batch: int | None = None, context: int |
     (default 0). ``batch`` defaults to 1; ``kv_dtype`` to ``act_dtype``.
     """
     if phase not in PHASES:
-        raise InputError(f"--phase: got '{phase}'; use prefill or decode")
+        raise InputError(f"`phase`: got '{phase}'; use prefill or decode")
     lens = None
     if context_lens is not None:
         if phase != "decode":
-            raise InputError("--context-lens / --context-dist apply to --phase decode; prefill takes one --context")
+            raise InputError("`context_lens` / `context_dist` apply to `phase` decode; prefill takes one `context`")
         if context is not None:
-            raise InputError("give --context or --context-lens / --context-dist, not both")
+            raise InputError("give `context` or `context_lens` / `context_dist`, not both")
         arr = np.atleast_1d(np.asarray(context_lens))
         if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or np.any(arr < 1):
-            raise InputError(f"--context-lens: give whole numbers >= 1, one per sequence, got {context_lens!r}")
+            raise InputError(f"`context_lens`: give whole numbers >= 1, one per sequence, got {context_lens!r}")
         if batch is not None and batch != arr.size:
-            raise InputError(f"--batch {batch} disagrees with the {arr.size} --context-lens given; drop --batch")
+            raise InputError(f"`batch` {batch} disagrees with the {arr.size} `context_lens` given; drop `batch`")
         lens, batch, context = tuple(int(x) for x in arr), int(arr.size), int(arr.max())
     batch = 1 if batch is None else batch
-    _positive("--batch", batch)
-    _positive("--tp", tp)
-    _positive("--page-size", page_size)
+    _positive("`batch`", batch)
+    _positive("`tp`", tp)
+    _positive("`page_size`", page_size)
     if phase == "decode":
         if prefill_len is not None:
-            raise InputError("--prefill-len applies to --phase prefill; for decode give --context")
+            raise InputError("`prefill_len` applies to `phase` prefill; for decode give `context`")
         context = 1024 if context is None else context
-        _positive("--context", context)
+        _positive("`context`", context)
         chunk = 1
     else:
         chunk = 2048 if prefill_len is None else prefill_len
-        _positive("--prefill-len", chunk)
+        _positive("`prefill_len`", chunk)
         context = 0 if context is None else context
         if not isinstance(context, (int, np.integer)) or context < 0:
-            raise InputError(f"--context must be >= 0 for prefill (tokens cached before the chunk), got {context}")
+            raise InputError(f"`context` must be >= 0 for prefill (tokens cached before the chunk), got {context}")
     return Step(phase=phase, batch=int(batch), context_tokens=int(context), chunk_tokens=int(chunk),
-                weight_dtype=parse_dtype(weight_dtype, "--weight-dtype"),
-                act_dtype=parse_dtype(act_dtype, "--act-dtype"),
-                kv_dtype=parse_dtype(kv_dtype or act_dtype, "--kv-dtype"), tp=int(tp), page_size=int(page_size),
+                weight_dtype=parse_dtype(weight_dtype, "`weight_dtype`"),
+                act_dtype=parse_dtype(act_dtype, "`act_dtype`"),
+                kv_dtype=parse_dtype(kv_dtype or act_dtype, "`kv_dtype`"), tp=int(tp), page_size=int(page_size),
                 context_lens=lens)
 
 
@@ -176,10 +176,10 @@ class Shard:
 def shard(cfg: ModelConfig, tp: int) -> Shard:
     """Split cfg over tp chips; InputError when the heads do not split evenly."""
     if cfg.num_q_heads % tp:
-        raise InputError(f"--tp {tp} must divide {cfg.name}'s {cfg.num_q_heads} query heads")
+        raise InputError(f"`tp` {tp} must divide {cfg.name}'s {cfg.num_q_heads} query heads")
     kv = cfg.num_kv_heads
     if cfg.mla is None and kv % tp and tp % kv:
-        raise InputError(f"--tp {tp}: {cfg.name}'s {kv} KV heads neither split over nor replicate evenly onto "
+        raise InputError(f"`tp` {tp}: {cfg.name}'s {kv} KV heads neither split over nor replicate evenly onto "
                          f"{tp} chips; use a divisor or multiple of {kv}")
     moe = cfg.moe
     return Shard(
@@ -315,7 +315,7 @@ def memory_fit(cfg: ModelConfig, step: Step, chip: Any, *,
                hbm_utilization: float = kvcache.DEFAULT_HBM_UTILIZATION) -> MemoryFit:
     """Weights + KV of ``step`` against ``hbm_utilization`` of the chip's HBM (per chip)."""
     if not 0.0 < hbm_utilization <= 1.0:
-        raise InputError(f"--hbm-utilization must be in (0, 1], got {hbm_utilization}")
+        raise InputError(f"`hbm_utilization` must be in (0, 1], got {hbm_utilization}")
     sh = shard(cfg, step.tp)
     hbm = float(chip.memory.hbm_bytes_per_chip)
     usable = hbm * hbm_utilization
@@ -740,7 +740,7 @@ def predict_step(cfg: ModelConfig, step: Step, chip: Any, *,
 
 
 def prediction_record(p: StepPrediction) -> dict[str, Any]:
-    """JSON-ready summary of a prediction (the CLI's --json)."""
+    """JSON-ready summary of a prediction (the CLI's `json`)."""
     mem = p.memory
     return {
         "model": p.model.name,

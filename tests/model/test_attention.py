@@ -131,13 +131,13 @@ def test_head_dim_64_pads_on_v6e(v6e):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(kv_heads=3), r"^--kv-heads 3 must divide --q-heads 8"),
-    (dict(q_len=2048), r"^--q-len must be <= --kv-len for causal attention"),
-    (dict(sliding_window=128, causal=False), r"^--sliding-window needs causal attention"),
-    (dict(head_dim=0), r"^--head-dim must be >= 1, got 0$"),
-    (dict(batch=-1), r"^--batch must be >= 1, got -1$"),
-    (dict(dtype="bf8"), r"^--dtype: unknown dtype 'bf8'"),
-    (dict(block_q=0), r"^--block-q must be >= 1"),
+    (dict(kv_heads=3), r"^`kv_heads` 3 must divide `q_heads` 8"),
+    (dict(q_len=2048), r"^`q_len` must be <= `kv_len` for causal attention"),
+    (dict(sliding_window=128, causal=False), r"^`sliding_window` needs causal attention"),
+    (dict(head_dim=0), r"^`head_dim` must be >= 1, got 0$"),
+    (dict(batch=-1), r"^`batch` must be >= 1, got -1$"),
+    (dict(dtype="bf8"), r"^`dtype`: unknown dtype 'bf8'"),
+    (dict(block_q=0), r"^`block_q` must be >= 1"),
 ])
 def test_flash_bad_input(v5e, kwargs, match):
     args = dict(batch=1, q_len=1024, kv_len=1024, q_heads=8, kv_heads=8, head_dim=128, chip=v5e) | kwargs
@@ -210,14 +210,14 @@ def test_int8_kv_on_v5e_converts(v5e):
 
 @pytest.mark.parametrize("kwargs,match", [
     # ceil(1000 / 16) = 63 pages; the CLI prefixes the context flag the user gave (tests/cli/test_review_findings.py)
-    (dict(pages_per_seq=10), r"^a context of 1000 tokens needs 63 pages of 16 tokens but --pages-per-seq is 10; "
-                             r"give --pages-per-seq 63 or more"),
-    (dict(kv_heads=5), r"^--kv-heads 5 must divide --q-heads 32"),
-    (dict(context_lens=[100, 0]), r"^--context-lens must be >= 1, got 0$"),
-    (dict(page_size=0), r"^--page-size must be >= 1"),
-    (dict(kv_dtype="int3"), r"^--kv-dtype: unknown dtype 'int3'"),
-    (dict(kv_scale="per-token"), r"^--kv-scale per-token: a bf16 KV cache has no scales"),
-    (dict(kv_scale="per-head", kv_dtype="int8"), r"^--kv-scale: got 'per-head'; use one of"),
+    (dict(pages_per_seq=10), r"^a context of 1000 tokens needs 63 pages of 16 tokens but `pages_per_seq` is 10; "
+                             r"give `pages_per_seq` 63 or more"),
+    (dict(kv_heads=5), r"^`kv_heads` 5 must divide `q_heads` 32"),
+    (dict(context_lens=[100, 0]), r"^`context_lens` must be >= 1, got 0$"),
+    (dict(page_size=0), r"^`page_size` must be >= 1"),
+    (dict(kv_dtype="int3"), r"^`kv_dtype`: unknown dtype 'int3'"),
+    (dict(kv_scale="per-token"), r"^`kv_scale` per-token: a bf16 KV cache has no scales"),
+    (dict(kv_scale="per-head", kv_dtype="int8"), r"^`kv_scale`: got 'per-head'; use one of"),
 ])
 def test_decode_bad_input(v5e, kwargs, match):
     args = dict(context_lens=[1000], q_heads=32, kv_heads=8, head_dim=128, page_size=16, chip=v5e) | kwargs
@@ -252,9 +252,9 @@ def test_ragged_prefill_rereads_pages_per_query_block(v5e):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(query_lens=[5, 1], context_lens=[4, 10]), r"^--query-lens 5 exceeds --context-lens 4"),
-    (dict(query_lens=[1, 1, 1], context_lens=[10, 10]), r"^--query-lens has 3 sequences but --context-lens has 2"),
-    (dict(query_lens=[0, 1], context_lens=[10, 10]), r"^--query-lens must be >= 1, got 0"),
+    (dict(query_lens=[5, 1], context_lens=[4, 10]), r"^`query_lens` 5 exceeds `context_lens` 4"),
+    (dict(query_lens=[1, 1, 1], context_lens=[10, 10]), r"^`query_lens` has 3 sequences but `context_lens` has 2"),
+    (dict(query_lens=[0, 1], context_lens=[10, 10]), r"^`query_lens` must be >= 1, got 0"),
 ])
 def test_ragged_bad_input(v5e, kwargs, match):
     with pytest.raises(InputError, match=match):

@@ -51,12 +51,12 @@ def test_one_chip_moves_nothing(v5e):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(bytes_per_chip=1e6, shape=(4, 4)), r"^give exactly one of --bytes-per-chip and --shape$"),
-    (dict(), r"^give exactly one of --bytes-per-chip and --shape$"),
-    (dict(bytes_per_chip=1e6, topology="mesh"), r"^--topology: got 'mesh'; use one of ring, line, torus$"),
-    (dict(bytes_per_chip=1e6, num_chips=0), r"^--num-chips must be >= 1"),
-    (dict(shape=(4, 0)), r"^--shape must be >= 1"),
-    (dict(bytes_per_chip=1e6, dtype="fp5"), r"^--dtype: unknown dtype 'fp5'"),
+    (dict(bytes_per_chip=1e6, shape=(4, 4)), r"^give exactly one of `bytes_per_chip` and `shape`$"),
+    (dict(), r"^give exactly one of `bytes_per_chip` and `shape`$"),
+    (dict(bytes_per_chip=1e6, topology="mesh"), r"^`topology`: got 'mesh'; use one of ring, line, torus$"),
+    (dict(bytes_per_chip=1e6, num_chips=0), r"^`num_chips` must be >= 1"),
+    (dict(shape=(4, 0)), r"^`shape` must be >= 1"),
+    (dict(bytes_per_chip=1e6, dtype="fp5"), r"^`dtype`: unknown dtype 'fp5'"),
 ])
 def test_bad_input(v5e, kwargs, match):
     args = dict(num_chips=4, chip=v5e) | kwargs

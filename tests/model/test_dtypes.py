@@ -20,8 +20,8 @@ def test_itemsize(name, nbytes):
 
 
 def test_unknown_dtype_names_the_flag():
-    with pytest.raises(InputError, match=r"^--kv-dtype: unknown dtype 'fp9'; use one of"):
-        parse_dtype("fp9", "--kv-dtype")
+    with pytest.raises(InputError, match=r"^`kv_dtype`: unknown dtype 'fp9'; use one of"):
+        parse_dtype("fp9", "`kv_dtype`")
 
 
 def test_native_pair_keeps_its_rate(v5e):
@@ -90,7 +90,7 @@ def test_bf16_dots_ignore_the_precision(v5e):
 
 
 def test_unknown_precision_names_the_flag(v5e):
-    with pytest.raises(InputError, match="--precision 'fastest' is not a dot precision; use one of default, high"):
+    with pytest.raises(InputError, match="`precision` 'fastest' is not a dot precision; use one of default, high"):
         matmul_path(v5e, "fp32", "fp32", "fastest")
 
 

@@ -66,14 +66,14 @@ def test_dequant_gemm_unfused_writes_weights_back(v5e):
 
 
 @pytest.mark.parametrize("fn,kwargs,match", [
-    (rms_norm, dict(tokens=0, hidden=8), r"^--tokens must be >= 1"),
-    (rms_norm, dict(tokens=8, hidden=8, dtype="x"), r"^--dtype: unknown dtype 'x'"),
-    (swiglu, dict(tokens=8, intermediate=-1), r"^--intermediate must be >= 1"),
-    (rope, dict(tokens=8, heads=2, head_dim=64, rotary_dim=128), r"^--rotary-dim must be <= --head-dim, got 128 > 64$"),
-    (rope, dict(tokens=8, heads=2, head_dim=64, rotary_dim=33), r"^--rotary-dim must be even .*got 33$"),
+    (rms_norm, dict(tokens=0, hidden=8), r"^`tokens` must be >= 1"),
+    (rms_norm, dict(tokens=8, hidden=8, dtype="x"), r"^`dtype`: unknown dtype 'x'"),
+    (swiglu, dict(tokens=8, intermediate=-1), r"^`intermediate` must be >= 1"),
+    (rope, dict(tokens=8, heads=2, head_dim=64, rotary_dim=128), r"^`rotary_dim` must be <= `head_dim`, got 128 > 64$"),
+    (rope, dict(tokens=8, heads=2, head_dim=64, rotary_dim=33), r"^`rotary_dim` must be even .*got 33$"),
     (dequant_gemm, dict(m=1, n=8, k=8, weight_dtype="bf16", weight_scale="per-channel"),
-     r"^--weight-dtype bf16: weights are not quantized, so there is nothing to dequantize; use int8"),
-    (dequant_gemm, dict(m=1, n=8, k=8, weight_dtype="fp32", fused=False), r"^--weight-dtype fp32: weights are not"),
+     r"^`weight_dtype` bf16: weights are not quantized, so there is nothing to dequantize; use int8"),
+    (dequant_gemm, dict(m=1, n=8, k=8, weight_dtype="fp32", fused=False), r"^`weight_dtype` fp32: weights are not"),
 ])
 def test_bad_input(v5e, fn, kwargs, match):
     with pytest.raises(InputError, match=match):

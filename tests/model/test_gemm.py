@@ -159,18 +159,18 @@ def test_cost_estimate_uses_useful_counts():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(m=0), r"^--m must be >= 1, got 0$"),
-    (dict(n=-5), r"^--n must be >= 1, got -5$"),
-    (dict(k=1.5), r"^--k: sizes must be whole numbers, got 1.5$"),
-    (dict(m=np.array([4, 0])), r"^--m must be >= 1, got 0$"),
-    (dict(batch=0), r"^--batch must be >= 1"),
-    (dict(lhs_dtype="bf17"), r"^--lhs-dtype: unknown dtype 'bf17'"),
-    (dict(out_dtype="q"), r"^--out-dtype: unknown dtype"),
-    (dict(weight_scale="per-channel"), r"^--weight-scale per-channel: weights of dtype bf16 are not quantized"),
-    (dict(weight_scale="per-row", rhs_dtype="int8"), r"^--weight-scale: got 'per-row'; use one of"),
-    (dict(scale_block=64, rhs_dtype="int8"), r"^--scale-block applies only with --weight-scale per-block$"),
-    (dict(rhs_dtype="int8", weight_scale="per-block", scale_block=0), r"^--scale-block must be >= 1"),
-    (dict(epilogue=("bias", "swish")), r"^--epilogue: unknown epilogue 'swish'"),
+    (dict(m=0), r"^`m` must be >= 1, got 0$"),
+    (dict(n=-5), r"^`n` must be >= 1, got -5$"),
+    (dict(k=1.5), r"^`k`: sizes must be whole numbers, got 1.5$"),
+    (dict(m=np.array([4, 0])), r"^`m` must be >= 1, got 0$"),
+    (dict(batch=0), r"^`batch` must be >= 1"),
+    (dict(lhs_dtype="bf17"), r"^`lhs_dtype`: unknown dtype 'bf17'"),
+    (dict(out_dtype="q"), r"^`out_dtype`: unknown dtype"),
+    (dict(weight_scale="per-channel"), r"^`weight_scale` per-channel: weights of dtype bf16 are not quantized"),
+    (dict(weight_scale="per-row", rhs_dtype="int8"), r"^`weight_scale`: got 'per-row'; use one of"),
+    (dict(scale_block=64, rhs_dtype="int8"), r"^`scale_block` applies only with `weight_scale` per-block$"),
+    (dict(rhs_dtype="int8", weight_scale="per-block", scale_block=0), r"^`scale_block` must be >= 1"),
+    (dict(epilogue=("bias", "swish")), r"^`epilogue`: unknown epilogue 'swish'"),
 ])
 def test_bad_input_is_one_line(v5e, kwargs, match):
     args = dict(m=8, n=128, k=128, chip=v5e) | kwargs

@@ -63,22 +63,22 @@ def test_capacity_tensor_parallel_shards_both(v5e):
 
 
 @pytest.mark.parametrize("fn,kwargs,match", [
-    (kv_cache_update, dict(num_tokens=0, kv_heads=8, head_dim=128, page_size=16), r"^--num-tokens must be >= 1"),
+    (kv_cache_update, dict(num_tokens=0, kv_heads=8, head_dim=128, page_size=16), r"^`num_tokens` must be >= 1"),
     (kv_cache_update, dict(num_tokens=4, kv_heads=8, head_dim=128, page_size=16, kv_scale="per-page",
-                           kv_dtype="int8"), r"^--kv-scale: got 'per-page'"),
+                           kv_dtype="int8"), r"^`kv_scale`: got 'per-page'"),
     (kv_cache_update, dict(num_tokens=4, kv_heads=8, head_dim=128, page_size=16, kv_scale="per-token"),
-     r"^--kv-scale per-token: a bf16 KV cache has no scales"),
-    (kv_gather, dict(context_lens=[4, -1], kv_heads=8, head_dim=128, page_size=16), r"^--context-lens must be >= 1"),
-    (kv_capacity, dict(weight_bytes=1e9, kv_bytes_per_token=0), r"^--kv-bytes-per-token must be > 0"),
-    (kv_capacity, dict(weight_bytes=-1, kv_bytes_per_token=10), r"^--weight-bytes must be >= 0"),
-    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, hbm_utilization=1.5), r"^--hbm-utilization must be"),
+     r"^`kv_scale` per-token: a bf16 KV cache has no scales"),
+    (kv_gather, dict(context_lens=[4, -1], kv_heads=8, head_dim=128, page_size=16), r"^`context_lens` must be >= 1"),
+    (kv_capacity, dict(weight_bytes=1e9, kv_bytes_per_token=0), r"^`kv_bytes_per_token` must be > 0"),
+    (kv_capacity, dict(weight_bytes=-1, kv_bytes_per_token=10), r"^`weight_bytes` must be >= 0"),
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, hbm_utilization=1.5), r"^`hbm_utilization` must be"),
     (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, reserved_bytes=-1),
-     r"^--reserved-bytes must be >= 0 \(bytes kept free per chip\), got -1$"),
+     r"^`reserved_bytes` must be >= 0 \(bytes kept free per chip\), got -1$"),
     (kv_capacity, dict(weight_bytes=float("nan"), kv_bytes_per_token=10),
-     r"^--weight-bytes must be a finite number of bytes, got nan$"),
-    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=float("inf")), r"^--kv-bytes-per-token must be a finite"),
+     r"^`weight_bytes` must be a finite number of bytes, got nan$"),
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=float("inf")), r"^`kv_bytes_per_token` must be a finite"),
     # the CLI flag for the sequence length is --context
-    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, context_len=0), r"^--context must be >= 1, got 0$"),
+    (kv_capacity, dict(weight_bytes=1, kv_bytes_per_token=10, context_len=0), r"^`context` must be >= 1, got 0$"),
 ])
 def test_bad_input(v5e, fn, kwargs, match):
     with pytest.raises(InputError, match=match):
@@ -86,8 +86,8 @@ def test_bad_input(v5e, fn, kwargs, match):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(kv_scale="per-token"), r"^--kv-scale per-token: a bf16 KV cache has no scales"),
-    (dict(kv_scale="per-page", kv_dtype="int8"), r"^--kv-scale: got 'per-page'"),
+    (dict(kv_scale="per-token"), r"^`kv_scale` per-token: a bf16 KV cache has no scales"),
+    (dict(kv_scale="per-page", kv_dtype="int8"), r"^`kv_scale`: got 'per-page'"),
 ])
 def test_kv_bytes_per_token_bad_scale(kwargs, match):
     with pytest.raises(InputError, match=match):

@@ -59,15 +59,15 @@ def test_projection_is_a_part(v5e):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(top_k=0), r"^--top-k must be >= 1, got 0$"),
-    (dict(top_k=40000), r"^--top-k 40000 exceeds --vocab 32000"),
-    (dict(top_p=0.0), r"^--top-p must be in \(0, 1\], got 0.0$"),
-    (dict(top_p=1.5), r"^--top-p must be in \(0, 1\]"),
-    (dict(min_p=1.0), r"^--min-p must be in \[0, 1\), got 1.0$"),
-    (dict(method="heap"), r"^--method: got 'heap'; use one of threshold, sort$"),
-    (dict(vocab=0), r"^--vocab must be >= 1"),
-    (dict(dtype="fp64"), r"^--dtype: unknown dtype 'fp64'"),
-    (dict(passes=0, top_p=0.9), r"^--passes must be >= 1"),
+    (dict(top_k=0), r"^`top_k` must be >= 1, got 0$"),
+    (dict(top_k=40000), r"^`top_k` 40000 exceeds `vocab` 32000"),
+    (dict(top_p=0.0), r"^`top_p` must be in \(0, 1\], got 0.0$"),
+    (dict(top_p=1.5), r"^`top_p` must be in \(0, 1\]"),
+    (dict(min_p=1.0), r"^`min_p` must be in \[0, 1\), got 1.0$"),
+    (dict(method="heap"), r"^`method`: got 'heap'; use one of threshold, sort$"),
+    (dict(vocab=0), r"^`vocab` must be >= 1"),
+    (dict(dtype="fp64"), r"^`dtype`: unknown dtype 'fp64'"),
+    (dict(passes=0, top_p=0.9), r"^`passes` must be >= 1"),
 ])
 def test_bad_input(v5e, kwargs, match):
     args = dict(batch=4, vocab=32000, chip=v5e) | kwargs

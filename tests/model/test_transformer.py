@@ -144,8 +144,8 @@ def test_tp_beyond_kv_heads_replicates_kv():
 
 
 @pytest.mark.parametrize(("tp", "message"), [
-    (3, r"--tp 3 must divide llama-3.1-8b's 32 query heads"),
-    (0, r"--tp must be a whole number >= 1, got 0"),
+    (3, r"`tp` 3 must divide llama-3.1-8b's 32 query heads"),
+    (0, r"`tp` must be a whole number >= 1, got 0"),
 ])
 def test_tp_errors(tp, message):
     with pytest.raises(InputError, match=message):
@@ -156,7 +156,7 @@ def test_tp_kv_heads_that_neither_split_nor_replicate(tmp_path):
     f = tmp_path / "config.json"
     f.write_text(json.dumps({"hidden_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 48,
                              "num_key_value_heads": 12, "intermediate_size": 4096, "vocab_size": 1000}))
-    with pytest.raises(InputError, match=r"--tp 8: .*12 KV heads neither split over nor replicate evenly"):
+    with pytest.raises(InputError, match=r"`tp` 8: .*12 KV heads neither split over nor replicate evenly"):
         predict_step(load_hf_config(f), make_step(tp=8), V5E)
 
 
@@ -306,17 +306,17 @@ def test_faster_hbm_never_slows_a_step():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(phase="train"), r"--phase: got 'train'; use prefill or decode"),
-    (dict(batch=0), r"--batch must be a whole number >= 1, got 0"),
-    (dict(batch=2.5), r"--batch must be a whole number >= 1, got 2.5"),
-    (dict(context=0), r"--context must be a whole number >= 1, got 0"),
-    (dict(prefill_len=128), r"--prefill-len applies to --phase prefill"),
-    (dict(phase="prefill", prefill_len=0), r"--prefill-len must be a whole number >= 1, got 0"),
-    (dict(phase="prefill", context=-1), r"--context must be >= 0 for prefill"),
-    (dict(page_size=0), r"--page-size must be a whole number >= 1, got 0"),
-    (dict(weight_dtype="int3"), r"--weight-dtype: unknown dtype 'int3'"),
-    (dict(act_dtype="bf17"), r"--act-dtype: unknown dtype 'bf17'"),
-    (dict(kv_dtype="q4"), r"--kv-dtype: unknown dtype 'q4'"),
+    (dict(phase="train"), r"`phase`: got 'train'; use prefill or decode"),
+    (dict(batch=0), r"`batch` must be a whole number >= 1, got 0"),
+    (dict(batch=2.5), r"`batch` must be a whole number >= 1, got 2.5"),
+    (dict(context=0), r"`context` must be a whole number >= 1, got 0"),
+    (dict(prefill_len=128), r"`prefill_len` applies to `phase` prefill"),
+    (dict(phase="prefill", prefill_len=0), r"`prefill_len` must be a whole number >= 1, got 0"),
+    (dict(phase="prefill", context=-1), r"`context` must be >= 0 for prefill"),
+    (dict(page_size=0), r"`page_size` must be a whole number >= 1, got 0"),
+    (dict(weight_dtype="int3"), r"`weight_dtype`: unknown dtype 'int3'"),
+    (dict(act_dtype="bf17"), r"`act_dtype`: unknown dtype 'bf17'"),
+    (dict(kv_dtype="q4"), r"`kv_dtype`: unknown dtype 'q4'"),
 ])
 def test_make_step_errors(kw, message):
     with pytest.raises(InputError, match=message):
@@ -324,7 +324,7 @@ def test_make_step_errors(kw, message):
 
 
 def test_bad_hbm_utilization():
-    with pytest.raises(InputError, match=r"--hbm-utilization must be in \(0, 1\], got 1.5"):
+    with pytest.raises(InputError, match=r"`hbm_utilization` must be in \(0, 1\], got 1.5"):
         tf.memory_fit(get_model("llama-3.1-8b"), make_step(), V5E, hbm_utilization=1.5)
 
 
@@ -383,11 +383,11 @@ def test_context_lens_on_window_and_mla_models():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    (dict(phase="prefill", context_lens=[4, 5]), r"--context-lens / --context-dist apply to --phase decode"),
-    (dict(context=5, context_lens=[4, 5]), r"give --context or --context-lens / --context-dist, not both"),
-    (dict(batch=3, context_lens=[4, 5]), r"--batch 3 disagrees with the 2 --context-lens given"),
-    (dict(context_lens=[4, 0]), r"--context-lens: give whole numbers >= 1"),
-    (dict(context_lens=[]), r"--context-lens: give whole numbers >= 1"),
+    (dict(phase="prefill", context_lens=[4, 5]), r"`context_lens` / `context_dist` apply to `phase` decode"),
+    (dict(context=5, context_lens=[4, 5]), r"give `context` or `context_lens` / `context_dist`, not both"),
+    (dict(batch=3, context_lens=[4, 5]), r"`batch` 3 disagrees with the 2 `context_lens` given"),
+    (dict(context_lens=[4, 0]), r"`context_lens`: give whole numbers >= 1"),
+    (dict(context_lens=[]), r"`context_lens`: give whole numbers >= 1"),
 ])
 def test_context_lens_errors(kw, message):
     with pytest.raises(InputError, match=message):
