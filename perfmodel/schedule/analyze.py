@@ -6,6 +6,11 @@ and write-backs (:mod:`.pipeline`), count the body's work per step
 (:mod:`.body`), size its VMEM (:mod:`.vmem`) and time it (:mod:`.timing`),
 next to the op floor of the same work with every byte moved once
 (:func:`perfmodel.model.core.evaluate`).
+
+All of it works on numpy arrays over the steps. A grid that repeats one
+period per index of its leading dimensions (batch, heads, a matmul's row
+blocks; see :class:`.pipeline.Traversal`) is evaluated on each TensorCore's
+first, one middle and last period only, which stand for all of them exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from perfmodel.schedule import pipeline as pl_sim
 from perfmodel.schedule.body import WorkCounter, count_body_work
 from perfmodel.schedule.extract import PallasCall, find_pallas_calls, trace
 from perfmodel.schedule.xla_ops import xla_ops
-from perfmodel.schedule.indexmaps import block_indices, grid_points
+from perfmodel.schedule.indexmaps import block_indices, grid_points, periodic_leading_dims
 from perfmodel.schedule.results import (
     Analysis,
     BodyWork,
@@ -100,14 +105,14 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
             f"pallas_call {call.name}: grid {tuple(call.grid)} has an empty dimension, so the kernel runs no step; "
             "a block is probably larger than its array (e.g. JAX's matmul needs blocks that divide the shape)"
         )
-    points = grid_points(call.grid) if order is None else np.asarray(order, dtype=np.int32).reshape(-1, len(call.grid))
-    n = points.shape[0]
     ncores = cores_for(call, chip) if cores is None else cores
-    seg = pl_sim.split_over_cores(call.grid, call.dimension_semantics, ncores) if order is None else pl_sim.single_segment(n)
+    trav, per_period = _traversal(call, order, ncores, keep_step_times)
+    points, seg = trav.points, trav.seg
+    n = points.shape[0]  # steps evaluated; trav.steps of the whole grid
     if ncores > 1 and seg.cores > 1:
         notes.append(f"grid split over {seg.cores} TensorCores along its leading parallel dimension(s) (megacore)")
 
-    operands, fetch, wb = _operand_traffic(call, chip, points, seg, notes)
+    operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes)
     counter = count_body_work(call.body, chip, call.grid, points, call.prefetch_values)
     notes.extend(counter.notes)
     manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
@@ -126,9 +131,9 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
     work = StepWork(mxu_issued_flops=counter.issued, vpu_ops=counter.vpu, eup_ops=counter.eup,
                     manual_dma_bytes=counter.dma)
     prefetch_bytes = sum(int(np.asarray(v).nbytes) for v in call.prefetch_values if v is not None)
-    pt = pipeline_time(work, dma, seg, core_rates(chip), n, extra_prologue_bytes=prefetch_bytes)
+    pt = pipeline_time(work, dma, seg, core_rates(chip), n, extra_prologue_bytes=prefetch_bytes, mult=trav.mult)
 
-    floor = _op_floor(call, chip, counter, operands, prefetch_bytes, ncores)
+    floor = _op_floor(call, chip, counter, operands, prefetch_bytes, ncores, trav)
     dispatch = DEFAULT_HOST_DISPATCH.seconds if host_dispatch_s is None else host_dispatch_s
     limiter = max(pt.steps_limited_by, key=pt.steps_limited_by.get)
     time = TimeEstimate(
@@ -136,8 +141,8 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         prologue_s=float(pt.prologue_s[pt.slowest_core]),
         steps_s=float(pt.steps_s[pt.slowest_core]),
         epilogue_s=float(pt.epilogue_s[pt.slowest_core]),
-        mean_step_compute_s=float(pt.compute_s.mean()) if n else 0.0,
-        mean_step_dma_s=float(pt.dma_s.mean()) if n else 0.0,
+        mean_step_compute_s=trav.total(pt.compute_s) / trav.steps if n else 0.0,
+        mean_step_dma_s=trav.total(pt.dma_s) / trav.steps if n else 0.0,
         step_overhead_s=pt.overhead_s,
         steps_limited_by=pt.steps_limited_by,
         limiter=limiter,
@@ -153,21 +158,22 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
             f"~{dispatch * 1e6:.0f} us host dispatch of one call; a wall-clock timing of a single call measures "
             "mostly dispatch"
         )
-    issued_total = float(sum(np.sum(np.broadcast_to(v, (n,))) for v in counter.issued.values()))
+    steps_total = trav.steps
+    issued_total = float(sum(trav.total(v) for v in counter.issued.values()))
     body = BodyWork(
-        mxu_useful_flops=_total(counter.useful, n),
+        mxu_useful_flops=trav.total(counter.useful),
         mxu_issued_flops=issued_total,
         mxu_dtype=_dominant_key(counter, n),
-        vpu_ops=_total(counter.vpu, n),
-        eup_ops=_total(counter.eup, n),
-        manual_dma_read_bytes=_total(counter.dma_read, n),
-        manual_dma_write_bytes=_total(counter.dma_write, n),
+        vpu_ops=trav.total(counter.vpu),
+        eup_ops=trav.total(counter.eup),
+        manual_dma_read_bytes=trav.total(counter.dma_read),
+        manual_dma_write_bytes=trav.total(counter.dma_write),
         dot_generals=counter.dots,
-        mean_step_mxu_issued_flops=issued_total / n if n else 0.0,
-        mean_step_vpu_ops=_total(counter.vpu, n) / n if n else 0.0,
-        mean_step_eup_ops=_total(counter.eup, n) / n if n else 0.0,
+        mean_step_mxu_issued_flops=issued_total / steps_total if n else 0.0,
+        mean_step_vpu_ops=trav.total(counter.vpu) / steps_total if n else 0.0,
+        mean_step_eup_ops=trav.total(counter.eup) / steps_total if n else 0.0,
     )
-    unpadded_total = sum(_total(v, n) for v in counter.unpadded.values())
+    unpadded_total = sum(trav.total(v) for v in counter.unpadded.values())
     waste = 1 - unpadded_total / issued_total if issued_total else 0.0
     if waste > 0.01:
         notes.append(f"MXU padding: {waste:.0%} of issued MXU FLOPs pad dot_generals to the {chip.cores.mxu_dim}-wide MXU")
@@ -178,7 +184,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         chip=chip.name,
         grid=call.grid,
         dimension_semantics=call.dimension_semantics,
-        steps=n,
+        steps=trav.steps,
         cores_used=seg.cores,
         manual_dma=bool(manual),
         num_scalar_prefetch=call.num_scalar_prefetch,
@@ -193,8 +199,25 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
     )
 
 
-def _total(x: Any, n: int) -> float:
-    return float(np.sum(np.broadcast_to(np.asarray(x, dtype=float), (n,))))
+#: Evaluate periodic grids on their representative periods (see pipeline.Traversal); False: every step.
+COMPRESS_PERIODIC_GRIDS = True
+
+
+def _traversal(call: PallasCall, order: np.ndarray | None, ncores: int,
+               keep_step_times: bool) -> tuple[pl_sim.Traversal, list[bool | None]]:
+    """The steps to evaluate (every step, or each core's representative periods of a periodic grid) and,
+    per block, whether its windows follow the periodic dimensions."""
+    if order is not None:
+        points = np.asarray(order, dtype=np.int32).reshape(-1, len(call.grid))
+        return pl_sim.full_traversal(points, pl_sim.single_segment(points.shape[0])), [False] * len(call.blocks)
+    if COMPRESS_PERIODIC_GRIDS and not keep_step_times:
+        leading, flags = periodic_leading_dims(call)
+        trav = pl_sim.periodic_traversal(call.grid, call.dimension_semantics, ncores, leading) if leading else None
+        if trav is not None:
+            return trav, flags
+    points = grid_points(call.grid)
+    seg = pl_sim.split_over_cores(call.grid, call.dimension_semantics, ncores)
+    return pl_sim.full_traversal(points, seg), [False] * len(call.blocks)
 
 
 def _dominant_key(counter: WorkCounter, n: int) -> str:
@@ -203,13 +226,14 @@ def _dominant_key(counter: WorkCounter, n: int) -> str:
     return next(iter(counter.issued)) if len(counter.issued) == 1 else "mixed"
 
 
-def _operand_traffic(call: PallasCall, chip: ChipSpec, points: np.ndarray, seg: pl_sim.Segments,
+def _operand_traffic(call: PallasCall, chip: ChipSpec, trav: pl_sim.Traversal, per_period: Sequence[bool | None],
                      notes: list[str]) -> tuple[list[OperandTraffic], np.ndarray, np.ndarray]:
+    points, seg = trav.points, trav.seg
     n = points.shape[0]
     fetch = np.zeros(n)
     wb = np.zeros(n)
     out: list[OperandTraffic] = []
-    for b in call.blocks:
+    for b, follows in zip(call.blocks, per_period):
         approx = {k for k in b.block_kinds if k in ("bounded_slice", "indirect")}
         if approx:
             notes.append(f"operand '{b.name}' uses {', '.join(sorted(approx))} block dimensions; "
@@ -225,7 +249,8 @@ def _operand_traffic(call: PallasCall, chip: ChipSpec, points: np.ndarray, seg: 
             continue
         idx = block_indices(call, b, points)
         t = pl_sim.simulate_block(idx, role=b.role, block_shape=b.block_shape, block_kinds=b.block_kinds,
-                                  array_shape=b.array_shape, itemsize_bytes=b.itemsize_bytes, seg=seg)
+                                  array_shape=b.array_shape, itemsize_bytes=b.itemsize_bytes, seg=seg,
+                                  traversal=trav, per_period=bool(follows))
         if b.role == "input":
             fetch += t.step_bytes
         else:
@@ -302,22 +327,22 @@ def _vmem_note(v: VmemUsage) -> str:
 
 
 def _op_floor(call: PallasCall, chip: ChipSpec, counter: WorkCounter, operands: Sequence[OperandTraffic],
-              prefetch_bytes: int, cores_used: int) -> tuple[float, str]:
+              prefetch_bytes: int, cores_used: int, trav: pl_sim.Traversal) -> tuple[float, str]:
     """Roofline floor of the same work with each byte moved once and no MXU padding, on the cores used.
 
     On chips whose JAX device is one of several TensorCores (cores_used <
     cores_per_chip), the chip-wide floor is scaled up accordingly.
     """
-    n = call.steps
-    reads = ideal_bytes(operands, _total(counter.dma_read, n), "input") + prefetch_bytes
-    writes = ideal_bytes(operands, _total(counter.dma_write, n), "output")
-    useful = _total(counter.useful, n)
-    unpadded = {k: _total(v, n) for k, v in counter.unpadded.items()} or {_default_key(chip): 0.0}
+    tot = trav.total
+    reads = ideal_bytes(operands, tot(counter.dma_read), "input") + prefetch_bytes
+    writes = ideal_bytes(operands, tot(counter.dma_write), "output")
+    useful = tot(counter.useful)
+    unpadded = {k: tot(v) for k, v in counter.unpadded.items()} or {_default_key(chip): 0.0}
     total = sum(unpadded.values())
     parts = []
     for i, (key, flops) in enumerate(unpadded.items()):
         share = flops / total if total else 1.0
-        extra = dict(vpu_ops=_total(counter.vpu, n), eup_ops=_total(counter.eup, n),
+        extra = dict(vpu_ops=tot(counter.vpu), eup_ops=tot(counter.eup),
                      hbm_read_bytes=reads, hbm_write_bytes=writes) if i == 0 else {}
         parts.append(OpCost(name=f"{call.name}:{key}", mxu_flops=flops, useful_flops=useful * share, mxu_dtype=key,
                             **extra))

@@ -96,3 +96,82 @@ def _evaluate_with_jax(block: BlockMapping, call: PallasCall, points: np.ndarray
     with jax.default_device(cpu):
         outs = jax.jit(jax.vmap(one, in_axes=(0,) + (None,) * len(prefetch)))(jnp.asarray(points), *prefetch)
     return [np.asarray(o) for o in outs]
+
+
+def program_id_axes(jaxpr: Any) -> set[int]:
+    """Grid axes whose ``program_id`` a kernel body reads, anywhere in it."""
+    from jax.extend.core import jaxprs_in_params
+
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    axes: set[int] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "program_id":
+            axes.add(int(eqn.params["axis"]))
+        for sub in jaxprs_in_params(eqn.params):
+            axes |= program_id_axes(sub)
+    return axes
+
+
+def _grid_index_roles(index_map: Any, ndim: int) -> list[Any]:
+    """For each grid index of an index map: ("identity", c) when it is output component c and used for nothing
+    else, "unused" when the map ignores it, "used" otherwise."""
+    from jax.extend.core import Var
+
+    jaxpr = index_map.jaxpr
+    used = {v for eqn in jaxpr.eqns for v in eqn.invars if isinstance(v, Var)}
+    roles: list[Any] = []
+    for d in range(ndim):
+        v = jaxpr.invars[d]
+        at = [c for c, o in enumerate(jaxpr.outvars) if o is v]
+        if v in used or len(at) > 1:
+            roles.append("used")
+        elif at:
+            roles.append(("identity", at[0]))
+        else:
+            roles.append("unused")
+    return roles
+
+
+def _full_windows(block: BlockMapping, roles: Sequence[Any], grid: Sequence[int]) -> bool:
+    """Whether every window along the components that follow grid indices lies inside the array."""
+    for d, role in enumerate(roles):
+        c = role[1]
+        kind, size, dim, g = block.block_kinds[c], int(block.block_shape[c]), int(block.array_shape[c]), int(grid[d])
+        if kind == "blocked":
+            if g * size > dim:
+                return False
+        elif kind in ("squeezed", "element"):
+            if g - 1 + size > dim:
+                return False
+        else:
+            return False
+    return True
+
+
+def periodic_leading_dims(call: PallasCall) -> tuple[int, list[bool | None]]:
+    """The most leading grid dimensions over which the traversal is periodic (see
+    :class:`perfmodel.schedule.pipeline.Traversal`), and per block whether its windows follow them (True:
+    each of those grid indices is one of its block-index components, every window inside the array) or
+    ignore them (False); None for blocks left in HBM. (0, []) when not even the first dimension is.
+
+    The body must not read their program ids, and each pipelined block's index map must use each of them
+    only as an output component (identity) or not at all, the same for all of them.
+    """
+    ndim = len(call.grid)
+    axes = program_id_axes(call.body)
+    limit = min([ndim] + [a for a in axes])
+    roles = [_grid_index_roles(b.index_map, ndim) if b.pipelined else None for b in call.blocks]
+    for m in range(limit, 0, -1):
+        flags: list[bool | None] = []
+        for b, r in zip(call.blocks, roles):
+            if r is None:
+                flags.append(None)
+            elif all(x == "unused" for x in r[:m]):
+                flags.append(False)
+            elif all(isinstance(x, tuple) for x in r[:m]) and _full_windows(b, r[:m], call.grid):
+                flags.append(True)
+            else:
+                break
+        else:
+            return m, flags
+    return 0, []

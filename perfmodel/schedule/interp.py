@@ -552,13 +552,16 @@ class Interpreter:
     """
 
     def __init__(self, n: int, grid: Sequence[int] = (), grid_ids: Sequence[np.ndarray] = (), hook: Hook | None = None,
-                 *, groups: np.ndarray | None = None, expand: bool | None = None):
+                 *, groups: np.ndarray | None = None, ngroups: int | None = None, expand: bool | None = None):
         self.n = n
         self.grid = tuple(grid)
         self.grid_ids = tuple(np.asarray(g).reshape(-1) for g in grid_ids)
         self.hook = hook or _NULL_HOOK
         self.groups = groups
-        self.ngroups = int(groups.max()) + 1 if groups is not None and groups.shape[0] else 0
+        if ngroups is None:
+            ngroups = int(groups.max()) + 1 if groups is not None and groups.shape[0] else 0
+        #: An upper bound of the group ids (ids need not all occur).
+        self.ngroups = ngroups
         self.expand = EXPAND_LOOPS if expand is None else expand
 
     @property
@@ -790,7 +793,7 @@ class Interpreter:
             children = []
             for br in branches:
                 child = Interpreter(self.n, self.grid, self.grid_ids, self.hook.child(), groups=self.groups,
-                                    expand=self.expand)
+                                    ngroups=self.ngroups, expand=self.expand)
                 child.run_closed(br, _copy_refs(operands), weight, needed)
                 children.append(child.hook)
             if not quiet:
@@ -933,12 +936,16 @@ class Interpreter:
     def _counter_loop(self, cond_j: Any, body_j: Any, cconsts: list, bconsts: list, carry: list,
                       carries: Sequence[bool], record: bool) -> tuple[Any, Any, Any] | None:
         """:meth:`_simulate_while` in closed form for a counting loop (``fori_loop`` with traced bounds):
-        the condition is ``i < u``, the body adds 1 to ``i`` and leaves every other simulated carry as it
-        is. None when the loop is not of that form (or a bound is unknown)."""
+        the condition is ``i < u``, the body adds 1 to ``i`` and maps every other simulated carry ``x`` to
+        itself or to ``+-x + b`` (e.g. a double buffer's ``slot = 1 - slot``). None when the loop is not of
+        that form (or a bound is unknown)."""
         form = _counter_form(cond_j, body_j, carries)
         if form is None:
             return None
-        k_i, bound = form
+        k_i, bound, updates = form
+        if any(_is_unknown(carry[j]) or isinstance(carry[j], RefValue) or not _int_like(np.asarray(carry[j]).dtype)
+               for j in updates):
+            return None
         i0 = carry[k_i]
         kind, where = bound
         u0 = carry[where] if kind == "carry" else cconsts[where] if kind == "const" else where
@@ -956,8 +963,9 @@ class Interpreter:
             return trips, carry, None
         final = []
         for j, c in enumerate(carry):
-            if j == k_i:
-                final.append((i0 + trips).astype(i0.dtype))
+            if j in updates:
+                x0 = np.broadcast_to(np.asarray(c).reshape(-1), (lanes,))
+                final.append(_affine_at(x0, trips, *updates[j]))
             elif isinstance(c, np.ndarray):
                 final.append(np.broadcast_to(c, (lanes,) + c.shape[1:]).copy())  # as merged per iteration
             else:
@@ -967,15 +975,13 @@ class Interpreter:
         if record and total <= MAX_EXPANDED_LANES:
             n = self.n
             per = np.broadcast_to(trips, (n,)) if lanes == 1 else trips
-            lane = np.repeat(np.arange(per.shape[0], dtype=np.int64), per)
-            starts = np.cumsum(per) - per
-            it = np.arange(lane.shape[0], dtype=np.int64) - np.repeat(starts, per)
-            order = np.lexsort((lane, it))  # iteration-major, as the per-iteration history is
-            lane, it = lane[order], it[order]
+            # (iteration, lane) pairs that run, iteration-major and lanes ascending, as the history is.
+            it, lane = np.nonzero(np.arange(t_max, dtype=np.int64)[:, None] < per[None, :])
             values = []
             for j, c in enumerate(carry):
-                if j == k_i:
-                    values.append((np.broadcast_to(i0, (n,))[lane] + it).astype(i0.dtype))
+                if j in updates:
+                    x0 = np.broadcast_to(np.asarray(c).reshape(-1), (n,))[lane]
+                    values.append(_affine_at(x0, it, *updates[j]))
                 elif isinstance(c, np.ndarray):
                     values.append(np.broadcast_to(c, (n,) + c.shape[1:])[lane])
                 else:
@@ -1020,8 +1026,14 @@ class Interpreter:
         lanes = expansion.lanes
         ids = [np.broadcast_to(g, (n,))[lanes] for g in self.grid_ids]
         parent = self.groups[lanes] if self.groups is not None else np.zeros(lanes.shape[0], dtype=np.int64)
-        groups = np.unique(parent * expansion.niter + expansion.iters, return_inverse=True)[1].reshape(-1)
-        child = Interpreter(int(lanes.shape[0]), self.grid, ids, self.hook.child(), groups=groups, expand=self.expand)
+        # Group = (parent group, iteration): the lanes one per-iteration pass would have seen together.
+        ngroups = max(self.ngroups, 1) * expansion.niter
+        groups = parent * expansion.niter + expansion.iters
+        if ngroups > MAX_EXPANDED_LANES:  # keep the per-group sums small: renumber the groups that occur
+            groups = np.unique(groups, return_inverse=True)[1].reshape(-1)
+            ngroups = int(groups.max()) + 1
+        child = Interpreter(int(lanes.shape[0]), self.grid, ids, self.hook.child(), groups=groups, ngroups=ngroups,
+                            expand=self.expand)
         w = _gather(np.broadcast_to(np.asarray(weight, dtype=float), (n,)), lanes, n) if n > 1 else weight
         child.run_closed(body, [_gather(c, lanes, n) for c in consts] + list(expansion.carries) + list(extra), w)
         self.hook.fold(child.hook, lanes, n)
@@ -1108,9 +1120,10 @@ def _int_like(dtype: Any) -> bool:
     return np.dtype(dtype).kind in "biu"
 
 
-def _counter_form(cond_j: Any, body_j: Any, carries: Sequence[bool]) -> tuple[int, tuple[str, Any]] | None:
-    """(counter carry, bound) when a while loop is ``while i < u: i += 1`` with every other simulated
-    carry unchanged; the bound is ("carry", index), ("const", index into the cond consts) or
+def _counter_form(cond_j: Any, body_j: Any, carries: Sequence[bool]) -> tuple[int, tuple[str, Any], dict] | None:
+    """(counter carry, bound, updates) when a while loop is ``while i < u: i += 1`` with every other
+    simulated carry unchanged or stepped by ``x -> a * x + b`` (a = +-1; ``updates``: carry -> (a, b), the
+    counter's (1, 1) included); the bound is ("carry", index), ("const", index into the cond consts) or
     ("literal", value). None otherwise."""
     cond, body = _open(cond_j), _open(body_j)
     memo = _CACHE.get(body)
@@ -1123,7 +1136,7 @@ def _counter_form(cond_j: Any, body_j: Any, carries: Sequence[bool]) -> tuple[in
     return result
 
 
-def _find_counter_form(cond: Any, body: Any, carries: tuple[bool, ...]) -> tuple[int, tuple[str, Any]] | None:
+def _find_counter_form(cond: Any, body: Any, carries: tuple[bool, ...]) -> tuple[int, tuple[str, Any], dict] | None:
     Literal, Var = _jax_types()
     ncarry = len(body.outvars)
     cn = len(cond.invars) - ncarry
@@ -1150,19 +1163,74 @@ def _find_counter_form(cond: Any, body: Any, carries: tuple[bool, ...]) -> tuple
         return None
     bs = slice_jaxpr(body, carries, False)
     bin_ = list(body.invars[bn:])
+    # Each simulated carry comes out unchanged or as a * itself + b (a = +-1, b an integer literal), each
+    # from one equation of the slice; the counter as itself + 1.
+    defined = {e.outvars[0]: e for e, _ in bs.eqns if len(e.outvars) == 1}
+    if len(defined) != len(bs.eqns):
+        return None
+    updates: dict[int, tuple[int, int]] = {}
+    used = set()
     for j, nd in enumerate(carries):
-        if nd and j != k_i and body.outvars[j] is not bin_[j]:
-            return None  # another simulated carry changes
-    if len(bs.eqns) != 1:
+        if not nd:
+            continue
+        out = body.outvars[j]
+        if out is bin_[j]:
+            if j == k_i:
+                return None
+            continue
+        eqn = defined.get(out)
+        step = _affine_step(eqn, bin_[j], Literal) if eqn is not None else None
+        if step is None:
+            return None
+        updates[j] = step
+        used.add(out)
+    if len(used) != len(bs.eqns) or updates.get(k_i) != (1, 1):
         return None
-    add, _ = bs.eqns[0]
-    if add.primitive.name != "add" or add.outvars[0] is not body.outvars[k_i]:
+    if bound[0] == "carry" and bound[1] in updates:
+        return None  # the bound moves
+    return k_i, bound, updates
+
+
+def _affine_step(eqn: Any, x: Any, Literal: Any) -> tuple[int, int] | None:
+    """(a, b) when ``eqn`` computes a * x + b with a = +-1 and b an integer literal (add / sub)."""
+    name = eqn.primitive.name
+    if name not in ("add", "sub") or len(eqn.invars) != 2:
         return None
-    x, y = add.invars
-    one = y if x is bin_[k_i] else x if y is bin_[k_i] else None
-    if one is None or not isinstance(one, Literal) or np.asarray(one.val).shape != () or int(one.val) != 1:
+    p, q = eqn.invars
+    try:
+        dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    except TypeError:
         return None
-    return k_i, bound
+    if dtype.kind not in "iu" or np.dtype(getattr(x.aval, "dtype", dtype)) != dtype or tuple(x.aval.shape) != ():
+        return None
+
+    def lit(v: Any) -> int | None:
+        if not isinstance(v, Literal):
+            return None
+        arr = np.asarray(v.val)
+        return int(arr) if arr.shape == () and arr.dtype.kind in "iub" else None
+
+    if name == "add":
+        if p is x and lit(q) is not None:
+            return 1, lit(q)
+        if q is x and lit(p) is not None:
+            return 1, lit(p)
+        return None
+    if p is x and lit(q) is not None:
+        return 1, -lit(q)
+    if q is x and lit(p) is not None:
+        return -1, lit(p)
+    return None
+
+
+def _affine_at(x0: np.ndarray, k: np.ndarray, a: int, b: int) -> np.ndarray:
+    """a * x + b applied k times to x0 (a = +-1), in x0's integer dtype (wrapping like the loop would)."""
+    x = x0.astype(np.int64)
+    if a == 1:
+        out = x + k * b
+    else:
+        out = np.where(k % 2 == 0, x, b - x)
+    return out.astype(x0.dtype)
 
 
 _HANDLERS: dict[str, Callable[..., list[Any]]] = {

@@ -63,6 +63,99 @@ def split_over_cores(grid: Sequence[int], semantics: Sequence[str], cores: int) 
     return Segments(starts=starts, ends=ends, core=core, cores=int(core.max()) + 1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Traversal:
+    """The steps the model evaluates, standing for the whole traversal.
+
+    A grid whose leading dimensions only pick *which* blocks a step works on (the body never reads their
+    program ids, and every operand's block index either equals each of them or ignores all of them) repeats
+    one *period* (the steps of the remaining dimensions) per leading index: every period of a TensorCore's
+    sequence other than its first and last moves the same bytes and does the same work at the same steps.
+    Such a traversal is evaluated on each core's first, one middle and last period; ``mult`` says how many
+    steps of the full traversal each evaluated step stands for.
+    """
+
+    #: ``(n, ndim)`` grid points of the evaluated steps, in traversal order.
+    points: np.ndarray
+    seg: Segments
+    #: Full-traversal steps each evaluated step stands for (None: the traversal is complete).
+    mult: np.ndarray | None = None
+    #: Evaluated period of each step (None: the traversal is complete).
+    period: np.ndarray | None = None
+    #: Steps of the full traversal.
+    steps: int
+
+    def total(self, x: "np.ndarray | float") -> float:
+        """Sum over the full traversal of a per-step value (an ``(n,)`` array or a scalar per step)."""
+        n = self.points.shape[0]
+        arr = np.broadcast_to(np.asarray(x, dtype=float), (n,))
+        return float(np.sum(arr if self.mult is None else arr * self.mult))
+
+    def count(self, mask: np.ndarray) -> int:
+        """Steps of the full traversal where ``mask`` (per evaluated step) holds."""
+        return int(np.count_nonzero(mask)) if self.mult is None else int(np.sum(self.mult[mask]))
+
+
+def full_traversal(points: np.ndarray, seg: Segments) -> Traversal:
+    return Traversal(points=points, seg=seg, steps=int(points.shape[0]))
+
+
+#: A periodic traversal is evaluated on its representative periods only when they are at most this share
+#: of its steps.
+PERIODIC_MAX_SHARE = 0.5
+
+
+def periodic_traversal(grid: Sequence[int], semantics: Sequence[str], cores: int, leading: int) -> Traversal | None:
+    """The representative periods of a traversal whose first ``leading`` grid dimensions are periodic (see
+    :class:`Traversal`), split over ``cores`` as :func:`split_over_cores` does; None when that saves little
+    or a core's share would end inside a period."""
+    from perfmodel.schedule.indexmaps import grid_points
+
+    grid = tuple(int(g) for g in grid)
+    n = int(np.prod(grid)) if grid else 1
+    if leading <= 0 or n == 0:
+        return None
+    periods = int(np.prod(grid[:leading]))
+    period = n // periods
+    parallel = 0
+    for s in semantics:
+        if "parallel" not in s:
+            break
+        parallel += 1
+    outer = int(np.prod(grid[:parallel])) if parallel else 1
+    if cores <= 1 or outer <= 1:
+        per_core = periods
+    else:
+        chunk = -(-outer // cores) * (n // outer)  # steps per core
+        if chunk % period:
+            return None
+        per_core = chunk // period
+    reps: list[tuple[int, int, int]] = []  # (period, multiplicity, core)
+    for core, k0 in enumerate(range(0, periods, per_core)):
+        k1 = min(k0 + per_core, periods)
+        if k1 - k0 <= 3:
+            reps += [(k, 1, core) for k in range(k0, k1)]
+        else:
+            reps += [(k0, 1, core), (k0 + 1, k1 - k0 - 2, core), (k1 - 1, 1, core)]
+    m = len(reps) * period
+    if m > PERIODIC_MAX_SHARE * n:
+        return None
+    inner = grid_points(grid[leading:]) if leading < len(grid) else np.zeros((1, 0), dtype=np.int32)
+    outer_idx = np.stack(np.unravel_index(np.array([k for k, _, _ in reps]), grid[:leading]), axis=1).astype(np.int32)
+    points = np.concatenate([np.concatenate([np.broadcast_to(o, (period, leading)), inner], axis=1)
+                             for o in outer_idx])
+    core = np.repeat(np.array([c for _, _, c in reps], dtype=np.int64), period)
+    starts = np.zeros(m, dtype=bool)
+    ends = np.zeros(m, dtype=bool)
+    starts[0] = True
+    starts[1:] = core[1:] != core[:-1]
+    ends[-1] = True
+    ends[:-1] = core[1:] != core[:-1]
+    return Traversal(points=points, seg=Segments(starts=starts, ends=ends, core=core, cores=int(core.max()) + 1),
+                     mult=np.repeat(np.array([w for _, w, _ in reps], dtype=np.int64), period),
+                     period=np.repeat(np.arange(len(reps), dtype=np.int64), period), steps=n)
+
+
 def single_segment(n: int) -> Segments:
     starts = np.zeros(n, dtype=bool)
     ends = np.zeros(n, dtype=bool)
@@ -175,10 +268,13 @@ class BlockTraffic:
 
 def simulate_block(indices: "np.ndarray | Columns", *, role: str, block_shape: Sequence[int],
                    block_kinds: Sequence[str], array_shape: Sequence[int], itemsize_bytes: int,
-                   seg: Segments) -> BlockTraffic:
+                   seg: Segments, traversal: Traversal | None = None, per_period: bool = False) -> BlockTraffic:
     """Fetches (inputs) or write-backs (outputs) of one pipelined operand over the traversal.
 
     ``indices``: the block indices at every step, as ``(n, ndim)`` or one ``(n,)`` column per dimension.
+    ``traversal``: when it evaluates representative periods only, the totals stand for the full traversal;
+    ``per_period``: the operand's windows differ from period to period (its block index follows the
+    periodic dimensions), else every period uses the same windows.
     """
     n = seg.starts.shape[0]
     cols = [np.broadcast_to(np.asarray(c), (n,)) for c in as_columns(indices)]
@@ -186,11 +282,25 @@ def simulate_block(indices: "np.ndarray | Columns", *, role: str, block_shape: S
     keys, space = window_keys(cols, n)
     moved = changed_from_previous(keys, seg) if role == "input" else changes_next(keys, seg)
     step_bytes = np.where(moved, nbytes, 0)
+    if traversal is None or traversal.mult is None:
+        return BlockTraffic(
+            step_bytes=step_bytes,
+            transfers=int(np.count_nonzero(moved)),
+            total_bytes=int(step_bytes.sum()),
+            ideal_bytes=distinct_window_bytes(keys, space, moved, nbytes),
+        )
+    if per_period:
+        ideal = 0
+        for p in range(int(traversal.period[-1]) + 1):
+            sel = traversal.period == p
+            ideal += int(traversal.mult[sel][0]) * distinct_window_bytes(keys[sel], space, moved[sel], nbytes[sel])
+    else:
+        ideal = distinct_window_bytes(keys, space, moved, nbytes)
     return BlockTraffic(
         step_bytes=step_bytes,
-        transfers=int(np.count_nonzero(moved)),
-        total_bytes=int(step_bytes.sum()),
-        ideal_bytes=distinct_window_bytes(keys, space, moved, nbytes),
+        transfers=traversal.count(moved),
+        total_bytes=int(np.sum(step_bytes * traversal.mult)),
+        ideal_bytes=ideal,
     )
 
 

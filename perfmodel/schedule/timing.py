@@ -101,8 +101,12 @@ class PipelineTime:
 
 
 def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRates, n: int,
-                  extra_prologue_bytes: float = 0.0) -> PipelineTime:
-    """Expected seconds of the grid: slowest core's prologue + sum of per-step maxima + epilogue."""
+                  extra_prologue_bytes: float = 0.0, mult: np.ndarray | None = None) -> PipelineTime:
+    """Expected seconds of the grid: slowest core's prologue + sum of per-step maxima + epilogue.
+
+    ``mult``: how many steps of the full grid each of the ``n`` steps stands for (a periodic grid evaluated
+    on representative periods, :class:`perfmodel.schedule.pipeline.Traversal`); the per-step arrays stay
+    those of the ``n`` steps."""
     mxu = np.zeros(n)
     for key, flops in work.mxu_issued_flops.items():
         mxu = mxu + np.broadcast_to(np.asarray(flops, dtype=float), (n,)) / rates.mxu_flops_per_s[key]
@@ -115,12 +119,13 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
     stacked = np.stack([compute, dma_s, np.full(n, overhead)])
     step = stacked.max(axis=0)
     which = stacked.argmax(axis=0)
-    per_core_steps = np.bincount(seg.core, weights=step, minlength=seg.cores)
+    per_core_steps = np.bincount(seg.core, weights=step if mult is None else step * mult, minlength=seg.cores)
     prologue = (dma.prologue_bytes + extra_prologue_bytes) / rates.hbm_bytes_per_s
     epilogue = dma.epilogue_bytes / rates.hbm_bytes_per_s
     total = prologue + per_core_steps + epilogue
     slowest = int(np.argmax(total))
-    counts = np.bincount(which, minlength=3)
+    counts = np.bincount(which, minlength=3) if mult is None else \
+        np.rint(np.bincount(which, weights=mult, minlength=3)).astype(np.int64)
     return PipelineTime(
         expected_s=float(total[slowest]),
         prologue_s=prologue,

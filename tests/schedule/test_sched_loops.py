@@ -256,9 +256,17 @@ def _operands(closed, eqn, values):
 
 
 @pytest.mark.parametrize("lo,hi", [([0, 3, 5, 2], [4, 3, 9, 0]), ([2], [7]), ([-3, 0], [2, 1]), ([1, 4], [3])])
-def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, monkeypatch):
+@pytest.mark.parametrize("step", ["unchanged", "toggle", "affine"])
+def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, step, monkeypatch):
+    # A fori_loop whose other carries stay, flip like a double buffer's slot, or step by a constant.
+    bodies = {
+        "unchanged": lambda i, c: (c[0], c[1] * 2 + i),
+        "toggle": lambda i, c: (1 - c[0], c[1] * 2 + i),
+        "affine": lambda i, c: (c[0] - 3, c[1] * 2 + i),
+    }
+
     def f(a, b, c):
-        return lax.fori_loop(a, b, lambda i, x: x * 2 + i, c)
+        return lax.fori_loop(a, b, bodies[step], (c, c))
 
     closed, eqn = _while_eqn(f, jnp.int32(0), jnp.int32(1), jnp.int32(7))
     p = eqn.params
@@ -266,8 +274,8 @@ def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, monkeypatch)
     ops = _operands(closed, eqn, [np.asarray(lo, np.int32), np.asarray(hi, np.int32), np.asarray([7], np.int32)])
     cconsts, bconsts, init = ops[:cn], ops[cn:cn + bn], ops[cn + bn:]
     lanes = max(len(lo), len(hi))
-    # The counter and the bound are simulated; the third carry (x * 2 + i) is not asked for.
-    carries = tuple(j < 2 for j in range(len(init)))
+    # The counter, the bound and the first carry are simulated; the last (c * 2 + i) is not asked for.
+    carries = tuple(j < len(init) - 1 for j in range(len(init)))
     it = Interpreter(lanes)
     assert interp._counter_form(p["cond_jaxpr"], p["body_jaxpr"], carries) is not None
     closed_form = it._simulate_while(p["cond_jaxpr"], p["body_jaxpr"], cconsts, bconsts, init, carries, True)
@@ -279,7 +287,7 @@ def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, monkeypatch)
             assert a is b
             continue
         np.testing.assert_array_equal(a, b)
-        assert np.asarray(a).shape == np.asarray(b).shape
+        assert np.asarray(a).shape == np.asarray(b).shape and np.asarray(a).dtype == np.asarray(b).dtype
     if stepped[2] is None:
         assert closed_form[2] is None
     else:
