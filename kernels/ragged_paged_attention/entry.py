@@ -14,8 +14,8 @@ ENTRIES = (
         example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
                  "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
-        # block_q: multiples of 16 (the bf16 sublane tile; f32 needs 8); block_kv: KV tokens, whole lanes.
-        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=8, minimum=16),
+        # block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.
+        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=16, minimum=16),
                     BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
                               times_dim=2)),
         block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",

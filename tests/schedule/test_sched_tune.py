@@ -258,3 +258,12 @@ def test_token_major_kv_cache_update_and_ragged_attention_are_tunable(v5e):
         "page_table=2x8:int32=arange", "cu_q_lens=3:int32=arange*16", "num_seqs=1:int32=2"], v5e)
     # block_q 16 or 32 of the 32 tokens; block_kv 128 of the 8 x 16 = 128 KV tokens: two legal candidates.
     assert sorted((c.blocks["block_q"], c.blocks["block_kv"]) for c in ragged.ranked) == [(16, 128), (32, 128)]
+
+
+def test_ragged_decode_with_fewer_query_tokens_than_a_bf16_tile_still_has_legal_blocks():
+    # 8 decode tokens: block_q candidates start at the bf16 sublane tile (16 rows), which the kernel accepts.
+    shapes = ["q=8x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16", "kv_lens=8:int32=512",
+              "page_table=8x32:int32=arange", "cu_q_lens=9:int32=arange", "num_seqs=1:int32=8"]
+    result = tune("ragged_paged_attention", shapes, "tpu-v5e")
+    assert result.ranked and {c.blocks["block_q"] for c in result.ranked} == {16}
+    assert not result.rejected
