@@ -33,6 +33,16 @@ class Segments:
     cores: int
 
 
+
+def leading_parallel(semantics: Sequence[str]) -> int:
+    """How many leading grid dimensions are "parallel" (what a megacore chip splits over its TensorCores)."""
+    count = 0
+    for s in semantics:
+        if "parallel" not in s:
+            break
+        count += 1
+    return count
+
 def split_over_cores(grid: Sequence[int], semantics: Sequence[str], cores: int) -> Segments:
     """Steps per core when the leading "parallel" dimensions are split over ``cores``.
 
@@ -43,11 +53,7 @@ def split_over_cores(grid: Sequence[int], semantics: Sequence[str], cores: int) 
     """
     grid = tuple(int(g) for g in grid)
     n = int(np.prod(grid)) if grid else 1
-    parallel = 0
-    for s in semantics:
-        if "parallel" not in s:
-            break
-        parallel += 1
+    parallel = leading_parallel(semantics)
     outer = int(np.prod(grid[:parallel])) if parallel else 1
     if cores <= 1 or outer <= 1:
         return single_segment(n)
@@ -117,11 +123,7 @@ def periodic_traversal(grid: Sequence[int], semantics: Sequence[str], cores: int
         return None
     periods = int(np.prod(grid[:leading]))
     period = n // periods
-    parallel = 0
-    for s in semantics:
-        if "parallel" not in s:
-            break
-        parallel += 1
+    parallel = leading_parallel(semantics)
     outer = int(np.prod(grid[:parallel])) if parallel else 1
     if cores <= 1 or outer <= 1:
         per_core = periods
