@@ -125,14 +125,27 @@ def dot_flops(eqn: Any, chip: ChipSpec) -> tuple[int, int]:
     return useful, issued
 
 
-def dma_window_bytes(eqn: Any) -> tuple[int, str, str]:
-    """(bytes, source memory space, destination memory space) of one dma_start.
+def dma_window_bytes(eqn: Any, invals: Sequence[Any] | None = None) -> tuple[Any, str, str, bool]:
+    """(bytes, source memory space, destination memory space, whether a run-time slice size was unknown) of one
+    dma_start.
 
     The equation's operands unflatten (with its ``tree`` param) to
     (source ref, destination ref, semaphore, ...), each a TransformedRef
-    whose indexing transforms give the copied window's shape.
+    whose indexing transforms give the copied window's shape. A slice whose
+    size is computed at run time takes its value from ``invals`` (the
+    interpreter's values of the equation's operands, per step where they
+    vary); when that value is unknown the whole dimension counts.
     """
     import jax
+
+    missing: list[Any] = []
+
+    def value_of(var: Any) -> Any:
+        for v, x in zip(eqn.invars, invals or ()):
+            if v is var and not _unknown(x):
+                return np.asarray(x)
+        missing.append(var)
+        return None
 
     try:
         items = jax.tree_util.tree_unflatten(eqn.params["tree"], list(eqn.invars))
@@ -140,15 +153,22 @@ def dma_window_bytes(eqn: Any) -> tuple[int, str, str]:
         src_var, src_t = getattr(src, "ref", src), tuple(getattr(src, "transforms", ()) or ())
         dst_var = getattr(dst, "ref", dst)
         aval = src_var.aval
-        shape = list(aval.shape)
+        shape: list[Any] = list(aval.shape)
         for t in src_t:
-            shape = _indexed_shape(t, shape)
+            shape = _indexed_shape(t, shape, value_of)
         itemsize = np.dtype(aval.dtype).itemsize
     except Exception:  # noqa: BLE001 - an unfamiliar dma_start layout: count nothing, say so
-        return 0, "?", "?"
+        return 0, "?", "?", False
     src_ms = _space(aval)
     dst_ms = _space(getattr(dst_var, "aval", None))
-    return int(math.prod(shape)) * itemsize, src_ms, dst_ms
+    nbytes: Any = itemsize
+    for d in shape:
+        nbytes = nbytes * d
+    return (int(nbytes) if np.ndim(nbytes) == 0 else nbytes.astype(float)), src_ms, dst_ms, bool(missing)
+
+
+def _unknown(x: Any) -> bool:
+    return x is UNKNOWN or isinstance(x, RefValue) or x is None
 
 
 def _space(aval: Any) -> str:
@@ -156,16 +176,21 @@ def _space(aval: Any) -> str:
     return "any" if text in ("any", "hbm") else text
 
 
-def _indexed_shape(t: Any, shape: list[int]) -> list[int]:
-    """Shape of a ref window after one indexing transform (dynamic slice sizes: the whole dimension)."""
+def _indexed_shape(t: Any, shape: list[Any], value_of: Any = None) -> list[Any]:
+    """Shape of a ref window after one indexing transform; a slice size computed at run time is its value
+    (``value_of(var)``: per step where it varies), or the whole dimension when that is unknown."""
     from jax._src.state.indexing import NDIndexer, Slice
 
     if not isinstance(t, NDIndexer):
         return list(getattr(t, "shape", shape))
-    out: list[int] = []
+    out: list[Any] = []
     for idx, dim in zip(t.indices, shape):
         if isinstance(idx, Slice):
-            out.append(int(idx.size) if isinstance(idx.size, (int, np.integer)) else int(dim))
+            if isinstance(idx.size, (int, np.integer)):
+                out.append(int(idx.size))
+            else:
+                value = value_of(idx.size) if value_of is not None else None
+                out.append(dim if value is None else np.minimum(value.astype(float), np.asarray(dim, float)))
         else:
             out.extend(getattr(getattr(idx, "aval", None), "shape", ()) or ())
     return out
@@ -373,7 +398,10 @@ class WorkCounter(Hook):
             self.dot_eqns.add(id(eqn))
             return
         if name == "dma_start":
-            nbytes, src, dst = dma_window_bytes(eqn)
+            nbytes, src, dst, unknown_size = dma_window_bytes(eqn, getattr(interp, "invals", None))
+            if unknown_size:
+                self.note("a DMA's slice size is computed at run time from data given only as a shape: the whole "
+                          "dimension is counted; give that argument values (a FILL) for the real size")
             if src == "?":
                 self.note("a dma_start whose operands could not be read is not counted")
                 return

@@ -636,6 +636,8 @@ class Interpreter:
             return handler(self, eqn, invals, weight, needed)
         if any(p in eqn.params for p in CALL_PARAMS) and name not in ("pallas_call",):
             return self._call(eqn, invals, weight, needed)
+        #: The values of the equation the hook is shown (e.g. a DMA's run-time slice sizes).
+        self.invals = invals
         self.hook.eqn(eqn, weight, self)
         return self._compute(eqn, invals)
 

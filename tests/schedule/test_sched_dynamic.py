@@ -146,3 +146,63 @@ def test_an_in_kernel_pipeline_moves_what_the_interpreter_moves(v5e, m, n, bm, b
         rec = record_traffic(fn, x, y)
     # x once per row block (held across j), y read once, out written once: 3 x m x n x 4 bytes.
     assert kern.manual_dma and kern.work.manual_dma_bytes == rec.manual_hbm_bytes == 3 * m * n * 4
+
+
+def _dynamic_dma(rows: int = 64):
+    """Each grid step copies its first n[i] rows of x from HBM with one DMA whose size is read from scalar
+    prefetch at run time."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(n_ref, x_hbm, o_ref, buf, sem):
+        n = n_ref[pl.program_id(0)]
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    def fn(n, x):
+        steps = n.shape[0]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((steps * rows, 128), jnp.float32),
+                              grid_spec=pltpu.PrefetchScalarGridSpec(
+                                  num_scalar_prefetch=1, grid=(steps,),
+                                  in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                                  out_specs=pl.BlockSpec((rows, 128), lambda i, n: (i, 0)),
+                                  scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32), pltpu.SemaphoreType.DMA]),
+                              )(n, x)
+
+    return fn
+
+
+@pytest.mark.parametrize("sizes", [[8, 16, 40], [64, 1]])
+def test_dma_sizes_computed_at_run_time_count_their_values(v5e, sizes):
+    # [8, 16, 40]: 8 + 16 + 40 = 64 rows of 128 f32 = 32,768 bytes (the whole array would be 3 x 32,768).
+    fn = _dynamic_dma()
+    n, x = jnp.asarray(sizes, jnp.int32), jnp.ones((64, 128), jnp.float32)
+    [kern] = analyze(fn, n, x, chip=v5e).kernels
+    rec = record_traffic(fn, n, x)
+    assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes == sum(sizes) * 128 * 4
+
+
+def test_dma_sizes_from_data_the_model_cannot_see_count_the_whole_window_and_say_so(v5e):
+    # The size is read from an SMEM input block (data the interpreter does not track): the whole 64-row window
+    # (64 x 128 f32 = 32,768 B) counts per step, with a note.
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(n_ref, x_hbm, o_ref, buf, sem):
+        n = n_ref[0]
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    def fn(n, x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                              in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+                              out_specs=pl.BlockSpec((64, 128), lambda: (0, 0)),
+                              scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32), pltpu.SemaphoreType.DMA])(n, x)
+
+    [kern] = analyze(fn, jnp.asarray([8], jnp.int32), jnp.ones((64, 128), jnp.float32), chip=v5e).kernels
+    assert kern.work.manual_dma_bytes == 64 * 128 * 4
+    assert any("slice size is computed at run time" in n for n in kern.notes)
