@@ -23,7 +23,7 @@ from pathlib import Path
 
 from perfmodel.errors import SpecError, UnknownChipError
 from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
-from perfmodel.hw.speccache import load_cached, scan_header, scan_heads
+from perfmodel.hw.speccache import load_cached, scan_heads, scan_names
 
 ENV_VAR = "PERFMODEL_HW_PATH"
 
@@ -178,14 +178,7 @@ _NAME_KEYS: dict[str, type] = {"name": str, "aliases": tuple, "jax_device_kinds"
 def _scan_file(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], frozenset[str]] | None:
     """((name, *aliases, *jax_device_kinds), their normalized forms) of one spec file from its head, or None
     when the scan is unsure. Keyed by the file's mtime and size too, so an edited file is scanned again."""
-    try:
-        head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
-    except (OSError, UnicodeDecodeError):
-        return None
-    if head is None:
-        return None
-    names = (head["name"], *head["aliases"], *head["jax_device_kinds"])
-    return names, frozenset(normalize(n) for n in names)
+    return scan_names(path, _NAME_KEYS, lambda h: (h["name"], *h["aliases"], *h["jax_device_kinds"]), normalize)
 
 
 def _find_by_scan(key: str) -> ChipSpec | None:

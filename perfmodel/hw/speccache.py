@@ -128,6 +128,20 @@ def scan_header(text: str, keys: dict[str, type]) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- JSON cache of checked loads
 
 
+
+def scan_names(path: str, keys: dict[str, type], names: Any, normalize: Any
+               ) -> tuple[tuple[str, ...], frozenset[str]] | None:
+    """(names, their normalized forms) from the head of the YAML file at ``path`` (``names(head)`` picks them
+    from the scanned keys), or None when the file cannot be read or the scan is unsure."""
+    try:
+        head = scan_header(Path(path).read_text(encoding="utf-8"), keys)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if head is None:
+        return None
+    found = tuple(names(head))
+    return found, frozenset(normalize(n) for n in found)
+
 def cache_dir() -> Path:
     """Where spec cache entries live: ``$PERFMODEL_CACHE_DIR/specs`` or the user cache directory."""
     from perfmodel.cachedir import cache_dir as perfmodel_cache_dir

@@ -334,16 +334,9 @@ def _scan_preset(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], 
     """((name, display_name, *aliases), their normalized forms) of one preset from the file's first lines
     (no YAML parse), or None when the scan is unsure. Keyed by mtime and size too, so an edited file is
     scanned again."""
-    from perfmodel.hw.speccache import scan_header
+    from perfmodel.hw.speccache import scan_names
 
-    try:
-        head = scan_header(Path(path).read_text(encoding="utf-8"), _NAME_KEYS)
-    except (OSError, UnicodeDecodeError):
-        return None
-    if head is None:
-        return None
-    names = (head["name"], head["display_name"], *head["aliases"])
-    return names, frozenset(normalize(n) for n in names)
+    return scan_names(path, _NAME_KEYS, lambda h: (h["name"], h["display_name"], *h["aliases"]), normalize)
 
 
 def _find_preset(key: str) -> ModelConfig | None:
