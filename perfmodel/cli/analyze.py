@@ -48,16 +48,20 @@ Examples:
 @click.option("--compile", "with_compile", is_flag=True,
               help="Also compile with the TPU compiler (libtpu, no TPU needed; cached) and show Mosaic's VMEM, the "
                    "grid-step bundles and the compiler-backed expected time next to the analytic one.")
+@click.option("--loop-trips", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Iterations to assume for an in-kernel loop whose trip count is read from an array given only "
+                   "as a shape (default: counted once, with a note; better: give that array values with a FILL).")
 @json_option
 @user_errors
 def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, with_compile: bool,
-            as_json: bool) -> None:
+            loop_trips: int | None, as_json: bool) -> None:
     from perfmodel.compiler.render import render_report
     from perfmodel.schedule.analysis_render import render
     from perfmodel.schedule.inspection import analyze_target, compiled_record
 
     fmt = output_format(as_json)
-    result = analyze_target(target, shapes, args, hw, with_compile=with_compile, progress=progress_echo)
+    result = analyze_target(target, shapes, args, hw, with_compile=with_compile, progress=progress_echo,
+                            loop_trips=loop_trips)
     a, c = result.analysis, result.compiled
     if c is None:
         emit(fmt, text=lambda: render(a), json=a.as_dict)

@@ -62,19 +62,21 @@ def resolve_chip(chip: str | ChipSpec) -> ChipSpec:
 
 
 def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = DEFAULT_CHIP, host_dispatch_s: float | None = None,
-            keep_step_times: bool = False, **kwargs: Any) -> Analysis:
+            keep_step_times: bool = False, loop_trips: int | None = None, **kwargs: Any) -> Analysis:
     """Trace ``fn(*args, **kwargs)`` and model every pallas_call it runs on ``chip``.
 
     ``args`` may be arrays or ``jax.ShapeDtypeStruct``; scalar-prefetch
     operands that index maps read must be concrete arrays. The function is
     traced as if on ``chip`` (its JAX device kind, see
     :mod:`perfmodel.schedule.device_kind`), so kernels that call
-    ``pltpu.get_tpu_info()`` trace on a CPU. Returns an
+    ``pltpu.get_tpu_info()`` trace on a CPU. ``loop_trips``: iterations assumed for an in-kernel while loop
+    whose trip count is read from data given only as a shape (default: one, with a note). Returns an
     :class:`~perfmodel.schedule.results.Analysis`.
     """
     from perfmodel.schedule.device_kind import as_device
 
     spec = resolve_chip(chip)
+    check_loop_trips(loop_trips)
     with as_device(spec):
         closed = trace(fn, *args, **kwargs)
     calls = find_pallas_calls(closed, args)
@@ -83,9 +85,17 @@ def analyze(fn: Callable, *args: Any, chip: str | ChipSpec = DEFAULT_CHIP, host_
     if not calls:
         notes = (f"{name} runs no pallas_call; nothing to model (use `perfmodel predict` for XLA ops)",)
     kernels = tuple(
-        analyze_call(c, spec, host_dispatch_s=host_dispatch_s, keep_step_times=keep_step_times) for c in calls
+        analyze_call(c, spec, host_dispatch_s=host_dispatch_s, keep_step_times=keep_step_times, loop_trips=loop_trips)
+        for c in calls
     )
     return Analysis(function=str(name), chip=spec.name, kernels=kernels, notes=notes, xla=xla_ops(closed, spec))
+
+
+def check_loop_trips(loop_trips: int | None) -> None:
+    """``loop_trips`` is None or a positive integer."""
+    if loop_trips is not None and (isinstance(loop_trips, bool) or not isinstance(loop_trips, (int, np.integer))
+                                   or loop_trips < 1):
+        raise InputError(f"`loop_trips` must be a positive whole number of iterations, got {loop_trips!r}")
 
 
 def cores_for(call: PallasCall, chip: ChipSpec) -> int:
@@ -96,7 +106,8 @@ def cores_for(call: PallasCall, chip: ChipSpec) -> int:
 
 
 def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None = None, cores: int | None = None,
-                 host_dispatch_s: float | None = None, keep_step_times: bool = False) -> KernelAnalysis:
+                 host_dispatch_s: float | None = None, keep_step_times: bool = False,
+                 loop_trips: int | None = None) -> KernelAnalysis:
     """Model one pallas_call. ``order``: an explicit traversal (``(n, ndim)`` grid points), e.g.
     the one a TPU-interpret run recorded; by default Pallas' row-major order."""
     notes: list[str] = []
@@ -113,7 +124,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         notes.append(f"grid split over {seg.cores} TensorCores along its leading parallel dimension(s) (megacore)")
 
     operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes)
-    counter = count_body_work(call.body, chip, call.grid, points, call.prefetch_values)
+    counter = count_body_work(call.body, chip, call.grid, points, call.body_values, loop_trips=loop_trips)
     notes.extend(counter.notes)
     manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
     if manual:

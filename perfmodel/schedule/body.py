@@ -220,8 +220,9 @@ class WorkCounter(Hook):
 
     foldable = True
 
-    def __init__(self, chip: ChipSpec, notes: list[str] | None = None):
+    def __init__(self, chip: ChipSpec, notes: list[str] | None = None, assumed_trips: int | None = None):
         self.chip = chip
+        self.assumed_trips = assumed_trips
         self._totals: dict[str, Any] = dict.fromkeys(_ADDITIVE, 0.0)
         #: rate key -> issued FLOPs (padding and multi-pass included).
         self._issued: dict[str, Any] = {}
@@ -303,7 +304,7 @@ class WorkCounter(Hook):
             self.notes.append(text)
 
     def child(self) -> "WorkCounter":
-        return WorkCounter(self.chip, self.notes)
+        return WorkCounter(self.chip, self.notes, self.assumed_trips)
 
     def absorb_costliest(self, children: Sequence[Hook], reason: str) -> None:
         kids = [c for c in children if isinstance(c, WorkCounter)]
@@ -438,20 +439,21 @@ class WorkCounter(Hook):
 
 
 def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,
-                    prefetch_values: Sequence[Any]) -> WorkCounter:
+                    known_values: Sequence[Any], *, loop_trips: int | None = None) -> WorkCounter:
     """Interpret the kernel body once for all grid steps; returns the filled counter.
 
-    The body's parameters are (*scalar prefetch, *blocks, *scratch); only the
-    scalar-prefetch refs have known contents.
+    The body's parameters are (*scalar prefetch, *blocks, *scratch); ``known_values`` are the known contents
+    of the leading ones (scalar prefetch, then whole-array SMEM inputs; None where unknown). ``loop_trips``:
+    iterations assumed for a while loop whose trip count cannot be evaluated (default: one, with a note).
     """
     n = points.shape[0]
-    counter = WorkCounter(chip)
+    counter = WorkCounter(chip, assumed_trips=loop_trips)
     interp = Interpreter(n, grid, [points[:, d] for d in range(points.shape[1])], counter)
     args: list[Any] = []
     for i, v in enumerate(body.invars):
         ms = str(getattr(v.aval, "memory_space", "")).lower()
-        known = i < len(prefetch_values) and prefetch_values[i] is not None
-        content = np.asarray(prefetch_values[i])[None, ...] if known else UNKNOWN
+        known = i < len(known_values) and known_values[i] is not None
+        content = np.asarray(known_values[i])[None, ...] if known else UNKNOWN
         args.append(RefValue(content, ms) if hasattr(v.aval, "memory_space") or known else UNKNOWN)
     interp.run(body, [], args)
     return counter

@@ -74,6 +74,9 @@ class PallasCall:
     num_scalar_prefetch: int
     #: Concrete values of the scalar-prefetch operands (None where unknown).
     prefetch_values: tuple[Any, ...]
+    #: Concrete values of the inputs whose block is the whole array in SMEM (None elsewhere, or unknown):
+    #: the body reads them like scalar prefetch (e.g. a loop bound or a DMA size).
+    smem_input_values: tuple[Any, ...] = ()
     #: (name, aval) of each scratch operand.
     scratch: tuple[tuple[str, Any], ...]
     vmem_limit_bytes: int | None
@@ -86,6 +89,11 @@ class PallasCall:
     @property
     def steps(self) -> int:
         return int(math.prod(self.grid))
+
+    @property
+    def body_values(self) -> tuple[Any, ...]:
+        """Known contents of the body's leading refs, in parameter order (scalar prefetch, then inputs)."""
+        return self.prefetch_values + self.smem_input_values
 
 
 def trace(fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -164,9 +172,11 @@ def _block_dims(block_shape: Sequence[Any]) -> tuple[tuple[int, ...], tuple[str,
 
 
 def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
-                     grid_bounds: Sequence[Any] | None = None) -> PallasCall:
+                     grid_bounds: Sequence[Any] | None = None, input_values: Sequence[Any] | None = None
+                     ) -> PallasCall:
     """Read one pallas_call equation. ``grid_bounds``: the values of its dynamic grid sizes, in order (computed
-    from the concrete arguments they depend on, see :func:`find_pallas_calls`)."""
+    from the concrete arguments they depend on, see :func:`find_pallas_calls`); ``input_values``: the
+    concrete values of its inputs where known (kept for whole-array SMEM blocks only)."""
     p = eqn.params
     gm = p["grid_mapping"]
     body = p["jaxpr"]
@@ -202,6 +212,7 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
         sname = scratch_names[j] if scratch_names and j < len(scratch_names) and scratch_names[j] else f"scratch{j}"
         scratch.append((_clean_name(sname), aval))
     values = tuple(prefetch_values) if prefetch_values is not None else (None,) * n_idx
+    smem_values = tuple(_smem_value(b, v) for b, v in zip(blocks[:n_in], input_values or ()))
     func_name = getattr(getattr(body, "debug_info", None), "func_name", None)
     name = p.get("name") or func_name or "pallas_call"
     aliases = tuple(tuple(int(x) for x in pair) for pair in (p.get("input_output_aliases") or ()))
@@ -212,6 +223,7 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
         blocks=tuple(blocks),
         num_scalar_prefetch=n_idx,
         prefetch_values=values,
+        smem_input_values=smem_values if any(v is not None for v in smem_values) else (),
         scratch=tuple(scratch),
         vmem_limit_bytes=_vmem_limit(p),
         cost_estimate=_cost_estimate(p),
@@ -239,6 +251,25 @@ def _static_grid(grid: Sequence[Any], bounds: Sequence[Any] | None, name: str) -
     return tuple(out)
 
 
+#: Largest whole-array SMEM input whose contents the body interpreter is given.
+MAX_SMEM_VALUE_BYTES = 1 << 20
+
+
+def _smem_value(block: BlockMapping, value: Any) -> Any:
+    """The value of an input the body sees whole in SMEM (its block is the array), else None."""
+    if value is None or block.memory_space != "smem" or block.block_shape != block.array_shape:
+        return None
+    arr = np.asarray(value)
+    return arr if arr.shape == block.array_shape and arr.nbytes <= MAX_SMEM_VALUE_BYTES else None
+
+
+def _whole_smem_input(bm: Any) -> bool:
+    """A block mapping whose block is its whole array in SMEM."""
+    ms = _memory_space_name(getattr(bm.transformed_block_aval, "memory_space", None))
+    sizes, _ = _block_dims(bm.block_shape)
+    return ms == "smem" and sizes == tuple(int(d) for d in bm.array_aval.shape)
+
+
 def _clean_name(name: str) -> str:
     """Kernel argument names come as e.g. "x_tile_ref" or "args[0]"; keep them readable."""
     return name.replace(" ", "")
@@ -258,7 +289,7 @@ def find_pallas_calls(closed: Any, args: Sequence[Any] = ()) -> list[PallasCall]
         _walk_eval(closed.jaxpr, [np.asarray(c) if _is_array_like(c) else None for c in closed.consts], env_args, found)
     else:
         _walk(closed.jaxpr, found)
-    return [read_pallas_call(eqn, values, bounds) for eqn, values, bounds in found]
+    return [read_pallas_call(eqn, values, bounds, inputs) for eqn, values, bounds, inputs in found]
 
 
 def _sub_jaxprs(params: dict) -> list[Any]:
@@ -273,6 +304,8 @@ def _any_prefetch(jaxpr: Any) -> bool:
             gm = eqn.params["grid_mapping"]
             if gm.num_index_operands or gm.num_dynamic_grid_bounds:
                 return True
+            if any(_whole_smem_input(bm) for bm in gm.block_mappings[: gm.num_inputs]):
+                return True
             continue
         if any(_any_prefetch(sub) for sub in _sub_jaxprs(eqn.params)):
             return True
@@ -282,7 +315,7 @@ def _any_prefetch(jaxpr: Any) -> bool:
 def _walk(jaxpr: Any, found: list) -> None:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
-            found.append((eqn, None, None))
+            found.append((eqn, None, None, None))
             continue
         for sub in _sub_jaxprs(eqn.params):
             _walk(sub, found)
@@ -327,8 +360,9 @@ def _walk_eval(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], found: li
         if name == "pallas_call":
             gm = eqn.params["grid_mapping"]
             n_dyn = gm.num_dynamic_grid_bounds
-            values = invals[n_dyn : n_dyn + gm.num_index_operands]
-            found.append((eqn, values, invals[:n_dyn]))
+            n_idx = gm.num_index_operands
+            values = invals[n_dyn : n_dyn + n_idx]
+            found.append((eqn, values, invals[:n_dyn], invals[n_dyn + n_idx : n_dyn + n_idx + gm.num_inputs]))
             outs = [None] * len(eqn.outvars)
         elif name in ("jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call"):
             sub = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")

@@ -288,9 +288,11 @@ class TargetAnalysis:
 
 
 def analyze_target(target: str, shapes: Sequence[str] = (), args: Sequence[str] = (), chip: Any = None, *,
-                   with_compile: bool = False, progress: Callable[[str], None] | None = None) -> TargetAnalysis:
+                   with_compile: bool = False, progress: Callable[[str], None] | None = None,
+                   loop_trips: int | None = None) -> TargetAnalysis:
     """Bind MODULE:FUNCTION's arguments (``--shape`` / ``--arg`` texts), model every pallas_call it runs and,
-    ``with_compile``, compile it with the TPU compiler and pair the two views."""
+    ``with_compile``, compile it with the TPU compiler and pair the two views. ``loop_trips``: see
+    :func:`perfmodel.schedule.analyze.analyze`."""
     from perfmodel.hw.registry import DEFAULT_CHIP
     from perfmodel.schedule.analyze import analyze, resolve_chip
     from perfmodel.schedule.binding import bind_function
@@ -301,7 +303,7 @@ def analyze_target(target: str, shapes: Sequence[str] = (), args: Sequence[str] 
 
         toolchain()  # fail fast, in one line, without libtpu
     fn, arrays = bind_function(target, shapes, args, spec)
-    analysis = analyze(fn, *arrays, chip=spec, keep_step_times=with_compile)
+    analysis = analyze(fn, *arrays, chip=spec, keep_step_times=with_compile, loop_trips=loop_trips)
     if not with_compile:
         return TargetAnalysis(analysis=analysis)
     from perfmodel.compiler.api import CompileCall

@@ -108,6 +108,9 @@ class Hook:
 
     #: Whether fold() and absorb_costliest_grouped() are implemented.
     foldable = False
+    #: Iterations assumed for a while loop whose trip count the interpreter cannot evaluate (None: count one
+    #: iteration and say so); the user's explicit ``loop_trips`` / ``--loop-trips``.
+    assumed_trips: int | None = None
 
     def eqn(self, eqn: Any, weight: Any, interp: "Interpreter") -> None:  # pragma: no cover - interface
         pass
@@ -863,8 +866,16 @@ class Interpreter:
                   and self.n <= MAX_LANES_TO_EXPAND and not jaxpr_has(body_j, "run_scoped"))
         trips, final, expansion = self._simulate_while(cond_j, body_j, cconsts, bconsts, init, carries, record)
         if trips is None:
-            self.hook.note("a while loop with a data-dependent trip count is counted as one iteration")
-            self.run_closed(body_j, list(bconsts) + list(init), weight, (False,) * len(init) if self.quiet else None)
+            assumed = self.hook.assumed_trips
+            what = "a while loop whose trip count is read from data the model does not know (an array given only " \
+                   "as a shape, or a value the kernel computes from its blocks)"
+            if assumed is None:
+                self.hook.note(f"{what} is counted as one iteration; give the arrays it reads values "
+                               "(--shape NAME=DIMS:DTYPE=FILL) or assume a trip count with --loop-trips N")
+            else:
+                self.hook.note(f"{what} is counted as {assumed} iterations (--loop-trips)")
+            self.run_closed(body_j, list(bconsts) + list(init), weight if assumed is None else weight * assumed,
+                            (False,) * len(init) if self.quiet else None)
             return self._unknown_outs(eqn)
         if self.quiet and not writes:
             return final  # nothing to count, and running the body again changes no known value

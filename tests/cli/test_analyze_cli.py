@@ -229,3 +229,24 @@ def test_analyze_bundled_kernel_on_a_spec_file(tmp_path):
                  "--shape", "x=256x256:bf16", "--shape", "w=256x256:bf16")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[0] == "pallas_call matmul on my-tpu"
+
+
+LOOP = "tests.schedule.dynamic_kernels:smem_loop_copy"
+
+
+def test_analyze_loop_trips_sets_the_trip_count_of_a_loop_read_from_data_given_as_a_shape():
+    # n (an SMEM input) given only as a shape: the loop of 8-row f32 copies (8 x 128 x 4 = 4,096 B each) runs
+    # once by default, with a note naming --loop-trips; --loop-trips 4 makes it 4 x 4,096 = 16,384 B.
+    shapes = ["--shape", "n=1:int32", "--shape", "x=64x128:f32", "--json"]
+    once = json.loads(run("analyze", LOOP, *shapes).output)["kernels"][0]
+    four = json.loads(run("analyze", LOOP, *shapes, "--loop-trips", "4").output)["kernels"][0]
+    assert once["work"]["manual_dma_bytes"] == 4096 and four["work"]["manual_dma_bytes"] == 16384
+    assert any("--loop-trips" in n for n in once["notes"])
+    # With the value given as a fill (n = 3) the loop is evaluated, and no trip count is assumed.
+    three = json.loads(run("analyze", LOOP, "--shape", "n=1:int32=3", "--shape", "x=64x128:f32", "--json").output)
+    assert three["kernels"][0]["work"]["manual_dma_bytes"] == 3 * 4096
+
+
+def test_analyze_loop_trips_must_be_positive():
+    res = run("analyze", LOOP, "--shape", "n=1:int32", "--shape", "x=64x128:f32", "--loop-trips", "0")
+    assert res.exit_code == 2 and "--loop-trips" in res.output

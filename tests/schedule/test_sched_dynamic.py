@@ -15,6 +15,8 @@ from perfmodel.schedule.analyze import analyze, analyze_call
 from perfmodel.schedule.extract import find_pallas_calls, trace
 from perfmodel.schedule.recorder import record_traffic
 
+from tests.schedule.dynamic_kernels import smem_loop_copy, smem_sized_copy
+
 M, K, N, TILE = 512, 256, 256, 128
 
 
@@ -184,25 +186,52 @@ def test_dma_sizes_computed_at_run_time_count_their_values(v5e, sizes):
     assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes == sum(sizes) * 128 * 4
 
 
-def test_dma_sizes_from_data_the_model_cannot_see_count_the_whole_window_and_say_so(v5e):
-    # The size is read from an SMEM input block (data the interpreter does not track): the whole 64-row window
-    # (64 x 128 f32 = 32,768 B) counts per step, with a note.
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
+X64 = jax.ShapeDtypeStruct((64, 128), jnp.float32)
 
-    def kernel(n_ref, x_hbm, o_ref, buf, sem):
-        n = n_ref[0]
-        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n)], buf.at[pl.ds(0, n)], sem)
-        copy.start()
-        copy.wait()
-        o_ref[...] = buf[...]
 
-    def fn(n, x):
-        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 128), jnp.float32),
-                              in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
-                              out_specs=pl.BlockSpec((64, 128), lambda: (0, 0)),
-                              scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32), pltpu.SemaphoreType.DMA])(n, x)
+@pytest.mark.parametrize("n", [8, 40])
+def test_dma_sizes_read_from_an_smem_input_count_its_values(v5e, n):
+    # n comes from a whole-array SMEM input given as a value: n rows of 128 f32 = n x 512 bytes (8 -> 4,096).
+    fn = smem_sized_copy
+    n_arr = jnp.asarray([n], jnp.int32)
+    [kern] = analyze(fn, n_arr, X64, chip=v5e).kernels
+    assert kern.work.manual_dma_bytes == n * 128 * 4
+    assert kern.work.manual_dma_bytes == record_traffic(fn, n_arr, jnp.ones((64, 128), jnp.float32)).manual_hbm_bytes
 
-    [kern] = analyze(fn, jnp.asarray([8], jnp.int32), jnp.ones((64, 128), jnp.float32), chip=v5e).kernels
+
+def test_dma_sizes_from_data_given_only_as_a_shape_count_the_whole_window_and_say_so(v5e):
+    # n given only as a shape: the whole 64-row window (64 x 128 f32 = 32,768 B) counts, with a note.
+    [kern] = analyze(smem_sized_copy, jax.ShapeDtypeStruct((1,), jnp.int32), X64, chip=v5e).kernels
     assert kern.work.manual_dma_bytes == 64 * 128 * 4
     assert any("slice size is computed at run time" in n for n in kern.notes)
+
+
+@pytest.mark.parametrize("n", [3, 7])
+def test_a_loop_bound_read_from_an_smem_input_runs_its_value(v5e, n):
+    # n iterations of one 8-row copy: n x 8 x 128 x 4 = n x 4,096 bytes.
+    fn = smem_loop_copy
+    n_arr = jnp.asarray([n], jnp.int32)
+    [kern] = analyze(fn, n_arr, X64, chip=v5e).kernels
+    assert kern.work.manual_dma_bytes == n * 4096
+    assert kern.work.manual_dma_bytes == record_traffic(fn, n_arr, jnp.ones((64, 128), jnp.float32)).manual_hbm_bytes
+
+
+def test_a_loop_bound_given_only_as_a_shape_counts_once_and_says_how_to_fix_it(v5e):
+    [kern] = analyze(smem_loop_copy, jax.ShapeDtypeStruct((1,), jnp.int32), X64, chip=v5e).kernels
+    assert kern.work.manual_dma_bytes == 4096
+    [note] = [n for n in kern.notes if "trip count" in n]
+    assert "counted as one iteration" in note and "--loop-trips" in note and "FILL" in note
+
+
+def test_loop_trips_is_the_explicit_input_for_such_a_loop(v5e):
+    # --loop-trips 5: 5 x 4,096 bytes, and the note says the count was assumed.
+    [kern] = analyze(smem_loop_copy, jax.ShapeDtypeStruct((1,), jnp.int32), X64, chip=v5e,
+                     loop_trips=5).kernels
+    assert kern.work.manual_dma_bytes == 5 * 4096
+    assert any("counted as 5 iterations (--loop-trips)" in n for n in kern.notes)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_loop_trips_must_be_a_positive_whole_number(v5e, bad):
+    with pytest.raises(InputError, match="`loop_trips` must be a positive whole number"):
+        analyze(smem_loop_copy, jax.ShapeDtypeStruct((1,), jnp.int32), X64, chip=v5e, loop_trips=bad)
