@@ -100,10 +100,21 @@ class Interconnect:
 
 @dataclass(frozen=True, kw_only=True)
 class Overheads:
-    """Fixed costs the roofline does not see."""
+    """Fixed costs the roofline does not see (added to expected times, never to the floor)."""
 
     #: Fixed cost of one Pallas grid step (pipeline bookkeeping, DMA issue and wait).
     pallas_grid_step_overhead_s: float | None
+    #: Device-side launch + teardown of one op: one XLA fusion on a TPU, one kernel launch on a GPU
+    #: (back to back in a stream or graph; host dispatch excluded).
+    op_launch_s: float | None
+    #: Device-side launch + teardown of one pallas_call (TPU); None on GPUs (a kernel costs op_launch_s).
+    pallas_call_launch_s: float | None
+    #: Host-side dispatch of one jitted call (Python, runtime, launch queue); counted only where a user
+    #: times it (wall clock around one call), never in expected_s.
+    host_dispatch_s: float | None
+    #: Latency of one HBM DMA from issue to first use: a transfer of B bytes takes this plus B / bandwidth,
+    #: so small transfers ramp to peak.
+    dma_latency_s: float | None
     #: Thermal design power of the chip.
     tdp_w: float | None
 
