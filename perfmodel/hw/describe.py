@@ -7,6 +7,7 @@ from typing import Any
 
 from perfmodel import units
 from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec
+from perfmodel.hw.views import devices_text
 
 _LIST_DTYPES = ("bf16", "int8", "fp8")
 
@@ -100,6 +101,7 @@ def show_text(chip: ChipSpec) -> str:
     lines = [f"{chip.display_name} ({chip.name}), {chip.vendor}, {chip.year}"]
     lines.append(f"  aliases: {', '.join(chip.aliases) or '-'}")
     lines.append(f"  JAX device_kind: {', '.join(chip.jax_device_kinds) or '-'}")
+    lines.append(f"  JAX devices per chip: {devices_text(chip)}")
     for section in ("cores", "compute", "memory", "interconnect", "overheads"):
         lines.append(f"{section}:")
         obj = getattr(chip, section)

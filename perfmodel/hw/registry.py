@@ -203,9 +203,24 @@ def _find_by_scan(key: str) -> ChipSpec | None:
 def get_chip(name_or_path: str) -> ChipSpec:
     """Resolve a chip name, alias, JAX device_kind or spec-file path.
 
-    Raises UnknownChipError listing close matches and every known name.
+    ``<any of those>/core`` is one JAX device of a chip whose TensorCores are separate devices
+    (:func:`perfmodel.hw.views.one_device`). Raises UnknownChipError listing close matches and every
+    known name.
     """
-    text = str(name_or_path)
+    from perfmodel.hw.views import split_device_suffix
+
+    text, device_view = split_device_suffix(str(name_or_path))
+    if device_view:
+        from perfmodel.hw.views import DEVICE_SUFFIX, one_device, one_device_error
+
+        chip = get_chip(text)
+        err = one_device_error(chip, str(name_or_path).strip())
+        if err is not None:
+            raise err
+        view = one_device(chip)
+        if id(chip) in _SOURCE_FILES:
+            _SOURCE_FILES[id(view)] = _SOURCE_FILES[id(chip)] + DEVICE_SUFFIX
+        return view
     if text.endswith((".yaml", ".yml")) or os.sep in text:
         if Path(text).is_dir():
             raise SpecError(f"'{text}' is a directory; give one chip spec YAML file (or put the directory in "

@@ -78,8 +78,10 @@ class Memory:
     cmem_bytes_per_chip: int | None
     #: GPU shared memory / L1 per SM (or LDS per CU).
     shared_memory_bytes_per_core: int | None
-    #: GPU last-level cache.
+    #: GPU L2 cache (the last level on NVIDIA; on AMD CDNA3 the per-XCD L2s summed).
     l2_bytes_per_chip: int | None
+    #: Memory-side cache between the L2 and HBM (AMD Infinity Cache); None where there is none.
+    memory_side_cache_bytes_per_chip: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +93,13 @@ class Interconnect:
     ici_links_per_chip: int | None
     #: Sum over links, one direction.
     ici_bw_bytes_per_s_per_chip: float | None
-    #: "2d-torus", "3d-torus", "switch", ...
+    #: "2d-torus", "3d-torus" (TPU ICI), "switch" (NVLink + NVSwitch) or "fully-connected" (a link to
+    #: every peer: AMD Infinity Fabric); perfmodel.model.collectives derives collective bandwidth from it.
     topology: str
+    #: Torus only: a slice axis has wraparound links when its length is a multiple of this many chips
+    #: (v4/v5p/7x: 4, a cube edge; v5e/v6e: 16, the full pod side); None: no wraparound below a full pod
+    #: is documented (or not a torus).
+    torus_wraparound_multiple_chips: int | None
     max_chips_per_pod: int | None
     #: Data-centre network bandwidth per chip, one direction.
     dcn_bw_bytes_per_s_per_chip: float | None

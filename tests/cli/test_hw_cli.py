@@ -49,7 +49,7 @@ def test_hw_list_columns():
     v5e = next(r.split() for r in rows if r.startswith("tpu-v5e "))
     # 2023, 197 bf16, 394 int8, no fp8, 16 GiB = 17.2 GB, 819 GB/s, 128 MiB VMEM, 1.97e14 / 8.19e11 = 241 FLOP/B
     assert v5e == ["tpu-v5e", "2023", "197", "394", "-", "17.2", "GB", "819", "GB/s", "128", "MiB", "241", "FLOP/B"]
-    assert len(rows) == 12
+    assert len(rows) == 13
 
 
 def test_hw_list_json():
@@ -183,3 +183,44 @@ def test_ridge_points_share_one_format_in_list_show_and_compare():
     assert compare and compare[0].endswith("1,121 FLOP/B")
     listed = [line for line in list_table([v6e]).splitlines() if line.startswith("tpu-v6e")]
     assert listed and listed[0].endswith("  560 FLOP/B")
+
+
+# ----------------------------------------------------------------------------- one JAX device (issue 10 part 3)
+
+
+def test_hw_show_says_how_many_jax_devices():
+    assert "JAX devices per chip: 2 (each TensorCore is its own JAX device; one of them: --hw tpu-7x/core)" in \
+        run("hw", "show", "tpu-7x").output
+    assert "JAX devices per chip: 1 (megacore: JAX drives the 2 TensorCores as one device)" in \
+        run("hw", "show", "tpu-v5p").output
+    assert "JAX devices per chip: 1\n" in run("hw", "show", "tpu-v5e").output
+
+
+def test_hw_show_device_view():
+    res = run("hw", "show", "7x/core")
+    assert res.exit_code == 0, res.output
+    # 7x: 192 GiB and 7.37 TB/s per chip, 2 devices: 96 GiB and 3.69 TB/s per device
+    assert "hbm_bytes_per_chip: 96.0 GiB" in res.output
+    assert "hbm_bw_bytes_per_s_per_chip: 3.69 TB/s (derived)" in res.output
+    assert "JAX devices per chip: 1 (this is the device view" in res.output
+
+
+def test_hw_compare_chip_and_device():
+    res = run("hw", "compare", "tpu-7x/core,tpu-7x", "--json")
+    assert res.exit_code == 0, res.output
+    # the whole chip is 2x its device in FLOP/s and HBM bandwidth
+    ratios = json.loads(res.output)["ratios"]["tpu-7x"]
+    assert (ratios["bf16_flops"], ratios["hbm_bw"]) == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("chip,match", [
+    ("v4/core", r"^Error: chip 'v4/core': tpu-v4 is one JAX device per chip \(megacore: JAX drives its 2 TensorCores "
+                r"as one device\); '/core' is only for chips whose TensorCores are separate JAX devices "
+                r"\(tpu-7x, tpu-v2, tpu-v3\); use 'tpu-v4'$"),
+    ("tpu-v5e/core", r"^Error: chip 'tpu-v5e/core': tpu-v5e is one JAX device per chip \(1 TensorCore\);"),
+    ("h100/core", r"^Error: chip 'h100/core': h100-sxm is one JAX device per chip \(132 SMs\);"),
+])
+def test_device_view_of_a_one_device_chip_is_one_line(chip, match):
+    res = run("hw", "show", chip)
+    assert res.exit_code == 2
+    assert re.match(match, res.output.strip()) and len(res.output.strip().splitlines()) == 1

@@ -20,7 +20,7 @@ from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec
 
 BUILTIN_DIR = Path(str(importlib.resources.files("hwspecs")))
 TPUS = ("tpu-v2", "tpu-v3", "tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
-GPUS = ("a100-sxm-80gb", "h100-sxm", "h200-sxm", "b200", "mi300x")
+GPUS = ("a100-sxm-80gb", "h100-sxm", "h200-sxm", "h800-sxm", "b200", "mi300x")
 ALL = TPUS + GPUS
 
 # Relative tolerance for "a = b x c" consistency checks between numbers of one spec, keyed by
@@ -43,7 +43,7 @@ def _names(spec: ChipSpec) -> list[str]:
 # ----------------------------------------------------------------------------- loading
 
 
-def test_builtin_set_is_exactly_the_twelve_chips():
+def test_builtin_set_is_exactly_the_thirteen_chips():
     assert sorted(f.stem for f in _builtin_files()) == sorted(ALL)
 
 
@@ -276,6 +276,7 @@ def test_ici_per_chip_is_links_times_link_bandwidth(name):
         ("tpu-v6e", "2d-torus", 4, 256),
         ("tpu-7x", "3d-torus", 6, 9216),
         ("h100-sxm", "switch", 18, 8),
+        ("h800-sxm", "switch", 8, 8),
         ("mi300x", "fully-connected", 7, 8),
     ],
 )
@@ -370,3 +371,56 @@ def test_spec_is_frozen():
     spec = get_chip("tpu-v6e")
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.memory.vmem_bytes_per_core = 1  # type: ignore[misc]
+
+
+# ----------------------------------------------------------------------------- issue 10 part 6: spec gaps
+
+
+@pytest.mark.parametrize(("name", "wrap"), [("tpu-v2", None), ("tpu-v3", None), ("tpu-v4", 4), ("tpu-v5e", 16),
+                                            ("tpu-v5p", 4), ("tpu-v6e", 16), ("tpu-7x", 4)])
+def test_torus_wraparound_rule(name, wrap):
+    # v4/v5p/7x: axes of a multiple of 4 (a cube edge) wrap; v5e/v6e: only the full 16-chip pod side
+    assert _builtin(name).interconnect.torus_wraparound_multiple_chips == wrap
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_gpus_are_not_tori(name):
+    assert _builtin(name).interconnect.torus_wraparound_multiple_chips is None
+
+
+def test_v2_has_ici_bandwidth():
+    ic = _builtin("tpu-v2").interconnect
+    # Jouppi et al. 2020: 4 links of 496 Gbit/s = 62e9 B/s each; 4 x 6.2e10 = 2.48e11 B/s per chip
+    assert (ic.ici_bw_bytes_per_s_per_link, ic.ici_bw_bytes_per_s_per_chip) == (6.2e10, 2.48e11)
+
+
+def test_7x_dcn_is_an_estimate_with_its_derivation():
+    spec = _builtin("tpu-7x")
+    # 100 Gbps per chip = 1.25e10 B/s, marked as an estimate (Google gives no NIC rate)
+    assert spec.interconnect.dcn_bw_bytes_per_s_per_chip == 1.25e10
+    assert spec.sources["interconnect.dcn_bw_bytes_per_s_per_chip"] == "perfmodel-estimate"
+    assert spec.derived["interconnect.dcn_bw_bytes_per_s_per_chip"].startswith("ESTIMATE:")
+
+
+def test_b200_l2_and_clock():
+    spec = _builtin("b200")
+    assert spec.memory.l2_bytes_per_chip == 126 * 2**20  # 126 MB (Chips and Cheese) read as MiB, like H100's 50
+    assert spec.compute.clock_hz == 1.98e9
+    assert {d.field for d in spec.disagreements} >= {"memory.l2_bytes_per_chip", "compute.clock_hz"}
+
+
+def test_mi300x_l2_is_the_l2_and_infinity_cache_has_its_own_field():
+    m = _builtin("mi300x").memory
+    assert m.l2_bytes_per_chip == 8 * 4 * 2**20  # 8 XCDs x 4 MB
+    assert m.memory_side_cache_bytes_per_chip == 256 * 2**20  # Infinity Cache
+    others = [n for n in ALL if n != "mi300x"]
+    assert all(_builtin(n).memory.memory_side_cache_bytes_per_chip is None for n in others)
+
+
+def test_h800_is_an_h100_with_a_narrower_nvlink():
+    h100, h800 = _builtin("h100-sxm"), _builtin("h800-sxm")
+    assert (h800.compute, h800.memory, h800.cores) == (h100.compute, h100.memory, h100.cores)
+    # NVLink 400 GB/s bidirectional = 8 links x 25 GB/s one way (H100: 900 GB/s, 18 links)
+    ic = h800.interconnect
+    assert (ic.ici_links_per_chip, ic.ici_bw_bytes_per_s_per_chip) == (8, 2.0e11)
+    assert h100.interconnect.ici_bw_bytes_per_s_per_chip == 4.5e11
