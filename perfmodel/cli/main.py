@@ -20,6 +20,7 @@ _COMMANDS = {
     "compare": "perfmodel.cli.measure:compare",
     "calibrate": "perfmodel.cli.measure:calibrate",
     "report": "perfmodel.cli.report:report",
+    "xla": "perfmodel.cli.xla:xla",
 }
 
 _HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?

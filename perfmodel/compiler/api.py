@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from perfmodel.compiler.bundles import LoopStats
-from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, topology_for, toolchain, worker_environment
+from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, check_topology, toolchain, worker_environment
 from perfmodel.errors import InputError, PerfmodelError
 
 #: Bump when the report's JSON layout or the worker's reading of the dumps changes.
@@ -38,6 +38,8 @@ SCHEMA_VERSION = 3
 #: Seconds one compile may take before it is abandoned.
 DEFAULT_TIMEOUT_S = 600.0
 _MARK = "@@PERFMODEL-RESULT@@"
+#: File of the optimized HLO text in a cache entry.
+HLO_FILE = "program.hlo.txt"
 
 
 class CompileFailed(PerfmodelError):
@@ -46,9 +48,12 @@ class CompileFailed(PerfmodelError):
 
 @dataclass(frozen=True, kw_only=True)
 class CompileCall:
-    """What to compile: ``kind`` "function" (target MODULE:FUNCTION, args as ``--arg`` texts) or
-    "catalog" (target = kernel name, ``blocks`` its block fields or None for its defaults, ``extra``
-    static arguments)."""
+    """What to compile: ``kind`` "function" (target MODULE:FUNCTION, args as ``--arg`` texts), "catalog"
+    (target = kernel name, ``blocks`` its block fields or None for its defaults, ``extra`` static arguments)
+    or "model" (target = preset name or config path, ``extra`` the step's parameters; see
+    :mod:`perfmodel.xla.reference`). ``topology`` (e.g. "v5e:2x4") compiles for a whole slice: a
+    function's arrays are then placed on a 1-D mesh of its chips (``shard``: NAME=SPEC texts, see
+    :mod:`perfmodel.xla.build`); None = the chip's default topology, arrays on its first chip."""
 
     kind: str
     target: str
@@ -56,17 +61,24 @@ class CompileCall:
     args: tuple[str, ...] = ()
     blocks: Mapping[str, int] | None = None
     extra: Mapping[str, Any] | None = None
+    topology: str | None = None
+    shard: tuple[str, ...] = ()
 
     def to_request(self) -> dict[str, Any]:
+        slice_ = {} if self.topology is None else {"topology": self.topology, "shard": list(self.shard)}
         if self.kind == "function":
-            return {"kind": "function", "target": self.target, "shapes": list(self.shapes), "args": list(self.args)}
+            return {"kind": "function", "target": self.target, "shapes": list(self.shapes), "args": list(self.args),
+                    **slice_}
+        if self.kind == "model":
+            return {"kind": "model", "model": self.target, "args": dict(self.extra or {}), **slice_}
         return {"kind": "catalog", "kernel": self.target, "shapes": list(self.shapes),
                 "blocks": dict(self.blocks) if self.blocks is not None else None, "args": dict(self.extra or {})}
 
     @property
     def label(self) -> str:
         blocks = "" if self.blocks is None else " " + ",".join(f"{k}={v}" for k, v in self.blocks.items())
-        return f"{self.target}{blocks}"
+        step = "" if self.kind != "model" else " " + ",".join(f"{k}={v}" for k, v in (self.extra or {}).items())
+        return f"{self.target}{blocks}{step}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +119,10 @@ class CompileReport:
     cost_analysis: dict[str, float]
     memory: dict[str, int]
     cache_dir: str
+    #: The optimized HLO module (``compiled.as_text()``) in the cache directory; None for older entries.
+    hlo_path: str | None = None
+    #: Chips of the topology compiled for (the program is one chip's; collectives span them).
+    chips: int = 1
 
 
 def cache_root() -> Path:
@@ -140,6 +156,15 @@ def _digest_files(paths: Sequence[Path]) -> str:
 def source_digest(call: CompileCall) -> str:
     """Digest of the source a call runs: its module's top-level package when it is local code (not an
     installed distribution, which the versions in the key cover), perfmodel's tuned data and this package."""
+    here = Path(__file__).resolve().parent
+    if call.kind == "model":  # the reference step, the model configs it is built from and the kernels it may use
+        pkg = here.parent
+        files = [*(pkg / "xla").glob("*.py"), pkg / "model" / "configs.py", pkg / "model" / "transformer.py",
+                 *(pkg / "data" / "models").glob("*.yaml"), *here.glob("*.py")]
+        kernels = _module_path("kernels")
+        if (call.extra or {}).get("kernels", "jnp") != "jnp" and kernels is not None:
+            files += list(kernels.parent.rglob("*.py"))
+        return _digest_files(files)
     module = call.target.split(":", 1)[0] if call.kind == "function" else _catalog_module(call.target)
     files: list[Path] = []
     path = _module_path(module) if module else None
@@ -149,8 +174,9 @@ def source_digest(call: CompileCall) -> str:
         files += list(root.rglob("*.py"))
     elif path is not None:
         files.append(path)
-    here = Path(__file__).resolve().parent
     files += list(here.glob("*.py"))
+    if call.topology is not None:  # arrays placed on a slice's mesh by perfmodel.xla.build
+        files += list((here.parent / "xla").glob("*.py"))
     files += list((here.parent / "data" / "tuned").glob("*.json"))
     files += [here.parent / "schedule" / "binding.py", here.parent / "schedule" / "catalog.py"]
     return _digest_files(files)
@@ -191,6 +217,8 @@ def _from_json(data: dict[str, Any], *, from_cache: bool, cache_dir: Path) -> Co
         kernels=tuple(kernels), other_ops=tuple(data.get("other_ops", ())),
         cost_analysis=dict(data.get("cost_analysis") or {}), memory=dict(data.get("memory") or {}),
         cache_dir=str(cache_dir),
+        hlo_path=str(cache_dir / HLO_FILE) if (cache_dir / HLO_FILE).is_file() else None,
+        chips=int(data.get("chips", 1)),
     )
 
 
@@ -202,7 +230,7 @@ def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, time
     spec = get_chip(chip) if isinstance(chip, str) else chip
     if spec.kind != "tpu":
         raise InputError(f"--hw: {spec.name} is not a TPU; the TPU compiler compiles for TPUs only")
-    topology = topology_for(spec.name)
+    topology = check_topology(spec.name, call.topology)
     tools = toolchain()
     key = cache_key(call, spec.name, tools)
     cdir = cache_root() / key
@@ -256,6 +284,9 @@ def _store(cdir: Path, data: dict[str, Any]) -> None:
         body = k.pop("body_text", None)
         if body:
             (tmp / f"kernel{i}_{k['hlo_name']}.bundles.txt").write_text(body)
+    hlo = data.pop("hlo_text", None)
+    if hlo:
+        (tmp / HLO_FILE).write_text(hlo)
     (tmp / "report.json").write_text(json.dumps(data, indent=1))
     if cdir.exists():
         shutil.rmtree(cdir, ignore_errors=True)

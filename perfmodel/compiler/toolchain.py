@@ -76,6 +76,32 @@ def topology_for(chip_name: str) -> str:
         ) from None
 
 
+def check_topology(chip_name: str, topology: str | None) -> str:
+    """The topology to compile for: ``topology`` (e.g. "v5e:2x4", a slice of ``chip_name``'s generation) or the
+    chip's default; a one-line error naming `topology` when it is another generation or malformed."""
+    default = topology_for(chip_name)
+    if topology is None:
+        return default
+    family, _, dims = topology.partition(":")
+    want = default.split(":", 1)[0]
+    parts = dims.split("x")
+    if family != want or not dims or not all(p.isdigit() and int(p) > 0 for p in parts) \
+            or len(parts) != len(default.split(":", 1)[1].split("x")):
+        from perfmodel.errors import InputError
+
+        raise InputError(f"`topology` '{topology}': {chip_name} slices are written like '{default}' "
+                                  f"({want}:AxB{'xC' if default.count('x') == 2 else ''}, chips per axis)")
+    return topology
+
+
+def topology_chips(topology: str) -> int:
+    """Chips of a topology string ("v5e:2x4" -> 8)."""
+    n = 1
+    for p in topology.partition(":")[2].split("x"):
+        n *= int(p)
+    return n
+
+
 def worker_environment(dump_dir: str | None) -> dict[str, str]:
     """Environment of a compile child: the caller's, plus what libtpu needs on a host without a TPU."""
     env = dict(os.environ)

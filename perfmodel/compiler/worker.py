@@ -80,11 +80,19 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     topo = topologies.get_topology_desc(request["topology"], "tpu")
     device = topo.devices[0]
     result["device_kind"] = device.device_kind
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    fn, specs, _values = _build(request["call"], chip)
-    args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
+    call = request["call"]
+    donate: tuple[int, ...] = ()
+    if call["kind"] == "model" or call.get("topology"):  # a slice: arrays on a mesh of its chips
+        from perfmodel.xla.build import slice_program
+
+        fn, args, donate = slice_program(call, chip, list(topo.devices))
+        result["chips"] = len(topo.devices)
+    else:
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        fn, specs, _values = _build(call, chip)
+        args = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in specs]
     try:
-        compiled = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).compile()
+        compiled = jax.jit(fn, donate_argnums=donate).trace(*args).lower(lowering_platforms=("tpu",)).compile()
     except Exception as exc:  # the compiler's rejection is the answer, not a crash
         result["error"] = _first_line(exc)
         result["compile_s"] = time.perf_counter() - t0
@@ -92,6 +100,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     result["compiled"] = True
     result["compile_s"] = time.perf_counter() - t0
     text = compiled.as_text()
+    result["hlo_text"] = text  # kept in the cache entry (perfmodel.xla reads it op by op)
     calls = []
     for line in text.splitlines():
         m = _CUSTOM_CALL.match(line)
@@ -109,14 +118,14 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         if isinstance(cost, list):
             cost = cost[0] if cost else {}
         result["cost_analysis"] = {k: float(v) for k, v in (cost or {}).items()
-                                   if k in ("flops", "transcendentals", "bytes accessed")}
+                                   if k in ("flops", "transcendentals", "bytes accessed", "optimal_seconds")}
     except Exception:  # not every backend reports it
         result["cost_analysis"] = {}
     try:
         mem = compiled.memory_analysis()
         result["memory"] = {k: int(getattr(mem, k)) for k in
                             ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-                             "generated_code_size_in_bytes")}
+                             "generated_code_size_in_bytes", "alias_size_in_bytes")}
     except Exception:
         result["memory"] = {}
     dump = request.get("dump_dir")
@@ -147,7 +156,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             continue
         with open(f["bundles"], encoding="utf-8", errors="replace") as fh:
             sched = build_schedule(fh.read())
-        result["other_ops"].append({"hlo_name": name, "program_bundles": len(sched.bundles)})
+        whole = loop_stats(sched, None)
+        result["other_ops"].append({"hlo_name": name, "program_bundles": len(sched.bundles),
+                                    "weighted_bundles": whole.weighted_bundles,
+                                    "unknown_trip_loops": whole.inner_loops_unknown_trips})
     return result
 
 

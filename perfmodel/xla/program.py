@@ -1,0 +1,354 @@
+"""A compiled TPU program op by op: work from the optimized HLO, bundles from the compiler's schedule, a time
+per op on the chip's roofline (no jax).
+
+For every instruction of the ENTRY computation and of the ``while`` bodies it
+runs (times their trip counts) that does work (a program of its own in the
+compiler's dumps, a collective, a DMA, a custom call):
+
+* ``compute_s`` = stall x bundles / clock: the op's VLIW program
+  (:mod:`perfmodel.compiler.bundles`: loops with a literal trip count
+  weighted by it) at the chip's ``compute.clock_hz``, with the stall factor
+  of :mod:`perfmodel.schedule.compiled` (fitted on published v5e timings);
+  a Pallas kernel's grid-loop body counts once per grid step;
+* ``memory_s`` = HBM bytes / (peak HBM bandwidth x achievable share of
+  :data:`perfmodel.model.core.ACHIEVABLE`): the operands and results in HBM
+  (those the compiler keeps in VMEM move no HBM bytes);
+* a collective's time is :mod:`perfmodel.model.collectives`' ring model of
+  its bytes over its replica group (ICI, expected time);
+* the op's time is the larger of compute and memory (its bound), or the
+  collective's; a caller may give better times for Pallas kernels (the
+  compiler-backed schedule model, :func:`perfmodel.schedule.compiled.compiled_time`).
+
+The step is the sum of the op times (the compiler runs one op at a time on a
+TensorCore; asynchronous DMAs and collectives overlapping compute are not
+credited, so the sum is an upper estimate where they do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from perfmodel.xla import hlo
+
+#: Units of a compiled op's bound.
+BOUNDS = ("compute", "hbm", "ici")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgramOp:
+    """One op of the compiled program (per run; ``count`` runs per step)."""
+
+    hlo_name: str
+    opcode: str
+    #: "matmul" (a fusion or op with a dot/convolution), "fusion", "pallas" (a Mosaic custom call),
+    #: "custom-call", "collective", "dma" (async copy), "copy", "other".
+    kind: str
+    #: JAX's name stack of the op (its fusion root's), "" when the compiler kept none.
+    op_name: str
+    #: Every name stack of the instructions fused into it (several: XLA fused ops of several sources).
+    fused_op_names: tuple[str, ...]
+    count: int
+    flops: float
+    transcendentals: float
+    bytes: float
+    hbm_bytes: float
+    ici_bytes: float
+    #: Bundles of the op's program per run (loops weighted by their trips), None without a dump.
+    bundles: float | None
+    compute_s: float
+    memory_s: float
+    ici_s: float
+    #: Seconds per run.
+    time_s: float
+    bound: str
+    #: Where ``time_s`` comes from: "roofline" (bundles/bytes), "collective model", "schedule model".
+    time_source: str
+    #: Chips in the replica group (collectives), else 1.
+    group_chips: int = 1
+
+    @property
+    def total_s(self) -> float:
+        return self.count * self.time_s
+
+    @property
+    def total_flops(self) -> float:
+        return self.count * self.flops
+
+    @property
+    def total_hbm_bytes(self) -> float:
+        return self.count * self.hbm_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Program:
+    """A compiled program on one chip of the topology."""
+
+    chip: Any
+    topology: str
+    chips: int
+    ops: tuple[ProgramOp, ...]
+    #: The compiler's own totals (``compiled.cost_analysis()``): flops, bytes accessed, ...
+    cost_analysis: dict[str, float]
+    #: ``compiled.memory_analysis()`` fields, bytes.
+    memory: dict[str, int]
+    compile_s: float
+    from_cache: bool
+    notes: tuple[str, ...] = ()
+    stall_factor: float = 1.0
+
+    @property
+    def step_s(self) -> float:
+        return sum(op.total_s for op in self.ops)
+
+    @property
+    def flops(self) -> float:
+        return sum(op.total_flops for op in self.ops)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return sum(op.total_hbm_bytes for op in self.ops)
+
+    @property
+    def hbm_footprint_bytes(self) -> int:
+        """HBM the program needs on one chip: arguments + outputs not aliased to them + temporaries + code."""
+        m = self.memory
+        return int(m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0)
+                   - m.get("alias_size_in_bytes", 0) + m.get("temp_size_in_bytes", 0)
+                   + m.get("generated_code_size_in_bytes", 0))
+
+    def share(self, op: ProgramOp) -> float:
+        return op.total_s / self.step_s if self.step_s > 0 else 0.0
+
+    def bound_shares(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for op in self.ops:
+            out[op.bound] = out.get(op.bound, 0.0) + self.share(op)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _kind(ins: hlo.Instruction, comps: Mapping[str, hlo.Computation], pallas: set[str]) -> str:
+    if ins.name in pallas:
+        return "pallas"
+    op = ins.opcode
+    if op.startswith(hlo.COLLECTIVES) or op.replace("-start", "") in hlo.COLLECTIVES:
+        return "collective"
+    if op in hlo.ASYNC_COPIES:
+        return "dma"
+    if op in ("dot", "convolution"):
+        return "matmul"
+    if op == "fusion":
+        called = hlo._CALLS_ONLY.search(ins.attrs)
+        if called and _has_matmul(comps, called.group(1)):
+            return "matmul"
+        return "fusion"
+    if op == "custom-call":
+        return "custom-call"
+    if op == "copy":
+        return "copy"
+    return "other"
+
+
+def _has_matmul(comps: Mapping[str, hlo.Computation], name: str, depth: int = 0) -> bool:
+    comp = comps.get(name)
+    if comp is None or depth > 8:
+        return False
+    for i in comp.instructions:
+        if i.opcode in ("dot", "convolution"):
+            return True
+        if i.opcode == "fusion":
+            called = hlo._CALLS_ONLY.search(i.attrs)
+            if called and _has_matmul(comps, called.group(1), depth + 1):
+                return True
+    return False
+
+
+def _fused_names(comps: Mapping[str, hlo.Computation], ins: hlo.Instruction, depth: int = 0) -> list[str]:
+    names = [ins.op_name] if ins.op_name else []
+    if ins.opcode == "fusion" and depth < 8:
+        called = hlo._CALLS_ONLY.search(ins.attrs)
+        comp = comps.get(called.group(1)) if called else None
+        for i in comp.instructions if comp else ():
+            names += _fused_names(comps, i, depth + 1)
+    return names
+
+
+def _walk(comps: Mapping[str, hlo.Computation], comp: hlo.Computation, count: int, notes: list[str],
+          out: list[tuple[hlo.Instruction, hlo.Computation, int]], depth: int = 0) -> None:
+    for ins in comp.instructions:
+        if ins.opcode == "while":
+            body = hlo._BODY.search(ins.attrs)
+            trips = hlo.while_trip_count(comps, ins)
+            if trips is None:
+                notes.append(f"{ins.name}: a while loop whose trip count the HLO does not fix is counted once")
+            if body and body.group(1) in comps and depth < 8:
+                _walk(comps, comps[body.group(1)], count * (trips or 1), notes, out, depth + 1)
+            continue
+        if ins.opcode in ("call", "conditional") and depth < 8:
+            if ins.opcode == "conditional":
+                notes.append(f"{ins.name}: every branch of a conditional is counted")
+            for c in ins.calls:
+                if c in comps:
+                    _walk(comps, comps[c], count, notes, out, depth + 1)
+            continue
+        out.append((ins, comp, count))
+
+
+def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] | None = None,
+                  hlo_text: str | None = None) -> Program:
+    """Per-op view of a CompileReport (compiled, with its HLO text kept). ``kernel_times``: HLO name of a
+    Pallas custom call -> seconds from the schedule model, used instead of its bundles and bytes."""
+    from perfmodel.errors import InputError
+    from perfmodel.model import collectives
+    from perfmodel.model.core import ACHIEVABLE, evaluate
+    from perfmodel.schedule.compiled import default_constants
+
+    if not report.compiled:
+        raise InputError(f"the compiler rejected {report.call}: {report.error}")
+    if hlo_text is None:
+        if not report.hlo_path:
+            raise InputError(f"the compile report of {report.call} kept no HLO text; recompile it")
+        hlo_text = Path(report.hlo_path).read_text()
+    comps = hlo.parse_module(hlo_text)
+    main = hlo.entry(comps)
+    notes: list[str] = []
+    listed: list[tuple[hlo.Instruction, hlo.Computation, int]] = []
+    _walk(comps, main, 1, notes, listed)
+    bundles: dict[str, tuple[float, int]] = {o["hlo_name"]: (float(o.get("weighted_bundles", o["program_bundles"])),
+                                                             int(o.get("unknown_trip_loops", 0)))
+                                             for o in report.other_ops}
+    pallas = {k.hlo_name: k for k in report.kernels}
+    clock = float(chip.compute.clock_hz or 0.0)
+    stall = default_constants().stall_factor
+    hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * ACHIEVABLE["hbm"][0]
+    memo: dict = {}
+    shapes_of: dict[str, dict[str, tuple[hlo.Array, ...]]] = {}
+    ops: list[ProgramOp] = []
+    unknown_loops = 0
+    for ins, comp, count in listed:
+        if ins.opcode in hlo.FREE or ins.opcode.endswith("-done"):
+            continue
+        kind = _kind(ins, comps, set(pallas))
+        has_program = ins.name in bundles or ins.name in pallas
+        if not has_program and kind not in ("collective", "dma", "custom-call"):
+            continue  # no code of its own: a bitcast or an op the compiler folded away
+        shapes = shapes_of.setdefault(comp.name, {i.name: i.arrays for i in comp.instructions})
+        work = hlo.instruction_work(comps, ins, shapes, memo)
+        nb: float | None = None
+        if ins.name in pallas:
+            k = pallas[ins.name]
+            lp = k.loop
+            if lp is not None and k.program_bundles is not None:
+                nb = float(lp.weighted_bundles * (lp.trip_count or 1) + max(k.program_bundles - lp.bundles, 0))
+        elif ins.name in bundles:
+            nb, unk = bundles[ins.name]
+            unknown_loops += unk
+        compute = stall * nb / clock if nb and clock else 0.0
+        memory = work.hbm_bytes / hbm_rate if hbm_rate else 0.0
+        ici = ici_bytes = 0.0
+        group = 1
+        source = "roofline"
+        if kind == "collective":
+            group = hlo.collective_group_size(ins, report.chips)
+            base = ins.opcode.replace("-start", "")
+            size = float(sum(a.bytes for a in ins.arrays[-1:])) if base != "all-gather" else float(
+                sum(a.bytes for o in ins.operands[:1] for a in shapes.get(o, ())))
+            model = {"all-reduce": collectives.all_reduce, "all-gather": collectives.all_gather,
+                     "reduce-scatter": collectives.reduce_scatter}.get(base)
+            if group > 1 and model is not None:
+                cost = model(bytes_per_chip=size, num_chips=group, chip=chip)
+                roof = evaluate(cost, chip)
+                ici_bytes = float(cost.ici_bytes)
+                ici = float(roof.expected_s)
+            elif group > 1 and chip.interconnect.ici_bw_bytes_per_s_per_chip:
+                ici_bytes = size
+                ici = size / (chip.interconnect.ici_bw_bytes_per_s_per_chip * ACHIEVABLE["ici"][0])
+            source = "collective model"
+        if kind == "pallas" and kernel_times and ins.name in kernel_times:
+            time, bound, source = float(kernel_times[ins.name]), ("compute" if compute >= memory else "hbm"), \
+                "schedule model"
+        elif kind == "collective":
+            time, bound = max(ici, memory), "ici" if ici >= memory else "hbm"
+        else:
+            time, bound = max(compute, memory), "compute" if compute >= memory else "hbm"
+        ops.append(ProgramOp(
+            hlo_name=ins.name, opcode=ins.opcode, kind=kind, op_name=ins.op_name,
+            fused_op_names=tuple(dict.fromkeys(_fused_names(comps, ins))), count=count, flops=work.flops,
+            transcendentals=work.transcendentals, bytes=work.bytes, hbm_bytes=work.hbm_bytes, ici_bytes=ici_bytes,
+            bundles=nb, compute_s=compute, memory_s=memory, ici_s=ici, time_s=time, bound=bound,
+            time_source=source, group_chips=group))
+    if unknown_loops:
+        notes.append(f"{unknown_loops} loop(s) inside ops have a trip count the schedule does not fix; "
+                     "their bundles count once")
+    if not clock:
+        notes.append(f"{chip.name} has no compute.clock_hz: bundles are not turned into time")
+    notes.append("op times add up (one op at a time per TensorCore); DMAs and collectives the compiler overlaps "
+                 "with compute are not credited")
+    return Program(chip=chip, topology=report.topology, chips=report.chips, ops=tuple(ops),
+                   cost_analysis=dict(report.cost_analysis), memory=dict(report.memory),
+                   compile_s=report.compile_s, from_cache=report.from_cache, notes=tuple(dict.fromkeys(notes)),
+                   stall_factor=stall)
+
+
+def scope_of(op_name: str, known: Iterable[str]) -> str | None:
+    """The innermost component of a JAX name stack that is one of ``known`` (e.g. "qkv_proj")."""
+    known = set(known)
+    for part in reversed(op_name.split("/")):
+        if part in known:
+            return part
+    return None
+
+
+def source_label(op: ProgramOp, parts: int = 2) -> str:
+    """Short source of an op: the last components of its name stack (without jit/while/body wrappers)."""
+    skip = {"while", "body", "closed_call", "cond"}
+    comps = [p for p in op.op_name.split("/") if p and p not in skip and not p.startswith("jit(")]
+    return "/".join(comps[-parts:]) if comps else "-"
+
+
+__all__ = ["Program", "ProgramOp", "build_program", "scope_of", "source_label"]
+
+
+def function_program(target: str, shapes: Sequence[str], args: Sequence[str], chip: Any, *,
+                     topology: str | None = None, shard: Sequence[str] = (),
+                     progress: Callable[[str], None] | None = None) -> Program:
+    """Compile MODULE:FUNCTION (arguments as for `perfmodel analyze`) for ``chip``'s slice and read it op by op.
+    Its Pallas kernels get the compiler-backed schedule model's times where the function traces on this host
+    (perfmodel.schedule.analyze + compiled.pair); otherwise their bundles and bytes."""
+    from perfmodel.compiler.api import CompileCall, compile_report
+    from perfmodel.errors import PerfmodelError
+
+    if shard and topology is None:
+        from perfmodel.errors import InputError
+
+        raise InputError("`shard` places arrays on a slice: give `topology` too (e.g. v5e:2x2)")
+    call = CompileCall(kind="function", target=target, shapes=tuple(shapes), args=tuple(args), topology=topology,
+                       shard=tuple(shard))
+    report = compile_report(call, chip, progress=progress)
+    if not report.compiled:
+        from perfmodel.errors import InputError
+
+        raise InputError(f"the TPU compiler rejected {target}: {report.error}")
+    if report.hlo_path is None:  # a cache entry made before the HLO text was kept
+        report = compile_report(call, chip, use_cache=False, progress=progress)
+    kernel_times: dict[str, float] = {}
+    notes: list[str] = []
+    if report.kernels:
+        try:
+            from perfmodel.schedule.analyze import analyze
+            from perfmodel.schedule.binding import bind_function
+            from perfmodel.schedule.compiled import pair
+
+            fn, values = bind_function(target, shapes, args, chip)
+            views = pair(analyze(fn, *values, chip=chip, keep_step_times=True), report, chip)
+            kernel_times = {v.compile.hlo_name: v.time.expected_s for v in views if v.time is not None}
+        except PerfmodelError as exc:
+            notes.append(f"Pallas kernels timed from their bundles and bytes (the schedule model: {exc})")
+    prog = build_program(report, chip, kernel_times=kernel_times)
+    if notes:
+        import dataclasses
+
+        prog = dataclasses.replace(prog, notes=prog.notes + tuple(notes))
+    return prog
+
