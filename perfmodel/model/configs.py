@@ -26,8 +26,18 @@ from typing import Any
 
 from perfmodel.errors import InputError, SpecError
 
-#: Gated MLP activations the model knows: SwiGLU (silu) and GeGLU (tanh-approximated gelu).
-MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh")
+#: MLP activations the model knows: silu, gelu_tanh (tanh-approximated GELU), gelu (erf GELU, costed as the
+#: tanh form's VPU/EUP work) and relu. Gated MLPs (``mlp_gated``): act(x W_gate) * (x W_up), then W_down
+#: (SwiGLU for silu, GeGLU for gelu); non-gated: act(x W_up), then W_down.
+MLP_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh", "gelu", "relu")
+#: Activations a gated MLP may use (there is no ReGLU kernel model).
+GATED_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu_tanh", "gelu")
+#: Hugging Face ``model_type`` families by MLP layout (the config.json does not say; the modelling code does).
+HF_GATED_FAMILIES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "deepseek_v2", "deepseek_v3", "phi3", "olmo", "olmo2", "granite", "cohere", "internlm2"})
+HF_NON_GATED_FAMILIES = frozenset({
+    "gpt2", "gpt_neox", "gptj", "opt", "falcon", "phi", "starcoder2", "gpt_bigcode", "bloom", "mpt"})
 NORMS: tuple[str, ...] = ("rmsnorm",)
 
 
@@ -84,8 +94,12 @@ class ModelConfig:
     vocab_size: int
     #: Whether the output (vocab) projection shares the embedding matrix.
     tie_embeddings: bool
-    #: Gated MLP activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
+    #: MLP activation, one of MLP_ACTIVATIONS (gated: "silu" is SwiGLU, "gelu_tanh"/"gelu" GeGLU).
     mlp_activation: str
+    #: Gated MLP (gate, up and down matrices) or not (up and down).
+    mlp_gated: bool
+    #: Bias vectors on the MLP's projections (and the experts').
+    mlp_bias: bool
     #: "rmsnorm".
     norm: str
     #: Norm layers per block: 2 (pre-attention, pre-MLP) or 4 (Gemma's pre and post norms).
@@ -186,25 +200,27 @@ def attention_params_per_layer(cfg: ModelConfig) -> int:
     return q + kv_down + kv_up + out
 
 
-def gated_mlp_params(hidden: int, intermediate: int) -> int:
-    """Gate, up and down matrices of one gated (SwiGLU / GeGLU) MLP."""
-    return 3 * hidden * intermediate
+def mlp_params(cfg: ModelConfig, hidden: int, intermediate: int) -> int:
+    """One MLP of cfg's layout: gate (when gated), up and down matrices, and their biases (when ``mlp_bias``)."""
+    matrices = (3 if cfg.mlp_gated else 2) * hidden * intermediate
+    biases = ((2 if cfg.mlp_gated else 1) * intermediate + hidden) if cfg.mlp_bias else 0
+    return matrices + biases
 
 
 def parameter_counts(cfg: ModelConfig) -> ParamCounts:
-    """Count the weights of cfg from its shapes (no biases: none of the presets has any)."""
+    """Count the weights of cfg from its shapes (MLP biases when ``mlp_bias``; no attention biases)."""
     h = cfg.hidden_size
     embedding = cfg.vocab_size * h
     moe = cfg.moe
     routed = shared = routers = routed_active = 0
     if moe is not None:
-        one_expert = gated_mlp_params(h, moe.expert_intermediate_size)
+        one_expert = mlp_params(cfg, h, moe.expert_intermediate_size)
         routed = moe.num_moe_layers * moe.num_experts * one_expert
         routed_active = moe.num_moe_layers * moe.experts_per_token * one_expert
         if moe.shared_expert_intermediate_size:
-            shared = moe.num_moe_layers * gated_mlp_params(h, moe.shared_expert_intermediate_size)
+            shared = moe.num_moe_layers * mlp_params(cfg, h, moe.shared_expert_intermediate_size)
         routers = moe.num_moe_layers * h * moe.num_experts
-    dense = cfg.num_dense_layers * gated_mlp_params(h, cfg.intermediate_size) if cfg.num_dense_layers else 0
+    dense = cfg.num_dense_layers * mlp_params(cfg, h, cfg.intermediate_size) if cfg.num_dense_layers else 0
     return ParamCounts(
         embedding=embedding,
         lm_head=0 if cfg.tie_embeddings else embedding,
@@ -255,6 +271,13 @@ def validate(cfg: ModelConfig, where: str, *, require_sources: bool = True) -> M
         raise bad(f"field 'num_kv_heads' ({cfg.num_kv_heads}) must divide 'num_q_heads' ({cfg.num_q_heads})")
     if cfg.mlp_activation not in MLP_ACTIVATIONS:
         raise bad(f"field 'mlp_activation' must be one of {', '.join(MLP_ACTIVATIONS)}, got '{cfg.mlp_activation}'")
+    if cfg.mlp_gated and cfg.mlp_activation not in GATED_ACTIVATIONS:
+        raise bad(f"field 'mlp_activation' '{cfg.mlp_activation}' with 'mlp_gated' true (a ReGLU-style MLP) is not "
+                  f"modelled; gated MLPs take {', '.join(GATED_ACTIVATIONS)}")
+    if cfg.moe is not None and not cfg.mlp_gated:
+        raise bad("field 'mlp_gated' is false but the model has MoE layers; only gated experts are modelled")
+    if cfg.moe is not None and cfg.mlp_bias:
+        raise bad("field 'mlp_bias' is true but the model has MoE layers; expert biases are not modelled")
     if cfg.norm not in NORMS:
         raise bad(f"field 'norm' must be one of {', '.join(NORMS)}, got '{cfg.norm}'")
     if cfg.norms_per_layer not in (2, 4):
@@ -449,8 +472,36 @@ def _read_json(file: Path) -> dict:
     return data
 
 
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu_tanh",
-                "gelu_new": "gelu_tanh"}
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+                "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def _hf_mlp_gated(r: _HFReader, family: str, model_type: str) -> bool:
+    """Whether the MLP is gated: an explicit ``mlp_gated`` in the file, else from the model family."""
+    if r.has("mlp_gated"):
+        return r.bool("mlp_gated", True)
+    if family in HF_GATED_FAMILIES or model_type in HF_GATED_FAMILIES:
+        return True
+    if family in HF_NON_GATED_FAMILIES or model_type in HF_NON_GATED_FAMILIES:
+        return False
+    raise InputError(f"{r.file}: field '{r.prefix}model_type' is '{model_type}', whose MLP layout perfmodel does not "
+                     f"know; add \"mlp_gated\": true (gate, up, down) or false (up, down) to the file")
+
+
+def _hf_refuse_unmodelled(r: _HFReader) -> None:
+    """Fields the step model cannot honour: one-line errors, never a silent substitute."""
+    for key in ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"):
+        if r.has(key) and not r.has("rms_norm_eps"):
+            raise InputError(f"{r.file}: field '{r.prefix}{key}': LayerNorm is not modelled (only RMSNorm); "
+                             "perfmodel cannot predict this model")
+    for key in ("attention_bias", "use_qkv_bias"):
+        if r.data.get(key) is True:
+            raise InputError(f"{r.file}: field '{r.prefix}{key}' is true: attention projection biases are not "
+                             "modelled (MLP biases are: 'mlp_bias')")
+    if r.data.get("parallel_attn") is True or r.data.get("use_parallel_residual") is True:
+        key = "parallel_attn" if r.data.get("parallel_attn") is True else "use_parallel_residual"
+        raise InputError(f"{r.file}: field '{r.prefix}{key}' is true: parallel attention + MLP blocks are not "
+                         "modelled (the step model runs them one after the other)")
 
 
 def _hf_moe(r: _HFReader, num_layers: int) -> MoEConfig | None:
@@ -536,6 +587,9 @@ def load_hf_config(file: Path) -> ModelConfig:
         raise InputError(f"{file}: field '{prefix}hidden_act' is '{act_name}'; the model knows "
                          f"{', '.join(sorted(_ACTIVATIONS))}")
     family = model_type.split("_")[0]
+    _hf_refuse_unmodelled(r)
+    gated = _hf_mlp_gated(r, family, model_type)
+    mlp_bias = r.bool("mlp_bias", False) or r.bool("use_bias", False)
     tie = r.bool("tie_word_embeddings", top.bool("tie_word_embeddings", True))
     name = normalize(file.parent.name or file.stem)
     cfg = ModelConfig(
@@ -551,6 +605,8 @@ def load_hf_config(file: Path) -> ModelConfig:
         vocab_size=r.int("vocab_size"),
         tie_embeddings=tie,
         mlp_activation=_ACTIVATIONS[act_name],
+        mlp_gated=gated,
+        mlp_bias=mlp_bias,
         norm="rmsnorm",
         norms_per_layer=4 if family in ("gemma2", "gemma3") else 2,
         qk_norm=family in ("qwen3", "gemma3") or r.bool("use_qk_norm", False),
@@ -578,7 +634,8 @@ def describe(cfg: ModelConfig) -> str:
         parts.append(f"MoE {cfg.moe.experts_per_token}/{cfg.moe.num_experts} experts x "
                      f"{cfg.moe.expert_intermediate_size} on {cfg.moe.num_moe_layers} layers")
     if cfg.num_dense_layers:
-        parts.append(f"dense MLP {cfg.intermediate_size}")
+        layout = ("gated " if cfg.mlp_gated else "") + cfg.mlp_activation + (" +bias" if cfg.mlp_bias else "")
+        parts.append(f"dense MLP {cfg.intermediate_size} ({layout})")
     if cfg.sliding_window_tokens:
         parts.append(f"{cfg.num_sliding_window_layers} sliding-window layers ({cfg.sliding_window_tokens} tokens)")
     parts.append(f"vocab {cfg.vocab_size}")

@@ -229,8 +229,9 @@ def weight_matrices(cfg: ModelConfig, sh: Shard) -> list[Matrix]:
         out.append(Matrix(name="kv_up", k=m.kv_lora_rank, n=sh.q_heads * (m.qk_nope_head_dim + m.v_head_dim),
                           layers=layers))
         out.append(Matrix(name="o_proj", k=sh.q_heads * m.v_head_dim, n=h, layers=layers))
-    if cfg.num_dense_layers:
-        out.append(Matrix(name="gate_up", k=h, n=2 * sh.intermediate, layers=cfg.num_dense_layers))
+    if cfg.num_dense_layers:  # gated: gate and up side by side; non-gated: up only
+        out.append(Matrix(name=_mlp_in(cfg), k=h, n=(2 if cfg.mlp_gated else 1) * sh.intermediate,
+                          layers=cfg.num_dense_layers))
         out.append(Matrix(name="down", k=sh.intermediate, n=h, layers=cfg.num_dense_layers))
     if cfg.moe is not None:
         moe, nm = cfg.moe, cfg.moe.num_moe_layers
@@ -247,6 +248,17 @@ def weight_matrices(cfg: ModelConfig, sh: Shard) -> list[Matrix]:
     return out
 
 
+def _mlp_in(cfg: ModelConfig) -> str:
+    """Name of the dense MLP's input projection: "gate_up" (gated) or "up"."""
+    return "gate_up" if cfg.mlp_gated else "up"
+
+
+#: MLP activation (configs.MLP_ACTIVATIONS) -> the elementwise cost it takes (perfmodel.model.elementwise.EPILOGUES;
+#: erf GELU is costed as the tanh form) and, gated, the fused GLU kind (perfmodel.model.fused.GLU_KINDS).
+MLP_EPILOGUE = {"silu": "silu", "gelu_tanh": "gelu", "gelu": "gelu", "relu": "relu"}
+GLU_KIND = {"silu": "swiglu", "gelu_tanh": "geglu", "gelu": "geglu"}
+
+
 def matrix_bytes(mat: Matrix, weight_dtype: str, act_dtype: str) -> float:
     """Bytes of one copy of mat: elements x itemsize, plus f32 per-channel scales when quantized."""
     dt = act_dtype if mat.high_precision else weight_dtype
@@ -258,7 +270,18 @@ def weight_bytes_per_chip(cfg: ModelConfig, sh: Shard, weight_dtype: str, act_dt
     """HBM bytes of one chip's share of the weights (norm weights in the activation dtype)."""
     mats = sum(m.layers * m.copies * matrix_bytes(m, weight_dtype, act_dtype) for m in weight_matrices(cfg, sh))
     norms = (cfg.num_layers * cfg.norms_per_layer + 1) * cfg.hidden_size * DTYPES[act_dtype].itemsize_bytes
-    return mats + norms
+    return mats + norms + mlp_bias_bytes_per_chip(cfg, sh, act_dtype)
+
+
+def mlp_bias_bytes_per_chip(cfg: ModelConfig, sh: Shard, act_dtype: str) -> float:
+    """MLP bias vectors one chip holds (``mlp_bias``): the input projection's share and the whole down bias."""
+    if not cfg.mlp_bias:
+        return 0.0
+    mats = {m.name: m for m in weight_matrices(cfg, sh)}
+    elems = sum(m.layers * m.copies * (m.n + mats[down].n) for name, down in
+                ((_mlp_in(cfg), "down"), ("experts_gate_up", "experts_down"), ("shared_gate_up", "shared_down"))
+                if (m := mats.get(name)) is not None)
+    return elems * DTYPES[act_dtype].itemsize_bytes
 
 
 def _matrix(cfg: ModelConfig, sh: Shard, name: str) -> Matrix:
@@ -389,11 +412,11 @@ def _local(name: str, *, vpu: float = 0.0, eup: float = 0.0, read: float = 0.0, 
     return OpCost(name=name, vpu_ops=vpu, eup_ops=eup, hbm_read_bytes=read, hbm_write_bytes=write, notes=notes)
 
 
-def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any) -> OpCost:
-    """[m, k] x [k, n] projection with the step's activation and weight dtypes."""
+def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any, epilogue: tuple[str, ...] = ()) -> OpCost:
+    """[m, k] x [k, n] projection with the step's activation and weight dtypes (and a fused epilogue)."""
     rhs = step.act_dtype if mat.high_precision else step.weight_dtype
     return _named(gemm(m=m, n=mat.n, k=mat.k, lhs_dtype=step.act_dtype, rhs_dtype=rhs,
-                       out_dtype=step.act_dtype, chip=chip), name)
+                       out_dtype=step.act_dtype, epilogue=epilogue, chip=chip), name)
 
 
 # --------------------------------------------------------------------------- the op list
@@ -546,16 +569,22 @@ def _mla_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[s
 def _mlp_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, str, int, OpCost]]:
     """(block, name, count, cost) of the MLP / MoE half of every layer."""
     T, act, h = step.tokens, step.act_dtype, cfg.hidden_size
-    glu = "swiglu" if cfg.mlp_activation == "silu" else "geglu"
+    # A non-gated MLP's activation rides on the up projection's epilogue (XLA fuses it); a gated one is its own
+    # fused GLU kernel over the gate and up halves. Biases are epilogues of the projections.
+    glu = GLU_KIND.get(cfg.mlp_activation) if cfg.mlp_gated else None
+    bias = ("bias",) if cfg.mlp_bias else ()
     ops: list[tuple[str, str, int, OpCost]] = [
         ("mlp", "mlp_norm", cfg.num_layers, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip))]
     nd = cfg.num_dense_layers
     if nd:
-        ops += [
-            ("mlp", "gate_up", nd, _proj("gate_up", _matrix(cfg, sh, "gate_up"), T, step, chip)),
-            ("mlp", glu, nd, fused.glu(tokens=T, intermediate=sh.intermediate, dtype=act, kind=glu, chip=chip)),
-            ("mlp", "down", nd, _proj("down", _matrix(cfg, sh, "down"), T, step, chip)),
-        ]
+        up = _mlp_in(cfg)
+        if glu is None:
+            ops.append(("mlp", up, nd, _proj(up, _matrix(cfg, sh, up), T, step, chip,
+                                             epilogue=bias + (MLP_EPILOGUE[cfg.mlp_activation],))))
+        else:
+            ops += [("mlp", up, nd, _proj(up, _matrix(cfg, sh, up), T, step, chip, epilogue=bias)),
+                    ("mlp", glu, nd, fused.glu(tokens=T, intermediate=sh.intermediate, dtype=act, kind=glu, chip=chip))]
+        ops.append(("mlp", "down", nd, _proj("down", _matrix(cfg, sh, "down"), T, step, chip, epilogue=bias)))
     if cfg.moe is not None:
         moe, nm = cfg.moe, cfg.moe.num_moe_layers
         r = routing(T, moe.num_experts, moe.experts_per_token)

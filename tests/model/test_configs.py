@@ -223,7 +223,12 @@ def test_hf_missing_mla_field(tmp_path):
     # the message names the file's own field, not the internal one
     ("num_key_value_heads", 5, r"field 'num_key_value_heads' \(5\) must divide 'num_attention_heads' \(32\)"),
     ("num_key_value_heads", 0, r"field 'num_key_value_heads' must be positive, got 0"),
-    ("hidden_act", "relu", r"field 'hidden_act' is 'relu'; the model knows"),
+    ("hidden_act", "tanh", r"field 'hidden_act' is 'tanh'; the model knows"),
+    # llama's MLP is gated: a relu one would be ReGLU, which is not modelled (never silently SwiGLU)
+    ("hidden_act", "relu", r"field 'mlp_activation' 'relu' with 'mlp_gated' true \(a ReGLU-style MLP\) is not"),
+    ("model_type", "mystery", r"field 'model_type' is 'mystery', whose MLP layout perfmodel does not know; add "
+                              r"\"mlp_gated\": true"),
+    ("attention_bias", True, r"field 'attention_bias' is true: attention projection biases are not modelled"),
     ("tie_word_embeddings", "no", r"field 'tie_word_embeddings' must be true or false"),
     ("rope_theta", "high", r"field 'rope_theta' must be a number"),
 ])
@@ -312,7 +317,8 @@ def test_yaml_unit_suffix_rejected(tmp_path):
     ({"sliding_window_tokens": 1024}, r"'sliding_window_tokens' and 'num_sliding_window_layers' must be both"),
     ({"sliding_window_tokens": 1024, "num_sliding_window_layers": 40}, r"'num_sliding_window_layers' \(40\) exceeds"),
     ({"intermediate_size": None}, r"'intermediate_size' is null but 32 layer\(s\) have a dense MLP"),
-    ({"mlp_activation": "relu"}, r"'mlp_activation' must be one of silu, gelu_tanh"),
+    ({"mlp_activation": "swish"}, r"'mlp_activation' must be one of silu, gelu_tanh, gelu, relu"),
+    ({"mlp_activation": "relu"}, r"'mlp_activation' 'relu' with 'mlp_gated' true \(a ReGLU-style MLP\)"),
     ({"norm": "layernorm"}, r"'norm' must be one of rmsnorm"),
     ({"norms_per_layer": 3}, r"'norms_per_layer' must be 2 or 4"),
     ({"mla": configs.MLAConfig(kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=64, qk_rope_head_dim=32,
@@ -322,6 +328,47 @@ def test_validate_cross_field_errors(change, message):
     cfg = dataclasses.replace(get_model("llama-3.1-8b"), **change)
     with pytest.raises(InputError, match=message):
         configs.validate(cfg, "x", require_sources=False)
+
+
+def test_moe_needs_gated_experts_without_bias():
+    moe = get_model("mixtral-8x7b")
+    with pytest.raises(InputError, match=r"field 'mlp_gated' is false but the model has MoE layers"):
+        configs.validate(dataclasses.replace(moe, mlp_gated=False), "x", require_sources=False)
+    with pytest.raises(InputError, match=r"field 'mlp_bias' is true but the model has MoE layers"):
+        configs.validate(dataclasses.replace(moe, mlp_bias=True), "x", require_sources=False)
+
+
+# --------------------------------------------------------------------------- non-gated MLPs (issue 10 part 5)
+
+#: A GPT-NeoX-like layout with RMSNorm (so that the model can honour it): non-gated GELU MLP with biases.
+NON_GATED_HF = {**LLAMA_8B_HF, "model_type": "gpt_neox", "hidden_act": "gelu", "mlp_bias": True,
+                "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16, "num_key_value_heads": 16,
+                "head_dim": 64, "num_hidden_layers": 2, "vocab_size": 1000}
+
+
+def test_hf_non_gated_gelu_with_bias(tmp_path):
+    cfg = load_hf_config(_write(tmp_path, NON_GATED_HF))
+    assert (cfg.mlp_gated, cfg.mlp_activation, cfg.mlp_bias) == (False, "gelu", True)
+    # per layer: up 1024x4096 + down 4096x1024 + biases 4096 + 1024 = 8,393,728 (a GeGLU would add 4,194,304 more)
+    assert parameter_counts(cfg).dense_mlp == 2 * (2 * 1024 * 4096 + 4096 + 1024)
+    assert "dense MLP 4096 (gelu +bias)" in configs.describe(cfg)
+
+
+@pytest.mark.parametrize("extra,gated", [({"model_type": "opt"}, False), ({"model_type": "qwen3"}, True),
+                                         ({"model_type": "mystery", "mlp_gated": False}, False)])
+def test_hf_gating_from_family_or_explicit_field(tmp_path, extra, gated):
+    cfg = load_hf_config(_write(tmp_path, {**NON_GATED_HF, **extra}))
+    assert cfg.mlp_gated is gated
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("layer_norm_eps", 1e-5, r"field 'layer_norm_eps': LayerNorm is not modelled \(only RMSNorm\)"),
+    ("parallel_attn", True, r"field 'parallel_attn' is true: parallel attention \+ MLP blocks are not modelled"),
+])
+def test_hf_unmodelled_layouts_are_errors(tmp_path, field, value, message):
+    data = {k: v for k, v in NON_GATED_HF.items() if k != "rms_norm_eps"} | {field: value}
+    with pytest.raises(InputError, match=message):
+        load_hf_config(_write(tmp_path, data))
 
 
 def test_describe_mentions_the_architecture():

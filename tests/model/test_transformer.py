@@ -154,7 +154,7 @@ def test_tp_errors(tp, message):
 
 def test_tp_kv_heads_that_neither_split_nor_replicate(tmp_path):
     f = tmp_path / "config.json"
-    f.write_text(json.dumps({"hidden_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 48,
+    f.write_text(json.dumps({"model_type": "llama", "hidden_size": 1536, "num_hidden_layers": 2, "num_attention_heads": 48,
                              "num_key_value_heads": 12, "intermediate_size": 4096, "vocab_size": 1000}))
     with pytest.raises(InputError, match=r"`tp` 8: .*12 KV heads neither split over nor replicate evenly"):
         predict_step(load_hf_config(f), make_step(tp=8), V5E)
@@ -392,3 +392,46 @@ def test_context_lens_on_window_and_mla_models():
 def test_context_lens_errors(kw, message):
     with pytest.raises(InputError, match=message):
         make_step(**kw)
+
+
+# --------------------------------------------------------------------------- MLP layouts and TP collectives (issue 10)
+
+
+def _variant(**change):
+    return dataclasses.replace(get_model("llama-3.1-8b"), **change)
+
+
+@pytest.mark.parametrize("act,epilogue", [("relu", "relu"), ("gelu", "gelu"), ("gelu_tanh", "gelu")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_non_gated_mlp_is_up_then_down(act, epilogue, bias):
+    cfg = _variant(mlp_gated=False, mlp_activation=act, mlp_bias=bias)
+    p = predict_step(cfg, make_step(phase="prefill", prefill_len=128), V5E)
+    names = [op.name for op in p.ops if op.block == "mlp"]
+    # no gate and no GLU kernel: norm, up (activation fused as its epilogue), down
+    assert names == ["mlp_norm", "up", "down"]
+    up = _op(p, "up").cost
+    # up: [128, 4096] x [4096, 14336] = 2 * 128 * 4096 * 14336 = 15,032,385,536 FLOPs (GeGLU's gate_up is twice)
+    assert up.useful_flops == 2 * 128 * 4096 * 14336
+    epilogues = [n for n in up.notes if "epilogue" in n]
+    assert epilogues and epilogue in epilogues[0] and (("bias" in epilogues[0]) == bias)
+    # weights: 2 matrices of 4096 x 14336 per layer instead of 3
+    gated = tf.weight_bytes_per_chip(get_model("llama-3.1-8b"), tf.shard(get_model("llama-3.1-8b"), 1), "bf16", "bf16")
+    plain = tf.weight_bytes_per_chip(cfg, tf.shard(cfg, 1), "bf16", "bf16")
+    # 32 layers x 4096 x 14336 x 2 B = 3,758,096,384 B fewer; biases add 32 x (14336 + 4096) x 2 B = 1,179,648 B
+    assert gated - plain == 32 * 4096 * 14336 * 2 - (32 * (14336 + 4096) * 2 if bias else 0)
+
+
+def test_gated_gelu_stays_geglu_and_bias_rides_on_the_projections():
+    p = predict_step(_variant(mlp_activation="gelu", mlp_bias=True), make_step(phase="prefill", prefill_len=128), V5E)
+    assert [op.name for op in p.ops if op.block == "mlp"] == ["mlp_norm", "gate_up", "geglu", "down"]
+    assert any("bias" in n for n in _op(p, "down").cost.notes if "epilogue" in n)
+
+
+def test_tp_all_reduce_follows_the_topology():
+    # TP 8 decode, batch 8: each all-reduce moves the [8, 4096] bf16 activations = 65,536 B per chip.
+    # H100 (NVSwitch): 2 x 7/8 x 65,536 B at 450 GB/s; v5e: 2x4 block of lines, 2 links of 50 GB/s
+    step = make_step(phase="decode", batch=8, context=1024, tp=8)
+    h100 = predict_step(get_model("llama-3.1-8b"), step, get_chip("h100-sxm"))
+    v5e = predict_step(get_model("llama-3.1-8b"), step, V5E)
+    assert _op(h100, "all_reduce(mlp)").roofline.floor_s == pytest.approx(2 * 7 / 8 * 65_536 / 4.5e11)
+    assert _op(v5e, "all_reduce(mlp)").roofline.floor_s == pytest.approx(2 * 7 / 8 * 65_536 / (2 * 5e10))
