@@ -332,8 +332,12 @@ def fused_dequant_gemm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **param
 @click.option("--shape", default=None, metavar="D0,D1,...", help="Or: the per-chip array shape (with --dtype).")
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--num-chips", type=int, default=None, help="Chips on the axis. Required.")
-@click.option("--topology", type=click.Choice(["ring", "line", "torus"]), default="ring", show_default=True,
-              help="ring: one torus axis with wraparound; line: no wraparound; torus: all axes.")
+@click.option("--topology", type=click.Choice(["auto", "ring", "line", "torus"]), default="auto", show_default=True,
+              help="auto: from the chip spec's topology (torus block, switch, full mesh; DCN between slices); "
+                   "ring: one torus axis with wraparound; line: no wraparound; torus: all axes.")
+@click.option("--slice-chips", type=int, default=None,
+              help="Chips per ICI slice for --topology auto (default: the spec's max_chips_per_pod); "
+                   "a larger group goes over DCN between slices.")
 @predict_options
 @user_errors
 def collective(kind: str, hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
