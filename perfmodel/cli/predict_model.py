@@ -59,13 +59,22 @@ Examples:
               help="Share of HBM usable for weights + KV (vLLM's default is 0.9).")
 @click.option("--list", "list_models", is_flag=True, help="List the built-in models and exit (with --json: every "
               "field and its source).")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Also compile a reference JAX step with the TPU compiler (libtpu, deviceless; cached) and put "
+                   "it beside the analytic one op by op (perfmodel.xla.compare).")
+@click.option("--topology", default=None, metavar="SLICE",
+              help="With --compile: the slice to compile for, e.g. v5e:2x4 (default: the chip's, grown to --tp).")
+@click.option("--kv-layout", type=click.Choice(["paged", "contiguous"]), default="paged", show_default=True,
+              help="With --compile: the reference step's KV cache.")
+@click.option("--kernels", type=click.Choice(["jnp", "bundled"]), default="jnp", show_default=True,
+              help="With --compile: attention in jnp or with the bundled Pallas kernels.")
 @predict_options
 @user_errors
 def model(name: str | None, config_path: str | None, phase: str, batch: int | None, context: int | None,
           context_lens: str | None, context_dist: str | None, prefill_len: int | None, weight_dtype: str,
           act_dtype: str, kv_dtype: str | None, tp: int, page_size: int,
-          hbm_utilization: float, list_models: bool, hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool,
-          as_csv: bool) -> None:
+          hbm_utilization: float, list_models: bool, with_compile: bool, topology: str | None, kv_layout: str,
+          kernels: str, hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
     from perfmodel.predict import step_render
     from perfmodel.predict.steps import SWEEPABLE, step_sweep
     from perfmodel.predict.sweep import resolve_chips
@@ -80,6 +89,20 @@ def model(name: str | None, config_path: str | None, phase: str, batch: int | No
         return
     if (name is None) == (config_path is None):
         raise InputError("give a model NAME or --config PATH (one of them); --list shows the built-in models")
+    if with_compile:
+        from perfmodel.cli.common import progress_echo
+        from perfmodel.xla import render as xla_render
+        from perfmodel.xla.compare import compare_sweep
+
+        items = compare_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
+                              base=dict(phase=phase, batch=batch, context=context, prefill_len=prefill_len,
+                                        weight_dtype=weight_dtype, act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp,
+                                        page_size=page_size),
+                              topology=topology, kv_layout=kv_layout, kernels=kernels,
+                              hbm_utilization=hbm_utilization, progress=progress_echo)
+        emit(fmt, text=lambda: xla_render.sweep_text(items),
+             json=lambda: [xla_render.comparison_record(p, c) for p, c in items])
+        return
     result = step_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
                         phase=phase, batch=batch, context=context, context_lens=context_lens,
                         context_dist=context_dist, prefill_len=prefill_len, weight_dtype=weight_dtype,

@@ -358,8 +358,7 @@ def instruction_work(comps: dict[str, Computation], ins: Instruction, shapes: di
         hbm_read += hbm
     read = total_read
     if in_place and biggest is not None:
-        upd = sum(_nbytes(a) for i, a in enumerate(operands) if i != biggest)
-        upd_hbm = sum(_nbytes(a, hbm_only=True) for i, a in enumerate(operands) if i != biggest)
+        upd = max((_nbytes(a) for i, a in enumerate(operands) if i != biggest), default=0)  # the update, written
         space_hbm = all(a.memory_space == 0 for a in ins.arrays)
         return Work(flops=flops, transcendentals=trans, bytes=read + upd, hbm_bytes=hbm_read + (upd if space_hbm
                                                                                                   else 0.0))

@@ -272,8 +272,12 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             time, bound = max(ici, memory), "ici" if ici >= memory else "hbm"
         else:
             time, bound = max(compute, memory), "compute" if compute >= memory else "hbm"
+        op_name = ins.op_name
+        if not op_name and kind == "collective":  # the partitioner's collectives may carry no metadata:
+            producer = next((i for i in comp.instructions if ins.operands and i.name == ins.operands[0]), None)
+            op_name = producer.op_name if producer is not None else ""  # take their operand's
         ops.append(ProgramOp(
-            hlo_name=ins.name, opcode=ins.opcode, kind=kind, op_name=ins.op_name,
+            hlo_name=ins.name, opcode=ins.opcode, kind=kind, op_name=op_name,
             fused_op_names=tuple(dict.fromkeys(_fused_names(comps, ins))), count=count, flops=work.flops,
             transcendentals=work.transcendentals, bytes=work.bytes, hbm_bytes=work.hbm_bytes, ici_bytes=ici_bytes,
             bundles=nb, compute_s=compute, memory_s=memory, ici_s=ici, time_s=time, bound=bound,

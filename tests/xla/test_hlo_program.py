@@ -1,0 +1,206 @@
+"""perfmodel.xla without the compiler: HLO parsing and counting, per-op times, the step comparison, CLI errors."""
+
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.errors import InputError
+from perfmodel.hw.registry import get_chip
+from perfmodel.xla import hlo
+from perfmodel.xla.program import build_program, scope_of
+
+# A while loop of 3 trips whose body runs a matmul fusion reading one layer of stacked weights (dynamic-slice),
+# an in-place cache update and an all-reduce over 4 chips; the entry prefetches an array into VMEM (S(1)).
+HLO = """HloModule jit_step
+
+%fused_dot (p0: bf16[3,256,512], p1: s32[], p2: bf16[8,256]) -> bf16[8,512] {
+  %p0 = bf16[3,256,512]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,256,512]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,256,512}
+  %w = bf16[256,512]{1,0} bitcast(%ds)
+  %p2 = bf16[8,256]{1,0} parameter(2)
+  ROOT %d = bf16[8,512]{1,0} dot(%p2, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/while/body/qkv_proj/dot_general"}
+}
+
+%fused_dus (q0: bf16[3,64,512], q1: bf16[1,8,512], q2: s32[]) -> bf16[3,64,512] {
+  %q0 = bf16[3,64,512]{2,1,0} parameter(0)
+  %q1 = bf16[1,8,512]{2,1,0} parameter(1)
+  %q2 = s32[] parameter(2)
+  %zz = s32[] constant(0)
+  ROOT %u = bf16[3,64,512]{2,1,0} dynamic-update-slice(%q0, %q1, %q2, %zz, %zz), metadata={op_name="jit(step)/while/body/kv_write/dynamic_update_slice"}
+}
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}
+
+%body (t: (s32[], bf16[8,256], bf16[3,256,512], bf16[3,64,512])) -> (s32[], bf16[8,256], bf16[3,256,512], bf16[3,64,512]) {
+  %t = (s32[], bf16[8,256]{1,0}, bf16[3,256,512]{2,1,0}, bf16[3,64,512]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[8,256]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[3,256,512]{2,1,0} get-tuple-element(%t), index=2
+  %c = bf16[3,64,512]{2,1,0} get-tuple-element(%t), index=3
+  %fusion.1 = bf16[8,512]{1,0} fusion(%w, %i, %x), kind=kOutput, calls=%fused_dot, metadata={op_name="jit(step)/while/body/qkv_proj/dot_general"}
+  %r = bf16[1,8,512]{2,1,0} bitcast(%fusion.1)
+  %fusion.2 = bf16[3,64,512]{2,1,0} fusion(%c, %r, %i), kind=kLoop, calls=%fused_dus, metadata={op_name="jit(step)/while/body/kv_write/dynamic_update_slice"}
+  %all-reduce.1 = bf16[8,512]{1,0} all-reduce(%fusion.1), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %one = s32[] constant(1)
+  %n = s32[] add(%i, %one)
+  ROOT %tt = (s32[], bf16[8,256]{1,0}, bf16[3,256,512]{2,1,0}, bf16[3,64,512]{2,1,0}) tuple(%n, %x, %w, %fusion.2)
+}
+
+%cond (t: (s32[], bf16[8,256], bf16[3,256,512], bf16[3,64,512])) -> pred[] {
+  %t = (s32[], bf16[8,256]{1,0}, bf16[3,256,512]{2,1,0}, bf16[3,64,512]{2,1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %k = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (x: bf16[8,256], w: bf16[3,256,512], c: bf16[3,64,512]) -> bf16[3,64,512] {
+  %x = bf16[8,256]{1,0} parameter(0)
+  %w = bf16[3,256,512]{2,1,0} parameter(1)
+  %c = bf16[3,64,512]{2,1,0} parameter(2)
+  %copy-start = (bf16[8,256]{1,0:S(1)}, bf16[8,256]{1,0}, u32[]) copy-start(%x)
+  %copy-done = bf16[8,256]{1,0:S(1)} copy-done(%copy-start)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[8,256]{1,0}, bf16[3,256,512]{2,1,0}, bf16[3,64,512]{2,1,0}) tuple(%zero, %copy-done, %w, %c)
+  %while.1 = (s32[], bf16[8,256]{1,0}, bf16[3,256,512]{2,1,0}, bf16[3,64,512]{2,1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = bf16[3,64,512]{2,1,0} get-tuple-element(%while.1), index=3
+}
+"""
+
+
+def _work(name: str) -> hlo.Work:
+    comps = hlo.parse_module(HLO)
+    body = comps["body"]
+    ins = body.by_name()[name]
+    return hlo.instruction_work(comps, ins, {i.name: i.arrays for i in body.instructions})
+
+
+def test_parse_and_trip_count():
+    comps = hlo.parse_module(HLO)
+    main_ = hlo.entry(comps)
+    assert main_.name == "main"
+    loop = main_.by_name()["while.1"]
+    assert hlo.while_trip_count(comps, loop) == 3
+    assert hlo.collective_group_size(comps["body"].by_name()["all-reduce.1"], default=1) == 4
+    cs = main_.by_name()["copy-start"]
+    assert [a.memory_space for a in cs.arrays] == [1, 0, 0]
+
+
+def test_dot_fusion_reads_one_layer_of_the_stack():
+    w = _work("fusion.1")
+    assert w.flops == 2 * 8 * 512 * 256  # 2 x out elements x K
+    # reads x (8x256 bf16 = 4096 B), one layer of w (256x512x2 = 262144 B) and the layer index (4 B),
+    # writes 8x512x2 = 8192 B
+    assert w.bytes == 4096 + 262144 + 4 + 8192
+    assert w.hbm_bytes == w.bytes  # nothing in VMEM
+
+
+def test_in_place_update_counts_the_update_not_the_buffer():
+    w = _work("fusion.2")
+    # the 3x64x512 cache is updated in place: read the 8x512 update (8192 B) + the index (4 B), write 8192 B
+    assert w.bytes == 8192 + 4 + 8192
+
+
+def test_async_copy_into_vmem_reads_hbm_only():
+    comps = hlo.parse_module(HLO)
+    main_ = hlo.entry(comps)
+    w = hlo.instruction_work(comps, main_.by_name()["copy-start"], {i.name: i.arrays for i in main_.instructions})
+    assert (w.bytes, w.hbm_bytes) == (2 * 4096, 4096)  # read 4 kB from HBM, write them to VMEM
+
+
+def _report(bundles: dict[str, int]) -> SimpleNamespace:
+    return SimpleNamespace(compiled=True, call="step", error=None, hlo_path=None, kernels=(), topology="v5e:2x2",
+                           chips=4, cost_analysis={}, memory={"argument_size_in_bytes": 1000,
+                                                              "output_size_in_bytes": 600, "alias_size_in_bytes": 600,
+                                                              "temp_size_in_bytes": 50,
+                                                              "generated_code_size_in_bytes": 10},
+                           compile_s=1.0, from_cache=True,
+                           other_ops=tuple({"hlo_name": k, "program_bundles": v, "weighted_bundles": v}
+                                           for k, v in bundles.items()))
+
+
+def test_program_times_ops_per_trip():
+    from perfmodel.model.core import ACHIEVABLE
+    from perfmodel.schedule.compiled import default_constants
+
+    chip = get_chip("v5e")
+    p = build_program(_report({"fusion.1": 30_000, "fusion.2": 10}), chip, hlo_text=HLO)
+    names = {o.hlo_name: o for o in p.ops}
+    assert set(names) == {"fusion.1", "fusion.2", "all-reduce.1", "copy-start"}
+    dot = names["fusion.1"]
+    assert dot.count == 3 and dot.kind == "matmul"
+    assert dot.compute_s == pytest.approx(default_constants().stall_factor * 30_000 / chip.compute.clock_hz)
+    assert dot.memory_s == pytest.approx(dot.hbm_bytes / (chip.memory.hbm_bw_bytes_per_s_per_chip *
+                                                          ACHIEVABLE["hbm"][0]))
+    assert dot.bound == "compute" and dot.time_s == dot.compute_s  # 30k bundles at 1.5 GHz >> 275 kB of HBM
+    ar = names["all-reduce.1"]
+    assert ar.kind == "collective" and ar.group_chips == 4 and ar.bound == "ici"
+    # the collective inherits its operand's name stack (the partitioner's collectives carry none)
+    assert scope_of(ar.op_name, {"qkv_proj"}) == "qkv_proj"
+    assert p.step_s == pytest.approx(sum(o.count * o.time_s for o in p.ops))
+    assert p.hbm_footprint_bytes == 1000 + 600 - 600 + 50 + 10
+
+
+def test_compare_maps_ops_by_scope_and_flags_gaps():
+    from perfmodel.model.configs import get_model
+    from perfmodel.model.transformer import make_step, predict_step
+    from perfmodel.xla.compare import compare
+
+    chip = get_chip("v5e")
+    cfg = get_model("tests/xla/data/tiny-llama.json")
+    pred = predict_step(cfg, make_step(batch=8, context=64, tp=4), chip)
+    p = build_program(_report({"fusion.1": 30_000, "fusion.2": 10}), chip, hlo_text=HLO)
+    c = compare(pred, p)
+    rows = {r.name: r for r in c.rows}
+    assert rows["qkv_proj"].hlo_ops == ("fusion.1",)
+    assert rows["kv_write"].hlo_ops == ("fusion.2",)
+    assert rows["all_reduce(attn)"].hlo_ops == ("all-reduce.1",)  # the qkv_proj scope is in the attention block
+    assert rows["(prefetch DMAs)"].analytic_s is None and rows["(prefetch DMAs)"].flagged
+    assert rows["swiglu"].compiled_s == 0 and "no compiled op" in rows["swiglu"].reasons[0]
+    q = rows["qkv_proj"]
+    assert q.flagged == (abs(q.compiled_s / q.analytic_s - 1) > 0.15)
+    assert c.compiled_s == pytest.approx(p.step_s)
+
+
+def test_topology_check():
+    from perfmodel.compiler.toolchain import check_topology, topology_chips
+
+    assert check_topology("tpu-v5e", "v5e:2x4") == "v5e:2x4" and topology_chips("v5e:2x4") == 8
+    assert check_topology("tpu-v5e", None) == "v5e:2x2"
+    with pytest.raises(InputError, match=r"`topology` 'v6e:2x2': tpu-v5e slices are written like 'v5e:2x2'"):
+        check_topology("tpu-v5e", "v6e:2x2")
+    with pytest.raises(InputError, match="`topology` 'v5p:2x2'"):
+        check_topology("tpu-v5p", "v5p:2x2")  # v5p slices have three axes
+
+
+def test_default_topology_grows_to_tp():
+    from perfmodel.xla.compare import default_topology
+
+    assert default_topology(get_chip("v5e"), 4) is None
+    assert default_topology(get_chip("v5e"), 8) == "v5e:4x2"
+
+
+def test_cli_errors_name_flags():
+    r = CliRunner().invoke(main, ["xla", "kernels.matmul.kernel:matmul", "--shape", "x=8x128", "--shard", "x=_,tp"])
+    assert r.exit_code == 1
+    assert "--shard places arrays on a slice: give --topology too" in r.output
+    r = CliRunner().invoke(main, ["xla", "kernels.matmul.kernel:matmul", "--shape", "x=8x128", "--hw", "v5e",
+                                  "--topology", "v6e:2x2"])
+    assert r.exit_code == 1 and "--topology 'v6e:2x2': tpu-v5e slices" in r.output
+
+
+def test_reference_rejects_mla():
+    from perfmodel.model.configs import get_model
+    from perfmodel.xla.reference import layer_groups
+
+    with pytest.raises(InputError, match="latent attention"):
+        layer_groups(get_model("deepseek-v3"))
+    groups = layer_groups(get_model("gemma-3-27b"))
+    assert [g.attention_label for g in groups][0] == "attention(global)" and groups[1].window
