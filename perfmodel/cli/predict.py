@@ -255,6 +255,36 @@ def kv_capacity_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, 
          csv=lambda: render.capacity_csv(result))
 
 
+# ----------------------------------------------------------------------------- memory ops
+
+
+@predict.command()
+@click.option("--bytes", "array_bytes", type=float, default=None, help="Bytes of the array.")
+@click.option("--shape", default=None, metavar="D0,D1,...", help="Or: the array's shape (with --dtype).")
+@click.option("--elements", "array_elements", type=int, default=None, help="Or: its element count (with --dtype).")
+@click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
+@click.option("--elementwise", is_flag=True, help="One VPU op per element (x + 1) instead of a plain copy.")
+@predict_options
+@user_errors
+def copy(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Copy an array HBM to HBM in one op (read once, written once); small copies pay the launch and DMA
+    latency, so they stay far from peak bandwidth."""
+    run_op("copy", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv)
+
+
+@predict.command()
+@click.option("--rows", type=int, default=None, help="Rows gathered (tokens of an embedding lookup). Required.")
+@click.option("--row-bytes", type=float, default=None, help="Bytes per row.")
+@click.option("--row-elements", type=int, default=None, help="Or: elements per row (hidden size; with --dtype).")
+@click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
+@predict_options
+@user_errors
+def gather(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
+    """Gather rows of a table by int32 index (embedding lookup, jnp.take along axis 0): bound by rows per
+    second on a TPU (a fitted per-row issue cost), by bytes on a GPU."""
+    run_op("gather", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("rows",))
+
+
 # ----------------------------------------------------------------------------- fused ops
 
 

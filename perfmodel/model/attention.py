@@ -232,6 +232,8 @@ def flash_attention(
         hbm_read_bytes=fval(q_bytes + kv_bytes),
         hbm_write_bytes=fval(q_bytes),
         fixed_s=fval(fixed),
+        launches=1,
+        launch_kind="pallas",
         vmem_bytes=fval(vmem),
         notes=tuple(notes),
         metrics={
@@ -349,8 +351,10 @@ def _paged_attention_cost(
     eup = eup + out_rows
     notes = list(path.notes)
     kv_elems = 2.0 * kv_heads * head_dim * tokens_visited
-    if path.converts_rhs:
-        vpu = vpu + kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (kv_scale != "none"))
+    serial = np.zeros(())
+    if path.converts_rhs:  # KV dequantized between its DMA and the MXU: on the critical path
+        serial = kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (kv_scale != "none"))
+        vpu = vpu + serial
     elif kv_scale != "none":
         vpu = vpu + 2.0 * scores  # scales applied to the scores (K) and the probabilities (V)
     kv_bytes = (kv_elems * DTYPES[kv_dtype].itemsize_bytes
@@ -371,6 +375,7 @@ def _paged_attention_cost(
         useful_flops=useful,
         mxu_dtype=path.compute_dtype,
         vpu_ops=total(vpu),
+        serial_vpu_ops=total(serial),
         eup_ops=total(eup),
         hbm_read_bytes=total(kv_bytes + q_bytes + table_bytes),
         hbm_write_bytes=total(q_bytes),
@@ -426,10 +431,11 @@ def paged_decode_attention(
     scale = _resolve_kv_scale(kv_dt, kv_scale)
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=b is None)
     ones = np.ones_like(lens)
-    return _paged_attention_cost(
+    cost = _paged_attention_cost(
         name="decode-attention", q_lens=ones, lens=lens, batch=b, q_heads=q_heads, kv_heads=kv_heads,
         head_dim=head_dim, page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, precision=precision,
         block_q=1, table_entries=table, chip=chip)
+    return dataclasses.replace(cost, launches=1, launch_kind="pallas")
 
 
 def ragged_paged_attention(
@@ -480,7 +486,8 @@ def ragged_paged_attention(
     prefill_part = _paged_attention_cost(name="prefill", seq_mask=~decode, **common)
     decode_part = _paged_attention_cost(name="decode", seq_mask=decode, **common)
     notes = ("parts: prefill (query_lens > 1) and decode (query_lens == 1) sequences of one kernel launch",)
-    cost = combine("ragged-attention", [prefill_part, decode_part], notes=notes + prefill_part.notes)
+    cost = combine("ragged-attention", [prefill_part, decode_part], notes=notes + prefill_part.notes, launches=1,
+                   launch_kind="pallas")
     metrics = {f"{p.name}_{k}": v for p in (prefill_part, decode_part) for k, v in p.metrics.items()}
     return dataclasses.replace(cost, metrics=metrics)
 
@@ -543,6 +550,8 @@ def mla_decode(
         eup_ops=total(eup),
         hbm_read_bytes=total(read),
         hbm_write_bytes=total(write),
+        launches=1,
+        launch_kind="pallas",
         notes=path.notes + ("absorbed MLA: one shared latent+rope KV row per token, read in whole pages",),
         metrics={
             "sequences": total(1.0),

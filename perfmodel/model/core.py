@@ -66,9 +66,21 @@ class OpCost:
     ici_bytes: Num = 0
     #: Part of vpu_ops spent on padding to the (8, 128) vreg tile (included in vpu_ops).
     vpu_padding_ops: Num = 0
-    #: Fixed latencies (grid-step overhead, ICI hops, launches): added to expected and
-    #: no-overlap times, never to the floor.
+    #: Fixed latencies the op model knows (grid-step overhead, ICI hops): added to expected and
+    #: no-overlap times, never to the floor. Launches are counted by ``launches`` instead.
     fixed_s: Num = 0
+    #: Device launches the op makes (XLA ops, pallas_calls, GPU kernels). Each costs the chip's launch
+    #: overhead of ``launch_kind`` plus two exposed DMA latencies (first fetch, last write-back) when the op
+    #: touches HBM; expected and no-overlap only. 0: the caller counts launches itself.
+    launches: Num = 0
+    #: "xla" (an XLA op / fusion) or "pallas" (a pallas_call); both are one kernel launch on a GPU.
+    launch_kind: str = "xla"
+    #: Part of vpu_ops on the critical path (dequantizing weights or KV between their DMA and the MXU):
+    #: their time adds to the slowest unit's in expected and no-overlap times instead of overlapping.
+    serial_vpu_ops: Num = 0
+    #: Multiplier (<= 1) on the MXU's achievable share for this shape: contraction ramp x GPU waves
+    #: (perfmodel.model.efficiency.mxu_factor); expected and no-overlap only.
+    mxu_efficiency: Num = 1.0
     #: ICI links the op drives at once (0: all of the chip's links, i.e. ici_bw_bytes_per_s_per_chip).
     ici_links: Num = 0
     #: Peak VMEM working set per core (footprint, not traffic; not part of any time).
@@ -136,6 +148,20 @@ class Roofline:
     attainable_hbm_bytes_per_s: Num
     #: Per unit: its time over the floor (1.0 for the limiter) = share of its peak used at the floor.
     peak_share: dict[str, Num]
+    #: The fixed costs in expected_s and no_overlap_s by kind: "launch" (op / pallas_call launches),
+    #: "dma_latency" (exposed first-fetch and last-write latencies), "op" (the op model's own: grid steps,
+    #: ICI hops) and "serial_vpu" (dequantization on the critical path, at its achievable rate).
+    fixed_parts_s: dict[str, Num] = dataclasses.field(default_factory=dict)
+    #: Share of peak per unit the expected time assumes (perfmodel.model.efficiency.unit_shares).
+    achievable_share: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Host dispatch of one jitted call on this chip: not in expected_s; add it to compare with a wall-clock
+    #: timing of a single call (``expected_with_dispatch_s``). 0 when the spec has none.
+    host_dispatch_s: float = 0.0
+
+    @property
+    def expected_with_dispatch_s(self) -> Num:
+        """Expected time of one call timed from the host: expected_s plus the chip's host dispatch."""
+        return self.expected_s + self.host_dispatch_s
 
     @property
     def bound(self) -> Any:
@@ -220,18 +246,70 @@ def unit_times(cost: OpCost, chip: ChipSpec) -> dict[str, np.ndarray]:
     return out
 
 
+def launch_overhead_s(chip: ChipSpec, kind: str) -> float:
+    """Device-side cost of one launch of ``kind`` ("xla" or "pallas") on chip: a pallas_call's own figure
+    where the spec has one, else the op launch (a GPU kernel); 0 when the spec has neither."""
+    if kind not in ("xla", "pallas"):
+        from perfmodel.errors import InputError
+
+        raise InputError(f"`launch_kind` '{kind}': use 'xla' or 'pallas'")
+    o = chip.overheads
+    if kind == "pallas" and o.pallas_call_launch_s is not None:
+        return o.pallas_call_launch_s
+    return o.op_launch_s or 0.0
+
+
+def _launch_costs(cost: OpCost, chip: ChipSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(launch seconds, exposed DMA-latency seconds) of cost's launches; parts count their own."""
+    if cost.parts:
+        pairs = [_launch_costs(p, chip) for p in cost.parts]
+        own = np.maximum(np.asarray(cost.launches, dtype=float)
+                         - sum(np.asarray(p.launches, dtype=float) for p in cost.parts), 0)
+        launch = sum(a for a, _ in pairs) + own * launch_overhead_s(chip, cost.launch_kind)
+        own_dma = own * 2 * (chip.overheads.dma_latency_s or 0.0) * (np.asarray(cost.hbm_bytes, dtype=float) > 0)
+        return launch, sum(b for _, b in pairs) + own_dma
+    n = np.asarray(cost.launches, dtype=float)
+    touches_hbm = np.asarray(cost.hbm_bytes, dtype=float) > 0
+    dma = n * 2 * (chip.overheads.dma_latency_s or 0.0) * touches_hbm
+    return n * launch_overhead_s(chip, cost.launch_kind), dma
+
+
+def _achievable_times(cost: OpCost, chip: ChipSpec, times: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Seconds per unit at the achievable shares (parts at their own dtype's share), serial VPU work apart."""
+    from perfmodel.model.efficiency import unit_shares
+
+    if cost.parts:
+        per = [_achievable_times(p, chip, unit_times(p, chip)) for p in cost.parts]
+        return {u: sum(t[u] for t in per) for u in (*UNITS, "serial_vpu")}
+    shares = unit_shares(chip, cost.mxu_dtype if cost.mxu_dtype in chip.compute.matmul_flops_per_s_per_chip
+                         else "bf16")
+    out = {u: np.asarray(times[u], dtype=float) / shares[u] for u in UNITS}
+    out["mxu"] = out["mxu"] / np.asarray(cost.mxu_efficiency, dtype=float)
+    serial = np.asarray(cost.serial_vpu_ops, dtype=float) / (chip.compute.vpu_flops_per_s_per_chip * shares["vpu"])
+    out["vpu"] = out["vpu"] - serial
+    out["serial_vpu"] = serial
+    return out
+
+
 def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Roofline:
     """Evaluate cost on chip: per-unit times, floor, expected and no-overlap bounds.
 
-    ``fixed_overhead_s`` (launch, per-step costs a caller knows about) is added to
-    expected and no-overlap, never to the floor.
+    Expected: the slowest unit at its achievable share (perfmodel.model.efficiency) plus the fixed parts
+    (:attr:`Roofline.fixed_parts_s`: launches, DMA latency, the op's own fixed costs, serial dequantization).
+    ``fixed_overhead_s`` (costs a caller knows about) joins the op's own; never part of the floor.
     """
+    from perfmodel.model.efficiency import unit_shares
+
     times = unit_times(cost, chip)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(times[u], dtype=float) for u in UNITS)))
     floor = stacked.max(axis=0)
-    fixed_overhead_s = np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float)
-    eff = np.array([ACHIEVABLE[u][0] for u in UNITS]).reshape((-1,) + (1,) * (stacked.ndim - 1))
-    achievable = stacked / eff
+    ach = _achievable_times(cost, chip, times)
+    launch_s, dma_s = _launch_costs(cost, chip)
+    parts = {"launch": launch_s, "dma_latency": dma_s,
+             "op": np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float),
+             "serial_vpu": ach["serial_vpu"]}
+    fixed_overhead_s = sum(np.asarray(v, dtype=float) for v in parts.values())
+    achievable = np.stack(np.broadcast_arrays(*(ach[u] for u in UNITS)))
     # Expected: the slowest unit at its achievable rate (units overlap). No-overlap ceiling: every unit
     # at its achievable rate, one after another. So floor <= expected <= no_overlap always.
     expected = achievable.max(axis=0) + fixed_overhead_s
@@ -263,6 +341,10 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
         attainable_flops_per_s=_scalarize(flops_rate),
         attainable_hbm_bytes_per_s=_scalarize(hbm_rate),
         peak_share=share,
+        fixed_parts_s={k: _scalarize(np.asarray(v, dtype=float)) for k, v in parts.items()},
+        achievable_share=unit_shares(chip, dtypes[0] if len(set(dtypes)) == 1 and dtypes[0] in
+                                     chip.compute.matmul_flops_per_s_per_chip else "bf16"),
+        host_dispatch_s=chip.overheads.host_dispatch_s or 0.0,
     )
 
 
@@ -272,21 +354,27 @@ def _leaf_dtypes(cost: OpCost) -> list[str]:
     return [cost.mxu_dtype]
 
 
-def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[str, ...] = ()) -> OpCost:
-    """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation."""
+def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[str, ...] = (), *,
+            launches: Num = 0, launch_kind: str = "xla") -> OpCost:
+    """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation.
+
+    ``launches``: launches of the whole beyond its parts' own (e.g. 1 for one kernel whose parts are the
+    prefill and decode halves of its work and launch nothing themselves)."""
     parts = tuple(parts)
     if not parts:
         from perfmodel.errors import InputError
 
         raise InputError(f"combine('{name}'): needs at least one part")
     total = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE}
+    total["launches"] = total["launches"] + launches
     total["vmem_bytes"] = np.maximum.reduce([np.asarray(p.vmem_bytes, dtype=float) for p in parts])
     dtypes = {d for p in parts for d in _leaf_dtypes(p)}
-    return OpCost(name=name, mxu_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed", notes=notes, parts=parts, **total)
+    return OpCost(name=name, mxu_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed", notes=notes, parts=parts,
+                  launch_kind=launch_kind, **total)
 
 
 _ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes",
-             "vpu_padding_ops", "fixed_s")
+             "vpu_padding_ops", "fixed_s", "launches", "serial_vpu_ops")
 
 
 def to_cost_estimate(cost: OpCost) -> Any:

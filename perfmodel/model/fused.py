@@ -45,6 +45,7 @@ def _elementwise_cost(*, name: str, elements: Num, elements_padded: Num, vpu_per
         hbm_read_bytes=fval(read),
         hbm_write_bytes=fval(write),
         notes=(form,) + notes,
+        launches=1 if fused else kernels,
         metrics={"kernels": 1 if fused else kernels},
     )
 
@@ -211,6 +212,7 @@ def dequant_gemm(
         vpu_padding_ops=fval(vpu_per * (padded - elems)),
         hbm_read_bytes=fval(weights_q + scales),
         hbm_write_bytes=fval(elems * DTYPES[a_dt].itemsize_bytes),
+        launches=1,
     )
     mm = gemm(m=m, n=n, k=k, lhs_dtype=a_dt, rhs_dtype=a_dt, out_dtype=out_dtype, chip=chip)
     cost = combine("dequant+gemm", [deq, mm],

@@ -83,6 +83,8 @@ def kv_cache_update(
     notes.append("writes only the new rows (DMA per slot); partial-tile read-modify-write not modelled")
     return OpCost(
         name="kv-cache-update",
+        launches=1,
+        launch_kind="pallas",
         vpu_ops=fval(vpu),
         vpu_padding_ops=fval(np.asarray(vpu) * (1 - elems / elems_pad) if quantize else 0.0),
         eup_ops=fval(eup),
@@ -140,6 +142,7 @@ def kv_gather(
         vpu = per * 2.0 * kv_heads * tiles.vreg_elements(lens, head_dim)
     return OpCost(
         name="kv-gather",
+        launches=1,
         vpu_ops=total(vpu),
         hbm_read_bytes=total(read),
         hbm_write_bytes=total(write),

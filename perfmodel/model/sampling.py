@@ -161,6 +161,7 @@ def sampling(
     vpu = vpu_per * elems_pad
     cost = OpCost(
         name="sampling",
+        launches=1,
         vpu_ops=fval(vpu),
         vpu_padding_ops=fval(vpu_per * (elems_pad - elems)),
         eup_ops=fval(eup_per * elems_pad),

@@ -41,7 +41,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.jsonable import to_jsonable
-from perfmodel.model import attention, collectives, core, fused, kvcache, sampling
+from perfmodel.model import attention, collectives, core, fused, kvcache, memops, sampling
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, default_kv_scale, is_quantized, matmul_path, parse_dtype
@@ -628,8 +628,7 @@ def _head_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[
     T, B, act, h = step.tokens, step.batch, step.act_dtype, cfg.hidden_size
     act_item, w_item = DTYPES[act].itemsize_bytes, DTYPES[step.weight_dtype].itemsize_bytes
     ops: list[tuple[str, str, int, OpCost]] = [
-        ("embed", "embed", 1, _local("embed", read=T * h * w_item + T * 4, write=T * h * act_item,
-                                     notes=("embedding rows gathered by token id",))),
+        ("embed", "embed", 1, _named(memops.gather(rows=T, row_bytes=h * w_item, chip=chip), "embed")),
         ("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)),
     ]
     # [B, hidden] x [hidden, vocab / tp] for the last token of each sequence (a tied head reads the embedding table)

@@ -171,6 +171,33 @@ def kv_gather(*, chip: Any, context: Any = None, context_lens: Any = None, conte
     return model(chip=chip, context_lens=lens, batch=b, **params)
 
 
+def copy(*, chip: Any, shape: Any = None, **params: Any) -> Any:
+    """One pass over an array (a copy, or ``x + 1`` with ``elementwise``); ``shape`` is the array's dims."""
+    from perfmodel.model.memops import copy as model
+
+    if shape is not None:
+        if params.get("array_elements") is not None:
+            raise InputError("give `shape` or `array_elements`, not both", fields=("shape", "array_elements"))
+        params["array_elements"] = _product(parse_dims(shape), "shape")
+    return model(chip=chip, **params)
+
+
+def gather(*, chip: Any, **params: Any) -> Any:
+    """Rows gathered from a table by index (embedding lookup, jnp.take along axis 0)."""
+    from perfmodel.model.memops import gather as model
+
+    return model(chip=chip, **params)
+
+
+def _product(dims: list[int], field: str) -> int:
+    if not dims or any(d <= 0 for d in dims):
+        raise InputError(f"`{field}`: dims must be positive integers, got {dims}", fields=(field,))
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
 def _fused(name: str) -> Builder:
     """The fused and unfused forms of perfmodel.model.fused.<name> side by side."""
 
@@ -214,6 +241,8 @@ BUILDERS: dict[str, Builder] = {
     "sampling": sampling,
     "kv-cache update": kv_update,
     "kv-cache gather": kv_gather,
+    "copy": copy,
+    "gather": gather,
     "rms-norm": _fused("rms_norm"),
     "swiglu": _fused("swiglu"),
     "geglu": _fused("geglu"),

@@ -49,6 +49,11 @@ def _unit_row(label: str, preds: list[OpPrediction], unit: str) -> list[str]:
     return row
 
 
+#: Roofline.fixed_parts_s keys -> how the text report names them.
+FIXED_PART_LABELS = {"launch": "launch", "dma_latency": "DMA latency", "op": "op fixed costs",
+                     "serial_vpu": "serial dequantization"}
+
+
 def report_rows(preds: list[OpPrediction]) -> list[list[str]]:
     """The detailed quantity-by-chip rows of one point (one column per chip / variant)."""
 
@@ -63,6 +68,11 @@ def report_rows(preds: list[OpPrediction]) -> list[list[str]]:
         row("expected", lambda p: seconds(_num(r(p).expected_s))),
         row("no-overlap", lambda p: seconds(_num(r(p).no_overlap_s))),
     ]
+    for part, label in FIXED_PART_LABELS.items():
+        if any(_num(p.roofline.fixed_parts_s.get(part, 0)) for p in preds):
+            rows.append(row(f"  in expected: {label}", lambda p, k=part: seconds(_num(r(p).fixed_parts_s.get(k, 0)))))
+    if any(p.roofline.host_dispatch_s for p in preds):
+        rows.append(row("expected + host dispatch", lambda p: seconds(_num(r(p).expected_with_dispatch_s))))
     rows += [_unit_row(f"  {u.upper()} time (share of peak)", preds, u) for u in UNITS
              if any(_num(p.roofline.unit_s[u]) for p in preds)]
     has = lambda field: any(_num(getattr(p.cost, field)) for p in preds)  # noqa: E731
@@ -176,7 +186,8 @@ def prediction_record(p: OpPrediction, params: dict[str, Any]) -> dict[str, Any]
     r = p.roofline
     roof = {f: getattr(r, f) for f in ("unit_s", "floor_s", "no_overlap_s", "expected_s", "arithmetic_intensity",
                                        "ridge_point", "attainable_flops_per_s", "attainable_hbm_bytes_per_s",
-                                       "peak_share")}
+                                       "peak_share", "fixed_parts_s", "achievable_share", "host_dispatch_s")}
+    roof["expected_with_dispatch_s"] = r.expected_with_dispatch_s
     roof.update(bound=r.bound, limiter=r.limiter, mfu_at_floor=r.mfu_at_floor, mbu_at_floor=r.mbu_at_floor)
     cost = to_jsonable(p.cost)
     cost.update(padding_waste=to_jsonable(p.cost.padding_waste), vpu_padding_waste=to_jsonable(

@@ -1,0 +1,119 @@
+"""Achievable share of each unit's peak: a plateau per chip and dtype, a ramp with the contraction size, and
+GPU wave quantization, fitted on public measurements (``perfmodel/data/calibration/efficiency.yaml``).
+
+:func:`mxu_factor` is what an op model multiplies into :attr:`OpCost.mxu_efficiency` (the ramp and the
+waves of one GEMM shape); :func:`unit_shares` is what :func:`perfmodel.model.core.evaluate` divides each
+unit's time by for ``expected_s``. Chips and dtypes the file does not list use :data:`perfmodel.model.core.ACHIEVABLE`.
+No jax; the file is read once, on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+EFFICIENCY_FILE = "calibration/efficiency.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChipEfficiency:
+    """The fitted figures of one chip (defaults filled in)."""
+
+    #: Plateau share of the MXU / tensor-core peak per matmul rate key; ``default_mxu_share`` for others.
+    mxu_share: dict[str, float]
+    default_mxu_share: float
+    #: K at which a GEMM reaches half of the plateau's per-tile efficiency gap (0: no ramp).
+    mxu_k_half: float
+    hbm_share: float
+    #: GPU output tile (rows, cols) for wave quantization; None on TPUs (their padding is in the issued FLOPs).
+    gpu_tile: tuple[int, int] | None
+    #: TensorCore cycles one gathered row costs (per core); None where no gather was measured.
+    gather_row_cycles: float | None
+    #: Field -> the measurement it was fitted on.
+    fitted_on: dict[str, str]
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(resources.files("perfmodel.data").joinpath(EFFICIENCY_FILE).read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def chip_efficiency(chip_name: str) -> ChipEfficiency:
+    """The fitted figures for a chip name (the defaults for a chip the file does not list)."""
+    from perfmodel.model.core import ACHIEVABLE
+
+    entry = _table().get("chips", {}).get(chip_name, {})
+    tile = entry.get("gpu_tile")
+    return ChipEfficiency(
+        mxu_share={k: float(v) for k, v in entry.get("mxu_share", {}).items()},
+        default_mxu_share=ACHIEVABLE["mxu"][0],
+        mxu_k_half=float(entry.get("mxu_k_half", 0)),
+        hbm_share=float(entry.get("hbm_share", ACHIEVABLE["hbm"][0])),
+        gpu_tile=None if tile is None else (int(tile[0]), int(tile[1])),
+        gather_row_cycles=_gather_cycles(entry),
+        fitted_on=dict(entry.get("fitted_on", {})),
+    )
+
+
+def _gather_cycles(entry: dict[str, Any]) -> float | None:
+    value = entry.get("gather_row_cycles", _table().get("tpu_gather_row_cycles"))
+    return None if value is None else float(value)
+
+
+def gather_row_cycles(chip: Any) -> float | None:
+    """Cycles per gathered row per TensorCore on a TPU (the chip's own fit, else the TPU-wide figure)."""
+    if chip.kind != "tpu":
+        return None
+    return chip_efficiency(chip.name).gather_row_cycles
+
+
+def mxu_share(chip: Any, rate_key: str) -> float:
+    """Plateau share of the chip's peak for matmuls at ``rate_key`` (e.g. "bf16")."""
+    eff = chip_efficiency(chip.name)
+    return eff.mxu_share.get(rate_key, eff.default_mxu_share)
+
+
+def contraction_ramp(chip: Any, k: Any) -> np.ndarray:
+    """K / (K + k_half): the share of the plateau a GEMM with contraction K reaches (1 without a ramp)."""
+    half = chip_efficiency(chip.name).mxu_k_half
+    k = np.asarray(k, dtype=float)
+    return k / (k + half) if half else np.ones_like(k)
+
+
+def wave_efficiency(chip: Any, m: Any, n: Any, batch: Any = 1) -> np.ndarray:
+    """GPU wave quantization: output tiles over (waves x cores) slots; 1 on TPUs.
+
+    Worked case: 4096 x 4096 outputs in 128 x 256 tiles = 512 tiles on 148 SMs = 4 waves of 148 slots
+    (592), so 512 / 592 = 0.865 of the slots do work."""
+    tile = chip_efficiency(chip.name).gpu_tile
+    if tile is None or chip.kind != "gpu":
+        return np.ones(np.broadcast(np.asarray(m), np.asarray(n), np.asarray(batch)).shape)
+    cores = chip.cores.cores_per_chip
+    tiles = np.asarray(batch) * np.ceil(np.asarray(m) / tile[0]) * np.ceil(np.asarray(n) / tile[1])
+    waves = np.ceil(tiles / cores)
+    return tiles / (waves * cores)
+
+
+def mxu_factor(chip: Any, *, m: Any, n: Any, k: Any, batch: Any = 1) -> np.ndarray:
+    """The per-shape multiplier on the MXU share: contraction ramp x GPU waves (1 when chip is None)."""
+    if chip is None:
+        return np.ones(())
+    return contraction_ramp(chip, k) * wave_efficiency(chip, m, n, batch)
+
+
+def unit_shares(chip: Any, rate_key: str) -> dict[str, float]:
+    """Achievable share of peak per unit for an op at ``rate_key``: mxu and hbm from the file, the other
+    units from :data:`perfmodel.model.core.ACHIEVABLE` (assumptions, not fitted)."""
+    from perfmodel.model.core import ACHIEVABLE
+
+    shares = {u: v[0] for u, v in ACHIEVABLE.items()}
+    shares["mxu"] = mxu_share(chip, rate_key)
+    shares["hbm"] = chip_efficiency(chip.name).hbm_share
+    return shares
