@@ -20,6 +20,7 @@ _COMMANDS = {
     "compare": "perfmodel.cli.measure:compare",
     "calibrate": "perfmodel.cli.measure:calibrate",
     "report": "perfmodel.cli.report:report",
+    "validate": "perfmodel.cli.validate:validate",
     "xla": "perfmodel.cli.xla:xla",
 }
 

@@ -1,0 +1,35 @@
+"""``perfmodel validate``: the shipped published measurements against the model (thin: parse, call
+:mod:`perfmodel.harness.published_validation`, print)."""
+
+from __future__ import annotations
+
+import click
+
+from perfmodel.cli.common import UserError, emit, json_option, output_format, user_errors
+
+
+@click.command("validate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--group", "groups", multiple=True, metavar="NAME",
+              help="Only this group (repeatable): xla-matmul, xla-memops, gpu-gemm, pallas-kernel.")
+@click.option("--no-kernels", is_flag=True, help="Skip the Pallas kernel points (they trace with jax).")
+@json_option
+@user_errors
+def validate(groups: tuple[str, ...], no_kernels: bool, as_json: bool) -> None:
+    """Run every published measurement of perfmodel/data/validation/ through the same library calls as
+    `perfmodel predict` / `perfmodel analyze` and print measured vs floor vs expected, the error, and the
+    median and worst error per group (points used to fit a constant apart from the held-out ones).
+
+    Exits 1 when a measurement is faster than its floor.
+
+    \b
+    Examples:
+      perfmodel validate
+      perfmodel validate --group gpu-gemm --json
+    """
+    from perfmodel.harness.published_validation import report_records, report_text, run_validation
+
+    report = run_validation(groups=groups, kernels=not no_kernels)
+    emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))
+    if report.beats_floor:
+        raise UserError(f"{len(report.beats_floor)} measurement(s) faster than their floor: "
+                        f"{', '.join(report.beats_floor)}")

@@ -1,0 +1,263 @@
+"""The shipped validation set: every published measurement of ``perfmodel/data/validation/`` run through the
+library calls the public commands use, against its floor and expected time (``perfmodel validate``).
+
+* ``published.yaml``: XLA ops, memory ops and GPU GEMMs, each a ``perfmodel predict`` op and its parameters
+  (:func:`perfmodel.predict.ops.predict_op`);
+* ``kernel_timings.yaml``: Pallas TPU kernels with the call that reproduces them, run through
+  ``perfmodel analyze`` (:func:`perfmodel.schedule.analyze.analyze`; needs jax, so ``kernels=False`` skips them).
+
+A measurement that includes host dispatch is compared with expected + the chip's ``host_dispatch_s``; the floor
+is always the pure roofline. Points whose role is ``fit:<constant>`` fixed a constant; the held-out error is
+reported apart. A point measured faster than its floor is a model error (``beats_floor``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Callable, Sequence
+
+PUBLISHED_FILE = "validation/published.yaml"
+#: Group of the kernel_timings.yaml points.
+KERNEL_GROUP = "pallas-kernel"
+#: An op whose floor is under this many seconds is "small" (the issue's within-2x target).
+SMALL_OP_FLOOR_S = 50e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationPoint:
+    id: str
+    group: str
+    chip: str
+    #: The citation (URL / file at a commit).
+    source: str
+    #: "held-out" or "fit:<constant>".
+    role: str
+    measured_s: float
+    includes_dispatch: bool
+    #: What exactly was timed, as the source says.
+    timed: str
+    #: A predict op and its parameters, or (for a kernel) the target, shapes and args of `perfmodel analyze`.
+    op: str | None = None
+    params: dict[str, Any] | None = None
+    target: str | None = None
+    shapes: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+
+    @property
+    def is_fit(self) -> bool:
+        return self.role.startswith("fit")
+
+    @property
+    def command(self) -> str:
+        """The public command that reproduces the prediction."""
+        if self.op is not None:
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k.replace('_', '-')}"
+                             for k, v in (self.params or {}).items())
+            return f"perfmodel predict {self.op} --hw {self.chip} {flags}".strip()
+        return (f"perfmodel analyze {self.target} --hw {self.chip} "
+                + " ".join(f"--shape {s}" for s in self.shapes) + " " + " ".join(f"--arg {a}" for a in self.args))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationRow:
+    point: ValidationPoint
+    floor_s: float
+    #: On the measurement's footing: expected device time plus host dispatch where the timing includes it.
+    expected_s: float
+    dispatch_s: float
+
+    @property
+    def error(self) -> float:
+        """expected / measured - 1 (positive: the model is slower than the measurement)."""
+        return self.expected_s / self.point.measured_s - 1
+
+    @property
+    def measured_over_floor(self) -> float:
+        return self.point.measured_s / self.floor_s if self.floor_s > 0 else float("inf")
+
+    @property
+    def beats_floor(self) -> bool:
+        """The measurement is faster than the roofline floor: the model (or the spec) is wrong."""
+        return self.point.measured_s < self.floor_s * (1 - 1e-9)
+
+    @property
+    def small(self) -> bool:
+        return self.floor_s < SMALL_OP_FLOOR_S
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorSummary:
+    count: int
+    #: Median of |error|; None with no points.
+    median_abs_error: float | None
+    #: The error of largest magnitude (signed) and its point.
+    worst_error: float | None
+    worst_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSummary:
+    group: str
+    chips: tuple[str, ...]
+    all: ErrorSummary
+    held_out: ErrorSummary
+    fit: ErrorSummary
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationReport:
+    rows: tuple[ValidationRow, ...]
+    groups: tuple[GroupSummary, ...]
+    overall: ErrorSummary
+    held_out: ErrorSummary
+    fit: ErrorSummary
+    #: Small ops (floor under SMALL_OP_FLOOR_S) whose expected time is within 2x of the measurement, of all small ops.
+    small_within_2x: int
+    small_count: int
+    chips: tuple[str, ...]
+
+    @property
+    def beats_floor(self) -> tuple[str, ...]:
+        return tuple(r.point.id for r in self.rows if r.beats_floor)
+
+
+def summarize(rows: Sequence[ValidationRow]) -> ErrorSummary:
+    """Median |error| and the worst (signed) error of rows."""
+    if not rows:
+        return ErrorSummary(count=0, median_abs_error=None, worst_error=None, worst_id=None)
+    worst = max(rows, key=lambda r: abs(r.error))
+    return ErrorSummary(count=len(rows), median_abs_error=statistics.median(abs(r.error) for r in rows),
+                        worst_error=worst.error, worst_id=worst.point.id)
+
+
+def load_points(*, kernels: bool = True, text: str | None = None) -> list[ValidationPoint]:
+    """Every point of published.yaml (or ``text``) and, with ``kernels``, of kernel_timings.yaml."""
+    import yaml
+
+    if text is None:
+        text = resources.files("perfmodel.data").joinpath(PUBLISHED_FILE).read_text()
+    data = yaml.safe_load(text)
+    points = [ValidationPoint(id=p["id"], group=p["group"], chip=p["chip"], source=data["sources"][p["source"]],
+                              role=p["role"], measured_s=float(p["measured_ms"]) * 1e-3,
+                              includes_dispatch=bool(p["includes_dispatch"]), timed=p["timed"], op=p["op"],
+                              params=dict(p["params"]))
+              for p in data["points"]]
+    if kernels:
+        from perfmodel.harness.kernel_validation import load_points as kernel_points
+
+        points += [ValidationPoint(id=k.id, group=KERNEL_GROUP, chip=k.chip, source=k.source, role=k.role,
+                                   measured_s=k.measured_s, includes_dispatch=k.includes_dispatch,
+                                   timed=k.source, target=k.target, shapes=k.shapes, args=k.args)
+                   for k in kernel_points()]
+    return points
+
+
+def evaluate_point(p: ValidationPoint) -> ValidationRow:
+    """Floor and expected time of one point through the public library calls."""
+    from perfmodel.hw.registry import get_chip
+
+    chip = get_chip(p.chip)
+    dispatch = (chip.overheads.host_dispatch_s or 0.0) if p.includes_dispatch else 0.0
+    if p.op is not None:
+        from perfmodel.predict.ops import predict_op
+
+        (pred,) = predict_op(p.op, p.params or {}, chips=[chip]).predictions
+        return ValidationRow(point=p, floor_s=float(pred.roofline.floor_s),
+                             expected_s=float(pred.roofline.expected_s) + dispatch, dispatch_s=dispatch)
+    from perfmodel.schedule.analyze import analyze
+    from perfmodel.schedule.binding import bind_function
+
+    fn, arrays = bind_function(p.target, p.shapes, p.args, chip)
+    analysis = analyze(fn, *arrays, chip=chip, host_dispatch_s=dispatch)
+    floor = sum(k.time.op_floor_s for k in analysis.kernels)
+    return ValidationRow(point=p, floor_s=float(floor), expected_s=float(analysis.expected_s) + dispatch,
+                         dispatch_s=dispatch)
+
+
+def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: Sequence[str] = (),
+                   kernels: bool = True, progress: Callable[[str], None] | None = None) -> ValidationReport:
+    """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall."""
+    from perfmodel.errors import InputError
+
+    pts = list(points) if points is not None else load_points(kernels=kernels)
+    known = sorted({p.group for p in pts})
+    for g in groups:
+        if g not in known:
+            raise InputError(f"`group` '{g}': no such group; one of {', '.join(known)}", fields=("group",))
+    if groups:
+        pts = [p for p in pts if p.group in groups]
+    rows = []
+    for p in pts:
+        if progress is not None:
+            progress(p.id)
+        rows.append(evaluate_point(p))
+    summaries = []
+    for g in dict.fromkeys(r.point.group for r in rows):
+        rs = [r for r in rows if r.point.group == g]
+        summaries.append(GroupSummary(group=g, chips=tuple(dict.fromkeys(r.point.chip for r in rs)), all=summarize(rs),
+                                      held_out=summarize([r for r in rs if not r.point.is_fit]),
+                                      fit=summarize([r for r in rs if r.point.is_fit])))
+    small = [r for r in rows if r.small]
+    return ValidationReport(
+        rows=tuple(rows), groups=tuple(summaries), overall=summarize(rows),
+        held_out=summarize([r for r in rows if not r.point.is_fit]), fit=summarize([r for r in rows if r.point.is_fit]),
+        small_within_2x=sum(1 for r in small if 0.5 <= r.expected_s / r.point.measured_s <= 2.0),
+        small_count=len(small), chips=tuple(dict.fromkeys(r.point.chip for r in rows)))
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _summary_cells(s: ErrorSummary) -> list[str]:
+    if not s.count:
+        return ["0", "-", "-"]
+    return [str(s.count), f"{s.median_abs_error * 100:.1f}%", f"{_pct(s.worst_error)} ({s.worst_id})"]
+
+
+def report_text(report: ValidationReport) -> str:
+    """The per-point table, the per-group summary (held-out apart from fit points) and the verdict."""
+    from perfmodel.units import seconds, table
+
+    rows = [[r.point.id, r.point.group, r.point.chip, "fit" if r.point.is_fit else "held-out",
+             "yes" if r.point.includes_dispatch else "no", seconds(r.point.measured_s), seconds(r.floor_s),
+             seconds(r.expected_s), f"{r.measured_over_floor:.2f}x", _pct(r.error) + (" BEATS FLOOR" if r.beats_floor
+                                                                                     else "")]
+            for r in report.rows]
+    out = [table(["point", "group", "chip", "role", "dispatch", "measured", "floor", "expected", "meas/floor",
+                  "error"], rows, align="llllrrrrrr"), ""]
+    groups = [[g.group, ", ".join(g.chips), *_summary_cells(g.held_out), *_summary_cells(g.fit)[:2]]
+              for g in report.groups]
+    groups.append(["all", f"{len(report.chips)} chips", *_summary_cells(report.held_out),
+                   *_summary_cells(report.fit)[:2]])
+    out.append(table(["group", "chips", "held-out n", "median |err|", "worst", "fit n", "fit median |err|"], groups,
+                     align="lllrrlrr"[:7]))
+    out.append("")
+    out.append(f"expected = device model + host dispatch where the timing includes it; error = expected / measured - 1; "
+               f"small ops (floor < {seconds(SMALL_OP_FLOOR_S)}) within 2x: {report.small_within_2x} of "
+               f"{report.small_count}")
+    beats = report.beats_floor
+    out.append(f"measurements faster than their floor: {', '.join(beats)}" if beats
+               else "no measurement is faster than its floor")
+    return "\n".join(out)
+
+
+def report_records(report: ValidationReport) -> dict[str, Any]:
+    """JSON-ready report: every point with its command, and the summaries."""
+    from perfmodel.jsonable import to_jsonable
+
+    points = [{"id": r.point.id, "group": r.point.group, "chip": r.point.chip, "role": r.point.role,
+               "fit": r.point.is_fit, "source": r.point.source, "timed": r.point.timed,
+               "includes_dispatch": r.point.includes_dispatch, "command": r.point.command,
+               "measured_s": r.point.measured_s, "floor_s": r.floor_s, "expected_s": r.expected_s,
+               "host_dispatch_s": r.dispatch_s, "measured_over_floor": r.measured_over_floor, "error": r.error,
+               "beats_floor": r.beats_floor, "small": r.small} for r in report.rows]
+    return {"points": points, "groups": to_jsonable(list(report.groups)), "overall": to_jsonable(report.overall),
+            "held_out": to_jsonable(report.held_out), "fit": to_jsonable(report.fit),
+            "small_within_2x": report.small_within_2x, "small_count": report.small_count,
+            "chips": list(report.chips), "beats_floor": list(report.beats_floor)}
