@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all compile-checks ci bench clean
+.PHONY: demo test test-all compile-checks thirdparty-checks ci bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,20 @@ test-all: $(STAMP)
 compile-checks: $(STAMP)
 	$(BIN)/python -m pytest -m slow tests/compiler
 
-# What CI runs on a fresh clone: the test suite, then the compiler checks.
-ci: test compile-checks
+# analyze on other packages' Pallas TPU kernels (tokamax, vLLM tpu-inference), installed into .thirdparty/
+# (pinned in .ci/thirdparty-requirements.txt, no dependency resolution against the venv). Where the install
+# fails (no network) the tests skip and say why.
+THIRDPARTY := .thirdparty
+thirdparty-checks: $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(THIRDPARTY) -r .ci/thirdparty-requirements.txt \
+		|| echo "thirdparty-checks: installing .ci/thirdparty-requirements.txt failed; the tests below skip"
+	PYTHONPATH=$(abspath $(THIRDPARTY)) $(BIN)/python -m pytest tests/schedule/test_sched_thirdparty.py -rs
+
+# What CI runs on a fresh clone: the test suite, the compiler checks, the third-party kernels.
+ci: test compile-checks thirdparty-checks
 
 bench: $(STAMP)
 	for f in tests/benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(THIRDPARTY) build *.egg-info

@@ -219,7 +219,7 @@ def _traversal(call: PallasCall, order: np.ndarray | None, ncores: int,
     """The steps to evaluate (every step, or each core's representative periods of a periodic grid) and,
     per block, whether its windows follow the periodic dimensions."""
     if order is not None:
-        points = np.asarray(order, dtype=np.int32).reshape(-1, len(call.grid))
+        points = np.asarray(order, dtype=np.int32).reshape(len(order), len(call.grid))  # a grid-less call: (1, 0)
         return pl_sim.full_traversal(points, pl_sim.single_segment(points.shape[0])), [False] * len(call.blocks)
     if COMPRESS_PERIODIC_GRIDS and not keep_step_times:
         leading, flags = periodic_leading_dims(call)

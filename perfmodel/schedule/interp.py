@@ -209,6 +209,8 @@ ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "floor": np.floor,
     "ceil": np.ceil,
     "round": np.round,
+    # An alignment hint for the compiler (pl.multiple_of): the value itself.
+    "multiple_of": np.asarray,
 }
 
 #: Shape-only primitives; computed when the result holds a single element.

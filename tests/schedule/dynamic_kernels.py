@@ -41,3 +41,24 @@ def _smem_sized(loop: bool):
 
 smem_sized_copy = _smem_sized(loop=False)
 smem_loop_copy = _smem_sized(loop=True)
+
+
+def tail_copy(x):
+    """Grid of 3 steps over x (40 x 128 f32); step i copies rows [16 i, 16 i + size) with one DMA whose size
+    min(40 - 16 i, 16) is computed from the program id and marked with pl.multiple_of (as tokamax's kernels
+    mark their tail blocks)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_hbm, o_ref, buf, sem):
+        i = pl.program_id(0)
+        size = pl.multiple_of(jnp.minimum(40 - 16 * i, 16), 8)
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(16 * i, size)], buf.at[pl.ds(0, size)], sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    return pl.pallas_call(kernel, grid=(3,), out_shape=jax.ShapeDtypeStruct((48, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec((16, 128), lambda i: (i, 0)),
+                          scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32), pltpu.SemaphoreType.DMA])(x)

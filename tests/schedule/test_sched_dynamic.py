@@ -15,7 +15,7 @@ from perfmodel.schedule.analyze import analyze, analyze_call
 from perfmodel.schedule.extract import find_pallas_calls, trace
 from perfmodel.schedule.recorder import record_traffic
 
-from tests.schedule.dynamic_kernels import smem_loop_copy, smem_sized_copy
+from tests.schedule.dynamic_kernels import smem_loop_copy, smem_sized_copy, tail_copy
 
 M, K, N, TILE = 512, 256, 256, 128
 
@@ -235,3 +235,12 @@ def test_loop_trips_is_the_explicit_input_for_such_a_loop(v5e):
 def test_loop_trips_must_be_a_positive_whole_number(v5e, bad):
     with pytest.raises(InputError, match="`loop_trips` must be a positive whole number"):
         analyze(smem_loop_copy, jax.ShapeDtypeStruct((1,), jnp.int32), X64, chip=v5e, loop_trips=bad)
+
+
+def test_dma_sizes_computed_from_the_program_id_count_each_steps_value(v5e):
+    # Steps copy min(40 - 16 i, 16) rows: 16 + 16 + 8 = 40 rows of 128 f32 = 20,480 bytes (pl.multiple_of is a
+    # hint: the value itself).
+    x = jnp.ones((40, 128), jnp.float32)
+    [kern] = analyze(tail_copy, x, chip=v5e).kernels
+    assert kern.work.manual_dma_bytes == record_traffic(tail_copy, x).manual_hbm_bytes == 40 * 128 * 4
+    assert not any("slice size is computed at run time" in n for n in kern.notes)
