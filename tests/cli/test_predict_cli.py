@@ -209,6 +209,8 @@ EVERY_COMMAND = [
     ["kv-cache", "update", "--tokens", "4"],
     ["kv-cache", "gather", "--context", "100"],
     ["kv-cache", "capacity", "--layers", "32", "--kv-heads", "8", "--params-b", "8"],
+    ["copy", "--shape", "8,128"],
+    ["gather", "--rows", "8", "--row-elements", "128"],
     ["fused", "rms-norm", "--tokens", "8", "--hidden", "128"],
     ["fused", "swiglu", "--tokens", "8", "--intermediate", "128"],
     ["fused", "geglu", "--tokens", "8", "--intermediate", "128"],
@@ -366,3 +368,40 @@ def test_attention_precision_multiplies_the_f32_mxu_work(argv):
         return json.loads(result.output)[0]["cost"]["mxu_flops"]
 
     assert mxu("highest") == pytest.approx(6 * mxu("default")) and mxu("high") == pytest.approx(3 * mxu("default"))
+
+
+# ----------------------------------------------------------------------------- copy / gather, fixed costs
+
+
+def test_copy_reports_fixed_costs_apart():
+    out = run("copy", "--hw", "v5e", "--shape", "1024,1024")
+    # 4 MiB at 819 GB/s = 5.12 us floor; + 1 us launch + 0.51 us DMA latency in expected (7.54 us)
+    assert re.search(r"floor \(roofline\)\s+5\.12 µs", out)
+    assert re.search(r"in expected: launch\s+1\.00 µs", out)
+    assert re.search(r"in expected: DMA latency\s+510 ns", out)
+    assert "expected + host dispatch" in out
+
+
+def test_copy_json_says_which_part_is_which():
+    (rec,) = run_json("copy", "--hw", "v5e", "--bytes", "1e6")
+    roof = rec["roofline"]
+    assert roof["fixed_parts_s"]["launch"] == pytest.approx(1e-6)
+    assert roof["expected_with_dispatch_s"] == pytest.approx(roof["expected_s"] + roof["host_dispatch_s"])
+
+
+def test_gather_is_row_bound_on_one_7x_core():
+    (rec,) = run_json("gather", "--hw", "tpu-7x/core", "--rows", "4194304", "--row-elements", "128",
+                      "--dtype", "int32")
+    # 4,194,304 rows x 8.7 cycles / 2.2 GHz = 16.6 ms of row issue on top of 1.17 ms of traffic
+    assert rec["roofline"]["fixed_parts_s"]["op"] == pytest.approx(4194304 * 8.7 / 2.2e9)
+    assert rec["roofline"]["floor_s"] < 0.1 * rec["roofline"]["expected_s"]
+
+
+def test_copy_needs_one_size():
+    out = run("copy", "--hw", "v5e", code=1)
+    assert "--bytes" in out and "--elements" in out
+
+
+def test_gather_requires_rows():
+    out = run("gather", "--hw", "v5e", "--row-bytes", "64", code=1)
+    assert "--rows" in out

@@ -1,0 +1,78 @@
+"""`perfmodel validate` through click's test runner: the shipped validation set is part of `make test`."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.harness import published_validation as pv
+
+
+def run(*args, code=0):
+    result = CliRunner().invoke(main, ["validate", *args])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def report():
+    """The full run (every group, the Pallas kernels through `analyze` included), as JSON."""
+    return json.loads(run("--json"))
+
+
+def test_no_measurement_beats_its_floor(report):
+    assert report["beats_floor"] == []
+    assert all(p["measured_s"] >= p["floor_s"] for p in report["points"])
+
+
+def test_set_size_and_coverage(report):
+    assert len(report["points"]) >= 40
+    assert len(report["chips"]) >= 4
+    assert {p["group"] for p in report["points"]} >= {"xla-matmul", "xla-memops", "gpu-gemm", "pallas-kernel"}
+    # every point says where it comes from, what was timed and how to reproduce it
+    for p in report["points"]:
+        assert p["source"] and p["timed"] and p["command"].startswith(("perfmodel predict", "perfmodel analyze"))
+
+
+def test_issue_targets_on_held_out_points(report):
+    # issue 10: held-out median error <= 15% overall and <= 25% per group; small ops within 2x
+    assert report["held_out"]["count"] >= 20
+    assert report["held_out"]["median_abs_error"] <= 0.15
+    for g in report["groups"]:
+        if g["held_out"]["count"]:
+            assert g["held_out"]["median_abs_error"] <= 0.25, g["group"]
+    assert report["small_within_2x"] == report["small_count"] > 0
+
+
+def test_fit_points_are_reported_apart(report):
+    fits = [p for p in report["points"] if p["fit"]]
+    assert fits and all(p["role"].startswith("fit:") for p in fits)
+    assert report["fit"]["count"] + report["held_out"]["count"] == len(report["points"])
+
+
+def test_error_is_expected_over_measured(report):
+    p = next(p for p in report["points"] if p["id"] == "xla-mm-v5e-16384")
+    assert p["error"] == pytest.approx(p["expected_s"] / p["measured_s"] - 1)
+    # the timing includes dispatch, so the expected time carries the chip's host dispatch (1.07e-4 s on v5e)
+    assert p["host_dispatch_s"] == pytest.approx(1.07e-4)
+
+
+def test_text_report_has_the_table_and_group_summary():
+    out = run("--group", "xla-matmul", "--group", "gpu-gemm")
+    assert "xla-mm-v5e-8192" in out and "gpu-b200-cublas-8192" in out and "mm-8192-b128" not in out
+    assert "held-out n" in out and "no measurement is faster than its floor" in out
+
+
+def test_unknown_group_names_the_flag():
+    out = run("--group", "nope", code=1)
+    assert "--group" in out and "no such group" in out
+
+
+def test_exit_1_when_a_measurement_beats_its_floor(monkeypatch):
+    fast = pv.ValidationPoint(id="too-fast", group="xla-matmul", chip="tpu-v5e", source="test", role="held-out",
+                              measured_s=1e-6, includes_dispatch=False, timed="made up",
+                              op="gemm", params={"m": 8192, "n": 8192, "k": 8192})
+    monkeypatch.setattr(pv, "load_points", lambda kernels=True: [fast])
+    out = run(code=1)
+    assert "too-fast" in out and "faster than their floor" in out
