@@ -241,7 +241,8 @@ def op_model_prediction(cost: Any, chip: ChipSpec, *, dispatch_s: float) -> Call
     return CallPrediction(
         chip=chip.name, op_floor_s=float(roof.floor_s), op_floor_limiter=unit, expected_s=expected,
         expected_source="op model", limiting_unit=unit,
-        model_factor=ACHIEVABLE[unit][0] if unit in ACHIEVABLE else None,
+        # the share the op model used for this chip and dtype (perfmodel.model.efficiency)
+        model_factor=roof.achievable_share.get(unit, ACHIEVABLE[unit][0]) if unit in ACHIEVABLE else None,
         useful_flops=float(cost.useful_flops), mxu_dtype=cost.mxu_dtype, ideal_hbm_bytes=float(cost.hbm_bytes),
         dispatch_dominated=expected < DISPATCH_DOMINATED_RATIO * dispatch_s,
     )
