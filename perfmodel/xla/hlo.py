@@ -293,28 +293,53 @@ def instruction_flops(comps: dict[str, Computation], ins: Instruction, shapes: d
     return 0.0, 0.0
 
 
-def _fused_param_reads(comps: dict[str, Computation], name: str) -> dict[int, float | None]:
+_PASS_THROUGH = frozenset({"bitcast", "reshape", "copy", "convert", "transpose", "broadcast"})
+
+
+def _sliced_read(comps: dict[str, Computation], comp: Computation, value: str, users: dict[str, list[Instruction]],
+                 depth: int = 0) -> float | None:
+    """Bytes read of ``value`` when every path to its uses ends in a slice (dynamic-slice, slice, gather),
+    following layout-only ops and nested fusions; None when something reads it whole."""
+    us = users.get(value, [])
+    if not us or depth > 8:
+        return None
+    total = 0.0
+    for u in us:
+        if u.opcode in ("dynamic-slice", "slice", "gather") and u.operands and u.operands[0] == value:
+            total += _nbytes(u.arrays)
+        elif u.opcode in _PASS_THROUGH:
+            part = _sliced_read(comps, comp, u.name, users, depth + 1)
+            if part is None:
+                return None
+            total += part
+        elif u.opcode == "fusion":
+            called = _CALLS_ONLY.search(u.attrs)
+            inner = comps.get(called.group(1)) if called else None
+            if inner is None:
+                return None
+            idx = [i for i, o in enumerate(u.operands) if o == value]
+            reads = _fused_param_reads(comps, inner.name, depth + 1)
+            for i in idx:
+                if reads.get(i) is None:
+                    return None
+                total += reads[i]
+        else:
+            return None
+    return total
+
+
+def _fused_param_reads(comps: dict[str, Computation], name: str, depth: int = 0) -> dict[int, float | None]:
     """Parameter number -> bytes a fused computation reads of it when it only slices it (None: reads it whole)."""
     comp = comps.get(name)
-    if comp is None:
+    if comp is None or depth > 8:
         return {}
-    params: dict[str, int] = {}
-    for ins in comp.instructions:
-        if ins.opcode == "parameter" and ins.args_text.isdigit():
-            params[ins.name] = int(ins.args_text)
+    params = {ins.name: int(ins.args_text) for ins in comp.instructions
+              if ins.opcode == "parameter" and ins.args_text.isdigit()}
     users: dict[str, list[Instruction]] = {}
     for ins in comp.instructions:
         for o in ins.operands:
             users.setdefault(o, []).append(ins)
-    out: dict[int, float | None] = {}
-    for pname, idx in params.items():
-        us = users.get(pname, [])
-        if us and all(u.opcode in ("dynamic-slice", "slice", "gather") and u.operands and u.operands[0] == pname
-                      for u in us):
-            out[idx] = float(sum(_nbytes(u.arrays) for u in us))
-        else:
-            out[idx] = None
-    return out
+    return {idx: _sliced_read(comps, comp, pname, users, depth) for pname, idx in params.items()}
 
 
 def instruction_work(comps: dict[str, Computation], ins: Instruction, shapes: dict[str, tuple[Array, ...]],
