@@ -68,32 +68,33 @@ class RaggedPagedAttentionBlockSizes:
     def pages_per_block(self, page_size: int) -> int:
         return self.block_kv // page_size
 
-    def vmem_bytes(self, *, q_heads_per_kv_head: int, head_dim: int, q_dtype, kv_dtype, page_size: int | None = None,
-                   chip=None) -> int:
-        """VMEM one grid step needs, as Mosaic allocates it: pipelined q/out blocks, the two-slot K/V page
-        buffers, the f32 max / sum / accumulator scratch (buffers padded as
-        :func:`kernels.tiling.mosaic_buffer_bytes`), and the body's spilled temporaries.
+    def vmem_bytes(self, *, q_heads_per_kv_head: int, head_dim: int, q_dtype, kv_dtype, kv_heads: int = 1,
+                   page_size: int | None = None, chip=None) -> int:
+        """VMEM one grid step needs, as Mosaic allocates it: pipelined q/out blocks (every q head), the
+        sink rows, the two-slot combined K/V block buffer, the per-KV-head f32 max / sum / accumulator
+        scratch (buffers padded as :func:`kernels.tiling.mosaic_buffer_bytes`), and the body's spilled
+        temporaries.
 
-        The temporaries scale with the ``[G * block_q, block_kv]`` f32 score tile; how much of it Mosaic
-        spills varies with the tile (0 to 1.5 tiles on v5e-7x, up to 2 on v4, measured with libtpu 0.0.42),
-        so the estimate takes one score tile (1.375 on chips without a bf16 VPU, or ``chip`` None) plus one
-        ``[G * block_q, head_dim]`` f32 tile: at or above Mosaic's figure for the measured blocks (one
-        exception 0.3% below), up to 33% above it for small tiles that stay in vregs (the v5p/7x
-        defaults, 32 x 256), 10-19% above at the other tuned defaults.
+        The temporaries scale with one KV head's ``[G * block_q, block_kv]`` f32 score tile (the heads run
+        one after another); the estimate takes one score tile (1.375 on chips without a bf16 VPU, or
+        ``chip`` None), one ``[G * block_q, head_dim]`` f32 tile and K and V of one head widened to f32
+        (the bf16 split goes through 32-bit rows).
         """
         rows = q_heads_per_kv_head * self.block_q
+        q_heads = q_heads_per_kv_head * kv_heads
         buf = mosaic_buffer_bytes
-        page = page_size or self.block_kv
-        q_and_out_blocks = 2 * 2 * buf((self.block_q, q_heads_per_kv_head * head_dim), q_dtype)
-        kv_buffers = 2 * buf((2, self.block_kv // page, page, head_dim), kv_dtype)  # (K, V) x two slots
-        state = 2 * buf((rows, STATS_LANES), "float32") + buf((rows, head_dim), "float32")
+        q_and_out_blocks = 2 * 2 * buf((self.block_q, q_heads * head_dim), q_dtype)
+        sinks = 2 * buf((q_heads, STATS_LANES), "float32")
+        kv_buffers = buf((2, self.block_kv * 2 * kv_heads, head_dim), kv_dtype)
+        state = kv_heads * (2 * buf((rows, STATS_LANES), "float32") + buf((rows, head_dim), "float32"))
         score_tiles = SCORE_TILES if chip is not None and has_bf16_vpu(chip) else SCORE_TILES_F32_VPU
         temporaries = score_tiles * rows * round_up(self.block_kv, LANES) * F32_BYTES
         temporaries += rows * round_up(head_dim, LANES) * F32_BYTES
-        return int(q_and_out_blocks + kv_buffers + state + temporaries)
+        temporaries += 2 * self.block_kv * round_up(head_dim, LANES) * F32_BYTES
+        return int(q_and_out_blocks + sinks + kv_buffers + state + temporaries)
 
     def validate(self, *, q_dtype, kv_dtype, page_size: int, q_heads_per_kv_head: int, head_dim: int,
-                 chip: str) -> None:
+                 chip: str, kv_heads: int = 1) -> None:
         """Tiling, divisibility and VMEM checks for one call; ValueError naming the field."""
         sub = sublane_multiple(q_dtype)
         if self.block_q % sub:
@@ -104,7 +105,7 @@ class RaggedPagedAttentionBlockSizes:
                              f"(KV blocks are whole pages); try {round_up(self.block_kv, page_size)}")
         spec = tpu_chip(chip)
         need = self.vmem_bytes(q_heads_per_kv_head=q_heads_per_kv_head, head_dim=head_dim, q_dtype=q_dtype,
-                               kv_dtype=kv_dtype, page_size=page_size, chip=spec)
+                               kv_dtype=kv_dtype, kv_heads=kv_heads, page_size=page_size, chip=spec)
         check_vmem(need, spec, f"block_sizes (block_q={self.block_q}, block_kv={self.block_kv})",
                    fix="use a smaller block_q or block_kv")
 

@@ -10,17 +10,17 @@ ENTRIES = (
         name="ragged_paged_attention", summary="bundled mixed prefill/decode attention over a paged KV cache",
         function="kernels.ragged_paged_attention:ragged_paged_attention",
         reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
-        arrays=("q", "k_pages", "v_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
-        example=("q=64x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16",
+        arrays=("q", "kv_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
+        example=("q=64x32x128:bf16", "kv_pages=256x16x16x128:bf16",
                  "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
         # block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.
         block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=16, minimum=16),
-                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="k_pages",
-                              times_dim=2)),
+                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="kv_pages",
+                              times_dim=1)),
         block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
         production=ProductionCall(label="ragged_paged_attention 64 seqs x 16 tokens, 2k context", shapes=(
-            "q=1024x32x128:bf16", "k_pages=8x8192x16x128:bf16", "v_pages=8x8192x16x128:bf16", "kv_lens=64:int32=2048",
+            "q=1024x32x128:bf16", "kv_pages=8192x16x16x128:bf16", "kv_lens=64:int32=2048",
             "page_table=64x128:int32=arange", "cu_q_lens=65:int32=arange*16", "num_seqs=1:int32=64")),
     ),
 )
@@ -28,7 +28,7 @@ ENTRIES = (
 TUNED = TunedKernel(
     kernel="ragged_paged_attention", entry="ragged_paged_attention", chips=PALLAS_CHIPS,
     configs=(TunedConfig(key="bf16", shapes=(
-        "q=256x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16",
+        "q=256x32x128:bf16", "kv_pages=512x16x16x128:bf16",
         "kv_lens=8:int32=1024", "page_table=8x64:int32=arange", "cu_q_lens=9:int32=arange*32",
         "num_seqs=1:int32=8")),),
     problem="8 sequences of 32 new tokens over 1024-token contexts (chunked prefill), 32 q / 8 kv heads of 128, "

@@ -1,46 +1,44 @@
-"""Ragged paged attention: one mixed prefill + decode batch over a paged KV cache (Pallas TPU).
+"""Ragged paged attention: one mixed prefill + decode batch over a combined K/V paged cache (Pallas TPU).
 
-Layout (shared with ``kernels/paged_attention``):
+Layout (JAX's / vLLM's combined cache, K and V of every KV head of a token in one page row):
 
 * ``q``          ``[total_tokens, q_heads, head_dim]``: the query tokens of every
   sequence, concatenated; sequence ``s`` owns rows ``cu_q_lens[s]:cu_q_lens[s+1]``.
-* ``k_pages``, ``v_pages`` ``[kv_heads, num_pages, page_size, head_dim]``.
+* ``kv_pages``   ``[num_pages, page_size, 2 * kv_heads, head_dim]``: row ``2h`` of a
+  token is K of KV head ``h``, row ``2h + 1`` its V (interleaved). A page is one
+  contiguous block of HBM, so one DMA moves it for every head.
 * ``page_table`` ``[max_seqs, pages_per_seq]`` int32: page ids of each sequence.
 * ``kv_lens``    ``[max_seqs]`` int32: context length of each sequence, the new
   tokens included (their K/V must already be in the cache).
 * ``cu_q_lens``  ``[max_seqs + 1]`` int32, ``cu_q_lens[0] == 0``, non-decreasing.
 * ``num_seqs``   ``[1]`` int32: how many leading entries of the three above are live.
 
-Query ``i`` of a sequence with ``q_len`` new tokens and ``kv_len`` context sees
-KV positions ``0 .. kv_len - q_len + i`` (causal within the sequence). Query
-head ``j`` reads KV head ``j // (q_heads // kv_heads)`` (GQA). Rows from
+Query ``i`` of a sequence with ``q_len`` new tokens and ``kv_len`` context is at
+position ``p = kv_len - q_len + i`` and sees KV positions ``max(0, p - window + 1) .. p``
+(``window`` infinite unless ``sliding_window`` is given). Query head ``j`` reads KV
+head ``j // (q_heads // kv_heads)`` (GQA). Scores are ``sm_scale * q.k``, then
+``soft_cap * tanh(score / soft_cap)`` with a soft cap; a sink logit per q head
+(``sinks``) joins each row's softmax denominator without a value. Rows from
 ``cu_q_lens[num_seqs]`` to ``total_tokens`` (padding) come out as zeros.
 
 Grid design
 -----------
-The grid is ``(kv_heads, cdiv(total_tokens, block_q))``; both axes are
-independent ("parallel"). Step ``(h, b)`` owns the aligned q block
-``b * block_q : (b + 1) * block_q`` of the flat token axis and the ``G =
-q_heads // kv_heads`` query heads of KV head ``h``. q and the output are viewed
-as ``[total_tokens, q_heads * head_dim]`` (a free reshape), so the block is
-``(block_q, G * head_dim)`` and is pipelined by Pallas. Inside a step:
-
-1. the output block is zeroed (padding rows stay zero);
-2. a dynamic loop visits the sequences that own a row of the block (a range
-   ``seq_lo[b] .. seq_hi[b]`` computed in the wrapper from ``cu_q_lens``, passed
-   by scalar prefetch); a block may hold many decode tokens of many sequences
-   or a slice of one long prefill;
-3. for each such sequence, a dynamic loop runs over the KV blocks it needs
-   (up to the last causal position of its rows in this q block) with an
-   online softmax in f32 VMEM scratch. The ``G`` heads are stacked into one
-   ``(G * block_q, head_dim)`` LHS so each KV block costs one QK^T and one PV
-   matmul. KV pages are copied HBM -> VMEM by manual DMAs, double-buffered:
-   the next (sequence, KV block) pair of the step is fetched while the current
-   one is scored. Pages past ``cdiv(kv_len, page_size)`` are never fetched;
-   stale buffer rows are masked (scores) and zeroed (values);
-4. the finished rows of the sequence are merged into the output block.
-
-A step issues its first DMA without overlap (no prefetch across grid steps).
+The grid is ``(cdiv(total_tokens, block_q),)``, "parallel". Step ``b`` owns the
+aligned q block ``b * block_q : (b + 1) * block_q`` of the flat token axis for
+**all** heads: q and the output are viewed as ``[total_tokens, q_heads * head_dim]``
+(a free reshape) and pipelined by Pallas. Inside a step a dynamic loop visits the
+sequences that own a row of the block (range ``seq_lo[b] .. seq_hi[b]``, computed in
+the wrapper) and, per sequence, the KV blocks its rows see (from the sliding
+window's first block to the last causal one). A KV block is ``block_kv // page_size``
+pages, each copied HBM -> VMEM by one DMA holding K and V of every head, all on one
+semaphore; a full block is awaited by one wait sized to the block (a partial last
+block page by page). Blocks are double-buffered: the step's next (sequence, KV
+block) is fetched while the current one is scored. Per KV head (unrolled), K and V
+are strided loads of the block (bf16 rows come in K/V pairs packed in one 32-bit
+row, split by shifts), the ``G = q_heads // kv_heads`` heads of the group are
+stacked into one ``(G * block_q, head_dim)`` LHS, and an online softmax runs in f32
+VMEM scratch. Page ids are clamped into the cache by the wrapper, so the kernel
+runs with Mosaic's bounds checks off.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, check_paged_kv_cache, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.tiling import tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
@@ -69,32 +67,42 @@ from kernels.ragged_paged_attention.blocks import (
 INDEX_BYTES = 4
 #: Finite "minus infinity" for masked scores (keeps exp() and max() NaN-free).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+#: KV tokens scored at once inside a KV block. Whole blocks: 128-token chunks, which would keep a chunk's
+#: K, V and scores in registers, measured slower on v5e (4x the row reductions, more spills).
+COMPUTE_TOKENS = 1 << 20
+#: KV cache dtypes the kernel reads (K/V rows split by strided loads; bf16 pairs by 32-bit shifts).
+KV_DTYPES = ("float32", "bfloat16")
 
 
 def ragged_paged_attention(
     q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
+    kv_pages: jax.Array,
     kv_lens: jax.Array,
     page_table: jax.Array,
     cu_q_lens: jax.Array,
     num_seqs: jax.Array | int,
     *,
     sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    sinks: jax.Array | None = None,
     block_sizes: RaggedPagedAttentionBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
 ) -> jax.Array:
-    """Causal GQA attention of a ragged batch of sequences over a paged KV cache.
+    """Causal GQA attention of a ragged batch of sequences over a combined K/V paged cache.
 
     Args:
       q: ``[total_tokens, q_heads, head_dim]`` queries of all sequences, concatenated.
-      k_pages, v_pages: ``[kv_heads, num_pages, page_size, head_dim]`` paged cache.
+      kv_pages: ``[num_pages, page_size, 2 * kv_heads, head_dim]``, K of head h at row 2h, V at 2h + 1.
       kv_lens: ``[max_seqs]`` int32 context lengths (new tokens included).
       page_table: ``[max_seqs, pages_per_seq]`` int32 page ids.
       cu_q_lens: ``[max_seqs + 1]`` int32 cumulative query lengths.
       num_seqs: ``[1]`` int32 array (or an int): live sequences.
       sm_scale: score scale; ``1 / sqrt(head_dim)`` when None.
+      sliding_window: a query sees its ``sliding_window`` most recent positions (itself included); None: all.
+      soft_cap: logit soft cap ``c``: scores become ``c * tanh(score / c)``; None: off.
+      sinks: ``[q_heads]`` float sink logits (one extra softmax term per head, no value); None: off.
       block_sizes: tile sizes; the chip's defaults when None.
       chip: TPU whose defaults and scoped-VMEM budget apply.
       interpret: run in Pallas TPU interpret mode (CPU).
@@ -104,34 +112,58 @@ def ragged_paged_attention(
 
     Shapes, dtypes and block sizes are checked always; page ids, lengths and
     ``cu_q_lens`` are checked when they are concrete (not under an outer jit).
-    Raises ValueError naming the argument at fault.
+    Under a jit, page ids are clamped into the cache. Raises ValueError naming the argument at fault.
     """
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(-1)
-    _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
-    page_size = k_pages.shape[2]
-    group = q.shape[1] // k_pages.shape[0]
+    _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks)
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(f"sliding_window={sliding_window!r} must be a positive int (tokens) or None")
+    if soft_cap is not None and not float(soft_cap) > 0:
+        raise ValueError(f"soft_cap={soft_cap!r} must be a positive number or None")
+    page_size = kv_pages.shape[1]
+    kv_heads = kv_pages.shape[2] // 2
+    group = q.shape[1] // kv_heads
     if block_sizes is None:
         block_sizes = default_block_sizes(chip, q_dtype=q.dtype, page_size=page_size)
-    block_sizes.validate(q_dtype=q.dtype, kv_dtype=k_pages.dtype, page_size=page_size, q_heads_per_kv_head=group,
-                         head_dim=q.shape[2], chip=chip)
+    block_sizes.validate(q_dtype=q.dtype, kv_dtype=kv_pages.dtype, page_size=page_size, q_heads_per_kv_head=group,
+                         kv_heads=kv_heads, head_dim=q.shape[2], chip=chip)
     _check_smem(page_table, q.shape[0], block_sizes.block_q, chip)
-    _check_values(q, k_pages, kv_lens, page_table, cu_q_lens, num_seqs)
+    _check_values(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
-    return _ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=scale,
+    return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, sm_scale=scale,
+                                   sliding_window=sliding_window,
+                                   soft_cap=None if soft_cap is None else float(soft_cap),
                                    block_sizes=block_sizes, chip=chip, interpret=interpret)
 
 
-def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs) -> None:
+def check_kv_pages(kv_pages, *, q_heads: int, head_dim: int) -> tuple[int, int]:
+    """Validate a combined K/V cache against the queries; returns (kv_heads, page_size). ValueError naming it."""
+    if kv_pages.ndim != 4:
+        raise ValueError(f"kv_pages: expected rank 4 [num_pages, page_size, 2 * kv_heads, head_dim], "
+                         f"got shape {kv_pages.shape}")
+    _, page_size, combined, kv_head_dim = kv_pages.shape
+    if combined % 2:
+        raise ValueError(f"kv_pages: dimension 2 ({combined}) must be 2 * kv_heads (K and V rows interleaved)")
+    kv_heads = combined // 2
+    if q_heads % kv_heads:
+        raise ValueError(f"kv_pages: kv_heads={kv_heads} must divide q's q_heads={q_heads} (GQA)")
+    if kv_head_dim != head_dim:
+        raise ValueError(f"kv_pages: head_dim {kv_head_dim} does not match q's head_dim {head_dim}")
+    if np.dtype(kv_pages.dtype).name not in KV_DTYPES:
+        raise ValueError(f"kv_pages: dtype {np.dtype(kv_pages.dtype).name} is not supported; use one of {KV_DTYPES}")
+    return kv_heads, page_size
+
+
+def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) -> None:
     if q.ndim != 3:
         raise ValueError(f"q must be [total_tokens, q_heads, head_dim], got shape {q.shape}")
     _, q_heads, head_dim = q.shape
-    kv_heads, page_size = check_paged_kv_cache(k_pages, v_pages, q_heads=q_heads, head_dim=head_dim)
+    check_kv_pages(kv_pages, q_heads=q_heads, head_dim=head_dim)
+    if q.dtype != kv_pages.dtype:
+        raise ValueError(f"kv_pages dtype {np.dtype(kv_pages.dtype).name} must equal q's "
+                         f"{np.dtype(q.dtype).name}")
     if head_dim % LANES:
         raise ValueError(f"q head_dim={head_dim} must be a multiple of {LANES} (lane tiling of the head slices)")
-    kv_sub = sublane_multiple(k_pages.dtype)
-    if page_size % kv_sub:
-        raise ValueError(f"k_pages page_size={page_size} must be a multiple of {kv_sub} for "
-                         f"{np.dtype(k_pages.dtype).name} pages (sublane tiling)")
     if page_table.ndim != 2:
         raise ValueError(f"page_table must be [max_seqs, pages_per_seq], got shape {page_table.shape}")
     max_seqs = page_table.shape[0]
@@ -144,6 +176,8 @@ def _check_shapes(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     for name, arr in (("kv_lens", kv_lens), ("page_table", page_table), ("cu_q_lens", cu_q_lens)):
         if arr.dtype != jnp.int32:
             raise ValueError(f"{name} must be int32, got {arr.dtype}")
+    if sinks is not None and sinks.shape != (q_heads,):
+        raise ValueError(f"sinks shape {sinks.shape} must be ({q_heads},) (one logit per q head)")
 
 
 def scalar_prefetch_bytes(*, max_seqs: int, pages_per_seq: int, total_tokens: int, block_q: int) -> int:
@@ -169,14 +203,14 @@ def _concrete(x) -> np.ndarray | None:
         return None
 
 
-def _check_values(q, k_pages, kv_lens, page_table, cu_q_lens, num_seqs) -> None:
+def _check_values(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs) -> None:
     values = [_concrete(x) for x in (kv_lens, page_table, cu_q_lens, num_seqs)]
     if any(v is None for v in values):
         return
     lens, table, cu, n = values
     n = int(n[0])
     max_seqs, pages_per_seq = table.shape
-    page_size, num_pages = k_pages.shape[2], k_pages.shape[1]
+    num_pages, page_size = kv_pages.shape[0], kv_pages.shape[1]
     if not 0 <= n <= max_seqs:
         raise ValueError(f"num_seqs={n} must be in [0, {max_seqs}] (rows of page_table)")
     if cu[0] != 0:
@@ -201,7 +235,7 @@ def _check_values(q, k_pages, kv_lens, page_table, cu_q_lens, num_seqs) -> None:
         if np.any(bad):
             p = int(np.argmax(bad))
             raise ValueError(f"page_table[{s}, {p}]={used[p]} points outside the cache "
-                             f"(k_pages has {num_pages} pages)")
+                             f"(kv_pages has {num_pages} pages)")
 
 
 def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
@@ -215,47 +249,66 @@ def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
     return (jnp.sum(ends_before, axis=1, dtype=jnp.int32), jnp.sum(starts_before_end, axis=1, dtype=jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "block_sizes", "chip", "interpret"))
-def _ragged_paged_attention(q, k_pages, v_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, sm_scale: float,
+@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_sizes", "chip",
+                                             "interpret"))
+def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, *, sm_scale: float,
+                            sliding_window: int | None, soft_cap: float | None,
                             block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool):
     total_tokens, q_heads, head_dim = q.shape
-    kv_heads, _, page_size, _ = k_pages.shape
+    num_pages, page_size, combined, _ = kv_pages.shape
+    kv_heads = combined // 2
     pages_per_seq = page_table.shape[1]
     group = q_heads // kv_heads
     block_q, block_kv = block_sizes.block_q, block_sizes.block_kv
     pages_per_block = block_sizes.pages_per_block(page_size)
     rows = group * block_q
     seq_lo, seq_hi = _sequence_ranges(cu_q_lens, num_seqs, total_tokens=total_tokens, block_q=block_q)
+    # Validated on the way in: every page id the kernel may copy lies inside the cache (bounds checks off).
+    safe_table = jnp.clip(page_table, 0, num_pages - 1).reshape(-1)
+    # A page's tokens x (K, V of every head) as one [page_size * 2 * kv_heads, head_dim] slab (row-major view).
+    kv_flat = kv_pages.reshape(num_pages, page_size * combined, head_dim)
+    # Sink logits, lane-replicated: one [1, STATS_LANES] row per q head (-inf-like when off: no extra term).
+    sink_rows = jnp.broadcast_to(
+        (jnp.full((q_heads,), MASK_VALUE, jnp.float32) if sinks is None else sinks.astype(jnp.float32))[:, None],
+        (q_heads, STATS_LANES))
 
-    qo_spec = pl.BlockSpec((block_q, group * head_dim), lambda h, b, *_: (b, h))
+    qo_spec = pl.BlockSpec((block_q, q_heads * head_dim), lambda b, *_: (b, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=5,
-        grid=(kv_heads, pl.cdiv(total_tokens, block_q)),
-        in_specs=[qo_spec, pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
+        grid=(pl.cdiv(total_tokens, block_q),),
+        in_specs=[qo_spec, pl.BlockSpec((q_heads, STATS_LANES), lambda b, *_: (0, 0)),
+                  pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=qo_spec,
         scratch_shapes=[
-            pltpu.VMEM((2, pages_per_block, page_size, head_dim), k_pages.dtype),
-            pltpu.VMEM((2, pages_per_block, page_size, head_dim), v_pages.dtype),
+            pltpu.VMEM((2, block_kv * combined, head_dim), kv_pages.dtype),
             pltpu.SemaphoreType.DMA((2,)),
-            pltpu.VMEM((rows, STATS_LANES), jnp.float32),
-            pltpu.VMEM((rows, STATS_LANES), jnp.float32),
-            pltpu.VMEM((rows, head_dim), jnp.float32),
+            pltpu.VMEM((kv_heads, rows, STATS_LANES), jnp.float32),
+            pltpu.VMEM((kv_heads, rows, STATS_LANES), jnp.float32),
+            pltpu.VMEM((kv_heads, rows, head_dim), jnp.float32),
+            pltpu.VMEM((kv_heads, group, head_dim), jnp.float32),
+            pltpu.VMEM((kv_heads, group, STATS_LANES), jnp.float32),
+            pltpu.VMEM((kv_heads, group, STATS_LANES), jnp.float32),
+            pltpu.VMEM((kv_heads, group, head_dim), jnp.float32),
         ],
     )
-    kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group,
-                               pages_per_seq=pages_per_seq)
+    kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
+                               page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
+                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=not interpret)
+    kernel = with_ref_names(kernel, ("kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks",
+                                     "kv_pages", "o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1",
+                                     "acc1"))
     call = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((total_tokens, q_heads * head_dim), q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), disable_bounds_checks=True),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(q, k_pages, page_table, block_q),
+        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q),
         name="ragged_paged_attention",
     )
     with jax.named_scope(f"ragged_paged_attention_bq{block_q}_bkv{block_kv}"):
-        out = call(kv_lens, page_table.reshape(-1), cu_q_lens, seq_lo, seq_hi,
-                   q.reshape(total_tokens, q_heads * head_dim), k_pages, v_pages)
+        out = call(kv_lens, safe_table, cu_q_lens, seq_lo, seq_hi,
+                   q.reshape(total_tokens, q_heads * head_dim), sink_rows, kv_flat)
     return out.reshape(total_tokens, q_heads, head_dim)
 
 
@@ -275,152 +328,287 @@ def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num
     return q_lens, np.maximum(q_lens, share_tokens)
 
 
-def _cost_estimate(q, k_pages, page_table, block_q: int):
+def _cost_estimate(q, kv_pages, page_table, block_q: int):
     """pl.CostEstimate from perfmodel's ragged paged attention model at the assumed lengths."""
     from perfmodel.model.attention import ragged_paged_attention as ragged_model
     from perfmodel.model.core import to_cost_estimate
 
     total_tokens, q_heads, head_dim = q.shape
-    kv_heads, num_pages, page_size, _ = k_pages.shape
+    num_pages, page_size, combined, _ = kv_pages.shape
     q_lens, kv_lens = assumed_lengths(total_tokens=total_tokens, max_seqs=page_table.shape[0],
                                       pages_per_seq=page_table.shape[1], num_pages=num_pages, page_size=page_size)
-    cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=kv_heads,
-                        head_dim=head_dim, page_size=page_size, kv_dtype=np.dtype(k_pages.dtype).name,
+    cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2,
+                        head_dim=head_dim, page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name,
                         q_dtype=np.dtype(q.dtype).name, block_q=block_q)
     return to_cost_estimate(cost)
+
+
+def _split_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, *, packed_pairs: bool):
+    """K and V of KV head ``h`` for tokens ``start .. start + tokens`` of a ``[block_kv * 2 * kv_heads, head_dim]``
+    block: two ``[tokens, head_dim]``.
+
+    Rows ``2h + 2 * kv_heads * t`` (K) and ``2h + 1 + 2 * kv_heads * t`` (V), token ``t``. 32-bit caches load
+    them with a stride; bf16 rows ``2h`` and ``2h + 1`` share one packed 32-bit row (low half K, high half V),
+    so one strided load of the 32-bit view fetches both and shifts separate them (a bf16 is the top half of
+    an f32, so each half widens exactly). ``packed_pairs`` False loads bf16 rows with a stride too (interpret
+    mode, which cannot bitcast a ref in jax 0.10.2; same values)."""
+    if kv_ref.dtype == jnp.float32 or not packed_pairs:
+        stride = 2 * kv_heads
+        first = 2 * h + stride * start
+        return (kv_ref[pl.ds(first, tokens, stride=stride), :], kv_ref[pl.ds(first + 1, tokens, stride=stride), :])
+    pairs = kv_ref.bitcast(jnp.uint32)[pl.ds(h + kv_heads * start, tokens, stride=kv_heads), :]
+    k = pltpu.bitcast(pairs << 16, jnp.float32).astype(kv_ref.dtype)
+    v = pltpu.bitcast(pairs & jnp.uint32(0xFFFF0000), jnp.float32).astype(kv_ref.dtype)
+    return k, v
 
 
 def _ragged_paged_attention_kernel(
     # Scalar prefetch (SMEM).
     kv_lens_ref,  # [max_seqs] int32
-    page_table_ref,  # [max_seqs * pages_per_seq] int32 (flattened page table)
+    page_table_ref,  # [max_seqs * pages_per_seq] int32 (flattened page table, ids clamped into the cache)
     cu_q_lens_ref,  # [max_seqs + 1] int32
     seq_lo_ref,  # [num_q_blocks] int32: first sequence with a row in the q block
     seq_hi_ref,  # [num_q_blocks] int32: one past the last such sequence
     # Inputs.
-    q_ref,  # VMEM [block_q, group * head_dim]: the q heads of KV head h, tokens of q block b
-    k_hbm_ref,  # HBM [kv_heads, num_pages, page_size, head_dim]
-    v_hbm_ref,  # HBM [kv_heads, num_pages, page_size, head_dim]
+    q_ref,  # VMEM [block_q, q_heads * head_dim]: every q head of the tokens of q block b
+    sinks_ref,  # VMEM [q_heads, STATS_LANES] f32: sink logit per q head, lane-replicated
+    kv_hbm_ref,  # HBM [num_pages, page_size * 2 * kv_heads, head_dim]
     # Output.
-    o_ref,  # VMEM [block_q, group * head_dim]
+    o_ref,  # VMEM [block_q, q_heads * head_dim]
     # Scratch.
-    k_buf,  # VMEM [2, pages_per_block, page_size, head_dim]: two K slots
-    v_buf,  # VMEM [2, pages_per_block, page_size, head_dim]: two V slots
+    kv_buf,  # VMEM [2, block_kv * 2 * kv_heads, head_dim]: two slots of one KV block (all heads)
     sems,  # DMA semaphores [2]: one per slot
-    m_ref,  # VMEM [group * block_q, STATS_LANES] f32: running row max (lane-replicated)
-    l_ref,  # VMEM [group * block_q, STATS_LANES] f32: running row sum of exp
-    acc_ref,  # VMEM [group * block_q, head_dim] f32: unnormalised output
+    m_ref,  # VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row max (lane-replicated)
+    l_ref,  # VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row sum of exp
+    acc_ref,  # VMEM [kv_heads, group * block_q, head_dim] f32: unnormalised output
+    q1_ref,  # VMEM [kv_heads, group, head_dim] f32: a one-row (decode) sequence's query, heads stacked per group
+    m1_ref,  # VMEM [kv_heads, group, STATS_LANES] f32: the one-row path's running max
+    l1_ref,  # VMEM [kv_heads, group, STATS_LANES] f32: its running sum
+    acc1_ref,  # VMEM [kv_heads, group, head_dim] f32: its unnormalised output
     *,
     sm_scale: float,
     group: int,
+    kv_heads: int,
+    page_size: int,
+    pages_per_block: int,
     pages_per_seq: int,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    packed_pairs: bool,
 ):
-    h = pl.program_id(0)
-    block_start = pl.program_id(1) * q_ref.shape[0]
     block_q = q_ref.shape[0]
-    head_dim = acc_ref.shape[1]
-    _, pages_per_block, page_size, _ = k_buf.shape
+    block_start = pl.program_id(0) * block_q
+    head_dim = acc_ref.shape[2]
     block_kv = pages_per_block * page_size
+    page_rows = page_size * 2 * kv_heads
 
-    def kv_blocks_needed(s):
-        """KV blocks sequence s needs for its rows in this q block (0 if it has none)."""
+    def row_span(s):
+        """(first, last) positions of sequence s's query rows in this q block, and whether it has any."""
         q_start, q_end, kv_len = cu_q_lens_ref[s], cu_q_lens_ref[s + 1], kv_lens_ref[s]
+        first_row = jnp.maximum(q_start, block_start)
         last_row = jnp.minimum(q_end, block_start + block_q) - 1
-        last_pos = kv_len - q_end + last_row  # = kv_len - q_len + (last_row - q_start)
-        has_rows = (q_end > q_start) & (last_pos >= 0)
-        return jnp.where(has_rows, lax.div(jnp.maximum(last_pos, 0), block_kv) + 1, 0)
+        offset = kv_len - q_end  # position of row r is offset + r
+        return offset + first_row, offset + last_row, (last_row >= first_row) & (offset + last_row >= 0)
 
-    def for_each_page_copy(s, j, slot, action):
+    def kv_block_range(s):
+        """[lo, hi) KV blocks sequence s's rows in this q block see (empty if it has none)."""
+        first_pos, last_pos, has_rows = row_span(s)
+        hi = jnp.where(has_rows, lax.div(jnp.maximum(last_pos, 0), block_kv) + 1, 0)
+        if sliding_window is None:
+            return jnp.int32(0), hi
+        lo = lax.div(jnp.maximum(first_pos - sliding_window + 1, 0), block_kv)
+        return jnp.minimum(lo, hi), hi
+
+    def pages_in_block(s, j):
+        """Pages of block j that hold tokens of sequence s (the block's pages past its context are skipped)."""
         num_pages = lax.div(kv_lens_ref[s] + page_size - 1, page_size)
+        return jnp.clip(num_pages - j * pages_per_block, 0, pages_per_block)
 
-        # A loop over the block's pages (not unrolled: a block may hold hundreds of pages).
-        def page_copy(i, carry):
-            page = j * pages_per_block + i
-
-            @pl.when(page < num_pages)
-            def _():
-                page_id = page_table_ref[s * pages_per_seq + jnp.minimum(page, pages_per_seq - 1)]
-                for src, dst in ((k_hbm_ref, k_buf), (v_hbm_ref, v_buf)):
-                    action(pltpu.make_async_copy(src.at[h, page_id], dst.at[slot, i], sems.at[slot]))
-
-            return carry
-
-        lax.fori_loop(0, pages_per_block, page_copy, 0)
+    def page_copy(s, j, i, slot):
+        page = jnp.minimum(j * pages_per_block + i, pages_per_seq - 1)
+        page_id = page_table_ref[s * pages_per_seq + page]
+        return pltpu.make_async_copy(kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_rows, page_rows)],
+                                     sems.at[slot])
 
     def start_fetch(s, j, slot):
-        for_each_page_copy(s, j, slot, lambda copy: copy.start())
+        count = pages_in_block(s, j)
+        for i in range(pages_per_block):  # unrolled: one DMA per page, every head's K and V
+
+            @pl.when(i < count)
+            def _():
+                page_copy(s, j, i, slot).start()
 
     def wait_fetch(s, j, slot):
-        for_each_page_copy(s, j, slot, lambda copy: copy.wait())
+        count = pages_in_block(s, j)
+
+        @pl.when(count == pages_per_block)
+        def _():  # one wait sized to the whole block
+            pltpu.make_async_copy(kv_buf.at[1 - slot], kv_buf.at[slot], sems.at[slot]).wait()
+
+        @pl.when(count < pages_per_block)
+        def _():  # a partial last block: one wait per fetched page
+            def wait_page(i, carry):
+                pltpu.make_async_copy(kv_hbm_ref.at[0], kv_buf.at[slot, pl.ds(0, page_rows)], sems.at[slot]).wait()
+                return carry
+
+            lax.fori_loop(0, count, wait_page, 0)
+
+            def zero_page(i, carry):  # unfetched pages: zeros, never stale data (NaN in a fresh buffer)
+                kv_buf[slot, pl.ds(pl.multiple_of(i * page_rows, page_rows), page_rows), :] = jnp.zeros(
+                    (page_rows, kv_buf.shape[2]), kv_buf.dtype)
+                return carry
+
+            lax.fori_loop(count, pages_per_block, zero_page, 0)
+
+    def softmax_block(qh, h, j, slot, q_pos, m_at, l_at, acc_at):
+        """KV block j of KV head h in the online softmax of the stacked query rows qh at positions q_pos
+        ([rows, 1] or a scalar), state in m_at, l_at, acc_at. The block is scored in chunks of COMPUTE_TOKENS
+        so that one chunk's K, V and scores stay in vector registers. Rows past the context hold finite
+        values (the tail of the sequence's last page, or zeros where a partial block fetched no page), so
+        masked scores (p = 0) contribute nothing."""  # noqa: D401
+        m, l, acc = m_at[...], l_at[...], acc_at[...]
+        qh = qh.astype(kv_buf.dtype)
+        chunk = min(COMPUTE_TOKENS, block_kv)
+        for c in range(block_kv // chunk):
+            k, v = _split_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, packed_pairs=packed_pairs)
+            scores = lax.dot_general(qh, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
+            if soft_cap is not None:
+                scores = soft_cap * jnp.tanh(scores * (1.0 / soft_cap))
+            kv_pos = j * block_kv + c * chunk + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+            scores = jnp.where(window_mask(q_pos, kv_pos), scores, MASK_VALUE)
+            m_next = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))
+            p = jnp.exp(scores - jnp.tile(m_next, (1, chunk // STATS_LANES)))
+            alpha = jnp.exp(m - m_next)
+            l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+            pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+            acc = acc * jnp.tile(alpha, (1, head_dim // STATS_LANES)) + pv
+            m = m_next
+        m_at[...], l_at[...], acc_at[...] = m, l, acc
+
+    def window_mask(q_pos, kv_pos):
+        visible = kv_pos <= q_pos
+        if sliding_window is not None:
+            visible &= kv_pos > q_pos - sliding_window
+        return visible
 
     def attend(s, j, slot):
+        """Block path: every row of the q block, the group's heads stacked ([group * block_q] rows)."""
         q_end, kv_len = cu_q_lens_ref[s + 1], kv_lens_ref[s]
-        k = k_buf[slot].reshape(block_kv, head_dim)
-        v = v_buf[slot].reshape(block_kv, head_dim)
-        v_pos = j * block_kv + lax.broadcasted_iota(jnp.int32, (block_kv, head_dim), 0)
-        v = jnp.where(v_pos < kv_len, v, jnp.zeros_like(v))  # stale slot rows may hold NaN
-        q = jnp.concatenate([q_ref[:, g * head_dim:(g + 1) * head_dim] for g in range(group)], axis=0)
-        scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
-        token = block_start + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0)
-        q_pos = jnp.concatenate([token + (kv_len - q_end)] * group, axis=0)  # [group * block_q, block_kv]
-        kv_pos = j * block_kv + lax.broadcasted_iota(jnp.int32, scores.shape, 1)
-        scores = jnp.where((kv_pos <= q_pos) & (kv_pos < kv_len), scores, MASK_VALUE)
-        m_prev, l_prev = m_ref[...], l_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1, keepdims=True))
-        p = jnp.exp(scores - jnp.tile(m_next, (1, block_kv // STATS_LANES)))
-        alpha = jnp.exp(m_prev - m_next)
-        m_ref[...] = m_next
-        l_ref[...] = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
-        pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        acc_ref[...] = acc_ref[...] * jnp.tile(alpha, (1, head_dim // STATS_LANES)) + pv
+        q_pos = block_start + (kv_len - q_end) + lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+        q_pos = jnp.concatenate([q_pos] * group, axis=0) if group > 1 else q_pos  # [group * block_q, 1]
+        for h in range(kv_heads):
+            cols = [q_ref[:, (h * group + g) * head_dim:(h * group + g + 1) * head_dim] for g in range(group)]
+            qh = jnp.concatenate(cols, axis=0) if group > 1 else cols[0]
+            softmax_block(qh, h, j, slot, q_pos, m_ref.at[h], l_ref.at[h], acc_ref.at[h])
+
+    def attend_one(j, slot, q_pos):
+        """One-row path (a decode token, or a prefill's single row in this block) at position q_pos: only the
+        group's ``group`` query rows."""
+        for h in range(kv_heads):
+            softmax_block(q1_ref[h], h, j, slot, q_pos, m1_ref.at[h], l1_ref.at[h], acc1_ref.at[h])
+
+    def sink_rows(h, rows_per_head):
+        """Initial running max of KV head h's stacked rows: each q head's sink logit (MASK_VALUE when off)."""
+        return jnp.concatenate([jnp.broadcast_to(sinks_ref[pl.ds(h * group + g, 1), :], (rows_per_head, STATS_LANES))
+                                for g in range(group)], axis=0)
+
+    def start_sequence():
+        """Online-softmax state for a new sequence: the sink logit (or nothing) as the running max, sum 1."""
+        for h in range(kv_heads):
+            m_ref[h] = sink_rows(h, block_q)
+            l_ref[h] = jnp.ones(l_ref.shape[1:], jnp.float32)
+            acc_ref[h] = jnp.zeros(acc_ref.shape[1:], jnp.float32)
+
+    def start_one(row):
+        """One-row path: gather row ``row`` of the q block for every head (a masked sublane sum: rows past the
+        batch may hold anything, NaN included) and reset the state."""
+        mine = lax.broadcasted_iota(jnp.int32, (block_q, 1), 0) == row
+        q_row = jnp.sum(jnp.where(mine, q_ref[...].astype(jnp.float32), 0.0), axis=0, keepdims=True)
+        for h in range(kv_heads):
+            q1_ref[h] = jnp.concatenate([q_row[:, (h * group + g) * head_dim:(h * group + g + 1) * head_dim]
+                                         for g in range(group)], axis=0) if group > 1 else \
+                q_row[:, h * head_dim:(h + 1) * head_dim]
+            m1_ref[h] = sink_rows(h, 1)
+            l1_ref[h] = jnp.ones(l1_ref.shape[1:], jnp.float32)
+            acc1_ref[h] = jnp.zeros(acc1_ref.shape[1:], jnp.float32)
 
     def finish(s):
         q_start, q_end = cu_q_lens_ref[s], cu_q_lens_ref[s + 1]
-        out = acc_ref[...] * jnp.tile(1.0 / l_ref[...], (1, head_dim // STATS_LANES))
         token = block_start + lax.broadcasted_iota(jnp.int32, (block_q, head_dim), 0)
         mine = (token >= q_start) & (token < q_end)
-        for g in range(group):
-            cols = slice(g * head_dim, (g + 1) * head_dim)
-            rows = out[g * block_q:(g + 1) * block_q].astype(o_ref.dtype)
-            o_ref[:, cols] = jnp.where(mine, rows, o_ref[:, cols])
+        for h in range(kv_heads):
+            out = acc_ref[h] * jnp.tile(1.0 / l_ref[h], (1, head_dim // STATS_LANES))
+            for g in range(group):
+                cols = slice((h * group + g) * head_dim, (h * group + g + 1) * head_dim)
+                rows = out[g * block_q:(g + 1) * block_q].astype(o_ref.dtype)
+                o_ref[:, cols] = jnp.where(mine, rows, o_ref[:, cols])
+
+    def finish_one(row):
+        mine = lax.broadcasted_iota(jnp.int32, (block_q, head_dim), 0) == row
+        for h in range(kv_heads):
+            out = acc1_ref[h] * jnp.tile(1.0 / l1_ref[h], (1, head_dim // STATS_LANES))
+            for g in range(group):
+                cols = slice((h * group + g) * head_dim, (h * group + g + 1) * head_dim)
+                o_ref[:, cols] = jnp.where(mine, out[g:g + 1].astype(o_ref.dtype), o_ref[:, cols])
 
     def sequence(s, slot):
-        n = kv_blocks_needed(s)
+        lo, hi = kv_block_range(s)
         # Sequence s - 1 of this step (if it had KV blocks) already fetched our first block.
-        prefetched = (s > seq_lo) & (kv_blocks_needed(jnp.maximum(s - 1, 0)) > 0)
+        prev_lo, prev_hi = kv_block_range(jnp.maximum(s - 1, 0))
+        prefetched = (s > seq_lo) & (prev_hi > prev_lo)
 
-        @pl.when((n > 0) & jnp.logical_not(prefetched))
+        @pl.when((hi > lo) & jnp.logical_not(prefetched))
         def _():
-            start_fetch(s, 0, slot)
+            start_fetch(s, lo, slot)
 
-        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
-        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+        q_start, q_end = cu_q_lens_ref[s], cu_q_lens_ref[s + 1]
+        first_row = jnp.maximum(q_start, block_start)
+        one_row = jnp.minimum(q_end, block_start + block_q) - first_row == 1
+
+        @pl.when(one_row)
+        def _():
+            start_one(first_row - block_start)
+
+        @pl.when(jnp.logical_not(one_row))
+        def _():
+            start_sequence()
 
         def kv_block(j, slot):
             # Prefetch the step's next (sequence, KV block): the next block of s, else the first of s + 1.
-            more_here = j + 1 < n
+            more_here = j + 1 < hi
             following = jnp.minimum(s + 1, seq_hi - 1)  # clamped: SMEM reads stay in bounds
-            next_s = jnp.where(more_here, s, following)
-            has_next = more_here | ((s + 1 < seq_hi) & (kv_blocks_needed(following) > 0))
+            next_lo, next_hi = kv_block_range(following)
+            has_next = more_here | ((s + 1 < seq_hi) & (next_hi > next_lo))
 
             @pl.when(has_next)
             def _():
-                start_fetch(next_s, jnp.where(more_here, j + 1, 0), 1 - slot)
+                start_fetch(jnp.where(more_here, s, following), jnp.where(more_here, j + 1, next_lo), 1 - slot)
 
             wait_fetch(s, j, slot)
-            attend(s, j, slot)
+
+            @pl.when(one_row)
+            def _():
+                attend_one(j, slot, kv_lens_ref[s] - q_end + first_row)
+
+            @pl.when(jnp.logical_not(one_row))
+            def _():
+                attend(s, j, slot)
+
             return 1 - slot
 
-        slot = lax.fori_loop(0, n, kv_block, slot)
+        slot = lax.fori_loop(lo, hi, kv_block, slot)
 
-        @pl.when(n > 0)
+        @pl.when((hi > lo) & one_row)
+        def _():
+            finish_one(first_row - block_start)
+
+        @pl.when((hi > lo) & jnp.logical_not(one_row))
         def _():
             finish(s)
 
         return slot
 
     o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
-    seq_lo = seq_lo_ref[pl.program_id(1)]
-    seq_hi = seq_hi_ref[pl.program_id(1)]
+    seq_lo = seq_lo_ref[pl.program_id(0)]
+    seq_hi = seq_hi_ref[pl.program_id(0)]
     lax.fori_loop(seq_lo, seq_hi, sequence, jnp.int32(0))

@@ -162,14 +162,15 @@ def _ragged_paged_attention(specs, static, used):
     from perfmodel.model.attention import ragged_paged_attention
 
     total_tokens, q_heads, head_dim = specs["q"].shape
-    kv_heads, num_pages, page_size, _ = specs["k_pages"].shape
+    num_pages, page_size, combined_heads, _ = specs["kv_pages"].shape
+    kv_heads = combined_heads // 2
     max_seqs, pages_per_seq = specs["page_table"].shape
     # Lengths are data: the estimate shares the tokens and the cache evenly (tested by hand in
     # test_ragged_paged_attention.py).
     q_lens, kv_lens = assumed_lengths(total_tokens=total_tokens, max_seqs=max_seqs, pages_per_seq=pages_per_seq,
                                       num_pages=num_pages, page_size=page_size)
     return ragged_paged_attention(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=kv_heads,
-                                  head_dim=head_dim, page_size=page_size, kv_dtype=_dt(specs["k_pages"]),
+                                  head_dim=head_dim, page_size=page_size, kv_dtype=_dt(specs["kv_pages"]),
                                   q_dtype=_dt(specs["q"]), block_q=used["block_q"])
 
 
@@ -415,14 +416,14 @@ CONTRACTS: dict[str, Contract] = {
         small=(
             # Two sequences of 8 new tokens over 100-token contexts, GQA 4 (small blocks: the interpreter runs the
             # defaults' 512-token KV blocks slowly).
-            Case(id="bf16-gqa4", shapes=("q=16x8x128:bf16=random", "k_pages=2x16x16x128:bf16=random",
-                                         "v_pages=2x16x16x128:bf16=random", *_RAGGED_SMALL),
+            Case(id="bf16-gqa4", shapes=("q=16x8x128:bf16=random", "kv_pages=16x16x4x128:bf16=random",
+                                         *_RAGGED_SMALL),
                  blocks={"block_q": 16, "block_kv": 128}),
         ),
         lowered=(
             # 512 tokens of a mixed batch, Llama-3-8B attention, 64 sequences of up to 2048 tokens, 4096 pages.
-            Case(id="mixed-batch", shapes=("q=512x32x128:bf16", "k_pages=8x4096x16x128:bf16",
-                                           "v_pages=8x4096x16x128:bf16", "kv_lens=64:int32", "page_table=64x128:int32",
+            Case(id="mixed-batch", shapes=("q=512x32x128:bf16", "kv_pages=4096x16x16x128:bf16",
+                                           "kv_lens=64:int32", "page_table=64x128:int32",
                                            "cu_q_lens=65:int32", "num_seqs=1:int32"),
                  scope=_v5e_defaults("ragged_paged_attention", block_q="block_q", block_kv="block_kv")),
         ),
