@@ -124,7 +124,8 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         notes.append(f"grid split over {seg.cores} TensorCores along its leading parallel dimension(s) (megacore)")
 
     operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes)
-    counter = count_body_work(call.body, chip, call.grid, points, call.body_values, loop_trips=loop_trips)
+    counter = count_body_work(call.body, chip, call.grid, points, call.body_values, loop_trips=loop_trips,
+                              starts=seg.starts)
     notes.extend(counter.notes)
     manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
     if manual:

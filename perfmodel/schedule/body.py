@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from perfmodel.hw.spec import ChipSpec
-from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue
+from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue, written_inputs
 
 EUP_PRIMITIVES = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -439,21 +439,81 @@ class WorkCounter(Hook):
 
 
 def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,
-                    known_values: Sequence[Any], *, loop_trips: int | None = None) -> WorkCounter:
+                    known_values: Sequence[Any], *, loop_trips: int | None = None,
+                    starts: np.ndarray | None = None) -> WorkCounter:
     """Interpret the kernel body once for all grid steps; returns the filled counter.
 
     The body's parameters are (*scalar prefetch, *blocks, *scratch); ``known_values`` are the known contents
     of the leading ones (scalar prefetch, then whole-array SMEM inputs; None where unknown). ``loop_trips``:
     iterations assumed for a while loop whose trip count cannot be evaluated (default: one, with a note).
+    ``starts``: True at the first step of each TensorCore's sequence (``points`` in execution order); the SMEM
+    refs among the known ones that the body writes (a first-step flag, a buffer slot) then carry their content
+    from each step to the next (see :func:`carried_contents`).
     """
     n = points.shape[0]
     counter = WorkCounter(chip, assumed_trips=loop_trips)
-    interp = Interpreter(n, grid, [points[:, d] for d in range(points.shape[1])], counter)
+    grid_ids = [points[:, d] for d in range(points.shape[1])]
     args: list[Any] = []
     for i, v in enumerate(body.invars):
         ms = str(getattr(v.aval, "memory_space", "")).lower()
         known = i < len(known_values) and known_values[i] is not None
         content = np.asarray(known_values[i])[None, ...] if known else UNKNOWN
         args.append(RefValue(content, ms) if hasattr(v.aval, "memory_space") or known else UNKNOWN)
-    interp.run(body, [], args)
+    written = written_inputs(body)
+    carried = [i for i, a in enumerate(args) if isinstance(a, RefValue) and "smem" in a.memory_space
+               and not isinstance(a.value, type(UNKNOWN)) and i + len(body.constvars) in written]
+    if carried:
+        steps = np.zeros(n, dtype=bool) if starts is None else np.asarray(starts, dtype=bool)
+        steps[0] = True
+        for i, content in carried_contents(body, grid, grid_ids, args, carried, steps).items():
+            args[i] = RefValue(content, args[i].memory_space, track=True)
+        if any(isinstance(args[i].value, type(UNKNOWN)) for i in carried):
+            counter.note("scalar state the kernel writes in SMEM and reads at a later step (e.g. a buffer slot) "
+                         "could not be followed from step to step: reads of it are treated as data")
+    Interpreter(n, grid, grid_ids, counter).run(body, [], args)
     return counter
+
+
+#: Passes over the grid that :func:`carried_contents` runs before giving up on SMEM state that keeps changing
+#: (a chain of n steps, e.g. a double-buffer slot flipped at every step, needs n passes).
+MAX_CARRY_PASSES = 8
+
+
+def carried_contents(body: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarray], args: Sequence[Any],
+                     carried: Sequence[int], starts: np.ndarray) -> dict[int, Any]:
+    """The content of each carried SMEM ref at the start of every step: its initial content at each core's
+    first step, else what the previous step left in it. Found by running the body (quietly, every step at
+    once) from a guess until the contents stop changing; a ref still changing after
+    :data:`MAX_CARRY_PASSES` passes, or whose writes are data-dependent, is UNKNOWN."""
+    n = int(starts.shape[0])
+    prev = np.maximum(np.arange(n) - 1, 0)
+    initial = {i: np.asarray(args[i].value) for i in carried}
+    state: dict[int, Any] = {i: np.broadcast_to(initial[i], (n,) + initial[i].shape[1:]) for i in carried}
+    settled: set[int] = set()
+    for _ in range(MAX_CARRY_PASSES):
+        run = [RefValue(_copy(state[i]), a.memory_space, track=True) if i in state
+               else RefValue(a.value, a.memory_space) if isinstance(a, RefValue) else a for i, a in enumerate(args)]
+        Interpreter(n, grid, grid_ids).run(body, [], run)
+        following: dict[int, Any] = {}
+        for i in carried:
+            end = run[i].value
+            if isinstance(end, type(UNKNOWN)):
+                following[i] = UNKNOWN
+                continue
+            end = np.broadcast_to(end, (n,) + initial[i].shape[1:])
+            first = np.broadcast_to(starts.reshape((n,) + (1,) * (end.ndim - 1)), end.shape)
+            following[i] = np.where(first, np.broadcast_to(initial[i], end.shape), end[prev])
+        settled = {i for i in carried if _same(following[i], state[i])}
+        state = following
+        if len(settled) == len(carried):
+            break
+    return {i: state[i] if i in settled else UNKNOWN for i in carried}
+
+
+def _copy(x: Any) -> Any:
+    return x if isinstance(x, type(UNKNOWN)) else np.array(x)
+
+
+def _same(a: Any, b: Any) -> bool:
+    unknown = isinstance(a, type(UNKNOWN)), isinstance(b, type(UNKNOWN))
+    return all(unknown) if any(unknown) else bool(np.array_equal(a, b))

@@ -92,10 +92,13 @@ UNKNOWN = _Unknown()
 
 @dataclasses.dataclass
 class RefValue:
-    """A ref in the environment: its content (batch axis first) or UNKNOWN."""
+    """A ref in the environment: its content (batch axis first) or UNKNOWN. ``track``: scalar writes to it
+    update the content (SMEM state a kernel carries from step to step, e.g. a first-step flag); writes to an
+    untracked ref forget its content."""
 
     value: Any
     memory_space: str
+    track: bool = False
 
 
 class Hook:
@@ -762,10 +765,51 @@ class Interpreter:
         self.hook.eqn(eqn, weight, self)
         ref = invals[0]
         if isinstance(ref, RefValue):
-            ref.value = UNKNOWN  # writes are not tracked; later reads are data-dependent
+            # Untracked refs forget their content (later reads are data-dependent); a tracked ref takes a scalar
+            # write at the steps that run it.
+            ref.value = self._stored(eqn, invals, weight, ref.value) if ref.track else UNKNOWN
         return self._unknown_outs(eqn)
 
-    _p_addupdate = _p_swap
+    def _p_addupdate(self, eqn: Any, invals: list[Any], weight: Any, needed: Any = None) -> list[Any]:
+        self.hook.eqn(eqn, weight, self)
+        if isinstance(invals[0], RefValue):
+            invals[0].value = UNKNOWN
+        return self._unknown_outs(eqn)
+
+    def _stored(self, eqn: Any, invals: list[Any], weight: Any, content: Any) -> Any:
+        """The content of a tracked ref after ``ref[idx] = value`` (one element) at the lanes whose weight is
+        1; UNKNOWN where any part is unknown, or the write runs a multiplied (loop-counted) number of times."""
+        from jax._src.state.indexing import NDIndexer, Slice
+
+        value = invals[1]
+        w = np.asarray(weight, dtype=float)
+        if (_is_unknown(content) or _is_unknown(value) or isinstance(value, RefValue) or self.groups is not None
+                or _aval_size(eqn.outvars[0].aval) != 1 or not np.all((w == 0) | (w == 1))):
+            return UNKNOWN
+        parsed = self._indexers(eqn, [invals[0]] + list(invals[2:]))
+        if parsed is None or len(parsed[0]) != 1 or not isinstance(parsed[0][0], NDIndexer):
+            return UNKNOWN
+        index = []
+        for idx in parsed[0][0].indices:
+            if isinstance(idx, Slice):
+                if not isinstance(idx.start, (int, np.integer)) or int(idx.size) != 1:
+                    return UNKNOWN
+                index.append(np.asarray([int(idx.start)]))
+            elif _is_unknown(idx) or isinstance(idx, RefValue) or np.ndim(idx) != 1:
+                return UNKNOWN
+            else:
+                index.append(np.asarray(idx).astype(np.int64))
+        content = np.asarray(content)
+        value = np.asarray(value).reshape(-1)
+        lanes = max([content.shape[0], value.shape[0], w.size] + [i.shape[0] for i in index])
+        if lanes not in (1, self.n) or len(index) != content.ndim - 1:
+            return UNKNOWN
+        out = np.broadcast_to(content, (lanes,) + content.shape[1:]).copy()
+        active = np.nonzero(np.broadcast_to(w.reshape(-1) if w.ndim else w, (lanes,)) == 1)[0]
+        where = tuple([active] + [np.clip(np.broadcast_to(i, (lanes,))[active], 0, d - 1)
+                                  for i, d in zip(index, content.shape[1:])])
+        out[where] = np.broadcast_to(value, (lanes,))[active].astype(out.dtype)
+        return out
 
     # ----- control flow -----
 
@@ -801,7 +845,9 @@ class Interpreter:
             for br in branches:
                 child = Interpreter(self.n, self.grid, self.grid_ids, self.hook.child(), groups=self.groups,
                                     ngroups=self.ngroups, expand=self.expand)
-                child.run_closed(br, _copy_refs(operands), weight, needed)
+                copies = _copy_refs(operands)
+                child.run_closed(br, copies, weight, needed)
+                _forget_changed(operands, copies)
                 children.append(child.hook)
             if not quiet:
                 reason = "a pl.when / lax.cond whose predicate depends on data"
@@ -876,8 +922,11 @@ class Interpreter:
                                "(--shape NAME=DIMS:DTYPE=FILL) or assume a trip count with --loop-trips N")
             else:
                 self.hook.note(f"{what} is counted as {assumed} iterations (--loop-trips)")
-            self.run_closed(body_j, list(bconsts) + list(init), weight if assumed is None else weight * assumed,
+            operands = list(bconsts) + list(init)
+            copies = _copy_refs(operands)
+            self.run_closed(body_j, copies, weight if assumed is None else weight * assumed,
                             (False,) * len(init) if self.quiet else None)
+            _forget_changed(operands, copies)
             return self._unknown_outs(eqn)
         if self.quiet and not writes:
             return final  # nothing to count, and running the body again changes no known value
@@ -1275,7 +1324,14 @@ def _is_ref_const(c: Any) -> bool:
 
 def _copy_refs(values: Sequence[Any]) -> list[Any]:
     """Branch exploration must not see another branch's writes."""
-    return [RefValue(v.value, v.memory_space) if isinstance(v, RefValue) else v for v in values]
+    return [RefValue(v.value, v.memory_space, v.track) if isinstance(v, RefValue) else v for v in values]
+
+
+def _forget_changed(originals: Sequence[Any], copies: Sequence[Any]) -> None:
+    """A tracked ref that a branch of unknown choice wrote holds data-dependent content afterwards."""
+    for orig, copy in zip(originals, copies):
+        if isinstance(orig, RefValue) and orig.track and isinstance(copy, RefValue) and copy.value is not orig.value:
+            orig.value = UNKNOWN
 
 
 def evaluate_index_map(closed: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarray], prefetch: Sequence[Any]) -> list[Any]:

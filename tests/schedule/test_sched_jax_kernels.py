@@ -247,3 +247,54 @@ def test_perfmodel_analyze_is_the_library_entry_point():
     x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
     a = perfmodel.analyze(jmm.matmul, x, x, block_shape=(128, 128), block_k=128)
     assert a.chip == "tpu-v5e" and a.kernels[0].grid == (2, 2, 2)
+
+
+@pytest.mark.parametrize("lengths, pages_per_block", [([40, 300], 2), ([128, 7], 1)])
+def test_jax_paged_attention_page_copies_equal_the_interpreter_run(v5e, lengths, pages_per_block):
+    # JAX's paged attention carries a first-step flag and a buffer slot in scalar prefetch from grid step to
+    # grid step: the first block is fetched only at the first step, every later block as the previous step's
+    # prefetch. [40, 300] tokens, 16-token pages, 2 pages a block: 2 + 10 blocks = 24 pages per KV head for K
+    # and for V; 24 x 2 heads x 2 x (16 x 128 x 4 B = 8 KiB) = 786,432 B.
+    from perfmodel.schedule.extract import find_pallas_calls, trace
+    from perfmodel.schedule.recorder import record_traffic
+    from perfmodel.schedule.analyze import analyze_call
+
+    rng = np.random.default_rng(0)
+    heads_kv, heads_q, dim, page, pages_per_seq = 2, 4, 128, 16, 32
+    q = jnp.asarray(rng.standard_normal((2, heads_q, dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((heads_kv, 2 * pages_per_seq, page, dim)), jnp.float32) for _ in "kv")
+    pages = jnp.asarray(rng.permutation(2 * pages_per_seq).reshape(2, pages_per_seq), jnp.int32)
+
+    def fn(q, k, v, lengths, pages):
+        return jax_paged_attention(q, k, v, lengths, pages, pages_per_compute_block=pages_per_block)
+
+    args = (q, k, v, jnp.asarray(lengths, jnp.int32), pages)
+    rec = record_traffic(fn, *args)
+    [call] = find_pallas_calls(trace(fn, *args), args)
+    kern = analyze_call(call, v5e, order=np.array(rec.grid_points))
+    blocks = sum(math.ceil(math.ceil(n / page) / pages_per_block) for n in lengths)
+    assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes == blocks * pages_per_block * heads_kv * 2 * page * dim * 4
+    assert not any("predicate depends on data" in n for n in kern.notes)
+
+
+@pytest.mark.parametrize("b, h, s, d, causal", [(1, 2, 512, 128, True), (2, 1, 256, 64, False)])
+def test_jax_flash_attention_block_fetches_equal_the_interpreter_run(v5e, b, h, s, d, causal):
+    from perfmodel.schedule.analyze import analyze_call
+    from perfmodel.schedule.extract import find_pallas_calls, trace
+    from perfmodel.schedule.recorder import record_traffic
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.float32) for _ in range(3))
+    sizes = fa.BlockSizes(block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128,
+                          block_k_major_dkv=128, block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128,
+                          block_k_dq=128, block_q_dq=128)
+
+    def fn(q, k, v):
+        return fa.flash_attention(q, k, v, causal=causal, block_sizes=sizes)
+
+    rec = record_traffic(fn, q, k, v)
+    [call] = find_pallas_calls(trace(fn, q, k, v), (q, k, v))
+    kern = analyze_call(call, v5e, order=np.array(rec.grid_points))
+    assert kern.steps == len(rec.grid_points) == b * h * (s // 128) ** 2
+    for o in kern.operands:
+        assert (o.transfers, o.hbm_bytes) == rec.count(o.role, o.name), o.name
