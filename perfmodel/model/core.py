@@ -115,7 +115,9 @@ class OpCost:
 
 
 #: Fraction of each unit's peak a well-written kernel sustains, and where that
-#: figure comes from. Used only for ``expected_s``; the floor uses 100%.
+#: figure comes from: the default wherever perfmodel/data/calibration/efficiency.yaml
+#: has no fitted share for the chip and dtype (perfmodel.model.efficiency; the schedule
+#: model's grid timing uses these defaults). Used only for ``expected_s``; the floor uses 100%.
 ACHIEVABLE: dict[str, tuple[float, str]] = {
     "mxu": (0.92, "XLA bf16 8192^3 matmul on TPU v5e reaches 92.3% of 197 TFLOP/s (JAX Pallas TPU matmul guide)"),
     "hbm": (0.85, "typical sustained share of peak HBM bandwidth for streaming kernels (assumption; not yet "
