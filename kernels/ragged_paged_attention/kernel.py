@@ -164,6 +164,12 @@ def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) 
                          f"{np.dtype(q.dtype).name}")
     if head_dim % LANES:
         raise ValueError(f"q head_dim={head_dim} must be a multiple of {LANES} (lane tiling of the head slices)")
+    _, page_size, combined, _ = kv_pages.shape
+    sub = sublane_multiple(kv_pages.dtype)
+    if (page_size * combined) % sub:
+        raise ValueError(f"kv_pages: page_size * 2 * kv_heads = {page_size * combined} rows must be a multiple of "
+                         f"{sub} for {np.dtype(kv_pages.dtype).name} pages (a page is whole sublane tiles); "
+                         f"use page_size a multiple of {sub // math.gcd(sub, combined)}")
     if page_table.ndim != 2:
         raise ValueError(f"page_table must be [max_seqs, pages_per_seq], got shape {page_table.shape}")
     max_seqs = page_table.shape[0]

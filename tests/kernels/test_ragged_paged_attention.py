@@ -36,15 +36,14 @@ SLOW = pytest.mark.slow
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Batch:
     q: jax.Array
-    k_pages: jax.Array
-    v_pages: jax.Array
+    kv_pages: jax.Array
     kv_lens: jax.Array
     page_table: jax.Array
     cu_q_lens: jax.Array
     num_seqs: jax.Array
 
     def args(self) -> tuple:
-        return (self.q, self.k_pages, self.v_pages, self.kv_lens, self.page_table, self.cu_q_lens, self.num_seqs)
+        return (self.q, self.kv_pages, self.kv_lens, self.page_table, self.cu_q_lens, self.num_seqs)
 
 
 def make_batch(seed: int, q_lens: list[int], kv_lens: list[int], *, q_heads: int, kv_heads: int, page_size: int,
@@ -69,11 +68,9 @@ def make_batch(seed: int, q_lens: list[int], kv_lens: list[int], *, q_heads: int
     for s, count in enumerate(needed):
         table[s, :count] = ids[start:start + count]
         start += count
-    shape = (kv_heads, num_pages, page_size, HEAD_DIM)
     return Batch(
         q=jnp.asarray(rng.standard_normal((total_tokens, q_heads, HEAD_DIM)), dtype),
-        k_pages=jnp.asarray(rng.standard_normal(shape), dtype),
-        v_pages=jnp.asarray(rng.standard_normal(shape), dtype),
+        kv_pages=jnp.asarray(rng.standard_normal((num_pages, page_size, 2 * kv_heads, HEAD_DIM)), dtype),
         kv_lens=jnp.asarray(lens),
         page_table=jnp.asarray(table),
         cu_q_lens=jnp.asarray(cu),
@@ -125,6 +122,38 @@ def test_matches_reference(case, heads, dtype, page_size, block_q, block_kv, tot
     assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
 
 
+FEATURES = {
+    "window": dict(sliding_window=20),  # 130-token decode: its first KV block is skipped, the second masked
+    "softcap": dict(soft_cap=2.0),
+    "sinks": dict(sinks=np.linspace(-3.0, 3.0, 16, dtype=np.float32)),
+    "all": dict(sliding_window=50, soft_cap=2.0, sinks=np.linspace(-1.0, 2.0, 16, dtype=np.float32)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_features_match_reference_gqa16(feature):
+    """Sliding window, soft cap and sinks, 16 q heads on one KV head (GQA 16): decode tokens (one-row path) and a
+    prefill chunk (block path) across KV blocks and page boundaries."""
+    kw = {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in FEATURES[feature].items()}
+    q_lens, kv_lens = [1, 23, 1, 1], [130, 140, 1, 70]
+    batch = make_batch(21, q_lens, kv_lens, q_heads=16, kv_heads=1, page_size=16, dtype=jnp.bfloat16)
+    out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=16, block_kv=128), interpret=True, **kw)
+    ref = ragged_paged_attention_reference(*batch.args(), **kw)
+    assert_matches(out, ref, sum(q_lens))
+    plain = np.asarray(ragged_paged_attention_reference(*batch.args()), np.float32)
+    assert np.abs(np.asarray(ref, np.float32) - plain).max() > 0.05, "the feature must change the result"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(sliding_window=0), "sliding_window=0 must be a positive int"),
+    (dict(soft_cap=-1.0), "soft_cap=-1.0 must be a positive number"),
+    (dict(sinks=jnp.zeros(3)), r"sinks shape \(3,\) must be \(4,\)"),
+])
+def test_bad_features_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ragged_paged_attention(*_good().args(), block_sizes=Blocks(block_q=8, block_kv=128), interpret=True, **kwargs)
+
+
 def test_no_live_sequences_gives_zeros():
     batch = make_batch(9, [3, 1], [5, 20], q_heads=2, kv_heads=2, page_size=16, dtype=jnp.float32)
     out = ragged_paged_attention(*dataclasses.replace(batch, num_seqs=jnp.array([0], jnp.int32)).args(),
@@ -142,21 +171,19 @@ def test_under_an_outer_jit_with_traced_lengths_and_custom_scale():
 
 
 def test_agrees_with_jax_reference_implementation():
-    """JAX ships its own ragged paged attention (jax.experimental.pallas.ops.tpu.ragged_paged_attention),
-    with K and V interleaved per head in one [pages, page_size, 2 * kv_heads, head_dim] array. Its kernel
-    does not run in TPU interpret mode in this jax (its reshaped-ref DMAs are not interpretable), so our
-    kernel is compared with its reference function on the same batch, converted to its layout."""
+    """JAX ships its own ragged paged attention (jax.experimental.pallas.ops.tpu.ragged_paged_attention) in the
+    same combined layout. Its kernel does not run in TPU interpret mode in this jax (its reshaped-ref DMAs are
+    not interpretable), so our kernel is compared with its reference function on the same batch."""
     from jax.experimental.pallas.ops.tpu import ragged_paged_attention as jax_rpa
 
     q_lens, kv_lens = [1, 20, 3], [40, 30, 3]  # decode, chunk with context, fresh prefill (JAX's reference
     batch = make_batch(11, q_lens, kv_lens, q_heads=8, kv_heads=2, page_size=16, dtype=jnp.float32,  # is eager:
                        spare_seqs=0)  # few sequences keep it quick)
     out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=16, block_kv=128), interpret=True)
-    kv_heads, num_pages, page_size, head_dim = batch.k_pages.shape
-    interleaved = jnp.stack([batch.k_pages, batch.v_pages], axis=2)  # [kv_heads, pages, 2, page_size, d]
-    kv_pages = interleaved.transpose(1, 3, 0, 2, 4).reshape(num_pages, page_size, 2 * kv_heads, head_dim)
-    theirs = jax_rpa.ref_ragged_paged_attention(batch.q, kv_pages, batch.kv_lens, batch.page_table, batch.cu_q_lens,
-                                                batch.num_seqs, sm_scale=1 / np.sqrt(head_dim))
+    num_pages = batch.kv_pages.shape[0]
+    table = jnp.where(batch.page_table < num_pages, batch.page_table, 0)  # its reference reads every entry
+    theirs = jax_rpa.ref_ragged_paged_attention(batch.q, batch.kv_pages, batch.kv_lens, table, batch.cu_q_lens,
+                                                batch.num_seqs, sm_scale=1 / np.sqrt(HEAD_DIM))
     np.testing.assert_allclose(np.asarray(out)[: sum(q_lens)], np.asarray(theirs), rtol=1e-5, atol=1e-5)
 
 
@@ -195,8 +222,8 @@ def test_assumed_lengths_share_tokens_and_cache_evenly():
 def test_defaults_fit_every_chip(chip):
     blocks = default_block_sizes(chip, q_dtype=jnp.bfloat16, page_size=16)
     assert blocks == DEFAULT_BLOCK_SIZES[chip]
-    blocks.validate(q_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, page_size=16, q_heads_per_kv_head=8, head_dim=128,
-                    chip=chip)
+    blocks.validate(q_dtype=jnp.bfloat16, kv_dtype=jnp.bfloat16, page_size=16, q_heads_per_kv_head=4, kv_heads=8,
+                    head_dim=128, chip=chip)
 
 
 def test_defaults_round_to_dtype_and_page_size(monkeypatch):
@@ -225,22 +252,26 @@ def test_stored_defaults_pass_validation_for_f32_at_the_tuned_shape(chip):
     # (the wrapper validates them). f32, not tuned separately, fits too (raises over the default scoped VMEM limit).
     data = load_tuned_file("ragged_paged_attention")
     shapes = {parse_shape(t).name: parse_shape(t).shape for t in data["shapes"]["bf16"]}
-    page_size = shapes["k_pages"][2]
+    page_size, kv_heads = shapes["kv_pages"][1], shapes["kv_pages"][2] // 2
     blocks = default_block_sizes(chip, q_dtype=jnp.float32, page_size=page_size)
-    blocks.validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=page_size,
-                    q_heads_per_kv_head=shapes["q"][1] // shapes["k_pages"][0], head_dim=shapes["q"][2], chip=chip)
+    blocks.validate(q_dtype=jnp.float32, kv_dtype=jnp.float32, page_size=page_size, kv_heads=kv_heads,
+                    q_heads_per_kv_head=shapes["q"][1] // kv_heads, head_dim=shapes["q"][2], chip=chip)
 
 
 def test_vmem_bytes_by_hand():
-    # block_q 16, block_kv 128, G 2, head_dim 128, f32 q and KV: rows = 32.
-    # q+out blocks 2*2*16*(2*128)*4 = 65536; KV slots 2*2*128*128*4 = 262144; acc 32*128*4 = 16384;
-    # max/sum 2*32*128*4 = 32768; temporaries: the f32 score tile 32*128*4 = 16384 (x1 with a bf16 VPU,
-    # x1.375 = 22528 without, or with no chip given) + a [32, 128] f32 tile 16384.
+    # block_q 16, block_kv 128, G 2, one KV head, head_dim 128, f32 q and KV: rows = 32, q_heads = 2.
+    # q+out blocks 2*2*16*(2*128)*4 = 65536; sink rows 2 * [2, 128] f32 (2 rows stay 2) = 2048;
+    # KV slots 2 * (128 tokens * 2 rows) * 128 * 4 = 262144; acc 32*128*4 = 16384; max/sum 2*32*128*4 = 32768;
+    # temporaries: the f32 score tile 32*128*4 = 16384 (x1 with a bf16 VPU, x1.375 = 22528 without, or with no
+    # chip given) + a [32, 128] f32 tile 16384 + one head's K and V widened, 2*128*128*4 = 131072.
     blocks = Blocks(block_q=16, block_kv=128)
     kw = dict(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.float32, kv_dtype=jnp.float32)
-    assert blocks.vmem_bytes(**kw) == 65536 + 262144 + 16384 + 32768 + 22528 + 16384
-    assert blocks.vmem_bytes(**kw, chip=get_chip("tpu-v5e")) == 65536 + 262144 + 16384 + 32768 + 16384 + 16384
+    fixed = 65536 + 2048 + 262144 + 16384 + 32768 + 16384 + 131072
+    assert blocks.vmem_bytes(**kw) == fixed + 22528
+    assert blocks.vmem_bytes(**kw, chip=get_chip("tpu-v5e")) == fixed + 16384
     assert blocks.vmem_bytes(**kw, chip=get_chip("tpu-v4")) == blocks.vmem_bytes(**kw)
+    # Two KV heads: the q/out blocks, sinks, KV slots and state double; the temporaries (one head at a time) do not.
+    assert blocks.vmem_bytes(**kw, kv_heads=2) == fixed + 22528 + 65536 + 2048 + 262144 + 16384 + 32768
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -283,14 +314,16 @@ def _replace(**changes) -> tuple:
 
 @pytest.mark.parametrize("make_args,match", [
     (lambda: _replace(q=jnp.zeros((3, 4))), r"q must be \[total_tokens, q_heads, head_dim\]"),
-    (lambda: _replace(v_pages=_good().v_pages[:, :-1]), "v_pages: shape .* must equal k_pages' shape"),
-    (lambda: _replace(v_pages=_good().v_pages.astype(jnp.bfloat16)), "v_pages: dtype"),
-    (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 does not divide q_heads=3"),
-    (lambda: _replace(q=jnp.ones((3, 4, 256))), "k_pages: head_dim 128 does not match q's head_dim 256"),
-    (lambda: _replace(q=jnp.ones((3, 4, 64)), k_pages=jnp.ones((2, 4, 16, 64)), v_pages=jnp.ones((2, 4, 16, 64))),
+    (lambda: _replace(kv_pages=_good().kv_pages[:, :, :-1]), r"kv_pages: dimension 2 \(3\) must be 2 \* kv_heads"),
+    (lambda: _replace(kv_pages=_good().kv_pages[..., 0]), r"kv_pages: expected rank 4"),
+    (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.bfloat16)), "kv_pages dtype bfloat16 must equal q's float32"),
+    (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.int8)), r"kv_pages: dtype int8 is not supported"),
+    (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 must divide q's q_heads=3"),
+    (lambda: _replace(q=jnp.ones((3, 4, 256))), "kv_pages: head_dim 128 does not match q's head_dim 256"),
+    (lambda: _replace(q=jnp.ones((3, 4, 64)), kv_pages=jnp.ones((4, 16, 4, 64))),
      "head_dim=64 must be a multiple of 128"),
-    (lambda: _replace(k_pages=jnp.ones((2, 8, 12, 128)), v_pages=jnp.ones((2, 8, 12, 128))),
-     "page_size=12 must be a multiple of 8"),
+    (lambda: _replace(kv_pages=jnp.ones((8, 3, 2, 128)), q=jnp.ones((3, 4, 128))),
+     r"page_size \* 2 \* kv_heads = 6 rows must be a multiple of 8 for float32 pages.*page_size a multiple of 4"),
     (lambda: _replace(kv_lens=_good().kv_lens[:-1]), r"kv_lens shape .* must be \(4,\)"),
     (lambda: _replace(cu_q_lens=_good().cu_q_lens[:-1]), r"cu_q_lens shape .* must be \(5,\)"),
     (lambda: _replace(kv_lens=_good().kv_lens.astype(jnp.float32)), "kv_lens must be int32"),
@@ -325,8 +358,8 @@ def test_scalar_prefetch_bytes_by_hand():
 def test_a_page_table_too_big_for_smem_is_refused():
     # 4096 x 128 int32 = 2 MiB of page table alone; tpu-v5e has 1 MiB of SMEM.
     q = jnp.ones((16, 2, 128), jnp.float32)
-    pages = jnp.ones((2, 8, 16, 128), jnp.float32)
+    pages = jnp.ones((8, 16, 4, 128), jnp.float32)
     table = jnp.zeros((4096, 128), jnp.int32)
     with pytest.raises(ValueError, match=r"page_table \[4096, 128\] .* SMEM, over the 1048576 B of tpu-v5e"):
-        ragged_paged_attention(q, pages, pages, jnp.zeros(4096, jnp.int32), table, jnp.zeros(4097, jnp.int32), 1,
+        ragged_paged_attention(q, pages, jnp.zeros(4096, jnp.int32), table, jnp.zeros(4097, jnp.int32), 1,
                                block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)
