@@ -14,11 +14,11 @@ scale to the f32 accumulator, which equals scaling the weights because the
 scale is per output column.
 
 Unaligned shapes: blocks are first clamped to the problem (bm to M rounded up
-to the sublane tile, bk/bn to K/N rounded up to 128). K is zero-padded in the
-wrapper to a multiple of bk (zeros add nothing to the dot); M and N are not
-padded: the last row/column blocks run partly out of bounds, Pallas drops
-their out-of-range writes, and garbage read there only reaches dropped rows
-or columns of the output.
+to the sublane tile, bk/bn to K/N rounded up to 128). Nothing is padded or
+copied: the last K block runs past K and the kernel zeroes its x columns and
+w rows past K (only on that step); the last M/N blocks run partly out of
+bounds, Pallas drops their out-of-range writes, and garbage read there only
+reaches dropped rows or columns of the output.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
-def _matmul_kernel(*refs: Any, n_k: int, activation: str, has_scale: bool, has_bias: bool, precision: Any) -> None:
+def _matmul_kernel(*refs: Any, n_k: int, k_tail: int | None, activation: str, has_scale: bool, has_bias: bool,
+                   precision: Any) -> None:
     x_ref = refs[0]  # [bm, bk] x dtype (bf16/f32)
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8)
     rest = list(refs[2:])
@@ -53,11 +54,16 @@ def _matmul_kernel(*refs: Any, n_k: int, activation: str, has_scale: bool, has_b
     def _init() -> None:
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    x = x_ref[...]
-    w = w_ref[...]
-    if w.dtype != x.dtype:
-        w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
-    acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+    def step(valid_k: int | None) -> None:
+        x = x_ref[...]
+        w = w_ref[...]
+        if w.dtype != x.dtype:
+            w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
+        if valid_k is not None:
+            x, w = _mask_k_tail(x, w, valid_k)
+        acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+
+    _k_steps(step, k, n_k, k_tail)
 
     @pl.when(k == n_k - 1)
     def _epilogue() -> None:
@@ -67,6 +73,25 @@ def _matmul_kernel(*refs: Any, n_k: int, activation: str, has_scale: bool, has_b
         if bias_ref is not None:
             y = y + bias_ref[...].astype(jnp.float32)
         o_ref[...] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
+
+
+def _mask_k_tail(x: jax.Array, w: jax.Array, valid_k: int) -> tuple[jax.Array, jax.Array]:
+    """Zero the columns of x and rows of w past K in the last K block (they hold whatever lies past the arrays'
+    ends: both are masked, since garbage times zero can be NaN)."""
+    col = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    row = jax.lax.broadcasted_iota(jnp.int32, w.shape, 0)
+    return jnp.where(col < valid_k, x, jnp.zeros_like(x)), jnp.where(row < valid_k, w, jnp.zeros_like(w))
+
+
+def _k_steps(step: Any, k: Any, n_k: int, k_tail: int | None) -> None:
+    """Run ``step(valid_k)``: unmasked on full K blocks, masked to ``k_tail`` columns on the last when K is not
+    a multiple of bk (two copies of the body; each grid step runs one)."""
+    if k_tail is None:
+        step(None)
+        return
+    if n_k > 1:
+        pl.when(k < n_k - 1)(lambda: step(None))
+    pl.when(k == n_k - 1)(lambda: step(k_tail))
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -219,11 +244,9 @@ def _matmul_jit(
 ) -> jax.Array:
     (m, k), n = x.shape, w.shape[1]
     bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
-    k_padded = tiling.round_up(k, bk)
-    if k_padded != k:
-        x = jnp.pad(x, ((0, 0), (0, k_padded - k)))
-        w = jnp.pad(w, ((0, k_padded - k), (0, 0)))
-    n_k = k_padded // bk
+    # No padding copy: the last K block runs past K and the kernel masks it (k_tail valid columns).
+    n_k = tiling.cdiv(k, bk)
+    k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
     operands = [x, w]
     in_specs = [
         pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
@@ -238,7 +261,7 @@ def _matmul_jit(
         in_specs.append(vector_spec)
     precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
     kernel = functools.partial(
-        _matmul_kernel, n_k=n_k, activation=activation, has_scale=w_scale is not None,
+        _matmul_kernel, n_k=n_k, k_tail=k_tail, activation=activation, has_scale=w_scale is not None,
         has_bias=bias is not None, precision=precision,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)

@@ -152,6 +152,18 @@ def test_agrees_with_jax_shipped_pallas_matmul():
     np.testing.assert_array_equal(np.asarray(ours.astype(jnp.float32)), np.asarray(theirs.astype(jnp.float32)))
 
 
+def test_unaligned_k_is_masked_in_the_kernel_not_padded_in_the_wrapper():
+    # K = 300 with bk = 128: three K steps, the last holds 300 - 2*128 = 44 valid columns. The wrapper must not
+    # copy x or w (no pad / concatenate / dynamic_update_slice in the traced program: one pallas_call).
+    x, w, _ = _inputs(12, 32, 300, 128, jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda a, b: matmul(a, b, block_sizes=SMALL, interpret=True))(x, w)
+    prims = {str(e.primitive) for e in jaxpr.jaxpr.eqns}
+    inner = {str(e.primitive) for e in jaxpr.jaxpr.eqns[0].params["jaxpr"].eqns} if len(jaxpr.jaxpr.eqns) == 1 else prims
+    assert not {"pad", "concatenate", "dynamic_update_slice"} & (prims | inner)
+    assert "pallas_call" in inner
+    _assert_matches(matmul(x, w, block_sizes=SMALL, interpret=True), matmul_reference(x, w))
+
+
 # ----- block sizes -----
 
 PROD = MatmulBlockSizes(bm=512, bk=1024, bn=1024)
