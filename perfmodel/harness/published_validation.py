@@ -1,13 +1,16 @@
 """The shipped validation set: every published measurement of ``perfmodel/data/validation/`` run through the
 library calls the public commands use, against its floor and expected time (``perfmodel validate``).
 
-* ``published.yaml``: XLA ops, memory ops and GPU GEMMs, each a ``perfmodel predict`` op and its parameters
-  (:func:`perfmodel.predict.ops.predict_op`);
+* ``published.yaml``: XLA ops, memory ops, GPU GEMMs and collectives, each a ``perfmodel predict`` op and its
+  parameters (:func:`perfmodel.predict.ops.predict_op`), and end-to-end serving points, each one or more model
+  steps (``perfmodel predict model``, :func:`perfmodel.predict.steps.step_sweep`) whose times add up to what was
+  timed (a decode step; a request's prefill plus its decode steps);
 * ``kernel_timings.yaml``: Pallas TPU kernels with the call that reproduces them, run through
   ``perfmodel analyze`` (:func:`perfmodel.schedule.analyze.analyze`; needs jax, so ``kernels=False`` skips them).
 
-A measurement that includes host dispatch is compared with expected + the chip's ``host_dispatch_s``; the floor
-is always the pure roofline. Points whose role is ``fit:<constant>`` fixed a constant; the held-out error is
+A measurement that includes host dispatch is compared with expected + the chip's ``host_dispatch_s`` (once per
+model step for serving points); the floor is always the pure roofline. ``pairs`` in published.yaml compare two
+points' measured speedup with the predicted one (e.g. int8 vs bf16 serving). Points whose role is ``fit:<constant>`` fixed a constant; the held-out error is
 reported apart. A point measured faster than its floor is a model error (``beats_floor``).
 """
 
@@ -25,6 +28,15 @@ KERNEL_GROUP = "pallas-kernel"
 SMALL_OP_FLOOR_S = 50e-6
 
 
+#: Ops that `perfmodel predict collective KIND` runs.
+COLLECTIVE_OPS = ("all-gather", "reduce-scatter", "all-reduce")
+
+
+def _flags(params: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k.replace('_', '-')}"
+                    for k, v in params.items() if k not in skip)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ValidationPoint:
     id: str
@@ -40,6 +52,14 @@ class ValidationPoint:
     timed: str
     #: A predict op and its parameters, or (for a kernel) the target, shapes and args of `perfmodel analyze`.
     op: str | None = None
+    #: Serving points: a preset name, or a Hugging Face config (dict) written to ``<model>/config.json``.
+    model: str | None = None
+    hf_config: dict[str, Any] | None = None
+    #: Serving points: the steps whose times add up to the measurement, each `predict model` options plus
+    #: ``count`` (how many such steps were timed).
+    steps: tuple[dict[str, Any], ...] = ()
+    #: What the published setup has that the model lacks, and how the measurement was turned into a time.
+    note: str = ""
     params: dict[str, Any] | None = None
     target: str | None = None
     shapes: tuple[str, ...] = ()
@@ -51,11 +71,14 @@ class ValidationPoint:
 
     @property
     def command(self) -> str:
-        """The public command that reproduces the prediction."""
+        """The public command that reproduces the prediction (serving points: one per kind of step, `; `-joined)."""
+        if self.steps:
+            name = f"--config {self.model}/config.json" if self.hf_config else self.model
+            return "; ".join(f"{s.get('count', 1)} x perfmodel predict model {name} --hw {self.chip} {_flags(s, skip=('count',))}"
+                             for s in self.steps)
         if self.op is not None:
-            flags = " ".join(f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k.replace('_', '-')}"
-                             for k, v in (self.params or {}).items())
-            return f"perfmodel predict {self.op} --hw {self.chip} {flags}".strip()
+            group = "collective " if self.op in COLLECTIVE_OPS else ""
+            return f"perfmodel predict {group}{self.op} --hw {self.chip} {_flags(self.params or {})}".strip()
         return (f"perfmodel analyze {self.target} --hw {self.chip} "
                 + " ".join(f"--shape {s}" for s in self.shapes) + " " + " ".join(f"--arg {a}" for a in self.args))
 
@@ -88,6 +111,30 @@ class ValidationRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PairRow:
+    """Two points of one setup that differ in one thing (e.g. int8 vs bf16 weights and KV): the measured speedup
+    of ``fast`` over ``base`` against the predicted one (expected times, on the measurements' footing)."""
+
+    id: str
+    what: str
+    base: ValidationRow
+    fast: ValidationRow
+
+    @property
+    def measured_speedup(self) -> float:
+        return self.base.point.measured_s / self.fast.point.measured_s
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.base.expected_s / self.fast.expected_s
+
+    @property
+    def error(self) -> float:
+        """predicted / measured speedup - 1 (positive: the model promises more gain than was measured)."""
+        return self.predicted_speedup / self.measured_speedup - 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class ErrorSummary:
     count: int
     #: Median of |error|; None with no points.
@@ -117,6 +164,7 @@ class ValidationReport:
     small_within_2x: int
     small_count: int
     chips: tuple[str, ...]
+    pairs: tuple[PairRow, ...] = ()
 
     @property
     def beats_floor(self) -> tuple[str, ...]:
@@ -132,17 +180,28 @@ def summarize(rows: Sequence[ValidationRow]) -> ErrorSummary:
                         worst_error=worst.error, worst_id=worst.point.id)
 
 
-def load_points(*, kernels: bool = True, text: str | None = None) -> list[ValidationPoint]:
-    """Every point of published.yaml (or ``text``) and, with ``kernels``, of kernel_timings.yaml."""
+def _published(text: str | None) -> dict[str, Any]:
     import yaml
 
     if text is None:
         text = resources.files("perfmodel.data").joinpath(PUBLISHED_FILE).read_text()
-    data = yaml.safe_load(text)
+    return yaml.safe_load(text)
+
+
+def load_pairs(text: str | None = None) -> list[dict[str, str]]:
+    """The ``pairs`` of published.yaml (or ``text``): id, what, base and fast point ids."""
+    return [dict(p) for p in _published(text).get("pairs", ())]
+
+
+def load_points(*, kernels: bool = True, text: str | None = None) -> list[ValidationPoint]:
+    """Every point of published.yaml (or ``text``) and, with ``kernels``, of kernel_timings.yaml."""
+    data = _published(text)
     points = [ValidationPoint(id=p["id"], group=p["group"], chip=p["chip"], source=data["sources"][p["source"]],
                               role=p["role"], measured_s=float(p["measured_ms"]) * 1e-3,
-                              includes_dispatch=bool(p["includes_dispatch"]), timed=p["timed"], op=p["op"],
-                              params=dict(p["params"]))
+                              includes_dispatch=bool(p["includes_dispatch"]), timed=p["timed"], op=p.get("op"),
+                              params=dict(p["params"]) if "params" in p else None, model=p.get("model"),
+                              hf_config=data.get("hf_configs", {}).get(p["model"]) if "model" in p else None,
+                              steps=tuple(dict(st) for st in p.get("steps", ())), note=p.get("note", ""))
               for p in data["points"]]
     if kernels:
         from perfmodel.harness.kernel_validation import load_points as kernel_points
@@ -160,6 +219,20 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
 
     chip = get_chip(p.chip)
     dispatch = (chip.overheads.host_dispatch_s or 0.0) if p.includes_dispatch else 0.0
+    if p.steps:
+        from perfmodel.predict.steps import step_sweep
+
+        model = _model_config(p.model, p.hf_config) if p.hf_config else p.model
+        floor = expected = 0.0
+        calls = 0
+        for st in p.steps:
+            count = int(st.get("count", 1))
+            opts = {k: v for k, v in st.items() if k != "count"}
+            (pred,) = step_sweep(model, chips=[chip], **opts).predictions
+            floor += count * float(pred.floor_s)
+            expected += count * float(pred.expected_s)
+            calls += count
+        return ValidationRow(point=p, floor_s=floor, expected_s=expected + calls * dispatch, dispatch_s=calls * dispatch)
     if p.op is not None:
         from perfmodel.predict.ops import predict_op
 
@@ -174,6 +247,26 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
     floor = sum(k.time.op_floor_s for k in analysis.kernels)
     return ValidationRow(point=p, floor_s=float(floor), expected_s=float(analysis.expected_s) + dispatch,
                          dispatch_s=dispatch)
+
+
+_MODEL_DIRS: dict[str, Any] = {}
+
+
+def _model_config(name: str, hf_config: dict[str, Any]) -> Any:
+    """The ModelConfig of a Hugging Face config given inline in published.yaml, read the way `--config` reads a
+    file (it is written once per process to a temporary ``<name>/config.json``)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from perfmodel.model.configs import load_hf_config
+
+    if name not in _MODEL_DIRS:
+        _MODEL_DIRS[name] = tempfile.TemporaryDirectory(prefix="perfmodel-validate-")
+    file = Path(_MODEL_DIRS[name].name) / name / "config.json"
+    file.parent.mkdir(exist_ok=True)
+    file.write_text(json.dumps(hf_config))
+    return load_hf_config(file)
 
 
 def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: Sequence[str] = (),
@@ -200,7 +293,11 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
                                       held_out=summarize([r for r in rs if not r.point.is_fit]),
                                       fit=summarize([r for r in rs if r.point.is_fit])))
     small = [r for r in rows if r.small]
+    by_id = {r.point.id: r for r in rows}
+    pairs = tuple(PairRow(id=q["id"], what=q["what"], base=by_id[q["base"]], fast=by_id[q["fast"]])
+                  for q in (load_pairs() if points is None else ()) if q["base"] in by_id and q["fast"] in by_id)
     return ValidationReport(
+        pairs=pairs,
         rows=tuple(rows), groups=tuple(summaries), overall=summarize(rows),
         held_out=summarize([r for r in rows if not r.point.is_fit]), fit=summarize([r for r in rows if r.point.is_fit]),
         small_within_2x=sum(1 for r in small if 0.5 <= r.expected_s / r.point.measured_s <= 2.0),
@@ -241,6 +338,11 @@ def report_text(report: ValidationReport) -> str:
     out.append(f"expected = device model + host dispatch where the timing includes it; error = expected / measured - 1; "
                f"small ops (floor < {seconds(SMALL_OP_FLOOR_S)}) within 2x: {report.small_within_2x} of "
                f"{report.small_count}")
+    if report.pairs:
+        out.append("")
+        out.append(table(["pair", "what", "measured speedup", "predicted speedup", "error"],
+                         [[q.id, q.what, f"{q.measured_speedup:.2f}x", f"{q.predicted_speedup:.2f}x", _pct(q.error)]
+                          for q in report.pairs], align="llrrr"))
     beats = report.beats_floor
     out.append(f"measurements faster than their floor: {', '.join(beats)}" if beats
                else "no measurement is faster than its floor")
@@ -256,8 +358,11 @@ def report_records(report: ValidationReport) -> dict[str, Any]:
                "includes_dispatch": r.point.includes_dispatch, "command": r.point.command,
                "measured_s": r.point.measured_s, "floor_s": r.floor_s, "expected_s": r.expected_s,
                "host_dispatch_s": r.dispatch_s, "measured_over_floor": r.measured_over_floor, "error": r.error,
-               "beats_floor": r.beats_floor, "small": r.small} for r in report.rows]
+               "beats_floor": r.beats_floor, "small": r.small, "note": r.point.note} for r in report.rows]
+    pairs = [{"id": q.id, "what": q.what, "base": q.base.point.id, "fast": q.fast.point.id,
+              "measured_speedup": q.measured_speedup, "predicted_speedup": q.predicted_speedup, "error": q.error}
+             for q in report.pairs]
     return {"points": points, "groups": to_jsonable(list(report.groups)), "overall": to_jsonable(report.overall),
             "held_out": to_jsonable(report.held_out), "fit": to_jsonable(report.fit),
             "small_within_2x": report.small_within_2x, "small_count": report.small_count,
-            "chips": list(report.chips), "beats_floor": list(report.beats_floor)}
+            "chips": list(report.chips), "beats_floor": list(report.beats_floor), "pairs": pairs}
