@@ -74,8 +74,8 @@ class ValidationPoint:
         """The public command that reproduces the prediction (serving points: one per kind of step, `; `-joined)."""
         if self.steps:
             name = f"--config {self.model}/config.json" if self.hf_config else self.model
-            return "; ".join(f"{s.get('count', 1)} x perfmodel predict model {name} --hw {self.chip} {_flags(s, skip=('count',))}"
-                             for s in self.steps)
+            return "; ".join(f"perfmodel predict model {name} --hw {self.chip} {_flags(s, skip=('count',))}"
+                             + (f" (x{s['count']})" if s.get("count", 1) != 1 else "") for s in self.steps)
         if self.op is not None:
             group = "collective " if self.op in COLLECTIVE_OPS else ""
             return f"perfmodel predict {group}{self.op} --hw {self.chip} {_flags(self.params or {})}".strip()
