@@ -133,7 +133,19 @@ def ragged_paged_attention(
     return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, sm_scale=scale,
                                    sliding_window=sliding_window,
                                    soft_cap=None if soft_cap is None else float(soft_cap),
-                                   block_sizes=block_sizes, chip=chip, interpret=interpret)
+                                   block_sizes=block_sizes, chip=chip, interpret=interpret,
+                                   packed_pairs=not (interpret or _interpret_mode_forced()))
+
+
+def _interpret_mode_forced() -> bool:
+    """Whether ``pltpu.force_tpu_interpret_mode`` is active (perfmodel's traffic recorder): the interpreter
+    cannot bitcast a ref in jax 0.10.2, so the kernel then splits bf16 K/V with plain strided loads."""
+    try:
+        from jax._src import config as jax_config
+
+        return jax_config.pallas_tpu_interpret_mode_context_manager.value is not None
+    except AttributeError:  # a jax without the switch cannot force it
+        return False
 
 
 def check_kv_pages(kv_pages, *, q_heads: int, head_dim: int) -> tuple[int, int]:
@@ -256,10 +268,11 @@ def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_sizes", "chip",
-                                             "interpret"))
+                                             "interpret", "packed_pairs"))
 def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, *, sm_scale: float,
                             sliding_window: int | None, soft_cap: float | None,
-                            block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool):
+                            block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool,
+                            packed_pairs: bool = True):
     total_tokens, q_heads, head_dim = q.shape
     num_pages, page_size, combined, _ = kv_pages.shape
     kv_heads = combined // 2
@@ -299,7 +312,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     )
     kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
                                page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
-                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=not interpret)
+                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs)
     kernel = with_ref_names(kernel, ("kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks",
                                      "kv_pages", "o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1",
                                      "acc1"))

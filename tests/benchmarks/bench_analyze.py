@@ -40,10 +40,10 @@ ANALYZE_TARGET_S = 2.0
 #: sequences with 8 new tokens each, and one 8k-token prefill. 16-token pages, 32 q / 8 kv heads of 128.
 RAGGED_8K = {
     "8 seqs x 8 new tokens, 8k context": (
-        "q=64x32x128:bf16", "k_pages=8x4096x16x128:bf16", "v_pages=8x4096x16x128:bf16", "kv_lens=8:int32=8192",
+        "q=64x32x128:bf16", "kv_pages=4096x16x16x128:bf16", "kv_lens=8:int32=8192",
         "page_table=8x512:int32=arange", "cu_q_lens=9:int32=arange*8", "num_seqs=1:int32=8"),
     "1 seq, 8k-token prefill": (
-        "q=8192x32x128:bf16", "k_pages=8x512x16x128:bf16", "v_pages=8x512x16x128:bf16", "kv_lens=1:int32=8192",
+        "q=8192x32x128:bf16", "kv_pages=512x16x16x128:bf16", "kv_lens=1:int32=8192",
         "page_table=1x512:int32=arange", "cu_q_lens=2:int32=arange*8192", "num_seqs=1:int32=1"),
 }
 

@@ -53,7 +53,7 @@ LONG_CONTEXT: dict[str, tuple[str, tuple[str, ...]]] = {
         "q=8x32x128:bf16", "k_pages=8x65536x16x128:bf16", "v_pages=8x65536x16x128:bf16",
         "page_table=8x8192:int32=arange", "lengths=8:int32=131072")),
     "ragged_paged_attention": ("8 seqs x 2 new tokens, 128k context", (
-        "q=16x32x128:bf16", "k_pages=8x65536x16x128:bf16", "v_pages=8x65536x16x128:bf16",
+        "q=16x32x128:bf16", "kv_pages=65536x16x16x128:bf16",
         "kv_lens=8:int32=131072", "page_table=8x8192:int32=arange", "cu_q_lens=9:int32=arange*2",
         "num_seqs=1:int32=8")),
 }

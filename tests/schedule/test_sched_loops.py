@@ -80,10 +80,10 @@ def _catalog_call(kernel, shapes, blocks, chip):
 CATALOG_CASES = [
     # Ragged batch: data-dependent trip counts (random context lengths), q tokens not a multiple of block_q,
     # sequences straddling q blocks, a slot carry that flips every iteration (no closed form).
-    ("ragged_paged_attention", ["q=45x8x128:bf16", "k_pages=2x64x16x128:bf16", "v_pages=2x64x16x128:bf16",
+    ("ragged_paged_attention", ["q=45x8x128:bf16", "kv_pages=64x16x4x128:bf16",
                                 "kv_lens=5:int32=random", "page_table=5x12:int32=arange",
                                 "cu_q_lens=6:int32=arange*7", "num_seqs=1:int32=5"], {"block_q": 16, "block_kv": 128}),
-    ("ragged_paged_attention", ["q=40x8x128:bf16", "k_pages=2x64x16x128:bf16", "v_pages=2x64x16x128:bf16",
+    ("ragged_paged_attention", ["q=40x8x128:bf16", "kv_pages=64x16x4x128:bf16",
                                 "kv_lens=3:int32=150", "page_table=3x16:int32=arange",
                                 "cu_q_lens=4:int32=arange*13", "num_seqs=1:int32=3"], {"block_q": 32, "block_kv": 256}),
     # Paged decode: a counting loop over kv heads x blocks (closed form), lengths not a multiple of a block.

@@ -55,7 +55,7 @@ def test_candidate_values_double_from_the_minimum_up_to_the_dimension():
 
 def test_ragged_block_kv_tiles_pages_per_sequence_times_the_page_size():
     entry = get_entry("ragged_paged_attention")
-    specs = entry.specs(["q=48x8x128:bf16", "k_pages=2x40x16x128:bf16", "v_pages=2x40x16x128:bf16",
+    specs = entry.specs(["q=48x8x128:bf16", "kv_pages=40x16x4x128:bf16",
                          "kv_lens=4:int32=100", "page_table=4x10:int32=arange", "cu_q_lens=5:int32=arange*12",
                          "num_seqs=1:int32=4"])
     # block_q tiles the 48 flat tokens; block_kv the 10 pages x 16 tokens = 160 KV tokens of a sequence.
@@ -254,15 +254,17 @@ def test_token_major_kv_cache_update_and_ragged_attention_are_tunable(v5e):
     kv = tune("kv_cache_update_token_major", [], v5e)
     assert all(c.blocks["tokens_per_block"] >= 8 for c in kv.ranked)
     ragged = tune("ragged_paged_attention", [
-        "q=32x8x128:bf16", "k_pages=2x16x16x128:bf16", "v_pages=2x16x16x128:bf16", "kv_lens=2:int32=128",
+        "q=32x8x128:bf16", "kv_pages=16x16x4x128:bf16", "kv_lens=2:int32=128",
         "page_table=2x8:int32=arange", "cu_q_lens=3:int32=arange*16", "num_seqs=1:int32=2"], v5e)
-    # block_q 16 or 32 of the 32 tokens; block_kv 128 of the 8 x 16 = 128 KV tokens: two legal candidates.
-    assert sorted((c.blocks["block_q"], c.blocks["block_kv"]) for c in ragged.ranked) == [(16, 128), (32, 128)]
+    # block_q 16 or 32 of the 32 tokens; block_kv 128 of the 8 x 16 = 128 KV tokens: two legal candidates. One
+    # 32-token step does the work of two 16-token steps (every head in a step), so the step bound may prune 16.
+    pairs = [(c.blocks["block_q"], c.blocks["block_kv"]) for c in ragged.ranked]
+    assert pairs[0] == (32, 128) and set(pairs) <= {(16, 128), (32, 128)}
 
 
 def test_ragged_decode_with_fewer_query_tokens_than_a_bf16_tile_still_has_legal_blocks():
     # 8 decode tokens: block_q candidates start at the bf16 sublane tile (16 rows), which the kernel accepts.
-    shapes = ["q=8x32x128:bf16", "k_pages=8x256x16x128:bf16", "v_pages=8x256x16x128:bf16", "kv_lens=8:int32=512",
+    shapes = ["q=8x32x128:bf16", "kv_pages=256x16x16x128:bf16", "kv_lens=8:int32=512",
               "page_table=8x32:int32=arange", "cu_q_lens=9:int32=arange", "num_seqs=1:int32=8"]
     result = tune("ragged_paged_attention", shapes, "tpu-v5e")
     assert result.ranked and {c.blocks["block_q"] for c in result.ranked} == {16}
