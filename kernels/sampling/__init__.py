@@ -12,6 +12,8 @@ _EXPORTS = {
     "sampling": "kernels.sampling.kernel",
     "kept_mask_reference": "kernels.sampling.reference",
     "sampling_reference": "kernels.sampling.reference",
+    "logprobs_reference": "kernels.sampling.reference",
+    "Sampled": "kernels.sampling.kernel",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -32,10 +32,16 @@ from kernels.tiling import (
 )
 
 F32_BYTES = 4
-#: [block_b, block_v] f32 chunk temporaries Mosaic keeps in VMEM for the passes (scaled logits, masks,
-#: exponentials, counts, noise): with a top-p search, and for top-k / min-p alone.
-CHUNK_TEMPORARIES_TOP_P = 8
-CHUNK_TEMPORARIES = 3
+#: [block_b, block_v] f32 chunk temporaries Mosaic keeps in VMEM (fitted on tpu-v5e, 64 x 128256 f32, libtpu
+#: 0.0.42): a sampled call, and a greedy one. The passes fold chunks into lane-wide state, so no filter adds any.
+CHUNK_TEMPORARIES = 2
+CHUNK_TEMPORARIES_GREEDY = 0.75
+#: Extra f32 chunk temporaries of the top-n log-probability passes.
+CHUNK_TEMPORARIES_TOP_N = 0.25
+#: Lanes of the lane-wide state (kernel.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
+LANE_STATE = 256
+#: f32 option columns per row (kernel.N_OPTS_F).
+OPTION_COLUMNS_F = 7
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,29 +62,34 @@ class SamplingBlockSizes:
             raise ValueError(f"block_sizes.block_v={self.block_v} must be a multiple of {LANES} (lane tiling); "
                              f"try {round_up(self.block_v, LANES)}")
 
-    def vmem_bytes(self, *, vocab: int, logits_dtype, with_noise: bool, greedy: bool = False,
-                   top_p: bool = True) -> int:
-        """VMEM one grid step needs, as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): the resident row block,
-        the pipelined logits (and noise) blocks, the per-row option / output / state columns (each
-        ``[block_b, n]`` column padded to 128 lanes), and the f32 chunk temporaries of the passes.
+    def vmem_bytes(self, *, vocab: int, logits_dtype, with_noise: bool, greedy: bool = False, penalties: bool = False, bias: bool = False, top_logprobs: int = 0) -> int:
+        """VMEM one grid step needs, as Mosaic allocates it (libtpu 0.0.42): the resident row block (f32 when
+        penalties or a bias adjust the logits, else the logits' dtype), the pipelined logits (and noise, token
+        count, bias) blocks, the per-row option / output columns (each ``[block_b, n]`` padded to 128 lanes),
+        the lane-wide and per-row state, and Mosaic's f32 chunk temporaries.
 
-        The passes keep about 8 ``[block_b, block_v]`` f32 chunks in VMEM when a top-p search runs
-        (``top_p``: conservative default), 3 for top-k / min-p alone, and half a chunk for a greedy-only
-        call (``greedy``: no resident copy either). Within 4% above Mosaic's figure on every measured case.
+        ``greedy`` (no draw): no resident copy unless top-n log-probabilities need it. Measured on tpu-v5e at
+        64 x 128256 f32 (``tests/benchmarks/bench_sampling_kernel.py``): 0-8% above Mosaic's figure.
         """
         block_v = self.block_v
         buf = mosaic_buffer_bytes
-        chunk = buf((self.block_b, block_v), logits_dtype)
-        resident = (1 if greedy else -(-vocab // block_v)) * chunk
-        pipelined = 2 * chunk + (2 * buf((self.block_b, block_v), "float32") if with_noise else 0)
-        columns = buf((self.block_b, 4), "float32") + buf((self.block_b, 2), "int32")  # options, 2 buffers each
-        columns = 2 * columns + 2 * 2 * buf((self.block_b, 1), "float32") + 5 * buf((self.block_b, 1), "float32")
-        chunks = 0.5 if greedy else (CHUNK_TEMPORARIES_TOP_P if top_p else CHUNK_TEMPORARIES)
+        tile = (self.block_b, block_v)
+        rows_dtype = "float32" if (penalties or bias) else logits_dtype
+        resident_blocks = 1 if greedy and not top_logprobs else -(-vocab // block_v)
+        resident = resident_blocks * buf(tile, rows_dtype)
+        streams = [logits_dtype] + ["float32"] * with_noise + ["int32"] * penalties + ["float32"] * bias
+        pipelined = sum(2 * buf(tile, dt) for dt in streams)
+        column = buf((self.block_b, 1), "float32")
+        lanes = buf((self.block_b, min(block_v, LANE_STATE)), "float32")
+        options = 2 * (buf((self.block_b, OPTION_COLUMNS_F), "float32") + buf((self.block_b, 2), "int32"))
+        outputs = 2 * column * (2 + (top_logprobs > 0 or 0)) + 2 * 2 * buf((self.block_b, max(top_logprobs, 1)),
+                                                                             "float32") * (top_logprobs > 0)
+        state = (3 + 3 * (not greedy)) * lanes + 4 * column
+        chunks = (CHUNK_TEMPORARIES_GREEDY if greedy else CHUNK_TEMPORARIES) + CHUNK_TEMPORARIES_TOP_N * (top_logprobs > 0)
         temporaries = int(chunks * self.block_b * block_v * F32_BYTES)
-        return int(resident + pipelined + columns + temporaries)
+        return int(resident + pipelined + options + outputs + state + temporaries)
 
-    def validate(self, *, vocab: int, logits_dtype, with_noise: bool, chip: str, greedy: bool = False,
-                 top_p: bool = True) -> None:
+    def validate(self, *, vocab: int, logits_dtype, with_noise: bool, chip: str, greedy: bool = False, penalties: bool = False, bias: bool = False, top_logprobs: int = 0) -> None:
         """Sublane tiling for the dtype and the chip's scoped-VMEM budget; ValueError naming the field."""
         sub = sublane_multiple(logits_dtype)
         if self.block_b % sub:
@@ -86,7 +97,7 @@ class SamplingBlockSizes:
                              f"{np.dtype(logits_dtype).name} logits (sublane tiling); "
                              f"try {round_up(self.block_b, sub)}")
         need = self.vmem_bytes(vocab=vocab, logits_dtype=logits_dtype, with_noise=with_noise, greedy=greedy,
-                               top_p=top_p)
+                               penalties=penalties, bias=bias, top_logprobs=top_logprobs)
         check_vmem(need, tpu_chip(chip), f"block_sizes (block_b={self.block_b}, block_v={self.block_v}) for a "
                    f"vocabulary of {vocab}", fix="use a smaller block_b")
 

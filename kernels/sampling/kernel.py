@@ -42,24 +42,53 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
-from kernels.sampling.options import row_options
+from kernels.sampling.options import adjusted_logits, check_token_counts, combined_bias, row_options
+from kernels.tiling import LANES
 
 #: Bisection steps that always suffice: each halves a range of at most 2**32 int32 keys.
 MAX_BISECTION_STEPS = 32
 #: Columns of the packed per-row option arrays.
-_F_INV_TEMP, _F_TOP_P, _F_MIN_P, _F_GREEDY = range(4)
+_F_INV_TEMP, _F_TOP_P, _F_MIN_P, _F_GREEDY, _F_PRESENCE, _F_FREQUENCY, _F_REPETITION = range(7)
 _I_TOP_K, _I_SEED = range(2)
+N_OPTS_F, N_OPTS_I = 7, 2
+#: Widest lane group the passes fold a chunk into (see :func:`lane_group`).
+LANE_GROUP = 256
 #: Largest vocabulary: indices are reduced as exact f32 integers.
 MAX_VOCAB = 1 << 24
 
 
 @dataclass(frozen=True, kw_only=True)
 class Filters:
-    """Which filters a call passed (static): the others are compiled out and left out of the cost estimate."""
+    """Which filters and inputs a call passed (static): the others are compiled out and left out of the cost
+    estimate. ``logprobs`` None: no logprobs; 0: the chosen token's; n: also the n most likely tokens'."""
 
     top_k: bool
     top_p: bool
     min_p: bool
+    penalties: bool = False
+    bias: bool = False
+    logprobs: int | None = None
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True, kw_only=True)
+class Sampled:
+    """What a call with ``logprobs`` returns ([batch] arrays; top-n ones [batch, n]).
+
+    Log-probabilities are of the adjusted, temperature-scaled distribution before the filters
+    (``log_softmax(z)``, temperature 1 for greedy rows). A top-n slot past the row's finite logits has id -1
+    and log-probability -inf.
+    """
+
+    ids: jax.Array  # int32
+    threshold: jax.Array  # f32 cut-off on z of the kept set
+    logprob: jax.Array  # f32: the chosen token's
+    top_ids: jax.Array  # int32 [batch, n], most likely first (first index on ties)
+    top_logprobs: jax.Array  # f32 [batch, n]
+
+
+#: Most top-n log-probabilities one call returns (each is one pass over the resident rows).
+MAX_TOP_LOGPROBS = 64
 
 
 def sampling(
@@ -70,21 +99,40 @@ def sampling(
     top_p: float | jax.Array | None = None,
     min_p: float | jax.Array | None = None,
     key: jax.Array | None = None,
+    seeds: jax.Array | None = None,
     noise: jax.Array | None = None,
+    token_counts: jax.Array | None = None,
+    presence_penalty: float | jax.Array | None = None,
+    frequency_penalty: float | jax.Array | None = None,
+    repetition_penalty: float | jax.Array | None = None,
+    logit_bias: jax.Array | None = None,
+    allowed_mask: jax.Array | None = None,
+    banned_mask: jax.Array | None = None,
+    logprobs: int | None = None,
     return_threshold: bool = False,
     block_sizes: SamplingBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array | tuple[jax.Array, jax.Array] | Sampled:
     """Sample one token per row of ``logits`` [batch, vocab] (f32 or bf16).
 
     Options are scalars or [batch] arrays (see :mod:`kernels.sampling.options`).
-    Randomness: ``key`` (a JAX PRNG key; the kernel hashes per-row seeds with
-    :mod:`kernels.sampling.rng`, no noise array in HBM) or ``noise`` (uniforms
-    in (0, 1), [batch, vocab] f32); neither means greedy.
+    Randomness: ``key`` (a JAX PRNG key: per-row seeds drawn from it), ``seeds``
+    ([batch] int32, one per request: a row's draw depends only on its logits and
+    its seed) - the kernel hashes the seed with the vocab index
+    (:mod:`kernels.sampling.rng`, no noise array in HBM) - or ``noise`` (uniforms
+    in (0, 1), [batch, vocab] f32); none of them means greedy. Rows with
+    ``temperature == 0`` are greedy in any case.
+
+    Adjustments (before temperature): ``token_counts`` ([batch, vocab] int, the
+    tokens seen so far) with the ``presence_penalty`` / ``frequency_penalty`` /
+    ``repetition_penalty`` options; ``logit_bias`` ([batch, vocab] float, added)
+    and ``allowed_mask`` / ``banned_mask`` ([batch, vocab] bool).
 
     Returns [batch] int32 token ids; with ``return_threshold`` also the [batch]
-    f32 threshold ``t`` on the scaled logits (kept set: ``f32(x) * f32(1/T) >= t``).
+    f32 threshold ``t`` on the scaled logits (kept set: ``z >= t``); with
+    ``logprobs=n`` a :class:`Sampled` (ids, threshold, the chosen token's
+    log-probability and the top-n ids and log-probabilities).
     Raises ValueError naming the argument for bad shapes, dtypes, ranges
     (checked when concrete) or block sizes.
     """
@@ -95,77 +143,139 @@ def sampling(
         raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     if vocab >= MAX_VOCAB:
         raise ValueError(f"logits vocab={vocab} must be below {MAX_VOCAB} (indices are reduced as f32)")
-    if key is not None and noise is not None:
-        raise ValueError("key and noise are alternatives; pass one of them (or neither for greedy)")
+    given = [name for name, v in (("key", key), ("seeds", seeds), ("noise", noise)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} are alternatives; pass one of key, seeds, noise (or none for greedy)")
     if noise is not None and (noise.shape != logits.shape or noise.dtype != jnp.float32):
         raise ValueError(f"noise must be float32 uniforms shaped like logits {logits.shape}, "
                          f"got {noise.dtype}{list(noise.shape)}")
-    mode = "greedy" if key is None and noise is None else ("noise" if noise is not None else "key")
+    if seeds is not None:
+        seeds = jnp.asarray(seeds)
+        if seeds.shape != (batch,) or not jnp.issubdtype(seeds.dtype, jnp.integer):
+            raise ValueError(f"seeds must be a [{batch}] integer array (one per row), got {seeds.dtype}"
+                             f"{list(seeds.shape)}")
+    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs={logprobs!r} must be an int in [0, {MAX_TOP_LOGPROBS}] (top-n; 0: the chosen "
+                         "token's only)")
+    penalties = [n for n, v in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty),
+                                ("repetition_penalty", repetition_penalty)) if v is not None]
+    if penalties and token_counts is None:
+        raise ValueError(f"{penalties[0]} needs token_counts ([batch, vocab] occurrences of each token so far)")
+    if token_counts is not None:
+        check_token_counts(token_counts, batch=batch, vocab=vocab)
+    bias = combined_bias(batch=batch, vocab=vocab, logit_bias=logit_bias, allowed_mask=allowed_mask,
+                         banned_mask=banned_mask)
+    mode = "greedy" if not given else ("noise" if noise is not None else "key")
     opts = row_options(batch=batch, vocab=vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                       random=mode != "greedy")
+                       random=mode != "greedy", presence_penalty=presence_penalty,
+                       frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty)
+    filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None,
+                      penalties=token_counts is not None, bias=bias is not None, logprobs=logprobs)
     if block_sizes is None:
         block_sizes = default_block_sizes(chip, logits_dtype=logits.dtype, vocab=vocab)
     block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip,
-                         greedy=mode == "greedy", top_p=top_p is not None)
-    seeds = rng.row_seeds(key, batch) if mode == "key" else jnp.zeros((batch,), jnp.int32)
-    filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None)
-    ids, threshold = _sampling(logits, noise, opts.inv_temperature, opts.greedy, opts.top_k, opts.top_p, opts.min_p,
-                               seeds, mode=mode, filters=filters, block_sizes=block_sizes, chip=chip,
-                               interpret=interpret)
+                         greedy=mode == "greedy", penalties=filters.penalties,
+                         bias=filters.bias, top_logprobs=logprobs or 0)
+    if mode == "key":
+        seeds = rng.row_seeds(key, batch) if seeds is None else seeds.astype(jnp.int32)
+    else:
+        seeds = jnp.zeros((batch,), jnp.int32)
+    counts = None if token_counts is None else token_counts.astype(jnp.int32)
+    out = _sampling(logits, noise, counts, bias, opts.inv_temperature, opts.greedy, opts.top_k, opts.top_p,
+                    opts.min_p, opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty, seeds,
+                    mode=mode, filters=filters, block_sizes=block_sizes, chip=chip, interpret=interpret)
+    ids, threshold = out[0], out[1]
+    if logprobs is not None:
+        n = logprobs
+        top_ids = out[3] if n else jnp.zeros((batch, 0), jnp.int32)
+        top_lp = out[4] if n else jnp.zeros((batch, 0), jnp.float32)
+        return Sampled(ids=ids, threshold=threshold, logprob=out[2], top_ids=top_ids, top_logprobs=top_lp)
     return (ids, threshold) if return_threshold else ids
 
 
+def lane_group(block_v: int) -> int:
+    """Lanes the passes fold a chunk into (per-row accumulators of this width): the widest of 256 / 128 dividing
+    block_v. Wider groups give the VLIW more independent chains; narrower ones fewer live vregs."""
+    return next(w for w in (LANE_GROUP, LANES) if block_v % w == 0)
+
+
 @functools.partial(jax.jit, static_argnames=("mode", "filters", "block_sizes", "chip", "interpret"))
-def _sampling(logits, noise, inv_temperature, greedy, top_k, top_p, min_p, seeds, *, mode: str, filters: Filters,
-              block_sizes: SamplingBlockSizes, chip: str, interpret: bool):
+def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p, min_p, presence, frequency,
+              repetition, seeds, *, mode: str, filters: Filters, block_sizes: SamplingBlockSizes, chip: str,
+              interpret: bool):
     batch, vocab = logits.shape
     block_b, block_v = block_sizes.block_b, block_sizes.block_v
     row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
     padded = row_blocks * block_b - batch
+    width = lane_group(block_v)
+    n_top = filters.logprobs or 0
     # Padding rows are greedy with every filter off, so they never keep a search running.
-    opts_f = jnp.stack([inv_temperature, top_p, min_p, greedy.astype(jnp.float32)], axis=1)
+    opts_f = jnp.stack([inv_temperature, top_p, min_p, greedy.astype(jnp.float32), presence, frequency, repetition],
+                       axis=1)
     opts_f = jnp.pad(opts_f, ((0, padded), (0, 0)), constant_values=1.0)
     opts_i = jnp.pad(jnp.stack([top_k, seeds], axis=1), ((0, padded), (0, 0)), constant_values=vocab)
-    phases = 1 if mode == "greedy" else 2
+    resident = mode != "greedy" or n_top > 0
+    phases = 2 if resident else 1
     last = vocab_blocks - 1
+    rows_dtype = jnp.float32 if (filters.penalties or filters.bias) else logits.dtype
 
-    in_specs = [
-        pl.BlockSpec((block_b, 4), lambda i, p, j: (i, 0)),
-        pl.BlockSpec((block_b, 2), lambda i, p, j: (i, 0)),
-        # Phase 0 streams the vocabulary; phase 1 holds the last block (no refetch).
-        pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * (1 - p) + last * p)),
-    ]
+    # Phase 0 streams the vocabulary; phase 1 holds the last block (no refetch).
+    streamed = pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * (1 - p) + last * p))
+    in_specs = [pl.BlockSpec((block_b, N_OPTS_F), lambda i, p, j: (i, 0)),
+                pl.BlockSpec((block_b, N_OPTS_I), lambda i, p, j: (i, 0)), streamed]
     operands = [opts_f, opts_i, logits]
+    names = ["opts_f_ref", "opts_i_ref", "logits_ref"]
+    for name, arr in (("counts_ref", counts), ("bias_ref", bias)):
+        if arr is not None:
+            in_specs.append(streamed)
+            operands.append(arr)
+            names.append(name)
     if mode == "noise":
         # Phase 0 holds block 0 (fetched once, then used by phase 1's first step).
         in_specs.append(pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * p)))
         operands.append(noise)
-    out_spec = pl.BlockSpec((block_b, 1), lambda i, p, j: (i, 0))
-    ref_names = (["opts_f_ref", "opts_i_ref", "logits_ref"] + ["noise_ref"] * (mode == "noise")
-                 + ["ids_ref", "thr_ref", "rows_ref", "max_ref", "arg_ref", "cut_ref", "best_ref", "pick_ref"])
-    kernel = with_ref_names(functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters), ref_names)
+        names.append("noise_ref")
+    column = pl.BlockSpec((block_b, 1), lambda i, p, j: (i, 0))
+    out_specs = [column, column]
+    out_shape = [jax.ShapeDtypeStruct((batch, 1), jnp.int32), jax.ShapeDtypeStruct((batch, 1), jnp.float32)]
+    names += ["ids_ref", "thr_ref"]
+    if filters.logprobs is not None:
+        out_specs.append(column)
+        out_shape.append(jax.ShapeDtypeStruct((batch, 1), jnp.float32))
+        names.append("lp_ref")
+        if n_top:
+            top = pl.BlockSpec((block_b, n_top), lambda i, p, j: (i, 0))
+            out_specs += [top, top]
+            out_shape += [jax.ShapeDtypeStruct((batch, n_top), jnp.int32),
+                          jax.ShapeDtypeStruct((batch, n_top), jnp.float32)]
+            names += ["top_ids_ref", "top_lp_ref"]
+    lanes = pltpu.VMEM((block_b, width), jnp.float32)
+    row = pltpu.VMEM((block_b, 1), jnp.float32)
+    scratch = [pltpu.VMEM((vocab_blocks if resident else 1, block_b, block_v), rows_dtype)]
+    names.append("rows_ref")
+    scratch += [lanes] * 3 + [row] * 4
+    names += ["max_v_ref", "arg_v_ref", "sum_v_ref", "max_ref", "arg_ref", "lse_ref", "cut_ref"]
+    if mode != "greedy":
+        scratch += [lanes] * 3
+        names += ["best_v_ref", "pick_v_ref", "bestz_v_ref"]
+    kernel = with_ref_names(functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters,
+                                              width=width), names)
     call = pl.pallas_call(
         kernel,
         grid=(row_blocks, phases, vocab_blocks),
         in_specs=in_specs,
-        out_specs=[out_spec, out_spec],
-        out_shape=[jax.ShapeDtypeStruct((batch, 1), jnp.int32), jax.ShapeDtypeStruct((batch, 1), jnp.float32)],
-        scratch_shapes=[
-            pltpu.VMEM((vocab_blocks if mode != "greedy" else 1, block_b, block_v), logits.dtype),
-            pltpu.VMEM((block_b, 1), jnp.float32),
-            pltpu.VMEM((block_b, 1), jnp.float32),
-            pltpu.VMEM((block_b, 1), jnp.float32),
-            pltpu.VMEM((block_b, 1), jnp.float32),
-            pltpu.VMEM((block_b, 1), jnp.float32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret_params(interpret),
         cost_estimate=_cost_estimate(batch, vocab, logits.dtype, mode, filters),
         name="sampling",
     )
     with jax.named_scope(f"sampling_bb{block_b}_bv{block_v}_{mode}"):
-        ids, threshold = call(*operands)
-    return ids[:, 0], threshold[:, 0]
+        outs = call(*operands)
+    return tuple(o[:, 0] if o.shape[1] == 1 and k < 3 else o for k, o in enumerate(outs))
 
 
 def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
@@ -211,128 +321,233 @@ def _any(flags: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(flags, 1.0, 0.0)) > 0.0
 
 
-def _sampling_kernel(
-    opts_f_ref,  # VMEM [block_b, 4] f32: 1/temperature, top_p, min_p, greedy (1.0 / 0.0)
-    opts_i_ref,  # VMEM [block_b, 2] int32: top_k (clamped to vocab), seed
-    logits_ref,  # VMEM [block_b, block_v]: vocab block j (phase 0); the last block, unused (phase 1)
-    *refs,
-    vocab: int,
-    mode: str,
-    filters: Filters,
-):
-    if mode == "noise":
-        noise_ref, *refs = refs  # VMEM [block_b, block_v] f32 uniforms: vocab block j (phase 1)
-    (
-        ids_ref,  # VMEM [block_b, 1] int32 output: drawn token
-        thr_ref,  # VMEM [block_b, 1] f32 output: threshold on z of the kept set
-        rows_ref,  # VMEM scratch [vocab_blocks, block_b, block_v] logits dtype: the row block (-inf padded)
-        max_ref,  # VMEM scratch [block_b, 1] f32: running max of z
-        arg_ref,  # VMEM scratch [block_b, 1] f32: its first index (exact integer)
-        cut_ref,  # VMEM scratch [block_b, 1] f32: threshold of the kept set
-        best_ref,  # VMEM scratch [block_b, 1] f32: best z + gumbel so far
-        pick_ref,  # VMEM scratch [block_b, 1] f32: its index
-    ) = refs
+def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode: str, filters: Filters,
+                     width: int):
+    """Refs (see ``_sampling`` for which are present):
+
+    opts_f_ref [block_b, 7] f32: 1/temperature, top_p, min_p, greedy (1.0 / 0.0), presence, frequency, repetition;
+    opts_i_ref [block_b, 2] int32: top_k (clamped to vocab), seed;
+    logits_ref / counts_ref / bias_ref [block_b, block_v]: vocab block j (phase 0), the last block, unused (phase 1);
+    noise_ref [block_b, block_v] f32 uniforms: vocab block j (phase 1);
+    outputs ids_ref [block_b, 1] int32, thr_ref [block_b, 1] f32, lp_ref [block_b, 1] f32, top_ids_ref /
+    top_lp_ref [block_b, n];
+    scratch rows_ref [vocab_blocks, block_b, block_v]: the adjusted row block (-inf padded); lane-wide
+    [block_b, width] f32 state: running max of z, its first index, sum of exp(z - max) (phase 0), best
+    z + gumbel, its index and its z (the draw); per-row [block_b, 1] f32: max of z, its first index, log-sum-exp
+    of z, the threshold of the kept set.
+    """
+    refs = list(refs)
+    counts_ref = refs.pop(0) if filters.penalties else None
+    bias_ref = refs.pop(0) if filters.bias else None
+    noise_ref = refs.pop(0) if mode == "noise" else None
+    ids_ref, thr_ref = refs.pop(0), refs.pop(0)
+    lp_ref = refs.pop(0) if filters.logprobs is not None else None
+    n_top = filters.logprobs or 0
+    top_ids_ref, top_lp_ref = (refs.pop(0), refs.pop(0)) if n_top else (None, None)
+    rows_ref, max_v_ref, arg_v_ref, sum_v_ref, max_ref, arg_ref, lse_ref, cut_ref = refs[:8]
+    best_v_ref, pick_v_ref, bestz_v_ref = refs[8:11] if mode != "greedy" else (None, None, None)
     phase, j = pl.program_id(1), pl.program_id(2)
     block_b, block_v = logits_ref.shape
+    groups = block_v // width
     last = pl.num_programs(2) - 1
-    inv_t = opts_f_ref[:, _F_INV_TEMP:_F_INV_TEMP + 1]
-    greedy = opts_f_ref[:, _F_GREEDY:_F_GREEDY + 1] > 0.5
+    opt = functools.partial(_column, opts_f_ref)
+    inv_t = jnp.broadcast_to(opt(_F_INV_TEMP), (block_b, width))
+    greedy = opt(_F_GREEDY) > 0.5
+    lane_iota = lax.broadcasted_iota(jnp.int32, (block_b, width), 1)
+    lane_iota_f = lane_iota.astype(jnp.float32)
+    with_lse = filters.logprobs is not None
+    neg_inf = jnp.full((block_b, width), -jnp.inf, jnp.float32)
+    big = jnp.full((block_b, width), float(MAX_VOCAB), jnp.float32)
 
-    def columns(block):
-        return block * block_v + lax.broadcasted_iota(jnp.int32, (block_b, block_v), 1)
+    def cols_of(block, g):
+        """int32 vocab indices of lane group g of vocab block ``block``."""
+        return lane_iota + (block * block_v + g * width)
 
-    def first_index_of_max(values, cols):
+    def first_max(values, index):
+        """(max, its first index) per row of lane-wide state whose lanes each hold their first occurrence."""
         top = jnp.max(values, axis=1, keepdims=True)
-        index = jnp.min(jnp.where(values == top, cols.astype(jnp.float32), float(MAX_VOCAB)), axis=1, keepdims=True)
-        return top, index
+        return top, jnp.min(jnp.where(values == top, index, float(MAX_VOCAB)), axis=1, keepdims=True)
 
-    def merge_max(top_ref, index_ref, top, index):
-        """Keep the running (max, first index); later blocks win only when strictly greater."""
-        better = top > top_ref[...]
-        index_ref[...] = jnp.where(better, index, index_ref[...])
-        top_ref[...] = jnp.where(better, top, top_ref[...])
+    def _finish(pick, threshold, z_pick):
+        """Write the outputs of the row block (greedy rows take the argmax) and the top-n log-probabilities."""
+        pick = jnp.where(greedy, arg_ref[...], pick)
+        ids_ref[...] = pick.astype(jnp.int32)
+        thr_ref[...] = jnp.where(greedy, max_ref[...], threshold)
+        if lp_ref is not None:
+            lp_ref[...] = jnp.where(greedy, max_ref[...], z_pick) - lse_ref[...]
+        if n_top:
+            top_ids, top_z = _top_n(rows_ref, opts_f_ref, n_top, vocab=vocab, width=width)
+            top_ids_ref[...] = jnp.where(top_z == -jnp.inf, -1, top_ids.astype(jnp.int32))
+            top_lp_ref[...] = top_z - lse_ref[...]
 
     @pl.when(phase == 0)
     def _load():
-        cols = columns(j)
-        raw = logits_ref[...]
-        raw = jnp.where(cols < vocab, raw, jnp.full_like(raw, -jnp.inf))
-        if mode != "greedy":
-            rows_ref[j] = raw
-        top, index = first_index_of_max(raw.astype(jnp.float32) * inv_t, cols)
-
         @pl.when(j == 0)
         def _():
-            max_ref[...] = jnp.full(max_ref.shape, -jnp.inf, jnp.float32)
-            arg_ref[...] = jnp.zeros(arg_ref.shape, jnp.float32)
+            max_v_ref[...] = neg_inf
+            arg_v_ref[...] = jnp.zeros_like(big)
+            sum_v_ref[...] = jnp.zeros_like(big)
 
-        merge_max(max_ref, arg_ref, top, index)
+        top_v, arg_v, sum_v = max_v_ref[...], arg_v_ref[...], sum_v_ref[...]
+        if filters.penalties:
+            penalty = dict(presence=opt(_F_PRESENCE), frequency=opt(_F_FREQUENCY), repetition=opt(_F_REPETITION))
+        for g in range(groups):
+            lanes = pl.ds(g * width, width)
+            offset = j * block_v + g * width
+            x = adjusted_logits(logits_ref[:, lanes], bias=None if bias_ref is None else bias_ref[:, lanes],
+                                token_counts=None if counts_ref is None else counts_ref[:, lanes],
+                                **(penalty if filters.penalties else {}))
+            x = jnp.where(lane_iota < vocab - offset, x, -jnp.inf)
+            if rows_ref.shape[0] > 1:
+                rows_ref[j, :, lanes] = x.astype(rows_ref.dtype)
+            z = x * inv_t
+            better = z > top_v  # strict: each lane keeps its first occurrence
+            new_top = jnp.where(better, z, top_v)
+            if with_lse:  # online sum of exp(z - running max), rescaled when the max grows
+                scale = jnp.where(new_top == -jnp.inf, 0.0, jnp.exp(top_v - new_top))
+                term = jnp.where(new_top == -jnp.inf, 0.0, jnp.exp(z - new_top))
+                sum_v = sum_v * scale + term
+            arg_v = jnp.where(better, lane_iota_f + offset.astype(jnp.float32), arg_v)
+            top_v = new_top
+        max_v_ref[...], arg_v_ref[...] = top_v, arg_v
+        if with_lse:
+            sum_v_ref[...] = sum_v
 
-        if mode == "greedy":
-            @pl.when(j == last)
-            def _():
-                ids_ref[...] = arg_ref[...].astype(jnp.int32)
-                thr_ref[...] = max_ref[...]
+        @pl.when(j == last)
+        def _():
+            top, index = first_max(top_v, arg_v)
+            max_ref[...], arg_ref[...] = top, index
+            if with_lse:
+                lse_ref[...] = top + jnp.log(jnp.sum(sum_v * jnp.exp(top_v - top), axis=1, keepdims=True))
+            if phases_of(mode, n_top) == 1:
+                _finish(index, top, top)
 
-    if mode == "greedy":
+    if phases_of(mode, n_top) == 1:
+        return
+
+    if mode == "greedy":  # top-n log-probabilities of a greedy call: one phase-1 step does them
+        @pl.when((phase == 1) & (j == 0))
+        def _():
+            _finish(arg_ref[...], max_ref[...], max_ref[...])
         return
 
     @pl.when((phase == 1) & (j == 0))
     def _search():
-        cut_ref[...] = _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, max_ref[...], vocab=vocab,
-                                   filters=filters)
-        best_ref[...] = jnp.full(best_ref.shape, -jnp.inf, jnp.float32)
-        pick_ref[...] = jnp.zeros(pick_ref.shape, jnp.float32)
+        cut_ref[...] = _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, max_ref[...], vocab=vocab,
+                                   filters=filters, width=width)
+        best_v_ref[...] = neg_inf
+        pick_v_ref[...] = jnp.zeros_like(big)
+        bestz_v_ref[...] = neg_inf
 
     @pl.when(phase == 1)
     def _draw():
-        cols = columns(j)
-        z = rows_ref[j].astype(jnp.float32) * inv_t
-        if mode == "noise":
-            u = noise_ref[...]
-        else:
-            u = rng.hash_uniform(opts_i_ref[:, _I_SEED:_I_SEED + 1], cols)
-        kept = (z >= cut_ref[...]) & (cols < vocab)
-        top, index = first_index_of_max(jnp.where(kept, z + rng.gumbel(u), -jnp.inf), cols)
-        merge_max(best_ref, pick_ref, top, index)
+        cut = jnp.broadcast_to(cut_ref[...], (block_b, width))
+        seed = jnp.broadcast_to(opts_i_ref[:, _I_SEED:_I_SEED + 1], (block_b, width))
+        best, pick, best_z = best_v_ref[...], pick_v_ref[...], bestz_v_ref[...]
+        for g in range(groups):
+            lanes = pl.ds(g * width, width)
+            cols = cols_of(j, g)
+            z = rows_ref[j, :, lanes].astype(jnp.float32) * inv_t
+            u = noise_ref[:, lanes] if mode == "noise" else rng.hash_uniform(seed, cols)
+            score = jnp.where(z >= cut, z + rng.gumbel(u), -jnp.inf)
+            better = score > best
+            best = jnp.where(better, score, best)
+            pick = jnp.where(better, cols.astype(jnp.float32), pick)
+            best_z = jnp.where(better, z, best_z)
+        best_v_ref[...], pick_v_ref[...], bestz_v_ref[...] = best, pick, best_z
 
         @pl.when(j == last)
         def _():
-            ids_ref[...] = jnp.where(greedy, arg_ref[...], pick_ref[...]).astype(jnp.int32)
-            thr_ref[...] = jnp.where(greedy, max_ref[...], cut_ref[...])
+            top, index = first_max(best, pick)
+            z_pick = jnp.max(jnp.where((best == top) & (pick == index), best_z, -jnp.inf), axis=1, keepdims=True)
+            _finish(index, cut_ref[...], z_pick)
 
 
-def _thresholds(rows_ref, opts_f_ref, opts_i_ref, inv_t, greedy, z_max, *, vocab: int, filters: Filters):
+def phases_of(mode: str, n_top: int) -> int:
+    """Grid phases: 1 (streaming only) for a greedy call without top-n log-probabilities, else 2."""
+    return 1 if mode == "greedy" and n_top == 0 else 2
+
+
+def _column(ref, k: int) -> jax.Array:
+    return ref[:, k:k + 1]
+
+
+def _fold_rows(rows_ref, inv_t_col, width: int, step, init):
+    """One pass over the resident rows: ``step(z, cols, acc)`` on each [block_b, width] lane group of scaled logits
+    ``z`` (vocab indices ``cols``), chunk by chunk; lane-wide accumulators, so nothing spills."""
+    vocab_blocks, block_b, block_v = rows_ref.shape
+    inv_t = jnp.broadcast_to(inv_t_col, (block_b, width))
+    lane_iota = lax.broadcasted_iota(jnp.int32, (block_b, width), 1)
+
+    def chunk(c, acc):
+        for g in range(block_v // width):
+            z = rows_ref[c, :, pl.ds(g * width, width)].astype(jnp.float32) * inv_t
+            acc = step(z, lane_iota + (c * block_v + g * width), acc)
+        return acc
+
+    return lax.fori_loop(0, vocab_blocks, chunk, init)
+
+
+def _top_n(rows_ref, opts_f_ref, n: int, *, vocab: int, width: int):
+    """The n largest z per row (first index on ties), one pass each: ([block_b, n] f32 indices, [block_b, n] z)."""
+    _, block_b, _ = rows_ref.shape
+    inv_t = _column(opts_f_ref, _F_INV_TEMP)
+    slot = lax.broadcasted_iota(jnp.int32, (block_b, n), 1)
+    neg_inf = jnp.full((block_b, width), -jnp.inf, jnp.float32)
+    big = jnp.full((block_b, width), float(MAX_VOCAB), jnp.float32)
+
+    def one(r, state):
+        prev_z, prev_i, ids, zs = state
+        prev_z_w, prev_i_w = jnp.broadcast_to(prev_z, (block_b, width)), jnp.broadcast_to(prev_i, (block_b, width))
+
+        def step(z, cols, acc):
+            best, index = acc
+            colf = cols.astype(jnp.float32)
+            after = (z < prev_z_w) | ((z == prev_z_w) & (colf > prev_i_w))  # after the previous in (z desc, index)
+            better = after & (z > best) & (z > -jnp.inf)
+            return jnp.where(better, z, best), jnp.where(better, colf, index)
+
+        best, index = _fold_rows(rows_ref, inv_t, width, step, (neg_inf, big))
+        top = jnp.max(best, axis=1, keepdims=True)
+        first = jnp.min(jnp.where(best == top, index, float(MAX_VOCAB)), axis=1, keepdims=True)
+        return top, first, jnp.where(slot == r, first, ids), jnp.where(slot == r, top, zs)
+
+    init = (jnp.full((block_b, 1), jnp.inf, jnp.float32), jnp.full((block_b, 1), -1.0, jnp.float32),
+            jnp.zeros((block_b, n), jnp.float32), jnp.full((block_b, n), -jnp.inf, jnp.float32))
+    _, _, ids, zs = lax.fori_loop(0, n, one, init)
+    return ids, zs
+
+
+def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, filters: Filters, width: int):
     """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows.
 
-    Filters the call did not pass (``filters``) are not compiled at all.
+    Filters the call did not pass (``filters``) are not compiled at all. Each pass folds the chunks into
+    lane-wide [block_b, width] count (and mass) accumulators and reduces them across lanes once.
     """
     vocab_blocks, block_b, block_v = rows_ref.shape
     shape = (block_b, 1)
-    top_k = opts_i_ref[:, _I_TOP_K:_I_TOP_K + 1].astype(jnp.float32)
-    top_p = opts_f_ref[:, _F_TOP_P:_F_TOP_P + 1]
-    min_p = opts_f_ref[:, _F_MIN_P:_F_MIN_P + 1]
+    inv_t = _column(opts_f_ref, _F_INV_TEMP)
+    top_k = _column(opts_i_ref, _I_TOP_K).astype(jnp.float32)
+    top_p = _column(opts_f_ref, _F_TOP_P)
+    min_p = _column(opts_f_ref, _F_MIN_P)
     no_cut = jnp.full(shape, -jnp.inf, jnp.float32)
     all_count = jnp.full(shape, float(vocab_blocks * block_v), jnp.float32)  # -inf padding counts at -inf
     above_max = _key(z_max) + 1
-
-    def over_rows(step, init):
-        """One pass: fold step(z_chunk, acc) over the vocabulary chunks of the resident rows."""
-        return lax.fori_loop(0, vocab_blocks, lambda c, acc: step(rows_ref[c].astype(jnp.float32) * inv_t, acc),
-                             init)
+    zero = jnp.zeros((block_b, width), jnp.float32)
+    z_max_w = jnp.broadcast_to(z_max, (block_b, width))
 
     def count_and_mass(t, with_mass: bool):
-        zero = jnp.zeros((block_b, block_v), jnp.float32)
+        t_w = jnp.broadcast_to(t, (block_b, width))
 
-        def step(z, acc):
+        def step(z, cols, acc):
+            above = z >= t_w
+            if not with_mass:
+                return acc + jnp.where(above, 1.0, 0.0)
             count, mass = acc
-            above = z >= t
-            count = count + jnp.where(above, 1.0, 0.0)
-            if with_mass:
-                mass = mass + jnp.where(above, jnp.exp(z - z_max), 0.0)
-            return count, mass
+            return count + jnp.where(above, 1.0, 0.0), mass + jnp.where(above, jnp.exp(z - z_max_w), 0.0)
 
-        count, mass = over_rows(step, (zero, zero))
+        acc = _fold_rows(rows_ref, inv_t, width, step, (zero, zero) if with_mass else zero)
+        count, mass = acc if with_mass else (acc, zero)
         return jnp.sum(count, axis=1, keepdims=True), jnp.sum(mass, axis=1, keepdims=True)
 
     def top_k_search():

@@ -240,23 +240,30 @@ def test_default_block_b_halves_for_a_huge_vocabulary(monkeypatch):
     import kernels.sampling.blocks as sb
 
     # f32, vocab 262144, block_v 8192, with noise: per row of block_b, resident 262144*4 = 1048576, logits
-    # blocks 2*8192*4 = 65536, noise blocks 65536, chunk temporaries 4*8192*4 = 131072: 1310720 B per row.
-    # tpu-v5e's 16 MiB (16777216 B) holds 12.8 rows: 64 -> 32 -> 16 -> 8 rows (10485760 B).
+    # blocks 2*8192*4 = 65536, noise blocks 65536, chunk temporaries 2*8192*4 = 65536: 1245184 B per row.
+    # tpu-v5e's 16 MiB (16777216 B) holds 13.4 rows: 64 -> 32 -> 16 -> 8 rows (about 10 MB).
     monkeypatch.setattr(sb, "default_block_table", lambda: {"tpu-v5e": {"fp32": Blocks(block_b=64, block_v=8192)}})
     assert default_block_sizes("tpu-v5e", logits_dtype=jnp.float32, vocab=262144) == Blocks(block_b=8, block_v=8192)
 
 
 def test_vmem_bytes_by_hand():
-    # block (8, 256), vocab 1000 f32 with noise, as Mosaic allocates it: resident rows 1024 * 8 * 4 = 32768;
-    # logits blocks 2 * 2048 * 4 = 16384; noise blocks 16384; the [8, 4] / [8, 2] option columns (2 buffers)
-    # and [8, 1] outputs (2 x 2 buffers) and state (5) each pad to 128 lanes, 8 * 128 * 4 = 4096 B:
-    # 13 * 4096 = 53248; f32 chunk temporaries, 8 with a top-p search 8 * 2048 * 4 = 65536 (3 without:
-    # 24576; a greedy call half a chunk, 4096, and a single resident chunk). Sum 184320.
+    # block (8, 256), vocab 1000 f32 with noise, as Mosaic allocates it: resident rows 4 blocks * 8 * 256 * 4 =
+    # 32768; logits blocks 2 * 8192 = 16384; noise blocks 16384; the [8, 7] / [8, 2] option columns (2 buffers
+    # each) and the two [8, 1] outputs (2 buffers each) pad to 128 lanes, 8 * 128 * 4 = 4096 B: 8 * 4096 = 32768;
+    # state: 6 lane-wide [8, 256] f32 (8192 B) and 4 [8, 1] columns (4096 B) = 65536; f32 chunk temporaries,
+    # 2 chunks, 16384. Sum 180224.
     blocks = Blocks(block_b=8, block_v=256)
-    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True) == 184320
-    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True, top_p=False) == 184320 - 40960
-    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=False, greedy=True) == (
-        8192 + 16384 + 53248 + 4096)
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True) == 180224
+    # Greedy, no noise: one resident block 8192, logits 16384, columns 32768, state 3 * 8192 + 4 * 4096 = 40960,
+    # 0.75 chunk of temporaries 6144: 104448.
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=False, greedy=True) == 104448
+    # bf16 logits (block_b 16) with penalties and a bias: the resident rows are f32, and the int32 counts and
+    # f32 bias stream beside the logits: resident 4 * 16 * 256 * 4 = 65536 vs 32768 for bf16 alone, plus
+    # 2 * 2 * 16384 of count and bias blocks.
+    b16 = Blocks(block_b=16, block_v=256)
+    plain = b16.vmem_bytes(vocab=1000, logits_dtype=jnp.bfloat16, with_noise=False)
+    adjusted = b16.vmem_bytes(vocab=1000, logits_dtype=jnp.bfloat16, with_noise=False, penalties=True, bias=True)
+    assert adjusted - plain == (65536 - 32768) + 4 * 16384
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -294,10 +301,26 @@ LOGITS = jnp.asarray(np.random.default_rng(0).standard_normal((4, 256)), jnp.flo
     (dict(temperature=jnp.ones(3)), r"temperature must be a scalar or a \[4\] array"),
     (dict(noise=jnp.ones((4, 255))), "noise must be float32 uniforms shaped like logits"),
     (dict(noise=jnp.ones((4, 256)), key=jax.random.key(0)), "key and noise are alternatives"),
+    (dict(seeds=jnp.arange(4)), "key and seeds are alternatives"),
+    (dict(key=None, seeds=jnp.arange(3)), r"seeds must be a \[4\] integer array"),
+    (dict(key=None, seeds=jnp.ones(4)), r"seeds must be a \[4\] integer array"),
+    (dict(presence_penalty=0.5), "presence_penalty needs token_counts"),
+    (dict(token_counts=jnp.zeros((4, 255), jnp.int32)), r"token_counts must be shaped like logits \[4, 256\]"),
+    (dict(token_counts=jnp.zeros((4, 256))), "token_counts must be an integer array"),
+    (dict(token_counts=jnp.zeros((4, 256), jnp.int32), repetition_penalty=0.0),
+     r"repetition_penalty=0.0 is out of range: must be > 0"),
+    (dict(token_counts=jnp.zeros((4, 256), jnp.int32), frequency_penalty=float("nan")),
+     "frequency_penalty=nan is out of range: must be finite"),
+    (dict(logit_bias=jnp.zeros((4, 128))), r"logit_bias must be shaped like logits \[4, 256\]"),
+    (dict(logit_bias=jnp.zeros((4, 256), jnp.int32)), "logit_bias must be a float array"),
+    (dict(allowed_mask=jnp.ones((4, 256))), "allowed_mask must be a bool array"),
+    (dict(logprobs=-1), r"logprobs=-1 must be an int in \[0, 64\]"),
+    (dict(logprobs=65), r"logprobs=65 must be an int in \[0, 64\]"),
     (dict(block_sizes=Blocks(block_b=4, block_v=128)), "block_b=4 must be a multiple of 8"),
 ])
 def test_bad_options_raise_naming_the_argument(kwargs, match):
     kwargs = {"key": jax.random.key(0), **kwargs} if "noise" not in kwargs else kwargs
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     with pytest.raises(ValueError, match=match):
         sampling(LOGITS, interpret=True, **kwargs)
 

@@ -1,0 +1,176 @@
+"""The sampling kernel through the real TPU compiler (deviceless): per pass, bundles per vocabulary chunk, vector
+spills/fills, and cycles against the HBM floor of reading that chunk; then the whole call against its roofline.
+
+Prints figures; not collected by pytest. Run: ``.venv/bin/python tests/benchmarks/bench_sampling_kernel.py
+[--chips tpu-v5e,...] [--variants top-k,...] [--batch 64 --vocab 128256]``.
+
+How it measures: one compile child per (chip, variant) with libtpu's schedule dumps on
+(:func:`perfmodel.compiler.toolchain.worker_environment`); the dumps are read with
+:mod:`perfmodel.compiler.bundles`. A *pass* over the resident rows is a compiled loop whose trip count is the
+number of vocabulary chunks (``vocab / block_v``); its body is one chunk of ``block_b x block_v`` logits, so
+``weighted_bundles`` of the body is the cycles per chunk at one bundle per cycle (no stalls). The HBM floor of a
+chunk is its bytes over the HBM bandwidth one TensorCore gets (chip rate / TensorCores sharing it), in core
+cycles. Passes are labelled in program order by the variant's known sequence of searches.
+
+Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the bisection steps, whose
+number depends on the data; the bench counts them for N(0, 2.5^2) logits with the kernel itself in interpret mode
+on a few rows (``--rows-for-passes``), and reports ``row blocks x (HBM phase + passes x cycles per pass)`` against
+the roofline (one read of the logits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+#: variant -> (keyword options of the call, labels of its chunk loops in program order).
+VARIANTS = {
+    "top-k": (dict(temperature=0.8, top_k=50), ("top-k count",)),
+    "top-p": (dict(temperature=0.8, top_p=0.9), ("top-p mass of kept set", "top-p count+mass")),
+    "top-k+top-p": (dict(temperature=0.8, top_k=50, top_p=0.9),
+                    ("top-k count", "top-p mass of kept set", "top-p count+mass")),
+    "greedy": (dict(greedy=True), ()),
+    "penalties+bias": (dict(temperature=0.8, top_k=50, token_counts=True, logit_bias=True, presence_penalty=0.5,
+                            frequency_penalty=0.2, repetition_penalty=1.1), ("top-k count",)),
+    "logprobs-5": (dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=5),
+                   ("top-k count", "top-p mass of kept set", "top-p count+mass", "top-n logprob")),
+}
+CHIPS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
+
+
+def _child(request: dict) -> None:
+    """In the compile child: compile one variant, print nothing but the result JSON on the last line."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+
+    from kernels.sampling import sampling
+    from perfmodel.compiler.toolchain import topology_for
+
+    topo = topologies.get_topology_desc(topology_for(request["chip"]), "tpu")
+    device = topo.devices[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    logits = jax.ShapeDtypeStruct((request["batch"], request["vocab"]), jnp.dtype(request["dtype"]),
+                                  sharding=sharding)
+    opts = dict(request["options"])
+    draw = {} if opts.pop("greedy", False) else {"key": jax.random.key(0)}
+    arrays = {name: jax.ShapeDtypeStruct(logits.shape, dtype, sharding=sharding)
+              for name, dtype in (("token_counts", jnp.int32), ("logit_bias", jnp.float32)) if opts.pop(name, False)}
+
+    def fn(x, named):
+        return sampling(x, chip=request["chip"], **draw, **named, **opts)
+
+    compiled = jax.jit(fn).trace(logits, arrays).lower(lowering_platforms=("tpu",)).compile()
+    from perfmodel.compiler.worker import _CUSTOM_CALL, _SCOPED, _SCOPED_ITEM
+
+    vmem = None
+    for line in compiled.as_text().splitlines():
+        found = _SCOPED.search(line) if _CUSTOM_CALL.match(line) else None
+        if found:
+            vmem = max(vmem or 0, sum(int(size) for space, size in _SCOPED_ITEM.findall(found.group(1))
+                                      if space == "1"))
+    print("@@RESULT@@" + json.dumps({"ok": True, "scoped_vmem_bytes": vmem}))
+
+
+def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "float32") -> dict:
+    """Compile one variant for ``chip`` in a child; read its schedule dumps; per-chunk-loop stats."""
+    from kernels.sampling import default_block_sizes
+    from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_stats
+    from perfmodel.compiler.toolchain import worker_environment
+    from perfmodel.compiler.worker import _op_files
+
+    options, labels = VARIANTS[variant]
+    blocks = default_block_sizes(chip, logits_dtype=dtype, vocab=vocab)
+    dump = tempfile.mkdtemp(prefix="perfmodel-bench-sampling-")
+    try:
+        request = dict(chip=chip, batch=batch, vocab=vocab, dtype=dtype, options=options)
+        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)], capture_output=True,
+                              text=True, env=worker_environment(dump), timeout=900)
+        if "@@RESULT@@" not in proc.stdout:
+            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        child = json.loads(proc.stdout.rsplit("@@RESULT@@", 1)[1].splitlines()[0])
+        files = [f for name, f in _op_files(dump).items() if "sampling" in name and "bundles" in f]
+        if not files:
+            return {"error": "no sampling kernel schedule in the dumps"}
+        f = files[0]
+        with open(f["bundles"], encoding="utf-8", errors="replace") as fh:
+            btext = fh.read()
+        utext = None
+        if "utilization" in f:
+            with open(f["utilization"], encoding="utf-8", errors="replace") as fh:
+                utext = fh.read()
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+    sched = build_schedule(btext, utext)
+    grid = grid_loop(sched)
+    body = loop_stats(sched, grid)
+    chunks = -(-vocab // blocks.block_v)
+    # Innermost loops of `chunks` trips (an enclosing bisection `while` loop can read the same literal bound).
+    innermost = [lp for lp in sched.loops
+                 if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in sched.loops)]
+    chunk_loops = [lp for lp in innermost if lp is not grid and lp.trip_count == chunks]
+    passes = []
+    for i, lp in enumerate(sorted(chunk_loops, key=lambda lp: lp.start)):
+        st = loop_stats(sched, lp)
+        passes.append(dict(label=labels[i] if i < len(labels) else f"loop {i}", bundles=st.weighted_bundles,
+                           spills=st.vector_spills, fills=st.vector_fills))
+    estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=False,
+                                 greedy=bool(options.get("greedy")),
+                                 penalties="token_counts" in options, bias="logit_bias" in options,
+                                 top_logprobs=options.get("logprobs") or 0)
+    return dict(scoped_vmem_bytes=child["scoped_vmem_bytes"], vmem_estimate_bytes=estimate, block_b=blocks.block_b, block_v=blocks.block_v, chunks=chunks, program_bundles=len(sched.bundles),
+                grid_body_bundles=body.bundles, grid_spills=body.vector_spills, grid_fills=body.vector_fills,
+                passes=passes)
+
+
+def hbm_floor_cycles(chip: str, chunk_bytes: int) -> float:
+    """Core cycles to read ``chunk_bytes`` from HBM at one TensorCore's share of the chip's bandwidth."""
+    from perfmodel.hw.registry import get_chip
+
+    spec = get_chip(chip)
+    share = spec.memory.hbm_bw_bytes_per_s_per_chip / spec.cores.cores_per_chip
+    return chunk_bytes / share * spec.compute.clock_hz
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child")
+    ap.add_argument("--chips", default="tpu-v5e")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        _child(json.loads(args.child))
+        return
+    rows = []
+    for chip in args.chips.split(","):
+        for variant in args.variants.split(","):
+            r = measure(chip, variant, batch=args.batch, vocab=args.vocab)
+            r.update(chip=chip, variant=variant)
+            rows.append(r)
+            if "error" in r:
+                print(f"{chip:8s} {variant:12s} error: {r['error']}")
+                continue
+            floor = hbm_floor_cycles(chip, r["block_b"] * r["block_v"] * 4)
+            for p in r["passes"]:
+                print(f"{chip:8s} {variant:12s} {p['label']:24s} {p['bundles']:6d} bundles/chunk "
+                      f"spills {p['spills']:4d} fills {p['fills']:4d}  vs HBM floor {floor:6.0f} cycles: "
+                      f"{p['bundles'] / floor:.2f}x")
+            print(f"{chip:8s} {variant:12s} grid body {r['grid_body_bundles']} bundles, spills {r['grid_spills']} "
+                  f"fills {r['grid_fills']} (blocks {r['block_b']}x{r['block_v']}); VMEM Mosaic {r['scoped_vmem_bytes']} B, "
+                  f"estimate {r['vmem_estimate_bytes']} B")
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
