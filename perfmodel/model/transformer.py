@@ -624,13 +624,15 @@ def _mlp_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[s
 
 
 def _head_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, str, int, OpCost]]:
-    """Embedding lookup, final norm, vocab projection, logits all-gather, sampling."""
+    """Embedding lookup (and its all-reduce under TP), final norm, vocab projection, logits all-gather, sampling."""
     T, B, act, h = step.tokens, step.batch, step.act_dtype, cfg.hidden_size
     act_item, w_item = DTYPES[act].itemsize_bytes, DTYPES[step.weight_dtype].itemsize_bytes
     ops: list[tuple[str, str, int, OpCost]] = [
-        ("embed", "embed", 1, _named(memops.gather(rows=T, row_bytes=h * w_item, chip=chip), "embed")),
-        ("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)),
-    ]
+        ("embed", "embed", 1, _named(memops.gather(rows=T, row_bytes=h * w_item, chip=chip), "embed"))]
+    if sh.tp > 1:  # the table is split by vocabulary: each chip looks up its rows (zeros elsewhere), then all-reduce
+        ops.append(("tp", "all_reduce(embed)", 1, collectives.all_reduce(bytes_per_chip=T * h * act_item,
+                                                                          num_chips=sh.tp, chip=chip)))
+    ops.append(("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)))
     # [B, hidden] x [hidden, vocab / tp] for the last token of each sequence (a tied head reads the embedding table)
     ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=sh.vocab, k=h, lhs_dtype=act, rhs_dtype=step.weight_dtype,
                                                   out_dtype=LOGITS_DTYPE, chip=chip), "lm_head")))
@@ -647,11 +649,12 @@ def step_ops(cfg: ModelConfig, step: Step, chip: Any) -> list[StepOp]:
     sh = shard(cfg, step.tp)
     rows: list[tuple[str, str, int, OpCost]] = []
     head = _head_ops(cfg, sh, step, chip)
-    rows.append(head[0])
+    embed = [r for r in head if r[0] == "embed" or r[1] == "all_reduce(embed)"]
+    rows += embed
     rows += [("tp" if name.startswith("all_") else "attention", name, n, c)
              for name, n, c in _attention_ops(cfg, sh, step, chip)]
     rows += _mlp_ops(cfg, sh, step, chip)
-    rows += head[1:]
+    rows += head[len(embed):]
     return [StepOp(name=name, block=block, count=n, cost=_named(c, name), roofline=evaluate(c, chip))
             for block, name, n, c in rows if n]
 

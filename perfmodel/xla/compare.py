@@ -139,14 +139,23 @@ def _row(name: str, a: Any, ops: list[ProgramOp], known: Mapping[str, Any], nbyt
                       hlo_ops=tuple(o.hlo_name for o in ops), flagged=bool(flagged), reasons=tuple(reasons))
 
 
-def compile_step_call(cfg_name: str, params: Mapping[str, Any], *, topology: str | None, kv_layout: str,
-                      kernels: str) -> Any:
-    """The CompileCall of the reference step (preset name or config path, make_step parameters)."""
+def step_params(step: Any) -> dict[str, Any]:
+    """make_step's keyword arguments that rebuild ``step``, in one canonical form (defaults resolved, dtype names
+    canonical), so that the same step gives the same compile-cache key however it was asked for."""
+    out: dict[str, Any] = dict(phase=step.phase, batch=step.batch, context=step.context_tokens,
+                               weight_dtype=step.weight_dtype, act_dtype=step.act_dtype, kv_dtype=step.kv_dtype,
+                               tp=step.tp, page_size=step.page_size)
+    if step.phase == "prefill":
+        out["prefill_len"] = step.chunk_tokens
+    return out
+
+
+def compile_step_call(cfg_name: str, step: Any, *, topology: str | None, kv_layout: str, kernels: str) -> Any:
+    """The CompileCall of the reference step (preset name or config path, a make_step Step)."""
     from perfmodel.compiler.api import CompileCall
 
-    extra = {k: v for k, v in params.items() if v is not None and k != "context_lens"}
-    extra.update(kv_layout=kv_layout, kernels=kernels)
-    return CompileCall(kind="model", target=str(cfg_name), shapes=(), extra=extra, topology=topology)
+    return CompileCall(kind="model", target=str(cfg_name), shapes=(),
+                       extra={**step_params(step), "kv_layout": kv_layout, "kernels": kernels}, topology=topology)
 
 
 def default_topology(chip: Any, tp: int) -> str | None:
@@ -181,7 +190,7 @@ def compare_step(model: Any, *, chip: Any, topology: str | None = None, kv_layou
     step = make_step(**params)
     pred = predict_step(cfg, step, chip, hbm_utilization=hbm_utilization)
     topo = topology or default_topology(chip, step.tp)
-    report = compile_report(compile_step_call(model, params, topology=topo, kv_layout=kv_layout, kernels=kernels),
+    report = compile_report(compile_step_call(model, step, topology=topo, kv_layout=kv_layout, kernels=kernels),
                             chip, progress=progress)
     program = build_program(report, chip)
     return compare(pred, program, kv_layout=kv_layout, kernels=kernels)

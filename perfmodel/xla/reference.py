@@ -8,15 +8,23 @@ layout, as the analytic model assumes: heads, MLP and expert widths and the
 vocabulary split; KV heads duplicated to ``tp`` when there are fewer; norms
 and the router replicated). GSPMD inserts the collectives.
 
-The layers run under ``lax.scan`` (one group per kind: dense, MoE, sliding
-window), so the compiled program holds each layer once with its trip count.
+The step is laid out as a serving engine runs it: every layer has its own
+weight and KV-cache arrays (no stacked ``[layers, ...]`` arrays, which XLA
+slices and re-lays out per layer) and the layers are unrolled in Python.
 Every block runs under a ``jax.named_scope`` named like the analytic op
 (``qkv_proj``, ``attention``, ``down``...), which the compiled ops carry in
 their metadata; that is how :mod:`perfmodel.xla.compare` pairs them.
 
-Decode attends over a contiguous cache ``[layers, batch, kv_heads, tokens,
-head_dim]`` or a paged one ``[layers, kv_heads, pages, page_size, head_dim]``
-(``kv_layout``), writing the new token first; prefill writes the chunk after
+MLP: gated (``mlp_gated``) is ``act(x W_gate) * (x W_up)`` then ``W_down``
+(gate and up separate arrays, each split over ``tp``); non-gated is
+``act(x W_up)`` then ``W_down``; ``mlp_bias`` adds the biases. Activations
+silu, gelu_tanh, gelu (erf) and relu.
+
+Decode attends over a contiguous cache ``[batch, kv_heads, tokens, head_dim]``
+or a paged one ``[kv_heads, pages, page_size, head_dim]`` (``kv_layout``),
+writing the new token first. Paged decode in jnp reads the pages a block at
+a time (:data:`PAGED_BLOCK_TOKENS` tokens) with an online softmax, so no
+whole-context copy of the cache is made. Prefill writes the chunk after
 ``context`` cached tokens and attends causally. ``kernels="bundled"`` runs
 attention with the bundled Pallas kernels (``kernels/paged_attention`` for
 paged decode, ``kernels/flash_attention`` for prefill) under ``shard_map``;
@@ -36,6 +44,10 @@ from perfmodel.errors import InputError
 
 KV_LAYOUTS = ("paged", "contiguous")
 KERNELS = ("jnp", "bundled")
+#: Tokens of KV a jnp paged-decode attention reads per block (whole pages; online softmax across blocks).
+PAGED_BLOCK_TOKENS = 512
+#: Activations the reference step builds (ModelConfig.mlp_activation).
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 #: jnp dtype name per perfmodel dtype name.
 _JNP = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
         "int8": "int8", "int4": "int4"}
@@ -43,7 +55,7 @@ _JNP = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8
 
 @dataclass(frozen=True, kw_only=True)
 class LayerGroup:
-    """Consecutive-in-kind layers compiled as one scan."""
+    """Consecutive-in-kind layers (the same attention and MLP)."""
 
     layers: int
     #: Sliding window of these layers (None: global attention).
@@ -55,11 +67,19 @@ class LayerGroup:
 
 
 def layer_groups(cfg: Any) -> list[LayerGroup]:
+    """The layer kinds of cfg; InputError naming the config field the reference step cannot build."""
     from perfmodel.model.transformer import _attention_kinds
 
     if cfg.mla is not None:
-        raise InputError(f"{cfg.name}: the reference step does not build latent attention (MLA) yet; "
+        raise InputError(f"{cfg.name}: the reference step does not build latent attention (MLA, field `mla`) yet; "
                          "compile a model with standard attention")
+    if cfg.mlp_activation not in ACTIVATIONS:
+        raise InputError(f"{cfg.name}: `mlp_activation` '{cfg.mlp_activation}' is not built by the reference step; "
+                         f"use one of {', '.join(ACTIVATIONS)}")
+    if cfg.moe is not None and (not cfg.mlp_gated or cfg.mlp_bias):
+        field = "mlp_gated" if not cfg.mlp_gated else "mlp_bias"
+        raise InputError(f"{cfg.name}: `{field}` {getattr(cfg, field)} with MoE layers is not built by the reference "
+                         "step (its experts are gated, without biases)")
     kinds = _attention_kinds(cfg)
     if cfg.moe is not None and len(kinds) > 1:
         raise InputError(f"{cfg.name}: a MoE model with sliding-window layers is not built by the reference step")
@@ -87,7 +107,7 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from perfmodel.model.transformer import shard
+    from perfmodel.model.transformer import GLU_KIND, shard
 
     if kv_layout not in KV_LAYOUTS:
         raise InputError(f"`kv_layout` '{kv_layout}': use one of {', '.join(KV_LAYOUTS)}")
@@ -100,8 +120,9 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     if tp > len(devices):
         raise InputError(f"`tp` {tp} needs {tp} chips but the `topology` has {len(devices)}; "
                          f"give a larger slice, e.g. --topology with {tp} chips")
-    sh = shard(cfg, tp)
+    shard(cfg, tp)  # the analytic model's checks of the split (heads, widths divisible by tp)
     groups = layer_groups(cfg)
+    layers = [g for g in groups for _ in range(g.layers)]
     mesh = Mesh(np.array(devices[:tp]), ("tp",))
     act, wdt, kvdt = _dtype(step.act_dtype), _dtype(step.weight_dtype), _dtype(step.kv_dtype)
     H, D, V = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
@@ -112,17 +133,26 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     S = step.kv_tokens  # cache tokens per sequence after the step
     page = step.page_size
     pages_per_seq = math.ceil(S / page)
-    glu = "swiglu" if cfg.mlp_activation == "silu" else "geglu"
+    glu = GLU_KIND.get(cfg.mlp_activation) if cfg.mlp_gated else None
+    mlp_in = "gate_up" if cfg.mlp_gated else "up"
     vocab_padded = math.ceil(V / tp) * tp
 
     def spec(shape: tuple[int, ...], dtype: Any, parts: tuple) -> Any:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(*parts)))
 
-    def stacked(n: int, shape: tuple[int, ...], dtype: Any, parts: tuple) -> Any:
-        return spec((n, *shape), dtype, (None, *parts))
-
-    def _paged(g: LayerGroup) -> bool:  # sliding-window layers keep a contiguous ring buffer of the window
+    def paged(g: LayerGroup) -> bool:  # sliding-window layers keep a contiguous ring buffer of the window
         return kv_layout == "paged" and step.phase == "decode" and g.window is None
+
+    def mlp_weights(prefix: str, width: int, gated: bool, bias: bool) -> dict[str, Any]:
+        w = {f"{prefix}up": spec((H, width), wdt, (None, "tp")), f"{prefix}down": spec((width, H), wdt, ("tp", None))}
+        if gated:
+            w[f"{prefix}gate"] = spec((H, width), wdt, (None, "tp"))
+        if bias:
+            w[f"{prefix}up_bias"] = spec((width,), act, ("tp",))
+            w[f"{prefix}down_bias"] = spec((H,), act, ())
+            if gated:
+                w[f"{prefix}gate_bias"] = spec((width,), act, ("tp",))
+        return w
 
     args: dict[str, Any] = {
         "tokens": spec((B, C), jnp.int32, ()),
@@ -133,54 +163,47 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     }
     if not cfg.tie_embeddings:
         args["lm_head"] = spec((H, vocab_padded), wdt, (None, "tp"))
-    if any(_paged(g) for g in groups):
+    if any(paged(g) for g in groups):
         args["page_table"] = spec((B, pages_per_seq), jnp.int32, ())
-    group_args = []
-    for g in groups:
-        n = g.layers
+    layer_args: list[dict[str, Any]] = []
+    for g in layers:
         w: dict[str, Any] = {
-            "attn_norm": stacked(n, (H,), act, (None,)),
-            "mlp_norm": stacked(n, (H,), act, (None,)),
-            "wq": stacked(n, (H, NQ, D), wdt, (None, "tp", None)),
-            "wk": stacked(n, (H, NKV, D), wdt, (None, "tp", None)),
-            "wv": stacked(n, (H, NKV, D), wdt, (None, "tp", None)),
-            "wo": stacked(n, (NQ, D, H), wdt, ("tp", None, None)),
+            "attn_norm": spec((H,), act, ()),
+            "mlp_norm": spec((H,), act, ()),
+            "wq": spec((H, NQ, D), wdt, (None, "tp", None)),
+            "wk": spec((H, NKV, D), wdt, (None, "tp", None)),
+            "wv": spec((H, NKV, D), wdt, (None, "tp", None)),
+            "wo": spec((NQ, D, H), wdt, ("tp", None, None)),
         }
         if cfg.qk_norm:
-            w["q_norm"] = stacked(n, (D,), act, (None,))
-            w["k_norm"] = stacked(n, (D,), act, (None,))
+            w["q_norm"] = spec((D,), act, ())
+            w["k_norm"] = spec((D,), act, ())
         if g.mlp == "dense":
-            w["gate_up"] = stacked(n, (H, 2, cfg.intermediate_size), wdt, (None, None, "tp"))
-            w["down"] = stacked(n, (cfg.intermediate_size, H), wdt, ("tp", None))
+            w.update(mlp_weights("", cfg.intermediate_size, cfg.mlp_gated, cfg.mlp_bias))
         else:
             moe = cfg.moe
             E, Ie = moe.num_experts, moe.expert_intermediate_size
-            w["router"] = stacked(n, (H, E), act, (None, None))
-            w["experts_gate_up"] = stacked(n, (E, H, 2 * Ie), wdt, (None, None, "tp"))
-            w["experts_down"] = stacked(n, (E, Ie, H), wdt, (None, "tp", None))
+            w["router"] = spec((H, E), act, ())
+            w["experts_gate"] = spec((E, H, Ie), wdt, (None, None, "tp"))
+            w["experts_up"] = spec((E, H, Ie), wdt, (None, None, "tp"))
+            w["experts_down"] = spec((E, Ie, H), wdt, (None, "tp", None))
             if moe.shared_expert_intermediate_size:
-                Is = moe.shared_expert_intermediate_size
-                w["shared_gate_up"] = stacked(n, (H, 2, Is), wdt, (None, None, "tp"))
-                w["shared_down"] = stacked(n, (Is, H), wdt, ("tp", None))
+                w.update(mlp_weights("shared_", moe.shared_expert_intermediate_size, True, False))
         cache_tokens = S if g.window is None or step.phase == "prefill" else min(S, g.window)
-        if _paged(g):
-            pages = B * math.ceil(cache_tokens / page)
-            cache = stacked(n, (NKV, pages, page, D), kvdt, ("tp", None, None, None))
+        if paged(g):
+            cache = spec((NKV, B * math.ceil(cache_tokens / page), page, D), kvdt, ("tp", None, None, None))
         else:
-            cache = stacked(n, (B, NKV, cache_tokens, D), kvdt, (None, "tp", None, None))
+            cache = spec((B, NKV, cache_tokens, D), kvdt, (None, "tp", None, None))
         w["k_cache"], w["v_cache"] = cache, cache
-        group_args.append(w)
+        layer_args.append(w)
 
     names = list(args)
     flat = [args[k] for k in names]
-    for w in group_args:
-        flat += list(w.values())
     cache_ids = []
-    pos = len(names)
-    for w in group_args:
+    for w in layer_args:
         keys = list(w)
-        cache_ids += [pos + keys.index("k_cache"), pos + keys.index("v_cache")]
-        pos += len(keys)
+        cache_ids += [len(flat) + keys.index("k_cache"), len(flat) + keys.index("v_cache")]
+        flat += list(w.values())
 
     def rms(x: Any, weight: Any) -> Any:
         xf = x.astype(jnp.float32)
@@ -197,62 +220,111 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1).astype(act)
 
     def mm(x: Any, wt: Any, eq: str) -> Any:
-        return jnp.einsum(eq, x, wt.astype(act), preferred_element_type=jnp.float32).astype(act)
+        return jnp.einsum(eq, x, wt.astype(act), preferred_element_type=jnp.float32)
 
-    def act_fn(g: Any) -> Any:
-        return jax.nn.silu(g) if cfg.mlp_activation == "silu" else jax.nn.gelu(g, approximate=True)
+    def act_fn(x: Any) -> Any:
+        if cfg.mlp_activation == "silu":
+            return jax.nn.silu(x)
+        if cfg.mlp_activation == "relu":
+            return jax.nn.relu(x)
+        return jax.nn.gelu(x, approximate=cfg.mlp_activation == "gelu_tanh")
 
-    def attention_jnp(q: Any, kc: Any, vc: Any, qpos: Any, window: int | None, page_table: Any) -> Any:
-        """q [B, C, NQ, D]; kc/vc one layer's cache; qpos [B, C] token positions -> [B, C, NQ, D]."""
-        if page_table is not None:  # gather the sequence's pages: [NKV, B, P, page, D] -> [B, NKV, S', D]
-            k = jnp.moveaxis(kc[:, page_table], 0, 1).reshape(B, NKV, -1, D)
-            v = jnp.moveaxis(vc[:, page_table], 0, 1).reshape(B, NKV, -1, D)
-        else:
-            k, v = kc, vc
-        k, v = k.astype(act), v.astype(act)
+    def mlp(h: Any, w: dict[str, Any], prefix: str, gated: bool) -> Any:
+        """[T, H] -> [T, H] (f32): the input projection(s), the activation (a GLU when gated), down."""
+        def proj(name: str) -> Any:
+            y = mm(h, w[f"{prefix}{name}"], "th,hi->ti")
+            b = w.get(f"{prefix}{name}_bias")
+            return y if b is None else y + b.astype(jnp.float32)
+
+        with jax.named_scope(prefix + ("gate_up" if gated else "up")):
+            if gated:
+                g, u = proj("gate"), proj("up")
+            else:
+                a = act_fn(proj("up")).astype(act)  # the activation is the up projection's epilogue
+        if gated:
+            with jax.named_scope(prefix + glu):
+                a = (act_fn(g) * u).astype(act)
+        with jax.named_scope(prefix + "down"):
+            y = mm(a, w[f"{prefix}down"], "ti,ih->th")
+            b = w.get(f"{prefix}down_bias")
+            return y if b is None else y + b.astype(jnp.float32)
+
+    def attention_dense(q: Any, k: Any, v: Any, qpos: Any, window: int | None) -> Any:
+        """q [B, C, NQ, D]; k/v [B, NKV, S', D]; qpos [B, C] token positions -> [B, C, NQ, D]."""
         g = NQ // NKV
         qg = q.reshape(B, C, NKV, g, D)
-        s = jnp.einsum("bckgd,bksd->bkgcs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(D)
+        s = jnp.einsum("bckgd,bksd->bkgcs", qg, k.astype(act), preferred_element_type=jnp.float32) / math.sqrt(D)
         kpos = jnp.arange(k.shape[2])
         mask = kpos[None, None, :] <= qpos[:, :, None]
         if window is not None:
             mask = mask & (kpos[None, None, :] > qpos[:, :, None] - window)
         s = jnp.where(mask[:, None, None], s, -1e30)
         p = jax.nn.softmax(s, axis=-1).astype(act)
-        o = jnp.einsum("bkgcs,bksd->bckgd", p, v, preferred_element_type=jnp.float32)
+        o = jnp.einsum("bkgcs,bksd->bckgd", p, v.astype(act), preferred_element_type=jnp.float32)
         return o.reshape(B, C, NQ, D).astype(act)
 
-    def attention_kernels(q: Any, kc: Any, vc: Any, qpos: Any, window: int | None, page_table: Any,
-                          positions: Any) -> Any:
+    def attention_paged(q: Any, kc: Any, vc: Any, page_table: Any, lengths: Any) -> Any:
+        """Decode: q [B, 1, NQ, D] over the pages of each sequence, a block of pages at a time (online softmax;
+        no whole-context gather) -> [B, 1, NQ, D]."""
+        g = NQ // NKV
+        per = max(1, min(pages_per_seq, PAGED_BLOCK_TOKENS // page))
+        blocks = math.ceil(pages_per_seq / per)
+        pt = jnp.pad(page_table, ((0, 0), (0, blocks * per - pages_per_seq)))
+        qg = q.reshape(B, NKV, g, D).astype(jnp.float32) / math.sqrt(D)
+
+        def body(j: Any, carry: tuple) -> tuple:
+            m, l, acc = carry
+            ids = jax.lax.dynamic_slice_in_dim(pt, j * per, per, axis=1)  # [B, per]
+            k = kc[:, ids].reshape(NKV, B, per * page, D).astype(act)  # this block's pages only
+            v = vc[:, ids].reshape(NKV, B, per * page, D).astype(act)
+            s = jnp.einsum("bkgd,kbsd->bkgs", qg.astype(act), k, preferred_element_type=jnp.float32)
+            kpos = j * per * page + jnp.arange(per * page)
+            s = jnp.where(kpos[None, None, None, :] < lengths[:, None, None, None], s, -1e30)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            scale = jnp.exp(m - m_new)
+            l = l * scale + p.sum(axis=-1)
+            acc = acc * scale[..., None] + jnp.einsum("bkgs,kbsd->bkgd", p.astype(act), v,
+                                                      preferred_element_type=jnp.float32)
+            return m_new, l, acc
+
+        init = (jnp.full((B, NKV, g), -1e30, jnp.float32), jnp.zeros((B, NKV, g), jnp.float32),
+                jnp.zeros((B, NKV, g, D), jnp.float32))
+        _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
+        return (acc / l[..., None]).reshape(B, 1, NQ, D).astype(act)
+
+    def attention_kernels(q: Any, kc: Any, vc: Any, window: int | None, page_table: Any, lengths: Any) -> Any:
         from kernels.flash_attention.kernel import flash_attention
         from kernels.paged_attention.kernel import paged_attention
 
         chip_name = chip.name if chip is not None else "tpu-v5e"
         if page_table is not None:
-            def local(q, kc, vc, pt, lens):
+            def local_paged(q: Any, kc: Any, vc: Any, pt: Any, lens: Any) -> Any:
                 return paged_attention(q, kc, vc, pt, lens, chip=chip_name)
-            out = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "tp", None), P("tp"), P("tp"), P(), P()),
-                                out_specs=P(None, "tp", None), check_vma=False)(
-                q[:, 0], kc, vc, page_table, positions + 1)
+            out = jax.shard_map(local_paged, mesh=mesh, in_specs=(P(None, "tp", None), P("tp"), P("tp"), P(), P()),
+                                out_specs=P(None, "tp", None), check_vma=False)(q[:, 0], kc, vc, page_table, lengths)
             return out[:, None]
+        if step.phase == "decode":
+            raise InputError("`kernels` bundled: decode over a contiguous KV cache has no bundled kernel; "
+                             "use --kv-layout paged (or --kernels jnp)")
 
-        def local(q, k, v):
+        def local_flash(q: Any, k: Any, v: Any) -> Any:
             return flash_attention(q, k, v, causal=True, sliding_window=window, chip=chip_name)
-        out = jax.shard_map(local, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P(None, "tp")),
+        out = jax.shard_map(local_flash, mesh=mesh, in_specs=(P(None, "tp"), P(None, "tp"), P(None, "tp")),
                             out_specs=P(None, "tp"), check_vma=False)(jnp.swapaxes(q, 1, 2), kc.astype(act),
                                                                      vc.astype(act))
         return jnp.swapaxes(out, 1, 2)
 
-    def layer(g: LayerGroup, x: Any, w: dict[str, Any], kc: Any, vc: Any, i: Any, positions: Any,
-              page_table: Any) -> tuple:
-        """One layer; kc / vc are the group's stacked caches, i the layer."""
+    def layer(g: LayerGroup, x: Any, w: dict[str, Any], positions: Any, page_table: Any) -> tuple:
+        """One layer -> (x, its k cache, its v cache)."""
+        kc, vc = w["k_cache"], w["v_cache"]
         qpos = positions[:, None] + jnp.arange(C)[None, :]  # [B, C]: decode C=1 at `positions`
         with jax.named_scope("attn_norm"):
             h = rms(x, w["attn_norm"])
         with jax.named_scope("qkv_proj"):
-            q = mm(h, w["wq"], "th,hnd->tnd")
-            k = mm(h, w["wk"], "th,hnd->tnd")
-            v = mm(h, w["wv"], "th,hnd->tnd")
+            q = mm(h, w["wq"], "th,hnd->tnd").astype(act)
+            k = mm(h, w["wk"], "th,hnd->tnd").astype(act)
+            v = mm(h, w["wv"], "th,hnd->tnd").astype(act)
         if cfg.qk_norm:
             with jax.named_scope("qk_norm"):
                 q, k = rms(q, w["q_norm"]), rms(k, w["k_norm"])
@@ -260,39 +332,35 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             with jax.named_scope("rope"):
                 flat_pos = qpos.reshape(T)
                 q, k = rope(q, flat_pos), rope(k, flat_pos)
-        with jax.named_scope("kv_write"):  # into the stacked cache of the group, at layer i (in place)
+        with jax.named_scope("kv_write"):  # in place (the caches are donated)
             kn, vn = k.astype(kvdt).reshape(B, C, NKV, D), v.astype(kvdt).reshape(B, C, NKV, D)
             if page_table is not None:  # decode: one row per sequence at its slot
                 slot_page = page_table[jnp.arange(B), positions // page]
-                kc = kc.at[i, :, slot_page, positions % page].set(kn[:, 0])
-                vc = vc.at[i, :, slot_page, positions % page].set(vn[:, 0])
+                kc = kc.at[:, slot_page, positions % page].set(jnp.swapaxes(kn[:, 0], 0, 1))
+                vc = vc.at[:, slot_page, positions % page].set(jnp.swapaxes(vn[:, 0], 0, 1))
             elif step.phase == "decode":
-                slot = positions % kc.shape[3]
-                kc = kc.at[i, jnp.arange(B), :, slot].set(kn[:, 0])
-                vc = vc.at[i, jnp.arange(B), :, slot].set(vn[:, 0])
+                slot = positions % kc.shape[2]
+                kc = kc.at[jnp.arange(B), :, slot].set(kn[:, 0])
+                vc = vc.at[jnp.arange(B), :, slot].set(vn[:, 0])
             else:  # prefill: the chunk after `context` cached tokens
                 start = step.context_tokens
-                kc = jax.lax.dynamic_update_slice(kc, jnp.swapaxes(kn, 1, 2)[None], (i, 0, 0, start, 0))
-                vc = jax.lax.dynamic_update_slice(vc, jnp.swapaxes(vn, 1, 2)[None], (i, 0, 0, start, 0))
+                kc = jax.lax.dynamic_update_slice(kc, jnp.swapaxes(kn, 1, 2), (0, 0, start, 0))
+                vc = jax.lax.dynamic_update_slice(vc, jnp.swapaxes(vn, 1, 2), (0, 0, start, 0))
         with jax.named_scope(g.attention_label):
             qb = q.reshape(B, C, NQ, D)
             if kernels == "bundled":
-                o = attention_kernels(qb, kc[i], vc[i], qpos, g.window, page_table, positions)
+                o = attention_kernels(qb, kc, vc, g.window, page_table, positions + 1)
+            elif page_table is not None:
+                o = attention_paged(qb, kc, vc, page_table, positions + 1)
             else:
-                o = attention_jnp(qb, kc[i], vc[i], qpos if g.window is None or step.phase == "prefill"
-                                  else jnp.minimum(qpos, kc.shape[3] - 1), g.window, page_table)
+                o = attention_dense(qb, kc, vc, qpos if g.window is None or step.phase == "prefill"
+                                    else jnp.minimum(qpos, kc.shape[2] - 1), g.window)
         with jax.named_scope("o_proj"):
-            x = x + mm(o.reshape(T, NQ, D), w["wo"], "tnd,ndh->th")
+            x = x + mm(o.reshape(T, NQ, D), w["wo"], "tnd,ndh->th").astype(act)
         with jax.named_scope("mlp_norm"):
             h = rms(x, w["mlp_norm"])
         if g.mlp == "dense":
-            with jax.named_scope("gate_up"):
-                gu = jnp.einsum("th,hgi->tgi", h, w["gate_up"].astype(act), preferred_element_type=jnp.float32)
-            with jax.named_scope(glu):
-                a = (act_fn(gu[:, 0]) * gu[:, 1]).astype(act)
-            with jax.named_scope("down"):
-                x = x + mm(a, w["down"], "ti,ih->th")
-            return x, kc, vc
+            return x + mlp(h, w, "", cfg.mlp_gated).astype(act), kc, vc
         moe = cfg.moe
         E, K = moe.num_experts, moe.experts_per_token
         with jax.named_scope("router+topk"):
@@ -304,20 +372,14 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             xs = jnp.repeat(h, K, axis=0)[order]
             sizes = jnp.bincount(flat_idx, length=E).astype(jnp.int32)
         with jax.named_scope("experts_gate_up"):
-            gu = jax.lax.ragged_dot(xs, w["experts_gate_up"].astype(act), sizes)
+            eg = jax.lax.ragged_dot(xs, w["experts_gate"].astype(act), sizes, preferred_element_type=jnp.float32)
+            eu = jax.lax.ragged_dot(xs, w["experts_up"].astype(act), sizes, preferred_element_type=jnp.float32)
         with jax.named_scope(f"experts_{glu}"):
-            half = gu.shape[-1] // 2
-            a = (act_fn(gu[:, :half].astype(jnp.float32)) * gu[:, half:]).astype(act)
+            a = (act_fn(eg) * eu).astype(act)
         with jax.named_scope("experts_down"):
             y = jax.lax.ragged_dot(a, w["experts_down"].astype(act), sizes)
-        if "shared_gate_up" in w:
-            with jax.named_scope("shared_gate_up"):
-                sg = jnp.einsum("th,hgi->tgi", h, w["shared_gate_up"].astype(act),
-                                preferred_element_type=jnp.float32)
-            with jax.named_scope(f"shared_{glu}"):
-                sa = (act_fn(sg[:, 0]) * sg[:, 1]).astype(act)
-            with jax.named_scope("shared_down"):
-                x = x + mm(sa, w["shared_down"], "ti,ih->th")
+        if "shared_up" in w:
+            x = x + mlp(h, w, "shared_", True).astype(act)
         with jax.named_scope("combine"):
             back = jnp.zeros_like(y).at[order].set(y).reshape(T, K, H)
             x = x + jnp.einsum("tkh,tk->th", back, weights.astype(act), preferred_element_type=jnp.float32
@@ -332,21 +394,11 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         with jax.named_scope("embed"):
             x = jnp.take(a["embedding"], a["tokens"].reshape(T), axis=0).astype(act)
         caches = []
-        for g, w_struct in zip(groups, group_args):
-            keys = list(w_struct)
-            w_vals = dict(zip(keys, rest[:len(keys)]))
-            rest = rest[len(keys):]
-            kc_all, vc_all = w_vals.pop("k_cache"), w_vals.pop("v_cache")
-
-            def body(carry: Any, i: Any, g: LayerGroup = g, w_vals: dict = w_vals) -> Any:
-                x, kc_all, vc_all = carry
-                w = {k: v[i] for k, v in w_vals.items()}
-                x, kc_all, vc_all = layer(g, x, w, kc_all, vc_all, i, positions,
-                                          page_table if _paged(g) else None)
-                return (x, kc_all, vc_all), None
-
-            (x, kc_all, vc_all), _ = jax.lax.scan(body, (x, kc_all, vc_all), jnp.arange(g.layers))
-            caches += [kc_all, vc_all]
+        for g, w_struct in zip(layers, layer_args):
+            w = dict(zip(w_struct, rest[:len(w_struct)]))
+            rest = rest[len(w_struct):]
+            x, kc, vc = layer(g, x, w, positions, page_table if paged(g) else None)
+            caches += [kc, vc]
         with jax.named_scope("final_norm"):
             x = rms(x, a["final_norm"])
         with jax.named_scope("lm_head"):

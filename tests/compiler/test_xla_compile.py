@@ -47,7 +47,9 @@ def test_xla_cli_pallas_matmul():
     rec = json.loads(r.output[r.output.index("{"):])
     pallas = [o for o in rec["ops"] if o["kind"] == "pallas"]
     assert len(pallas) == 1
-    assert pallas[0]["flops"] == 2 * 512 * 1024 * 1024  # the kernel's cost estimate: 2 M N K
+    # the kernel's own CostEstimate, read from the custom call: 2 M N K of the product plus M N for the f32
+    # accumulator's conversion to the bf16 output = 2*512*1024*1024 + 512*1024 = 1,074,266,112
+    assert pallas[0]["flops"] == 2 * 512 * 1024 * 1024 + 512 * 1024
     assert rec["step_s"] > 0 and rec["hbm_footprint_bytes"] > 512 * 1024 * 2
 
 

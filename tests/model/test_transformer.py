@@ -131,8 +131,9 @@ def test_tp_splits_weights_and_adds_ici():
     assert four.floor_s < one.floor_s / 3
     assert one.ici_bytes == 0 and not [op for op in one.ops if op.block == "tp"]
     # per layer 2 all-reduces of [1 token, 8192] bf16 = 16,384 B; a ring sends 2*(4-1)/4 of it: 24,576 B each
-    # 160 all-reduces -> 3,932,160 B; logits all-gather: (4-1) shards of 128256/4 f32 = 3 * 32,064 * 4 = 384,768 B
-    assert four.ici_bytes == pytest.approx(160 * 24_576 + 384_768)
+    # 160 all-reduces -> 3,932,160 B, and one more of the same size for the vocab-split embedding lookup;
+    # logits all-gather: (4-1) shards of 128256/4 f32 = 3 * 32,064 * 4 = 384,768 B
+    assert four.ici_bytes == pytest.approx(161 * 24_576 + 384_768)
     assert _op(four, "all_reduce(attn)").bound == "ICI-bound"
     assert four.tokens_per_s_per_chip == pytest.approx(four.tokens_per_s / 4)
 
