@@ -1,0 +1,95 @@
+"""Decode attention kernels compiled for TPU (deviceless libtpu): bundles per 512-token KV block vs the HBM floor.
+
+Prints, per chip (v5e, v6e) and page size (16, 128 tokens), for the bundled ragged_paged_attention on a decode
+batch (16 sequences x 1 new token, 2k context, 32 q / 8 kv heads of 128, bf16, block_kv 512):
+
+* the KV-block loop body's static bundles on the decode (one-row) path: the loop body less its largest
+  predicated region (the multi-row block path), which is what one 512-token block for all 8 KV heads issues;
+* the block's HBM floor in cycles: 512 tokens x 8 heads x (K + V) x 128 x 2 B over the chip's HBM bandwidth,
+  at its clock (hwspecs/*.yaml, sources there);
+* DMA starts and waits in that loop body.
+
+vLLM tpu-inference's ragged paged attention v3 is compiled side by side when its wheel is in
+``$TPI_WHEEL_DIR`` (default /tmp/tpi; ``pip download tpu-inference --no-deps -d /tmp/tpi``): only its v3
+kernel module is imported, by path, with its package stubbed. Not collected by pytest; run
+``.venv/bin/python tests/benchmarks/bench_attention_kernels.py`` (about a minute per compile on 2 cores).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import sys
+import tempfile
+
+os.environ.setdefault("PERFMODEL_CACHE_DIR", tempfile.mkdtemp(prefix="perfmodel-bench-attn-"))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from perfmodel.compiler.api import CompileCall, compile_report  # noqa: E402
+from perfmodel.hw.registry import get_chip  # noqa: E402
+
+SEQS, CONTEXT, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_KV = 16, 2048, 32, 8, 128, 512
+_ROW = re.compile(r"^\s*0x[0-9a-f]+\s+(?:[A-Z]{2}:)?\s*(>*)\s*\{(.*)")
+
+
+def ragged_call(page_size: int) -> CompileCall:
+    pages = SEQS * CONTEXT // page_size
+    return CompileCall(kind="function", target="kernels.ragged_paged_attention:ragged_paged_attention", shapes=(
+        f"q={SEQS}x{Q_HEADS}x{HEAD_DIM}:bf16", f"kv_pages={pages}x{page_size}x{2 * KV_HEADS}x{HEAD_DIM}:bf16",
+        f"kv_lens={SEQS}:int32={CONTEXT}", f"page_table={SEQS}x{CONTEXT // page_size}:int32=arange",
+        f"cu_q_lens={SEQS + 1}:int32=arange", "num_seqs=1:int32=16"),
+        args=(f'block_sizes={{"block_q": 16, "block_kv": {BLOCK_KV}}}',))
+
+
+def kv_loop_body(report) -> tuple[int, int, int]:
+    """(decode-path bundles, DMA starts, DMA waits) of the KV-block loop: the deepest loop holding DMA starts
+    in the grid-step body the compiler dumped, less its largest predicated region (the multi-row path)."""
+    kernel = report.kernels[0]
+    rows = []
+    for line in open(kernel.body_bundles_path):
+        m = _ROW.match(line)
+        if m:
+            rows.append((len(m.group(1)), m.group(2)))
+    depths = sorted({d for d, text in rows if re.search(r"= dma\.(?!done)", text)}, reverse=True)
+    depth = depths[0]
+    body = [text for d, text in rows if d >= depth]
+    starts = sum(len(re.findall(r"= dma\.(?!done)", t)) for t in body)
+    waits = sum(t.count("dma.done.wait") for t in body)
+    return len(body) - max(kernel.loop.predicated_regions), starts, waits
+
+
+def hbm_floor_cycles(chip) -> float:
+    block_bytes = BLOCK_KV * KV_HEADS * 2 * HEAD_DIM * 2
+    return block_bytes / chip.memory.hbm_bw_bytes_per_s_per_chip * chip.compute.clock_hz
+
+
+def main() -> None:
+    print(f"decode: {SEQS} seqs x 1 token, {CONTEXT}-token context, {Q_HEADS} q / {KV_HEADS} kv heads of "
+          f"{HEAD_DIM}, bf16, KV blocks of {BLOCK_KV} tokens")
+    print(f"{'kernel':34s} {'chip':8s} {'page':>4s} {'bundles/block':>13s} {'HBM floor cyc':>13s} "
+          f"{'cycles/floor':>12s} {'DMA starts':>10s} {'waits':>5s}")
+    for chip_name in ("tpu-v5e", "tpu-v6e"):
+        chip = get_chip(chip_name)
+        for page_size in (16, 128):
+            report = compile_report(ragged_call(page_size), chip_name)
+            if not report.compiled:
+                print(f"ragged_paged_attention {chip_name} page {page_size}: does not compile: {report.error}")
+                continue
+            bundles, starts, waits = kv_loop_body(report)
+            floor = hbm_floor_cycles(chip)
+            # A block costs max(issue, DMA) cycles when the next block's DMA overlaps this one's compute.
+            print(f"{'ragged_paged_attention (bundled)':34s} {chip_name:8s} {page_size:4d} {bundles:13,d} "
+                  f"{floor:13,.0f} {max(bundles, floor) / floor:12.2f} {starts:10d} {waits:5d}")
+    wheel = sorted(glob.glob(os.path.join(os.environ.get("TPI_WHEEL_DIR", "/tmp/tpi"), "tpu_inference-*.whl")))
+    if not wheel:
+        print("vLLM tpu-inference v3: wheel not found (pip download tpu-inference --no-deps -d /tmp/tpi); "
+              "the issue quotes ~1,130 bundles per 512-token block for 8 heads on v5e")
+    else:
+        print(f"vLLM tpu-inference v3: {os.path.basename(wheel[-1])} found; compiling it side by side is not "
+              "wired up yet (its wrapper queries the device for its TPU version and VMEM); the issue quotes "
+              "~1,130 bundles per 512-token block for 8 heads on v5e")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
