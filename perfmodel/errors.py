@@ -18,9 +18,12 @@ _FIELD = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
 
 class PerfmodelError(ValueError):
-    """Base class of every user-facing error; the CLI turns it into one line."""
+    """Base class of every user-facing error; the CLI turns it into one line.
 
-    exit_code = 1
+    ``exit_code`` is 2 for a user error (bad input, a flag, a field, a file: click's own usage errors exit 2
+    too); a failure that is not the input's fault (a tool that is missing or crashed) sets 1."""
+
+    exit_code = 2
 
     def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()):
         super().__init__(message)
@@ -36,11 +39,15 @@ class SpecError(PerfmodelError):
 class UnknownChipError(PerfmodelError):
     """A chip name matches no spec; the message lists close and known names."""
 
-    exit_code = 2
-
 
 class InputError(PerfmodelError):
     """A shape, dtype or option given to the model is invalid."""
+
+
+class ToolFailure(PerfmodelError):
+    """Not the input's fault: a tool perfmodel runs is missing, crashed or timed out (exit status 1)."""
+
+    exit_code = 1
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from perfmodel.cli.common import UserError, emit, json_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import UserError, emit, json_option, one_chip_option, output_format, progress_echo, user_errors
 from perfmodel.hw.registry import DEFAULT_CHIP
 
 SHAPE_HELP = (
@@ -44,7 +44,7 @@ Examples:
 @click.argument("target", metavar="MODULE:FUNCTION")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Non-array argument (Python literal), repeatable.")
-@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@one_chip_option(DEFAULT_CHIP, "TPU name, alias or spec file.")
 @click.option("--compile", "with_compile", is_flag=True,
               help="Also compile with the TPU compiler (libtpu, no TPU needed; cached) and show Mosaic's VMEM, the "
                    "grid-step bundles and the compiler-backed expected time next to the analytic one.")
@@ -85,7 +85,7 @@ Examples:
 @click.argument("kernel", required=False)
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument of the kernel (Python literal).")
-@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@one_chip_option(DEFAULT_CHIP, "TPU name, alias or spec file.")
 @click.option("--top", default=5, show_default=True, type=click.IntRange(min=1), help="How many candidates to print.")
 @click.option("--compile", "compile_top", type=click.IntRange(min=1), default=None, metavar="N",
               help="Compile the best N candidates with the TPU compiler (parallel processes, cached), drop those "

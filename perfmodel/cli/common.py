@@ -14,9 +14,10 @@ from perfmodel.errors import InputError, PerfmodelError
 
 
 class UserError(click.ClickException):
-    """A one-line error with the exit code of the library error behind it."""
+    """A one-line error with the exit code of the library error behind it: 2 for a user error (as click's usage
+    errors), 1 for a failure that is not the input's fault."""
 
-    def __init__(self, message: str, exit_code: int = 1):
+    def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -57,6 +58,36 @@ def user_errors(fn: Callable) -> Callable:
             raise UserError(cli_message(exc), exc.exit_code) from None
 
     return wrapper
+
+
+def chip_list(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Callback of --hw in commands that compare chips (repeatable, comma lists): no empty name."""
+    from perfmodel.inputcheck import short
+
+    for v in value:
+        if not all(n.strip() for n in v.split(",")):
+            raise UserError(f"--hw '{short(v)}': an empty chip name; e.g. --hw v5e or --hw v5e,v6e")
+    return value
+
+
+def one_chip_option(default: str | None, help: str) -> Callable:
+    """--hw CHIP for a command that takes one chip: given twice or as a comma list it is an error (not the last
+    one silently, as click would take)."""
+    from perfmodel.inputcheck import short
+
+    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+        if len(value) > 1:
+            raise UserError(f"--hw given {len(value)} times ({short(', '.join(value))}); this command takes one "
+                            "chip (`perfmodel predict` and `perfmodel hw compare` take several)")
+        if not value:
+            return default
+        name = value[0]
+        if not name.strip() or ("," in name and not name.endswith((".yaml", ".yml"))):
+            raise UserError(f"--hw '{short(name)}': give one chip name or spec file, e.g. --hw v5e")
+        return name
+
+    return click.option("--hw", "hw", multiple=True, callback=callback, metavar="CHIP",
+                        help=help + (f"  [default: {default}]" if default else ""))
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")

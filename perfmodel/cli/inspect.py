@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from perfmodel.cli.analyze import SHAPE_HELP
-from perfmodel.cli.common import emit, json_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import emit, json_option, one_chip_option, output_format, progress_echo, user_errors
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import DEFAULT_CHIP
 
@@ -52,7 +52,7 @@ def parse_blocks(texts: tuple[str, ...]) -> dict[str, int] | None:
 @click.option("--block", "blocks", multiple=True, metavar="FIELD=INT",
               help="Block-size field of the kernel (all fields together); default: the kernel's own default.")
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument (Python literal).")
-@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@one_chip_option(DEFAULT_CHIP, "TPU name, alias or spec file.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write stablehlo.mlir, mosaic_<n>_<kernel>.mlir and costs.json here instead of printing the MLIR "
                    "(with --compile: compile.json and each kernel's grid-loop bundles).")

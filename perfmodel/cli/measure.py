@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import click
 
-from perfmodel.cli.common import echo_json, emit, json_option, output_format, user_errors
+from perfmodel.cli.common import echo_json, emit, json_option, one_chip_option, output_format, user_errors
 from perfmodel.errors import InputError
 from perfmodel.jsonable import to_jsonable
 
@@ -65,8 +65,7 @@ def parse_block_sweep(texts: Sequence[str]) -> dict[str, list[int]] | None:
               help="Block-size field (all fields together); a comma list sweeps it, one record per combination. "
                    "Default: the kernel's own blocks.")
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Extra static argument (Python literal).")
-@click.option("--hw", default=None, metavar="CHIP",
-              help="TPU the predictions are for (name, alias or spec file); default: the device's chip.")
+@one_chip_option(None, "TPU the predictions are for (name, alias or spec file); default: the device's chip.")
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="Timed calls.")
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0),
               help="Untimed calls first (the first one compiles).")

@@ -14,13 +14,19 @@ import time.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Iterable
 
 import click
 
-from perfmodel.cli.common import emit, output_format
+from perfmodel.cli.common import chip_list, emit, output_format
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import option_values, short
 from perfmodel.hw.registry import DEFAULT_CHIP
+
+
+#: Most points one --sweep cross product may have (each point is a full prediction per chip).
+MAX_SWEEP_POINTS = 100_000
 
 
 def predict_options(fn: Callable) -> Callable:
@@ -31,7 +37,7 @@ def predict_options(fn: Callable) -> Callable:
         "--sweep", "sweep", multiple=True, metavar="NAME=V1,V2,...",
         help="Sweep an option over values (repeatable: cross product); one row per point.")(fn)
     fn = click.option(
-        "--hw", "hw", multiple=True, metavar="CHIP",
+        "--hw", "hw", multiple=True, metavar="CHIP", callback=chip_list,
         help=f"Chip name or spec file; repeat or comma-separate to compare chips (default {DEFAULT_CHIP}).")(fn)
     return fn
 
@@ -70,17 +76,19 @@ def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str,
         name, sep, values = item.partition("=")
         key = name.strip().lstrip("-").replace("-", "_")
         if not sep or not key or not values.strip():
-            raise InputError(f"--sweep '{item}': write NAME=V1,V2,... (e.g. --sweep m=1,8,64)")
+            raise InputError(f"--sweep '{short(item)}': write NAME=V1,V2,... (e.g. --sweep m=1,8,64)")
         if key not in allowed:
             shown = ", ".join(a.replace("_", "-") for a in allowed)
-            raise InputError(f"--sweep: '{name}' cannot be swept here; sweepable: {shown}")
+            raise InputError(f"--sweep: '{short(name)}' cannot be swept here; sweepable: {shown}")
         if any(key == k for k, _ in axes):
             raise InputError(f"--sweep: '{name}' given twice; list all its values in one --sweep")
         param = _option_for(ctx, key)
         if param is not None and ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE:
             flag = max(param.opts, key=len)
             raise InputError(f"--sweep {name}: {flag} is also given and would be ignored; drop {flag} or the sweep")
-        raw = [v.strip() for v in values.split(",") if v.strip()]
+        raw = [v.strip() for v in values.split(",")]
+        if not all(raw):
+            raise InputError(f"--sweep '{short(item)}': an empty value; write NAME=V1,V2,... (e.g. --sweep m=1,8,64)")
         converted = []
         for v in raw:
             if param is not None and not getattr(param, "multiple", False):
@@ -92,6 +100,9 @@ def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str,
         axes.append((key, converted))
     if not axes:
         return [{}]
+    count = math.prod(len(v) for _, v in axes)
+    if count > MAX_SWEEP_POINTS:
+        raise InputError(f"--sweep: {count:,} points; at most {MAX_SWEEP_POINTS:,} (split the sweep)")
     return [dict(zip([k for k, _ in axes], combo)) for combo in itertools.product(*(v for _, v in axes))]
 
 
@@ -115,6 +126,8 @@ def run_op(op: str, params: dict[str, Any], *, hw: Iterable[str], sweep: Iterabl
     fmt = output_format(as_json, as_csv)
     points = sweep_points(sweep, params)
     check_required(params, points[0], required)
+    for point in points:
+        option_values({**params, **point})
     result = predict_op(op, params, chips=resolve_chips(hw), points=points)
     emit(fmt, text=lambda: render.op_text(result), json=lambda: render.op_records(result),
          csv=lambda: render.op_csv(result))

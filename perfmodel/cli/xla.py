@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from perfmodel.cli.analyze import SHAPE_HELP
-from perfmodel.cli.common import emit, json_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import emit, json_option, one_chip_option, output_format, progress_echo, user_errors
 from perfmodel.hw.registry import DEFAULT_CHIP
 
 _HELP = """Compile MODULE:FUNCTION with the TPU compiler (libtpu, deviceless; cached) and list every op of
@@ -30,7 +30,7 @@ Examples:
 @click.argument("target", metavar="MODULE:FUNCTION")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=DIMS[:DTYPE][=FILL]", help=SHAPE_HELP)
 @click.option("--arg", "args", multiple=True, metavar="NAME=VALUE", help="Static argument (Python literal).")
-@click.option("--hw", default=DEFAULT_CHIP, show_default=True, metavar="CHIP", help="TPU name, alias or spec file.")
+@one_chip_option(DEFAULT_CHIP, "TPU name, alias or spec file.")
 @click.option("--topology", default=None, metavar="SLICE",
               help="Compile for a slice of the chip's generation, e.g. v5e:2x4 (8 chips); default: one chip.")
 @click.option("--shard", "shard", multiple=True, metavar="NAME=SPEC",

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from perfmodel.compiler.bundles import LoopStats
 from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, check_topology, toolchain, worker_environment
-from perfmodel.errors import InputError, PerfmodelError
+from perfmodel.errors import InputError, PerfmodelError, ToolFailure
 
 #: Bump when the report's JSON layout or the worker's reading of the dumps changes.
 SCHEMA_VERSION = 3
@@ -42,7 +42,7 @@ _MARK = "@@PERFMODEL-RESULT@@"
 HLO_FILE = "program.hlo.txt"
 
 
-class CompileFailed(PerfmodelError):
+class CompileFailed(ToolFailure):
     """The compile child crashed or timed out (not a compiler rejection, which is a report)."""
 
 

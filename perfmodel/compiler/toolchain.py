@@ -14,7 +14,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from perfmodel.errors import PerfmodelError
+from perfmodel.errors import ToolFailure
 
 #: Deviceless topology libtpu compiles for, per canonical chip name. The first device of the topology is
 #: the compile target; its ``device_kind`` must be one of the chip spec's ``jax_device_kinds`` (checked by
@@ -30,7 +30,7 @@ TOPOLOGIES: dict[str, str] = {
 INSTALL_HINT = "install it with `pip install -e '.[tpu-compiler]'` (or `make test`, which does)"
 
 
-class CompilerUnavailable(PerfmodelError):
+class CompilerUnavailable(ToolFailure):
     """libtpu is not installed, or cannot compile for the chip asked for."""
 
 

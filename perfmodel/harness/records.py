@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import finite, short
 from perfmodel.jsonable import to_jsonable
 
 #: Written into every record; the reader rejects other schemas.
@@ -222,7 +223,7 @@ def from_json(obj: Any, where: str) -> Record:
         raise InputError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
     schema = obj.get("schema")
     if schema != SCHEMA:
-        raise InputError(f"{where}: field 'schema' is {schema!r}, expected {SCHEMA!r} "
+        raise InputError(f"{where}: field 'schema' is {short(repr(schema), 40)}, expected {SCHEMA!r} "
                          "(not a `perfmodel measure` results line)")
     values = _fields(Record, obj, where, "")
     values["arrays"] = tuple(ArraySpec(**_fields(ArraySpec, a, where, f"arrays[{i}]"))
@@ -230,12 +231,30 @@ def from_json(obj: Any, where: str) -> Record:
     values["timing"] = Timing(**_fields(Timing, obj["timing"], where, "timing"))
     values["prediction"] = CallPrediction(**_fields(CallPrediction, obj["prediction"], where, "prediction"))
     record = Record(**values)
+    _check_numbers(record, where)
     if record.mode not in MODES:
-        raise InputError(f"{where}: field 'mode' is {record.mode!r}; expected one of {', '.join(MODES)}")
+        raise InputError(f"{where}: field 'mode' is {short(repr(record.mode), 40)}; expected one of {', '.join(MODES)}")
     if record.mode == "interpret" and record.efficiency is not None:
         raise InputError(f"{where}: field 'efficiency' must be null for an interpret-mode record "
                          "(interpret-mode wall time is not TPU performance)")
     return record
+
+
+def _check_numbers(record: Record, where: str) -> None:
+    """Times and counts of a record are finite; times positive (a measured or predicted time of zero or less is
+    not physical), counts and spreads >= 0."""
+    t, p = record.timing, record.prediction
+    for key, value in (("timing.measured_s", t.measured_s), ("prediction.op_floor_s", p.op_floor_s),
+                       ("prediction.expected_s", p.expected_s)):
+        finite(value, f"{where}: field '{key}'", positive=True)
+    optional = (("timing.min_s", t.min_s), ("timing.max_s", t.max_s), ("timing.iqr_s", t.iqr_s),
+                ("timing.dispatch_s", t.dispatch_s), ("prediction.useful_flops", p.useful_flops),
+                ("prediction.ideal_hbm_bytes", p.ideal_hbm_bytes), ("prediction.moved_hbm_bytes", p.moved_hbm_bytes),
+                ("prediction.model_factor", p.model_factor), ("efficiency", record.efficiency),
+                *((f"timing.times_s[{i}]", v) for i, v in enumerate(t.times_s)))
+    for key, value in optional:
+        if value is not None:
+            finite(value, f"{where}: field '{key}'", nonnegative=True)
 
 
 def _list(obj: Mapping[str, Any], key: str, where: str) -> list[Any]:
@@ -279,7 +298,7 @@ def _fields(cls: type, obj: Any, where: str, prefix: str) -> dict[str, Any]:
             if isinstance(value, bool) and bool not in accepted:
                 accepted = ()
             if not isinstance(value, accepted):
-                raise InputError(f"{where}: field '{key}' must be {annotation}, got {json.dumps(value)[:40]}")
+                raise InputError(f"{where}: field '{key}' must be {annotation}, got {short(json.dumps(value), 40)}")
         if isinstance(value, list):
             value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         elif isinstance(value, dict) and f.name == "operand_blocks":

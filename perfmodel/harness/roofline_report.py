@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from perfmodel.errors import InputError
+from perfmodel.errors import InputError, naming
+from perfmodel.inputcheck import finite, read_text
 from perfmodel.harness.records import Located, bound_name, limited_by
 from perfmodel.jsonable import to_jsonable
 from perfmodel.units import intensity, percent, seconds, si
@@ -138,21 +139,23 @@ def step_report(data: Any, *, source: str) -> Report:
         rows = []
         for j, op in enumerate(raw["ops"], start=1):
             _require(op, _OP_FIELDS, f"{where}, op {j}", "an op of `predict model --json`")
-            floor, useful, hbm = float(op["floor_s"]), float(op["useful_flops"]), float(op["hbm_bytes"])
+            floor, expected, useful, hbm, share = (
+                finite(op[key], f"{where}, op {j}: field '{key}'", nonnegative=True)
+                for key in ("floor_s", "expected_s", "useful_flops", "hbm_bytes", "share"))
             ai = _intensity(useful, hbm)
             mxu, hbm_share = _shares(chip, str(op["mxu_dtype"]), useful, hbm, floor)
-            rows.append((str(op["name"]), str(op["count"]), seconds(floor), seconds(float(op["expected_s"])),
-                         str(op["bound"]), percent(float(op["share"])), intensity(ai) if ai else "-", mxu, hbm_share))
+            rows.append((str(op["name"]), str(op["count"]), seconds(floor), seconds(expected),
+                         str(op["bound"]), percent(share), intensity(ai) if ai else "-", mxu, hbm_share))
             label = op["name"] if len(steps) == 1 else f"{op['name']} [{chip.name}]"
             roof = _roof(chip, str(op["mxu_dtype"]))
-            if ai is None or roof is None or floor <= 0:
+            if ai is None or roof is None or floor <= 0 or expected <= 0:
                 left_out.append(str(op["name"]))
                 continue
             roofs[(roof.chip, roof.dtype)] = roof
             points.append(RooflinePoint(label=label, chip=chip.name, intensity_flop_per_byte=ai,
                                         flops_per_s=useful / floor, kind="floor"))
             points.append(RooflinePoint(label=label, chip=chip.name, intensity_flop_per_byte=ai,
-                                        flops_per_s=useful / float(op["expected_s"]), kind="expected"))
+                                        flops_per_s=useful / expected, kind="expected"))
         sections.append(Section(
             heading=f"{raw['model']} on {chip.name}: {_step_text(raw['step'])}",
             headers=("op", "x", "floor", "expected", "bound", "share of step", "FLOP/B", "MXU share at floor",
@@ -318,13 +321,8 @@ def build_report(input_path: str, *, stdin_text: str | None = None) -> Report:
     if input_path == "-":
         text = stdin_text or ""
     else:
-        try:
-            text = Path(input_path).read_text()
-        except FileNotFoundError:
-            raise InputError(f"`input_path` '{input_path}': no such file", fields=("input_path",)) from None
-        except OSError as exc:
-            raise InputError(f"`input_path` '{input_path}': cannot read ({exc.strerror})",
-                             fields=("input_path",)) from None
+        with naming("input_path"):
+            text = read_text(input_path, "`input_path`")
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import dimension, elements, finite, read_text, short
 from perfmodel.harness.measure import op_model_prediction, predict_call
 from perfmodel.harness.records import ArraySpec, Loaded, Located, Record, Timing, efficiency, read_records
 
@@ -32,8 +33,28 @@ def load_results(paths: Sequence[str | os.PathLike]) -> Loaded:
         items += loaded.items
         warnings += loaded.warnings
     if not items:
-        raise InputError(f"{', '.join(map(str, paths))}: no measurement records")
+        raise InputError(f"{short(', '.join(map(str, paths)))}: no measurement records")
+    _check_chips(items)
     return Loaded(items=tuple(items), warnings=tuple(warnings))
+
+
+def _check_chips(items: Sequence[Located]) -> None:
+    """Every real-TPU record's prediction chip is one perfmodel knows (compare, calibrate and report look up its
+    roofs); InputError naming the record's file:line otherwise."""
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.hw.registry import get_chip
+
+    known: set[str] = set()
+    for item in items:
+        chip = item.record.prediction.chip
+        if not item.record.is_real or chip in known:
+            continue
+        try:
+            get_chip(chip)
+        except PerfmodelError as exc:
+            raise InputError(f"{item.where}: field 'prediction.chip' is {short(repr(chip), 40)}: "
+                             f"{str(exc).split('known chips')[0].rstrip('; ')}; see `perfmodel hw list`") from None
+        known.add(chip)
 
 
 def published_records(path: str | Path) -> Loaded:
@@ -55,12 +76,10 @@ def published_records(path: str | Path) -> Loaded:
     from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
 
     p = Path(path)
+    text = read_text(p)
     try:
-        text = p.read_text()
         data = yaml.safe_load(text)
         lines = _point_lines(text)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
@@ -77,18 +96,20 @@ def published_records(path: str | Path) -> Loaded:
     for i, point in enumerate(data["points"]):
         where = f"{p}:{lines[i]}" if i < len(lines) else f"{p}: points[{i}]"
         try:
-            m, n, k = (int(point[d]) for d in ("m", "n", "k"))
+            m, n, k = (dimension(point[d], f"{where}: field '{d}'") for d in ("m", "n", "k"))
             kind = str(point["kernel"])
-            measured_s = float(point["measured_ms"]) * 1e-3
-        except (KeyError, TypeError, ValueError):
+            measured_s = finite(point["measured_ms"], f"{where}: field 'measured_ms'", positive=True) * 1e-3
+        except (KeyError, TypeError):
             raise InputError(f"{where}: a point needs kernel, m, n, k and measured_ms") from None
+        elements((m, k), f"{where}: matrix")
+        elements((k, n), f"{where}: matrix")
         x = parse_shape(f"x={m}x{k}:bf16")
         y = parse_shape(f"y={k}x{n}:bf16")
         if kind == "pallas":
             entry = get_entry("jax-matmul")
             try:
-                blocks = {"bm": int(point["bm"]), "bk": int(point["bk"]), "bn": int(point["bn"])}
-            except (KeyError, TypeError, ValueError):
+                blocks = {b: dimension(point[b], f"{where}: field '{b}'") for b in ("bm", "bk", "bn")}
+            except (KeyError, TypeError):
                 raise InputError(f"{where}: a pallas point needs bm, bk and bn") from None
             pred = predict_call(entry, {"x": x, "y": y}, blocks, chip, {}, dispatch_s=dispatch.seconds)
             name, function = entry.name, entry.function
@@ -97,7 +118,7 @@ def published_records(path: str | Path) -> Loaded:
             pred = op_model_prediction(cost, chip, dispatch_s=dispatch.seconds)
             name, function, blocks = "xla-matmul", "jax.numpy:matmul", None
         else:
-            raise InputError(f"{where}: field 'kernel' is '{kind}'; expected 'pallas' or 'xla'")
+            raise InputError(f"{where}: field 'kernel' is '{short(kind, 40)}'; expected 'pallas' or 'xla'")
         t = Timing(statistic="mean", measured_s=measured_s, repeats=int(calls.group(1)) if calls else 0,
                    includes_dispatch=True, dispatch_s=dispatch.seconds, dispatch_source=dispatch.source)
         record = Record(

@@ -8,6 +8,7 @@ field by field against the dataclass's type hints. Anything unexpected is a
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from perfmodel.errors import SpecError
+from perfmodel.errors import InputError, SpecError
+from perfmodel.inputcheck import decode, short
 from perfmodel.hw.speccache import dataclass_fields
 
 _NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -74,9 +76,11 @@ def _scalar_number(node: yaml.Node, path: str, ctx: _Ctx, want_int: bool) -> flo
             "field name (write e.g. 8.2e11 for 820 GB/s)",
         )
     else:
-        raise ctx.fail(node, path, f"must be a number, got '{text}'")
+        raise ctx.fail(node, path, f"must be a number, got '{short(text, 40)}'")
+    if not math.isfinite(value):
+        raise ctx.fail(node, path, f"must be a finite number, got {short(text, 40)}")
     if value <= 0:
-        raise ctx.fail(node, path, f"must be positive, got {text} (use null if unknown)")
+        raise ctx.fail(node, path, f"must be positive, got {short(text, 40)} (use null if unknown)")
     if want_int:
         if float(value) != int(value):
             raise ctx.fail(node, path, f"must be a whole number, got {text}")
@@ -154,9 +158,13 @@ def load_yaml_file(file: Path, cls: type, text: str | None = None) -> Any:
     ctx = _Ctx(str(file))
     if text is None:
         try:
-            text = file.read_text(encoding="utf-8")
+            raw = file.read_bytes()
         except OSError as exc:
             raise SpecError(f"{file}: cannot read ({exc.strerror})") from None
+        try:
+            text = decode(raw, str(file))
+        except InputError as exc:
+            raise SpecError(str(exc)) from None
     try:
         node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from perfmodel.errors import SpecError, UnknownChipError
+from perfmodel.inputcheck import short
 from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec, numeric_field_paths
 from perfmodel.hw.speccache import load_cached, scan_heads, scan_names
 
@@ -158,12 +159,28 @@ def spec_files() -> list[Path]:
 
 
 def all_chips() -> list[ChipSpec]:
-    """Every known chip; a later directory's spec replaces an earlier one of the same name."""
-    by_name: dict[str, ChipSpec] = {}
+    """Every known chip; a later directory's spec replaces an earlier one of the same name. SpecError when two
+    chips of different names share a name or alias (a user spec's alias 'v6e' would silently take the built-in
+    v6e's place)."""
+    by_name: dict[str, tuple[Path, ChipSpec]] = {}
     for f in spec_files():
         spec = load_spec_file(str(f))
-        by_name[spec.name] = spec
-    return list(by_name.values())
+        by_name[spec.name] = (f, spec)
+    _check_clashes([(f, spec.name, {normalize(n) for n in _names(spec)}) for f, spec in by_name.values()])
+    return [spec for _, spec in by_name.values()]
+
+
+def _check_clashes(entries: list[tuple[Path, str, set[str] | frozenset[str]]]) -> None:
+    """SpecError naming both files when a name or alias of one chip is also one of another chip's."""
+    owner: dict[str, tuple[Path, str]] = {}
+    for f, name, keys in entries:
+        for key in sorted(keys):
+            if key in owner and owner[key][1] != name:
+                other_file, other = owner[key]
+                raise SpecError(f"{f}: chip '{name}' and chip '{other}' ({other_file}) both answer to '{key}'; "
+                                "rename or drop the alias in one of them (a spec of the same name replaces a "
+                                "built-in one)")
+            owner.setdefault(key, (f, name))
 
 
 def _names(spec: ChipSpec) -> list[str]:
@@ -193,6 +210,7 @@ def _find_by_scan(key: str) -> ChipSpec | None:
     if heads is None:
         return None
     by_name = {names[0]: (f, names, keys) for f, names, keys in heads}
+    _check_clashes([(f, names[0], keys) for f, names, keys in by_name.values()])
     for f, names, keys in by_name.values():
         if key in keys:
             spec = load_spec_file(str(f))
@@ -225,8 +243,10 @@ def get_chip(name_or_path: str) -> ChipSpec:
         if Path(text).is_dir():
             raise SpecError(f"'{text}' is a directory; give one chip spec YAML file (or put the directory in "
                             f"${ENV_VAR} to add all its chips)")
+        if Path(text).exists() and not Path(text).is_file():
+            raise SpecError(f"'{short(text)}' is not a regular file; give a chip spec YAML file")
         if not Path(text).is_file():
-            raise SpecError(f"spec file '{text}' does not exist; give a chip name (see `perfmodel hw list`) "
+            raise SpecError(f"spec file '{short(text)}' does not exist; give a chip name (see `perfmodel hw list`) "
                             "or the path of a chip spec YAML")
         return load_spec_file(str(Path(text).resolve()))
     key = normalize(text)
@@ -244,5 +264,5 @@ def get_chip(name_or_path: str) -> ChipSpec:
     close = sorted({every[m] for m in difflib.get_close_matches(key, list(every), n=3, cutoff=0.6)})
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise UnknownChipError(
-        f"unknown chip '{text}'; {hint}known chips: {', '.join(known)} (or pass a spec file path)"
+        f"unknown chip '{short(text, 40)}'; {hint}known chips: {', '.join(known)} (or pass a spec file path)"
     )

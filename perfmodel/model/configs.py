@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perfmodel.errors import InputError, SpecError
+from perfmodel.inputcheck import MAX_DIMENSION, read_text, short
 
 #: MLP activations the model knows: silu, gelu_tanh (tanh-approximated GELU), gelu (erf GELU, costed as the
 #: tanh form's VPU/EUP work) and relu. Gated MLPs (``mlp_gated``): act(x W_gate) * (x W_up), then W_down
@@ -428,10 +430,13 @@ class _HFReader:
             if default is not None:
                 return default
             raise self._bad(key, "is missing; the model needs it (add it to the file)")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-            raise self._bad(key, f"must be a whole number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value != int(value)):
+            raise self._bad(key, f"must be a whole number, got {short(repr(value), 40)}")
+        if value > MAX_DIMENSION:
+            raise self._bad(key, f"is {short(value, 40)}: larger than 2**53; no model is that large")
         if value < 0 or (value == 0 and not allow_zero):
-            raise self._bad(key, f"must be positive, got {value!r}")
+            raise self._bad(key, f"must be positive, got {short(repr(value), 40)}")
         return int(value)
 
     def opt_int(self, key: str) -> int | None:
@@ -442,7 +447,9 @@ class _HFReader:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self._bad(key, f"must be a number, got {value!r}")
+            raise self._bad(key, f"must be a number, got {short(repr(value), 40)}")
+        if not math.isfinite(value):
+            raise self._bad(key, f"must be a finite number, got {value!r}")
         return float(value)
 
     def bool(self, key: str, default: bool) -> bool:
@@ -454,15 +461,12 @@ class _HFReader:
     def str(self, key: str, default: str) -> str:
         value = self.data.get(key, default)
         if not isinstance(value, str):
-            raise self._bad(key, f"must be a string, got {value!r}")
+            raise self._bad(key, f"must be a string, got {short(repr(value), 40)}")
         return value
 
 
 def _read_json(file: Path) -> dict:
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{file}: cannot read ({exc.strerror})") from None
+    text = read_text(file)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -13,28 +13,32 @@ import math
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import MAX_LIST_ENTRIES, dimension, short
 
 DISTRIBUTIONS = ("uniform", "normal", "lognormal")
 
 
 def parse_length_list(text: str, flag: str) -> np.ndarray:
     """``"1x64,512x2"`` -> [1]*64 + [512]*2; plain comma lists too."""
-    out: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    total = 0
     for item in str(text).split(","):
         item = item.strip()
         if not item:
-            continue
+            raise InputError(f"{flag}: '{short(text)}' has an empty entry; write e.g. 4096,100 or 2048x31,8192")
         value, _, count = item.partition("x")
         try:
             v, c = int(value), int(count) if count else 1
         except ValueError:
-            raise InputError(f"{flag}: '{item}' is not an integer or VALUExCOUNT (e.g. 4096 or 1x64)") from None
+            raise InputError(f"{flag}: '{short(item)}' is not an integer or VALUExCOUNT (e.g. 4096 or 1x64)") from None
         if v < 1 or c < 1:
-            raise InputError(f"{flag}: '{item}': lengths and counts must be >= 1")
-        out.extend([v] * c)
-    if not out:
-        raise InputError(f"{flag}: give at least one length")
-    return np.asarray(out, dtype=np.int64)
+            raise InputError(f"{flag}: '{short(item)}': lengths and counts must be >= 1")
+        dimension(v, f"{flag}: length")
+        total += c
+        if total > MAX_LIST_ENTRIES:
+            raise InputError(f"{flag}: '{short(item)}' makes {total:,} lengths; at most {MAX_LIST_ENTRIES:,}")
+        pairs.append((v, c))
+    return np.repeat(np.asarray([v for v, _ in pairs], dtype=np.int64), [c for _, c in pairs])
 
 
 def quantile_lengths(spec: str, batch: int, flag: str = "`context_dist`") -> np.ndarray:
@@ -48,6 +52,8 @@ def quantile_lengths(spec: str, batch: int, flag: str = "`context_dist`") -> np.
         raise InputError(f"{flag}: '{spec}': parameters must be numbers") from None
     if batch < 1:
         raise InputError(f"`batch` must be >= 1, got {batch}")
+    if batch > MAX_LIST_ENTRIES:
+        raise InputError(f"`batch` is {short(batch)}: at most {MAX_LIST_ENTRIES:,} sequences")
     qs = (np.arange(batch) + 0.5) / batch
     from statistics import NormalDist  # imported here: statistics costs ~5 ms, which every `predict model` paid
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import short
 
 #: What users type -> numpy / ml_dtypes name.
 DTYPE_ALIASES: dict[str, str] = {
@@ -65,7 +66,7 @@ def parse_shape(text: str, flag: str = "--shape") -> ShapeSpec:
     """Parse ``NAME=DIMS[:DTYPE][=FILL]``; InputError naming ``flag`` on any mistake."""
     example = "e.g. x=4096x4096:bf16 or lengths=8:int32=1024"
     if "=" not in text:
-        raise InputError(f"{flag} '{text}': expected NAME=DIMS[:DTYPE][=FILL], {example}")
+        raise InputError(f"{flag} '{short(text)}': expected NAME=DIMS[:DTYPE][=FILL], {example}")
     name, rest = text.split("=", 1)
     name = name.strip()
     if not _NAME.match(name):
@@ -79,7 +80,28 @@ def parse_shape(text: str, flag: str = "--shape") -> ShapeSpec:
     dtype = DTYPE_ALIASES.get(dtype_key)
     if dtype is None:
         raise InputError(f"{flag} '{text}': unknown dtype '{dtype_text}'; use one of {', '.join(sorted(set(DTYPE_ALIASES)))}")
-    return ShapeSpec(name=name, shape=shape, dtype=dtype, fill=_parse_fill(fill_text, text, flag))
+    fill = _parse_fill(fill_text, text, flag)
+    _check_size(shape, dtype, fill, text, flag)
+    return ShapeSpec(name=name, shape=shape, dtype=dtype, fill=fill)
+
+
+#: Largest array a --shape may describe (2**40 bytes, 1.1 TB: several times the HBM of any chip in the database),
+#: and the most elements of an array given values (a FILL: those are built in host memory).
+MAX_SHAPE_BYTES = 1 << 40
+MAX_FILLED_ELEMENTS = 1 << 28
+
+
+def _check_size(shape: tuple[int, ...], dtype: str, fill: Any, text: str, flag: str) -> None:
+    import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with numpy)
+
+    elements = math.prod(shape)
+    nbytes = elements * np.dtype(dtype).itemsize
+    if nbytes > MAX_SHAPE_BYTES:
+        raise InputError(f"{flag} '{short(text)}': {nbytes:.3g} bytes; at most 2**40 (1.1 TB), more than any "
+                         "chip's HBM holds")
+    if fill is not None and elements > MAX_FILLED_ELEMENTS:
+        raise InputError(f"{flag} '{short(text)}': {elements:.3g} elements given values (FILL); at most 2**28 "
+                         "(values are built in host memory); leave FILL off for an abstract array")
 
 
 def _parse_dims(dims: str, text: str, flag: str, example: str) -> tuple[int, ...]:

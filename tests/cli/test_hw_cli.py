@@ -96,14 +96,14 @@ def test_bad_spec_file_is_one_line(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("name: [unclosed\n")
     res = run("hw", "show", str(f))
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "bad.yaml:" in res.output and "malformed YAML" in res.output
     assert len(res.output.strip().splitlines()) == 1
 
 
 def test_missing_spec_file_is_one_line():
     res = run("hw", "show", "./no-such-chip.yaml")
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.output.strip() == (
         "Error: spec file './no-such-chip.yaml' does not exist; give a chip name (see `perfmodel hw list`) "
         "or the path of a chip spec YAML")
@@ -133,7 +133,7 @@ def test_hw_compare_accepts_comma_lists(chips):
 
 def test_hw_compare_with_only_commas_is_one_line():
     result = run("hw", "compare", ",")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip() == "Error: CHIPS: no chip name given; e.g. perfmodel hw compare tpu-v5e tpu-v6e"
 
 

@@ -174,7 +174,7 @@ def test_report_stdin_names_what_report_accepts(tmp_path):
     gemm = run("predict", "gemm", "-m", "8", "-n", "8", "-k", "8", "--json")
     assert gemm.exit_code == 0, gemm.output
     res = run("report", "-", "--out", str(tmp_path / "r.md"), input=gemm.output)
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1, res.output
     assert re.fullmatch(r"Error: INPUT -: not `perfmodel predict model --json` output; report reads that .*"

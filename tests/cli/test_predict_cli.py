@@ -150,46 +150,46 @@ def test_collective():
 
 @pytest.mark.parametrize("args,code,match", [
     (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", "tpu-v99"], 2, "unknown chip 'tpu-v99'"),
-    (["gemm", "-m", "0", "-n", "8", "-k", "8"], 1, "--m must be >= 1, got 0"),
-    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--rhs-dtype", "int3"], 1, "--rhs-dtype: unknown dtype 'int3'"),
-    (["gemm", "-n", "8", "-k", "8"], 1, "missing option --m"),
-    (["gemm", "-n", "8", "-k", "8", "--sweep", "q=1,2"], 1, "--sweep: 'q' cannot be swept here"),
-    (["gemm", "-n", "8", "-k", "8", "--sweep", "m"], 1, "--sweep 'm': write NAME=V1,V2"),
-    (["gemm", "-n", "8", "-k", "8", "--sweep", "=1,2"], 1, "--sweep '=1,2': write NAME=V1,V2"),
-    (["gemm", "-n", "8", "-k", "8", "--sweep", "m=1,x"], 1, "--sweep m:"),
-    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--json", "--csv"], 1, "pick one output format"),
-    (["attention", "--q-len", "64", "--q-heads", "6", "--kv-heads", "4"], 1, "--kv-heads 4 must divide --q-heads 6"),
-    (["decode-attention", "--context", "5000", "--pages-per-seq", "4"], 1,
+    (["gemm", "-m", "0", "-n", "8", "-k", "8"], 2, "--m must be >= 1, got 0"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--rhs-dtype", "int3"], 2, "--rhs-dtype: unknown dtype 'int3'"),
+    (["gemm", "-n", "8", "-k", "8"], 2, "missing option --m"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "q=1,2"], 2, "--sweep: 'q' cannot be swept here"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "m"], 2, "--sweep 'm': write NAME=V1,V2"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "=1,2"], 2, "--sweep '=1,2': write NAME=V1,V2"),
+    (["gemm", "-n", "8", "-k", "8", "--sweep", "m=1,x"], 2, "--sweep m:"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--json", "--csv"], 2, "pick one output format"),
+    (["attention", "--q-len", "64", "--q-heads", "6", "--kv-heads", "4"], 2, "--kv-heads 4 must divide --q-heads 6"),
+    (["decode-attention", "--context", "5000", "--pages-per-seq", "4"], 2,
      "--context: a context of 5000 tokens needs 313 pages of 16 tokens but --pages-per-seq is 4"),
-    (["decode-attention", "--context", "10", "--context-lens", "3"], 1, "give exactly one of --context"),
-    (["decode-attention", "--context-dist", "zipf:1:2"], 1, "--context-dist: 'zipf:1:2'"),
-    (["ragged-attention", "--query-lens", "9", "--context-lens", "4"], 1, "--query-lens 9 exceeds --context-lens 4"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2"], 1, "give exactly one of --weight-bytes"),
-    (["collective", "all-gather", "--num-chips", "4"], 1, "give exactly one of --bytes-per-chip and --shape"),
+    (["decode-attention", "--context", "10", "--context-lens", "3"], 2, "give exactly one of --context"),
+    (["decode-attention", "--context-dist", "zipf:1:2"], 2, "--context-dist: 'zipf:1:2'"),
+    (["ragged-attention", "--query-lens", "9", "--context-lens", "4"], 2, "--query-lens 9 exceeds --context-lens 4"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2"], 2, "give exactly one of --weight-bytes"),
+    (["collective", "all-gather", "--num-chips", "4"], 2, "give exactly one of --bytes-per-chip and --shape"),
     # messages name the flag the command really has (--tokens, --projection-hidden, --context, --params-b)
-    (["kv-cache", "update"], 1, "missing option --tokens: give --tokens VALUE or --sweep tokens=V1,V2"),
-    (["kv-cache", "update", "--tokens", "0"], 1, "--tokens must be >= 1, got 0"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "-8"], 1,
+    (["kv-cache", "update"], 2, "missing option --tokens: give --tokens VALUE or --sweep tokens=V1,V2"),
+    (["kv-cache", "update", "--tokens", "0"], 2, "--tokens must be >= 1, got 0"),
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "-8"], 2,
      "--params-b must be a positive number of billions of parameters, got -8"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--reserved-bytes", "-1"], 1,
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--reserved-bytes", "-1"], 2,
      "--reserved-bytes must be >= 0"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--weight-bytes", "nan"], 1,
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--weight-bytes", "nan"], 2,
      "--weight-bytes must be a finite number of bytes, got nan"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--context", "0"], 1,
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--context", "0"], 2,
      "--context must be >= 1, got 0"),
-    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--kv-scale", "per-token"], 1,
+    (["kv-cache", "capacity", "--layers", "2", "--kv-heads", "2", "--params-b", "8", "--kv-scale", "per-token"], 2,
      "--kv-scale per-token: a bf16 KV cache has no scales"),
-    (["sampling", "--batch", "2", "--vocab", "100", "--greedy", "--top-k", "5"], 1,
+    (["sampling", "--batch", "2", "--vocab", "100", "--greedy", "--top-k", "5"], 2,
      "greedy sampling takes the argmax and applies no filters; drop --top-k / --top-p / --min-p or sample with "
      "--temperature"),
-    (["sampling", "--batch", "2", "--vocab", "100", "--projection-hidden", "0"], 1,
+    (["sampling", "--batch", "2", "--vocab", "100", "--projection-hidden", "0"], 2,
      "--projection-hidden must be >= 1, got 0"),
-    (["fused", "rope", "--tokens", "8", "--heads", "2", "--rotary-dim", "33"], 1, "--rotary-dim must be even"),
-    (["fused", "dequant-gemm", "-m", "8", "-n", "8", "-k", "8", "--weight-dtype", "bf16"], 1,
+    (["fused", "rope", "--tokens", "8", "--heads", "2", "--rotary-dim", "33"], 2, "--rotary-dim must be even"),
+    (["fused", "dequant-gemm", "-m", "8", "-n", "8", "-k", "8", "--weight-dtype", "bf16"], 2,
      "--weight-dtype bf16: weights are not quantized"),
-    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", "./no-such-chip.yaml"], 1,
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", "./no-such-chip.yaml"], 2,
      "spec file './no-such-chip.yaml' does not exist; give a chip name"),
-    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", str(ROOT / "hwspecs")], 1, "is a directory; give one chip"),
+    (["gemm", "-m", "1", "-n", "8", "-k", "8", "--hw", str(ROOT / "hwspecs")], 2, "is a directory; give one chip"),
 ])
 def test_errors_are_one_line(args, code, match):
     result = CliRunner().invoke(main, ["predict", *args])
@@ -277,7 +277,7 @@ def test_predict_path_does_not_import_jax():
 ])
 def test_sweep_and_explicit_flag_conflict_is_one_line(args, match):
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1
     assert re.match(match, lines[0]), lines[0]
@@ -334,7 +334,7 @@ def test_counts_in_reports_have_thousands_separators():
 ])
 def test_page_table_error_names_the_context_flag_given(args, match):
     res = CliRunner().invoke(main, ["predict", *args])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert re.search(match, res.output.strip())
 
@@ -398,10 +398,10 @@ def test_gather_is_row_bound_on_one_7x_core():
 
 
 def test_copy_needs_one_size():
-    out = run("copy", "--hw", "v5e", code=1)
+    out = run("copy", "--hw", "v5e", code=2)
     assert "--bytes" in out and "--elements" in out
 
 
 def test_gather_requires_rows():
-    out = run("gather", "--hw", "v5e", "--row-bytes", "64", code=1)
+    out = run("gather", "--hw", "v5e", "--row-bytes", "64", code=2)
     assert "--rows" in out

@@ -111,7 +111,7 @@ def test_config_missing_field_is_one_line(tmp_path):
     f.write_text(json.dumps({"hidden_size": 2048, "num_attention_heads": 32, "intermediate_size": 8192,
                              "vocab_size": 1000}))
     r = run("--config", str(f))
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     expected = f"Error: {f}: field 'num_hidden_layers' is missing; the model needs it (add it to the file)"
     assert r.output.strip() == expected
 
@@ -208,4 +208,4 @@ def test_context_lens_and_dist():
 ])
 def test_context_list_errors(args, message):
     r = run("llama-3.1-8b", *args)
-    assert r.exit_code == 1 and re.search(message, r.output), r.output
+    assert r.exit_code == 2 and re.search(message, r.output), r.output

@@ -39,7 +39,7 @@ def test_inspect_compile_report_and_cache(tmp_path):
 def test_illegal_kernel_gets_the_compilers_message_in_one_line():
     r = invoke("inspect", "tests.compiler.oversized_kernel:oversized", "--compile", "--hw", "v5e",
                "--shape", "x=8x128:f32")
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     last = r.output.strip().splitlines()[-1]
     assert last.startswith("Error: tests.compiler.oversized_kernel:oversized does not compile for tpu-v5e: ")
     assert "vmem" in last.lower()

@@ -189,11 +189,11 @@ def test_default_topology_grows_to_tp():
 
 def test_cli_errors_name_flags():
     r = CliRunner().invoke(main, ["xla", "kernels.matmul.kernel:matmul", "--shape", "x=8x128", "--shard", "x=_,tp"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "--shard places arrays on a slice: give --topology too" in r.output
     r = CliRunner().invoke(main, ["xla", "kernels.matmul.kernel:matmul", "--shape", "x=8x128", "--hw", "v5e",
                                   "--topology", "v6e:2x2"])
-    assert r.exit_code == 1 and "--topology 'v6e:2x2': tpu-v5e slices" in r.output
+    assert r.exit_code == 2 and "--topology 'v6e:2x2': tpu-v5e slices" in r.output
 
 
 def test_reference_rejects_mla():

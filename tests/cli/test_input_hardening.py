@@ -1,0 +1,152 @@
+"""Issue 14's reproductions: each bad input exits 2 with one line naming the flag, field or file:line (no
+traceback, no silent wrong number)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.inputcheck import short
+
+# Two XLA points (the op model: no jax tracing), as in perfmodel/data/validation/tpu_v5e_matmul.yaml.
+PUBLISHED = """source: {title: test, measurement: timeit mean over 100 calls}
+chip: tpu-v5e
+points:
+  - {kernel: xla, m: 4096, n: 4096, k: 4096, measured_ms: 0.82729}
+  - {kernel: xla, m: 8192, n: 8192, k: 8192, measured_ms: MEASURED}
+"""
+
+
+def run(*args: str, **kwargs):
+    return CliRunner().invoke(main, list(args), **kwargs)
+
+
+def one_line_error(res, *needles: str) -> str:
+    assert res.exit_code == 2, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("measured", [".nan", ".inf", "-0.5", "0"])
+@pytest.mark.parametrize("command", ["compare", "calibrate", "report"])
+def test_bad_measured_time_is_refused_with_file_line(tmp_path, command, measured):
+    f = tmp_path / "v.yaml"
+    f.write_text(PUBLISHED.replace("MEASURED", measured))
+    extra = ["--out", str(tmp_path / "r.md")] if command == "report" else []
+    # the second point is on line 5 of the file
+    one_line_error(run(command, str(f), *extra), f"{f}:5: field 'measured_ms'")
+
+
+def _record_line(tmp_path) -> dict:
+    f = tmp_path / "v.yaml"
+    f.write_text(PUBLISHED.replace("MEASURED", "6.04715"))
+    res = run("compare", str(f), "--json")
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.output)["records"][0]
+    rec.pop("where")
+    return rec
+
+
+@pytest.mark.parametrize("command", ["compare", "calibrate"])
+def test_compiled_record_of_an_unknown_chip_names_file_line(tmp_path, command):
+    rec = _record_line(tmp_path)
+    rec["prediction"]["chip"] = rec["device_chip"] = "tpu-v99"
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    one_line_error(run(command, str(f)), f"{f}:1: field 'prediction.chip' is 'tpu-v99': unknown chip")
+
+
+def test_nan_time_in_a_results_line(tmp_path):
+    rec = _record_line(tmp_path)
+    rec["timing"]["measured_s"] = float("nan")
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(rec) + "\n")  # json.dumps writes NaN, which json.loads reads back
+    one_line_error(run("compare", str(f)), f"{f}:1: field 'timing.measured_s' is nan")
+
+
+def test_gemm_that_would_overflow_int64_is_refused():
+    # 2e15 * 65536 * 65536 = 8.6e24 > 2**62
+    one_line_error(run("predict", "gemm", "-m", "2000000000000000", "-n", "65536", "-k", "65536"),
+                   "--m, --n, --k", "8.59e+24")
+
+
+def test_context_list_that_would_exhaust_memory_is_refused():
+    one_line_error(run("predict", "decode-attention", "--context-lens", "4096x1000000000"),
+                   "--context-lens", "1,000,000,000 lengths")
+
+
+def test_analyze_shape_larger_than_any_chip_is_refused():
+    # 1e6 * 1e6 elements * 2 bytes = 2e12 bytes > 2**40
+    one_line_error(run("analyze", "kernels.matmul.kernel:matmul", "--shape", "x=1000000x1000000:bf16",
+                       "--shape", "w=1000000x1000000:bf16"), "--shape 'x=1000000x1000000:bf16': 2e+12 bytes")
+
+
+def test_sweep_with_an_empty_value():
+    one_line_error(run("predict", "gemm", "-n", "8", "-k", "8", "--sweep", "m=1,,2"), "--sweep 'm=1,,2'",
+                   "empty value")
+
+
+def test_hw_with_only_a_comma():
+    one_line_error(run("predict", "gemm", "-m", "8", "-n", "8", "-k", "8", "--hw", ","), "--hw ','")
+
+
+def test_single_chip_commands_refuse_a_repeated_hw():
+    one_line_error(run("tune", "matmul", "--hw", "v5e", "--hw", "v6e"), "--hw given 2 times")
+
+
+def test_spec_file_that_is_not_utf8(tmp_path):
+    f = tmp_path / "chip.yaml"
+    f.write_bytes(b"name: x\n\xff\xfe\n")
+    one_line_error(run("hw", "show", str(f)), f"{f}:2: not UTF-8 text (byte 0xff")
+
+
+def test_hw_show_dev_null_is_not_a_regular_file():
+    one_line_error(run("hw", "show", "/dev/null"), "'/dev/null' is not a regular file")
+
+
+def test_user_spec_alias_clashing_with_a_builtin_names_both_files(tmp_path, monkeypatch):
+    from perfmodel.hw import registry
+
+    src = (registry._builtin_dir() / "tpu-v5e.yaml").read_text()
+    text = src.replace("name: tpu-v5e", "name: lab-chip", 1)
+    text = text.replace("aliases: [v5e, v5litepod, v5-lite, tpu-v5-lite]", "aliases: [lab, v6e]")
+    text = text.replace('jax_device_kinds: ["TPU v5 lite", "TPU v5e"]', "jax_device_kinds: []")
+    assert text.count("lab") == 2
+    d = tmp_path / "specs"
+    d.mkdir()
+    (d / "lab.yaml").write_text(text)
+    monkeypatch.setenv(registry.ENV_VAR, str(d))
+    one_line_error(run("hw", "show", "v6e"), str(d / "lab.yaml"), "tpu-v6e.yaml", "both answer to 'v6e'")
+
+
+def test_config_json_nan_and_not_utf8(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text('{"hidden_size": NaN, "num_attention_heads": 32, "intermediate_size": 8192, '
+                 '"vocab_size": 1000, "num_hidden_layers": 2}')
+    one_line_error(run("predict", "model", "--config", str(f)), "field 'hidden_size' must be a whole number")
+    f.write_bytes(b'{"hidden_size": \xff}')
+    one_line_error(run("predict", "model", "--config", str(f)), f"{f}:1: not UTF-8 text")
+
+
+def test_report_of_a_png(tmp_path):
+    f = tmp_path / "x.png"
+    f.write_bytes(b"\x89PNG\r\n\x1a\n")
+    one_line_error(run("report", str(f), "--out", str(tmp_path / "r.md")), "INPUT", "not UTF-8 text (byte 0x89")
+
+
+def test_a_long_chip_name_is_not_echoed_in_full():
+    line = one_line_error(run("predict", "gemm", "-m", "8", "-n", "8", "-k", "8", "--hw", "x" * 100_000))
+    assert len(line) < 400
+
+
+def test_short_keeps_both_ends():
+    assert short("abc", 10) == "abc"
+    # 10 characters: (10 - 3) // 2 = 3 kept at each end
+    assert short("0123456789abcdef", 10) == "012...def (16 characters)"
