@@ -18,6 +18,16 @@ def quantize_int8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
     """(q int8 like x, scale f32 with ``axis`` kept as size 1) such that x ~= q * scale."""
     x = x.astype(jnp.float32)
     amax = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
+    inv, scale = int8_scale(amax)
+    return int8_codes(x, inv), scale
+
+
+def int8_scale(amax: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(1 / scale with 0 for an all-zero slice, scale = amax / 127) from a slice's f32 max |x|."""
     inv = jnp.where(amax > 0, INT8_QMAX / jnp.where(amax > 0, amax, 1.0), 0.0)
-    q = jnp.clip(jnp.round(x * inv), -INT8_QMAX, INT8_QMAX).astype(jnp.int8)
-    return q, amax / INT8_QMAX
+    return inv, amax / INT8_QMAX
+
+
+def int8_codes(x: jax.Array, inv: jax.Array) -> jax.Array:
+    """int8 codes clip(round_half_even(x * inv), -127, 127) of f32 x (through int32, which Mosaic converts)."""
+    return jnp.clip(jnp.round(x * inv), -INT8_QMAX, INT8_QMAX).astype(jnp.int32).astype(jnp.int8)

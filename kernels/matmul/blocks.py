@@ -27,6 +27,22 @@ F32_W_SPLIT_TILES = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
+class MatmulVariant:
+    """What a call adds to the VMEM of the plain kernel.
+
+    ``x_row``: with quantize_x, the width of the resident x row block (K rounded up to bk; it replaces the x
+    tile) and its int8 codes; ``scale_rows``: rows of the resident [rows, bn] f32 block of blockwise weight
+    scales (0: none); weight-only blockwise scales also keep one dequantized w tile in x's dtype.
+    """
+
+    x_row: int | None = None
+    scale_rows: int = 0
+
+
+PLAIN = MatmulVariant()
+
+
+@dataclass(frozen=True, kw_only=True)
 class MatmulBlockSizes:
     """Tile of one grid step: x[bm, bk] @ w[bk, bn] -> out[bm, bn].
 
@@ -49,7 +65,7 @@ class MatmulBlockSizes:
         return f"bm={self.bm},bk={self.bk},bn={self.bn}"
 
     def vmem_bytes(self, *, x_dtype: Any, w_dtype: Any, out_dtype: Any, epilogue_vectors: int,
-                   chip: ChipSpec | None = None) -> int:
+                   chip: ChipSpec | None = None, variant: MatmulVariant = PLAIN) -> int:
         """VMEM one grid step holds, as Mosaic allocates it (libtpu 0.0.42, v4 to 7x).
 
         Double-buffered x, w, out tiles (and the epilogue's [1, bn] vectors) and the
@@ -69,14 +85,20 @@ class MatmulBlockSizes:
         256^3 blocks (17%), and f32 on v4 and 7x, whose splits are cheaper (up to 45% above).
         """
         buf = tiling.mosaic_buffer_bytes
+        x_cols = self.bk if variant.x_row is None else variant.x_row
         streamed = (
-            buf((self.bm, self.bk), x_dtype)
+            buf((self.bm, x_cols), x_dtype)
             + buf((self.bk, self.bn), w_dtype)
             + buf((self.bm, self.bn), out_dtype)
             + epilogue_vectors * buf((1, self.bn), "float32")
+            + (buf((variant.scale_rows, self.bn), "float32") if variant.scale_rows else 0)
         )
         acc = buf((self.bm, self.bn), "float32")
         need = 2 * streamed + acc
+        if variant.x_row is not None:  # int8 codes of the row block and the per-token scales
+            need += buf((self.bm, variant.x_row), "int8") + buf((self.bm, 1), "float32")
+        elif variant.scale_rows:  # the dequantized w tile
+            need += buf((self.bk, self.bn), x_dtype)
         if tiling.itemsize_bytes(x_dtype) == 4:
             need += int(F32_X_SPLIT_TILES * buf((self.bm, self.bk), "float32")
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))
@@ -89,7 +111,8 @@ class MatmulBlockSizes:
             need += 2 * buf((self.bk, self.bn), x_dtype)
         return int(need)
 
-    def check(self, *, x_dtype: Any, w_dtype: Any, out_dtype: Any, epilogue_vectors: int, chip: ChipSpec) -> int | None:
+    def check(self, *, x_dtype: Any, w_dtype: Any, out_dtype: Any, epilogue_vectors: int, chip: ChipSpec,
+              variant: MatmulVariant = PLAIN) -> int | None:
         """Check the dtype-dependent tiling rules and the VMEM budget on chip.
 
         Returns the ``vmem_limit_bytes`` to compile with (None: the default scoped limit suffices).
@@ -97,8 +120,10 @@ class MatmulBlockSizes:
         rows = max(tiling.sublane_multiple(x_dtype), tiling.sublane_multiple(out_dtype))
         tiling.check_multiple("bm", self.bm, rows, "sublane tile of the x and out dtypes")
         tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(w_dtype), "sublane tile of the w dtype")
+        if variant.x_row is not None:
+            tiling.check_multiple("bm", self.bm, tiling.sublane_multiple("int8"), "sublane tile of the int8 x codes")
         need = self.vmem_bytes(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors,
-                               chip=chip)
+                               chip=chip, variant=variant)
         return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)
 
 

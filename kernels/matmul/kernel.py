@@ -33,42 +33,92 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
-from kernels.matmul.blocks import MatmulBlockSizes, default_block_sizes
-from kernels.matmul.reference import ACTIVATIONS
+from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes
+from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
+from kernels.quant import int8_codes, int8_scale
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
-def _matmul_kernel(*refs: Any, n_k: int, k_tail: int | None, activation: str, has_scale: bool, has_bias: bool,
-                   precision: Any) -> None:
-    x_ref = refs[0]  # [bm, bk] x dtype (bf16/f32)
+def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
+                   has_bias: bool, quantize_x: bool, precision: Any) -> None:
+    """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
+    variant: blockwise weight-only scales a dequantized w tile; quantize_x the int8 x row and its scales."""
+    x_ref = refs[0]  # [bm, bk] x dtype; quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8)
     rest = list(refs[2:])
-    scale_ref = rest.pop(0) if has_scale else None  # [1, bn] f32, per output channel
+    scale_ref = rest.pop(0) if scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
     bias_ref = rest.pop(0) if has_bias else None  # [1, bn] bias dtype
-    o_ref, acc_ref = rest  # o_ref: [bm, bn] out dtype; acc_ref: [bm, bn] f32 VMEM scratch
-    k = pl.program_id(2)
+    o_ref, acc_ref = rest[:2]  # o_ref: [bm, bn] out dtype; acc_ref: [bm, bn] f32 (int32: quantize_x per-channel)
+    scratch = rest[2:]
+    j, k = pl.program_id(1), pl.program_id(2)
+    blockwise = scale_kind == "per-block"
+    groups = bk // SCALE_BLOCK  # scale rows per K block
 
     @pl.when(k == 0)
     def _init() -> None:
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def step(valid_k: int | None) -> None:
-        x = x_ref[...]
-        w = w_ref[...]
-        if w.dtype != x.dtype:
-            w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
-        if valid_k is not None:
-            x, w = _mask_k_tail(x, w, valid_k)
-        acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+    if quantize_x:
+        xq_ref, xs_ref = scratch  # [n_k, bm, bk] int8 codes, [bm, 1] f32 per-token scales
+
+        # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
+        @pl.when((j == 0) & (k == 0))
+        def _quantize() -> None:
+            def chunk(t: int) -> jax.Array:
+                c = x_ref[:, t * bk:(t + 1) * bk].astype(jnp.float32)
+                if t == n_k - 1 and k_tail is not None:
+                    col = jax.lax.broadcasted_iota(jnp.int32, c.shape, 1)
+                    c = jnp.where(col < k_tail, c, 0.0)
+                return c
+
+            amax = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
+            for t in range(n_k):
+                amax = jnp.maximum(amax, jnp.max(jnp.abs(chunk(t)), axis=1, keepdims=True))
+            inv, scale = int8_scale(amax)
+            xs_ref[...] = scale
+            for t in range(n_k):
+                xq_ref[t] = int8_codes(chunk(t), inv)
+
+        def step(valid_k: int | None) -> None:
+            # Codes past K are 0, so w's rows there (whatever lies past its end) add nothing: no w mask.
+            xq = xq_ref[k]
+            w = w_ref[...]
+            if not blockwise:
+                acc_ref[...] += jnp.dot(xq, w, preferred_element_type=jnp.int32)
+                return
+            used = groups if valid_k is None else tiling.cdiv(valid_k, SCALE_BLOCK)
+            for g in range(used):  # one int32 partial product per scale group, scaled and summed in f32
+                rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
+                part = jnp.dot(xq[:, rows], w[rows, :], preferred_element_type=jnp.int32)
+                acc_ref[...] += part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
+    else:
+        def step(valid_k: int | None) -> None:
+            x = x_ref[...]
+            if blockwise:
+                (wd_ref,) = scratch  # [bk, bn] x dtype: this step's w tile with its block scales folded in
+                for g in range(groups):
+                    rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
+                    wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
+                    wd_ref[rows, :] = wg.astype(wd_ref.dtype)
+                w = wd_ref[...]
+            else:
+                w = w_ref[...]
+                if w.dtype != x.dtype:
+                    w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
+            if valid_k is not None:
+                x, w = _mask_k_tail(x, w, valid_k)
+            acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
 
     _k_steps(step, k, n_k, k_tail)
 
     @pl.when(k == n_k - 1)
     def _epilogue() -> None:
-        y = acc_ref[...]
-        if scale_ref is not None:
+        y = acc_ref[...].astype(jnp.float32)
+        if quantize_x:
+            y = y * xs_ref[...]  # per-token scale, [bm, 1]
+        if scale_kind == "per-channel":
             y = y * scale_ref[...]
         if bias_ref is not None:
             y = y + bias_ref[...].astype(jnp.float32)
@@ -98,7 +148,7 @@ def _dtype_name(dtype: Any) -> str:
     return jnp.dtype(dtype).name
 
 
-def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_dtype: Any) -> None:
+def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_dtype: Any, quantize_x: bool) -> None:
     if getattr(x, "ndim", None) != 2:
         raise ValueError(f"x: expected a 2-D [M, K] array, got shape {getattr(x, 'shape', None)}")
     if getattr(w, "ndim", None) != 2:
@@ -120,8 +170,12 @@ def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_
     if w_scale is not None:
         if not quantized:
             raise ValueError(f"w_scale: only int8 / fp8 weights take scales; w is {wd}")
-        if tuple(w_scale.shape) != (n,) or not jnp.issubdtype(w_scale.dtype, jnp.floating):
-            raise ValueError(f"w_scale: expected a float array of shape ({n},), got {w_scale.dtype}{list(w_scale.shape)}")
+        groups = tiling.cdiv(k, SCALE_BLOCK)
+        if tuple(w_scale.shape) not in ((n,), (groups, n)) or not jnp.issubdtype(w_scale.dtype, jnp.floating):
+            raise ValueError(f"w_scale: expected a float array of shape ({n},) (per channel) or ({groups}, {n}) "
+                             f"(one per {SCALE_BLOCK} rows of K), got {w_scale.dtype}{list(w_scale.shape)}")
+    if quantize_x and wd != "int8":
+        raise ValueError(f"quantize_x: the int8 x int8 path needs int8 weights (with w_scale); w is {wd}")
     if bias is not None and (tuple(bias.shape) != (n,) or not jnp.issubdtype(bias.dtype, jnp.floating)):
         raise ValueError(f"bias: expected a float array of shape ({n},), got {bias.dtype}{list(bias.shape)}")
     if activation not in ACTIVATIONS:
@@ -148,6 +202,23 @@ def _check_fp8_support(chip: Any, x_name: str, w_dtype: Any) -> None:
     )
 
 
+def _check_int8_mxu(chip: Any) -> None:
+    """quantize_x needs an int8 x int8 MXU path: the pair in the chip's spec and an int8 matmul rate above bf16's.
+
+    tpu-v4 runs int8 at the bf16 rate and Mosaic takes int8 only as the right-hand operand there; tpu-7x has
+    no int8 rate at all. Both are refused rather than silently run the converted path.
+    """
+    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
+    if chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16):
+        return
+    rates = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
+    raise ValueError(
+        f"quantize_x: {chip.name} has no int8 x int8 MXU path faster than bf16 (matmul rates: {rates}); "
+        "use quantize_x=False (bf16 activations x int8 weights), fp8 weights where the chip has them, "
+        "or a chip with an int8 MXU (tpu-v5e, tpu-v5p, tpu-v6e)"
+    )
+
+
 def effective_block_sizes(blocks: MatmulBlockSizes, m: int, k: int, n: int, rows: int) -> MatmulBlockSizes:
     """Blocks clamped to the problem: bm to M rounded up to ``rows``, bk/bn to K/N rounded up to 128."""
     return MatmulBlockSizes(
@@ -164,71 +235,95 @@ def matmul(
     bias: jax.Array | None = None,
     activation: str = "none",
     w_scale: jax.Array | None = None,
+    quantize_x: bool = False,
     block_sizes: MatmulBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
     out_dtype: Any = None,
 ) -> jax.Array:
-    """``activation(x @ (w * w_scale[None, :]) + bias)`` as one Pallas TPU kernel.
+    """``activation(x @ (w * w_scale) + bias)`` as one Pallas TPU kernel.
 
     Args:
       x: [M, K] bfloat16 or float32 activations.
-      w: [K, N] weights: x's dtype, or int8 (w_scale required) or fp8 (w_scale optional).
+      w: [K, N] weights: x's dtype, or int8 (w_scale required) or fp8 (w_scale optional). Any K: the last K
+        block is masked in the kernel, nothing is padded or copied.
       bias: optional [N] float vector added after scaling.
       activation: "none", "relu", "gelu" (tanh approximation) or "silu".
-      w_scale: [N] per-output-channel scales of int8 / fp8 weights.
-      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes.
-      chip: TPU whose VMEM budget and fp8 support are checked (name, alias or spec path).
+      w_scale: scales of int8 / fp8 weights: [N] per output channel, or [cdiv(K, 128), N] blockwise (one per
+        128 rows of K per output channel).
+      quantize_x: int8 x int8 on the int8 MXU: x is quantized per token (symmetric, max |x| / 127) inside the
+        kernel, once per row block, the dot accumulates in int32 and the per-token and per-channel scales are
+        applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32). Needs
+        int8 weights and a chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
+      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
+        dtypes ("int8 x int8" with quantize_x).
+      chip: TPU whose VMEM budget and fp8 / int8 support are checked (name, alias or spec path).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default x.dtype).
 
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
-    _check_inputs(x, w, bias, w_scale, activation, out_dtype)
+    _check_inputs(x, w, bias, w_scale, activation, out_dtype, quantize_x)
     spec = tiling.tpu_chip(chip)
     x_name = tiling.matmul_dtype_name(x.dtype)
     w_name = tiling.matmul_dtype_name(w.dtype)
     _check_fp8_support(spec, x_name, w.dtype)
+    if quantize_x:
+        _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name, x_name, w_name)
+        block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name)
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
-    epilogue_vectors = (w_scale is not None) + (bias is not None)
-    vmem_limit = block_sizes.check(
-        x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors, chip=spec
-    )
     (m, k), n = x.shape, w.shape[1]
-    rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype))
+    scale_kind = scale_kind_of(w_scale)
+    rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
+               tiling.sublane_multiple(jnp.int8) if quantize_x else 1)
+    bk = min(block_sizes.bk, tiling.round_up(k, tiling.LANES))
+    variant = MatmulVariant(x_row=tiling.round_up(k, bk) if quantize_x else None,
+                            scale_rows=_scale_rows(bk, k) if scale_kind == "per-block" else 0)
+    vmem_limit = block_sizes.check(
+        x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
+        epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
+    )
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
     return _matmul_jit(
         x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype,
+        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x,
         vmem_limit_bytes=vmem_limit, interpret=interpret,
     )
 
 
+def _scale_rows(bk: int, k: int) -> int:
+    """Rows of the per-block scale block: whole K blocks of groups, rounded up to the 8-row f32 tile (the block
+    runs past the array's cdiv(K, 128) rows; rows past K are never used)."""
+    return tiling.round_up(tiling.cdiv(k, bk) * (bk // SCALE_BLOCK), tiling.SUBLANES_32BIT)
+
+
 def cost_estimate(
     *, m: int, k: int, n: int, x_dtype: Any, w_dtype: Any, out_dtype: Any, activation: str, has_bias: bool,
-    has_scale: bool,
+    scale_kind: str, quantize_x: bool = False,
 ) -> pl.CostEstimate:
     """The kernel's CostEstimate: the perfmodel GEMM model's algorithmic counts (chip=None)."""
     from perfmodel.model.core import to_cost_estimate
     from perfmodel.model.gemm import gemm
 
     epilogue = (("bias",) if has_bias else ()) + ((activation,) if activation != "none" else ())
+    x_name = tiling.matmul_dtype_name(x_dtype)
     cost = gemm(
         m=m, n=n, k=k,
-        lhs_dtype=tiling.matmul_dtype_name(x_dtype), rhs_dtype=tiling.matmul_dtype_name(w_dtype),
-        out_dtype=tiling.matmul_dtype_name(out_dtype), weight_scale="per-channel" if has_scale else "none",
+        lhs_dtype="int8" if quantize_x else x_name, rhs_dtype=tiling.matmul_dtype_name(w_dtype),
+        lhs_source_dtype=x_name if quantize_x else None,
+        out_dtype=tiling.matmul_dtype_name(out_dtype), weight_scale=scale_kind,
+        scale_block=SCALE_BLOCK if scale_kind == "per-block" else None,
         epilogue=epilogue, chip=None,
     )
     return to_cost_estimate(cost)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "vmem_limit_bytes", "interpret")
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
     x: jax.Array,
@@ -239,6 +334,7 @@ def _matmul_jit(
     blocks: MatmulBlockSizes,
     activation: str,
     out_dtype: Any,
+    quantize_x: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -247,25 +343,43 @@ def _matmul_jit(
     # No padding copy: the last K block runs past K and the kernel masks it (k_tail valid columns).
     n_k = tiling.cdiv(k, bk)
     k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
+    scale_kind = scale_kind_of(w_scale)
     operands = [x, w]
-    in_specs = [
-        pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-        pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
-    ]
+    if quantize_x:
+        # The whole row block, fetched once per i (its block index does not change with j or kk).
+        x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
+    else:
+        x_spec = pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk))
+    in_specs = [x_spec, pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))]
     vector_spec = pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))
-    if w_scale is not None:
+    if scale_kind == "per-channel":
         operands.append(w_scale.astype(jnp.float32).reshape(1, n))
         in_specs.append(vector_spec)
+    elif scale_kind == "per-block":
+        # All of K's scale rows for this column block (resident across kk); each step reads its groups.
+        operands.append(w_scale.astype(jnp.float32))
+        in_specs.append(pl.BlockSpec((_scale_rows(bk, k), bn), lambda i, j, kk: (0, j)))
     if bias is not None:
         operands.append(bias.reshape(1, n))
         in_specs.append(vector_spec)
     precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+    int_acc = quantize_x and scale_kind != "per-block"
+    scratch = [pltpu.VMEM((bm, bn), jnp.int32 if int_acc else jnp.float32)]
+    scratch_names = ["acc_ref"]
+    if quantize_x:
+        scratch += [pltpu.VMEM((n_k, bm, bk), jnp.int8), pltpu.VMEM((bm, 1), jnp.float32)]
+        scratch_names += ["xq_ref", "x_scale_ref"]
+    elif scale_kind == "per-block":
+        scratch.append(pltpu.VMEM((bk, bn), x.dtype))
+        scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
-        _matmul_kernel, n_k=n_k, k_tail=k_tail, activation=activation, has_scale=w_scale is not None,
-        has_bias=bias is not None, precision=precision,
+        _matmul_kernel, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
+        has_bias=bias is not None, quantize_x=quantize_x, precision=precision,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
-    kernel = with_ref_names(kernel, ref_names + ["o_ref", "acc_ref"])
+    kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)
+    # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it.
+    semantics = ("parallel", "arbitrary" if quantize_x else "parallel", "arbitrary")
     call = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
@@ -274,14 +388,12 @@ def _matmul_jit(
             grid=(tiling.cdiv(m, bm), tiling.cdiv(n, bn), n_k),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+            scratch_shapes=scratch,
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"), vmem_limit_bytes=vmem_limit_bytes
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
         cost_estimate=cost_estimate(
             m=m, k=k, n=n, x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, activation=activation,
-            has_bias=bias is not None, has_scale=w_scale is not None,
+            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x,
         ),
         interpret=interpret_params(interpret),
         name="matmul",

@@ -36,6 +36,10 @@ from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, option
 WEIGHT_SCALES = (None, "none", "per-channel", "per-block")
 #: K-block of per-block scales when none is given.
 DEFAULT_SCALE_BLOCK = 128
+#: VPU ops per activation element of dynamic per-token int8 quantization: |x| and the running max (2), then
+#: x * (1/scale), round, clip (2: min and max) and the narrowing convert (5) -- ESTIMATE, a count of the jnp ops
+#: of kernels/quant.py, not a measurement.
+DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
 
 
 def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: int = 1) -> np.ndarray:
@@ -86,6 +90,7 @@ def gemm(
     scale_block: Num | None = None,
     epilogue: Sequence[str] | str = (),
     precision: str | None = None,
+    lhs_source_dtype: str | None = None,
     chip: object | None = None,
 ) -> OpCost:
     """Cost of a (batched) GEMM; see the module docstring for what is counted.
@@ -96,7 +101,10 @@ def gemm(
     ``weight_scale``: None picks "per-channel" when rhs_dtype is quantized
     (int8/int4/fp8) and nothing otherwise; "per-block" uses ``scale_block``
     rows of K per scale (default 128). A quantized lhs carries one scale per
-    row (per-token). ``epilogue``: names from perfmodel.model.elementwise
+    row (per-token). ``lhs_source_dtype``: the dtype a quantized lhs is read in when it is quantized
+    per token inside the kernel (dynamic quantization fused in, as the bundled matmul's ``quantize_x``):
+    HBM reads the activations at that dtype, no lhs scales are read, and the VPU pays
+    :data:`DYNAMIC_QUANT_OPS_PER_ELEMENT` per activation element. ``epilogue``: names from perfmodel.model.elementwise
     (bias, residual, relu, gelu, silu, ...). ``chip=None`` assumes native
     dtype paths and no padding (the counts for a pl.CostEstimate).
     """
@@ -134,8 +142,18 @@ def gemm(
         else:  # native quantized MXU path: each K-block's partial sum is scaled and added in f32
             vpu, vpu_plain = vpu + 2 * groups * out_padded, vpu_plain + 2 * groups * out_plain
             notes.append("per-block scales on a native quantized path: partial sums scaled per K block on the VPU")
+    lhs_read = lhs
+    if lhs_source_dtype is not None:
+        lhs_read = parse_dtype(lhs_source_dtype, "`lhs_source_dtype`")
+        if not is_quantized(lhs) or is_quantized(lhs_read):
+            raise InputError(f"`lhs_source_dtype` {lhs_read}: dynamic quantization reads float activations "
+                             f"into a quantized `lhs_dtype` (got {lhs}); e.g. lhs_dtype int8, lhs_source_dtype bf16")
+        ops = DYNAMIC_QUANT_OPS_PER_ELEMENT
+        vpu, vpu_plain = vpu + ops * batch * tiles.vreg_elements(m, k), vpu_plain + ops * batch * m * k
+        notes.append("activations quantized per token in the kernel (max|x|, scale, round, clip)")
     if is_quantized(lhs):
-        scale_bytes = scale_bytes + batch * m * SCALE_BYTES
+        if lhs_source_dtype is None:
+            scale_bytes = scale_bytes + batch * m * SCALE_BYTES
         vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
     if out != "fp32":
         vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
@@ -154,7 +172,7 @@ def gemm(
     if path.converts_rhs or path.converts_lhs:
         notes.append("conversion counted once per element (a lower bound; re-tiling converts again)")
 
-    read = (batch * m * k * DTYPES[lhs].itemsize_bytes + batch * k * n * DTYPES[rhs].itemsize_bytes
+    read = (batch * m * k * DTYPES[lhs_read].itemsize_bytes + batch * k * n * DTYPES[rhs].itemsize_bytes
             + scale_bytes + epilogue_bytes)
     write = batch * m * n * out_bytes
     return OpCost(

@@ -1,0 +1,166 @@
+"""The matmul's quantized variants in interpret mode against matmul_reference: int8 x int8 with per-token
+activation quantization fused in (quantize_x), blockwise (one scale per 128 rows of K) int8 / fp8 weights, at
+aligned and unaligned shapes; the int8-MXU refusal on chips without one; the op model's dynamic-quantization
+terms."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.matmul import MatmulBlockSizes, matmul, matmul_reference
+from kernels.quant import quantize_int8
+
+#: assert_allclose tolerances by (output dtype, variant). The int8 x int8 path sums exact integer products
+#: in int32 and applies two f32 scales: it differs from the reference only by f32 rounding of the scales and
+#: the final bf16 rounding (rel 2^-8). Weight-only blockwise scales are folded into the weights in x's dtype
+#: (one more bf16 rounding per weight, rel 2^-9, averaged over K), so bf16 needs the usual 1.6e-2.
+TOL = {
+    ("bfloat16", "quantize_x"): dict(rtol=8e-3, atol=8e-3),
+    ("bfloat16", "weight_only"): dict(rtol=1.6e-2, atol=1.6e-2),
+    ("float32", "quantize_x"): dict(rtol=1e-5, atol=1e-5),
+    ("float32", "weight_only"): dict(rtol=2e-5, atol=2e-5),
+}
+SMALL = MatmulBlockSizes(bm=32, bk=256, bn=128)
+#: (M, K, N): aligned to the blocks; nothing aligned (K = 300: two K blocks, the last 44 columns valid, three
+#: scale groups, the last of 44 rows); decode-like one short row block.
+SHAPES = [pytest.param((64, 512, 256), id="64x512x256"), pytest.param((40, 300, 200), id="40x300x200"),
+          pytest.param((8, 1000, 130), id="8x1000x130")]
+
+
+def _weights(seed: int, k: int, n: int, blockwise: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(float weights, int8 codes, scales): per channel [N] or per 128 rows of K [cdiv(K, 128), N]."""
+    w = jax.random.normal(jax.random.key(seed), (k, n), jnp.float32) / np.sqrt(k)
+    if not blockwise:
+        q, s = quantize_int8(w, axis=0)
+        return w, q, s[0]
+    groups = -(-k // 128)
+    padded = jnp.pad(w, ((0, groups * 128 - k), (0, 0))).reshape(groups, 128, n)
+    q, s = quantize_int8(padded, axis=1)
+    return w, q.reshape(groups * 128, n)[:k], s[:, 0, :]
+
+
+def _x(seed: int, m: int, k: int, dtype) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed), (m, k), jnp.float32).astype(dtype)
+
+
+def _check(out: jax.Array, ref: jax.Array, variant: str) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    out32, ref32 = np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32))
+    assert np.isfinite(out32).all()  # interpret mode fills unwritten output with NaN
+    np.testing.assert_allclose(out32, ref32, **TOL[(jnp.dtype(out.dtype).name, variant)])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_int8_x_int8_with_per_token_quantization(shape, blockwise):
+    m, k, n = shape
+    x = _x(1, m, k, jnp.bfloat16)
+    _, wq, s = _weights(2, k, n, blockwise)
+    bias = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
+    out = matmul(x, wq, w_scale=s, bias=bias, quantize_x=True, block_sizes=SMALL, interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, bias=bias, quantize_x=True), "quantize_x")
+
+
+def test_quantize_x_from_f32_activations():
+    x = _x(3, 40, 300, jnp.float32)
+    _, wq, s = _weights(4, 300, 200, False)
+    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=MatmulBlockSizes(bm=32, bk=128, bn=128),
+                 interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+
+
+def test_quantize_x_is_close_to_the_unquantized_product():
+    # Per-token int8 of N(0, 1) activations: each code is off by at most half a step, amax / 254 ~ 1.5%
+    # of the row max; over K = 512 terms of weights ~ 1/sqrt(K) the error stays well under 0.1 (outputs O(1)).
+    x = _x(5, 64, 512, jnp.bfloat16)
+    w, wq, s = _weights(6, 512, 256, False)
+    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=SMALL, interpret=True)
+    exact = matmul_reference(x, w.astype(jnp.float32).astype(jnp.bfloat16))
+    assert float(jnp.max(jnp.abs(out.astype(jnp.float32) - exact.astype(jnp.float32)))) < 0.1
+
+
+def test_hand_worked_int8_x_int8():
+    # x = [[1, -2]]: amax 2, scale 2/127, codes round([1, -2] * 63.5) = [64 (63.5 rounds half-even to 64), -127].
+    # w codes [[1], [1]] with per-channel scale 0.5: int32 sum 64 - 127 = -63; * 2/127 * 0.5 = -0.49606...
+    x = jnp.array([[1.0, -2.0]], jnp.float32)
+    w = jnp.array([[1], [1]], jnp.int8)
+    out = matmul(x, w, w_scale=jnp.array([0.5]), quantize_x=True, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), [[-63 * (2 / 127) * 0.5]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_blockwise_int8_weights(shape):
+    m, k, n = shape
+    x = _x(7, m, k, jnp.bfloat16)
+    _, wq, s = _weights(8, k, n, True)
+    out = matmul(x, wq, w_scale=s, activation="silu", block_sizes=SMALL, interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, activation="silu"), "weight_only")
+
+
+def test_blockwise_fp8_weights_on_v6e():
+    m, k, n = 40, 300, 200
+    x = _x(9, m, k, jnp.bfloat16)
+    w, _, _ = _weights(10, k, n, False)
+    groups = -(-k // 128)
+    s = jnp.linspace(0.5, 2.0, groups * n, dtype=jnp.float32).reshape(groups, n)
+    w8 = w.astype(jnp.float8_e4m3fn)
+    out = matmul(x, w8, w_scale=s, block_sizes=SMALL, chip="tpu-v6e", interpret=True)
+    _check(out, matmul_reference(x, w8, w_scale=s), "weight_only")
+
+
+def test_blockwise_scales_differ_from_per_channel():
+    # The same codes under per-block scales that vary along K must not equal a per-channel reading: a kernel
+    # that ignored the K-group index would fail this.
+    k, n = 256, 128
+    x = _x(11, 32, k, jnp.bfloat16)
+    _, wq, _ = _weights(12, k, n, False)
+    # Codes up to 127 over K = 256: scales ~ 1 / (127 * 16) keep outputs O(1); the second group's are 3x.
+    s = jnp.stack([jnp.full((n,), 0.5 / 2032), jnp.full((n,), 1.5 / 2032)]).astype(jnp.float32)
+    out = matmul(x, wq, w_scale=s, block_sizes=SMALL, interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s), "weight_only")
+    flat = matmul_reference(x, wq, w_scale=s[0])
+    assert float(jnp.max(jnp.abs(out.astype(jnp.float32) - flat.astype(jnp.float32)))) > 0.1
+
+
+@pytest.mark.parametrize("chip", ["tpu-v4", "tpu-7x"])
+def test_quantize_x_refused_without_an_int8_mxu(chip):
+    x = jnp.ones((32, 128), jnp.bfloat16)
+    wq = jnp.ones((128, 128), jnp.int8)
+    with pytest.raises(ValueError, match=rf"quantize_x: {chip} has no int8 x int8 MXU path faster than bf16"):
+        matmul(x, wq, w_scale=jnp.ones((128,)), quantize_x=True, chip=chip, interpret=True)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("bf16_weights", r"quantize_x: the int8 x int8 path needs int8 weights"),
+    ("scale_shape", r"w_scale: expected a float array of shape \(128,\) \(per channel\) or \(2, 128\)"),
+    ("bm_not_32", r"block_sizes.bm=16 must be a multiple of 32"),
+])
+def test_bad_quantized_input_names_it(case, match):
+    x = jnp.ones((32, 256), jnp.bfloat16)
+    wq = jnp.ones((256, 128), jnp.int8)
+    calls = {
+        "bf16_weights": lambda: matmul(x, jnp.ones((256, 128), jnp.bfloat16), quantize_x=True),
+        "scale_shape": lambda: matmul(x, wq, w_scale=jnp.ones((3, 128))),
+        "bm_not_32": lambda: matmul(x, wq, w_scale=jnp.ones((128,)), quantize_x=True,
+                                    block_sizes=MatmulBlockSizes(bm=16, bk=128, bn=128)),
+    }
+    with pytest.raises(ValueError, match=match):
+        calls[case]()
+
+
+def test_op_model_reads_bf16_activations_and_counts_their_quantization():
+    from perfmodel.errors import InputError
+    from perfmodel.model.gemm import DYNAMIC_QUANT_OPS_PER_ELEMENT, gemm
+
+    # M=8, K=N=128, chip=None (no padding): weights 128*128 int8 = 16384 B, activations read as bf16
+    # 8*128*2 = 2048 B, per-channel scales 128*4 = 512 B, no per-token scales from HBM: 18944 B.
+    # Without lhs_source_dtype the lhs is read as int8 (1024 B) plus 8 per-token f32 scales (32 B): 17952 B.
+    fused = gemm(m=8, n=128, k=128, lhs_dtype="int8", rhs_dtype="int8", lhs_source_dtype="bf16")
+    plain = gemm(m=8, n=128, k=128, lhs_dtype="int8", rhs_dtype="int8")
+    assert fused.hbm_read_bytes == 18944 and plain.hbm_read_bytes == 17952
+    assert fused.vpu_ops - plain.vpu_ops == DYNAMIC_QUANT_OPS_PER_ELEMENT * 8 * 128
+    with pytest.raises(InputError, match=r"`lhs_source_dtype` bf16: dynamic quantization .* \(got bf16\)"):
+        gemm(m=8, n=128, k=128, lhs_source_dtype="bf16")
