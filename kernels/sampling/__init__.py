@@ -1,4 +1,5 @@
-"""Fused sampling (temperature, top-k, top-p, min-p, greedy / Gumbel-max draw) as a Pallas TPU kernel.
+"""Fused sampling (penalties, bias and masks, temperature, top-k, top-p, min-p, greedy / Gumbel-max draw, logprobs)
+and a speculative-decoding rejection sampler as Pallas TPU kernels.
 
 Exports load lazily so that ``kernels.sampling.blocks`` and ``.entry`` import without jax.
 """
@@ -14,6 +15,9 @@ _EXPORTS = {
     "sampling_reference": "kernels.sampling.reference",
     "logprobs_reference": "kernels.sampling.reference",
     "Sampled": "kernels.sampling.kernel",
+    "Verified": "kernels.sampling.rejection",
+    "rejection_sample": "kernels.sampling.rejection",
+    "rejection_sample_reference": "kernels.sampling.rejection",
 }
 __all__ = sorted(_EXPORTS)
 

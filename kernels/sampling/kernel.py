@@ -398,7 +398,7 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
                                 token_counts=None if counts_ref is None else counts_ref[:, lanes],
                                 **(penalty if filters.penalties else {}))
             x = jnp.where(lane_iota < vocab - offset, x, -jnp.inf)
-            if rows_ref.shape[0] > 1:
+            if phases_of(mode, n_top) == 2:  # the passes of phase 1 read the resident copy
                 rows_ref[j, :, lanes] = x.astype(rows_ref.dtype)
             z = x * inv_t
             better = z > top_v  # strict: each lane keeps its first occurrence

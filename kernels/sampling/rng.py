@@ -30,9 +30,14 @@ def _lowbias32(x: jax.Array) -> jax.Array:
     return x ^ lax.shift_right_logical(x, jnp.int32(16))
 
 
+def hash_bits(seed: jax.Array, index: jax.Array) -> jax.Array:
+    """32 mixed bits (int32) of (``seed``, ``index``); also derives per-position seeds from a row's seed."""
+    return _lowbias32(_lowbias32(index * jnp.int32(_GOLDEN) + seed) ^ seed)
+
+
 def hash_uniform(seed: jax.Array, index: jax.Array) -> jax.Array:
     """f32 uniforms in (0, 1) for int32 ``seed`` (broadcast per row) and int32 vocab ``index``."""
-    bits = _lowbias32(_lowbias32(index * jnp.int32(_GOLDEN) + seed) ^ seed)
+    bits = hash_bits(seed, index)
     top = lax.shift_right_logical(bits, jnp.int32(32 - _MANTISSA_BITS))
     return (top.astype(jnp.float32) + 0.5) * (1.0 / (1 << _MANTISSA_BITS))
 

@@ -178,3 +178,36 @@ def sampling(
     proj = gemm(m=batch, n=vocab, k=hidden, out_dtype=dt, chip=chip)
     proj = dataclasses.replace(proj, name="vocab projection")
     return combine("sampling+projection", [proj, cost], notes=cost.notes + proj.notes)
+
+
+#: Rejection sampler, per element of each position's [batch, vocab] row: gather p(d) and q(d) (compare, two
+#: selects, two adds), the residual max(p - q, 0) (subtract, max), its score (compare, select, add) and the
+#: running argmax (ARGMAX_VPU_OPS), plus the noise hash (two rounds of a 5-op mixer and 4 ops to a float).
+REJECTION_VPU_OPS = 5 + 2 + 3 + ARGMAX_VPU_OPS + 14
+#: log of the residual and the two logs of the Gumbel noise.
+REJECTION_EUP_OPS = 3
+
+
+def rejection_sampling(*, batch: Num, vocab: Num, draft_tokens: Num, chip: object | None = None) -> OpCost:
+    """Cost of verifying ``draft_tokens`` (K) speculative tokens per row: one pass over the f32 target
+    probabilities of K + 1 positions and the draft probabilities of K (read once from HBM each), gathering
+    p(d), q(d) and drawing from the residual; writes K + 1 tokens per row."""
+    batch, vocab, k = sizes("batch", batch), sizes("vocab", vocab), sizes("draft_tokens", draft_tokens)
+    tiles = chip_tiles(chip)
+    positions = k + 1
+    elems_pad = 1.0 * positions * tiles.vreg_elements(batch, vocab)
+    elems = 1.0 * positions * batch * vocab
+    f32 = DTYPES["fp32"].itemsize_bytes
+    read = (2 * k + 1) * 1.0 * batch * vocab * f32
+    return OpCost(
+        name="rejection sampling",
+        launches=1,
+        vpu_ops=fval(REJECTION_VPU_OPS * elems_pad),
+        vpu_padding_ops=fval(REJECTION_VPU_OPS * (elems_pad - elems)),
+        eup_ops=fval(REJECTION_EUP_OPS * elems_pad),
+        hbm_read_bytes=fval(read),
+        hbm_write_bytes=fval(1.0 * batch * positions * INDEX_BYTES),
+        notes=(f"reads the target probabilities of K+1 and the draft probabilities of K positions once; "
+               f"{REJECTION_VPU_OPS} VPU + {REJECTION_EUP_OPS} EUP ops per element",),
+        metrics={"vpu_ops_per_logit": fval(REJECTION_VPU_OPS)},
+    )

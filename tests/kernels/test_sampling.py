@@ -14,6 +14,7 @@ from kernels.sampling import (
     DEFAULT_BLOCK_SIZES,
     default_block_sizes,
     kept_mask_reference,
+    logprobs_reference,
     sampling,
     sampling_reference,
 )
@@ -332,3 +333,208 @@ def test_bad_options_raise_naming_the_argument(kwargs, match):
 def test_bad_logits_raise(logits, match):
     with pytest.raises(ValueError, match=match):
         sampling(logits, interpret=True)
+
+
+# ----- per-request seeds, greedy rows among sampled ones, penalties / bias / masks, logprobs -----
+
+
+def test_per_request_seeds_make_a_row_independent_of_its_batch():
+    logits = distinct_logits(13, 8, 256, jnp.float32)
+    seeds = jnp.array([5, 6, 7, 8, 9, 10, 11, 12], jnp.int32)
+    blocks = Blocks(block_b=8, block_v=128)
+    ids = sampling(logits, min_p=0.01, seeds=seeds, block_sizes=blocks, interpret=True)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(sampling_reference(logits, min_p=0.01, seeds=seeds)))
+    # Row 3 moved to position 0 of another batch keeps its seed: the same token.
+    other = jnp.concatenate([logits[3:4], logits[:3], logits[4:]])
+    moved = sampling(other, min_p=0.01, seeds=seeds.at[0].set(8).at[3].set(5), block_sizes=blocks, interpret=True)
+    assert int(moved[0]) == int(ids[3])
+
+
+def test_greedy_rows_mixed_with_sampled_rows_are_exact_argmaxes():
+    logits = distinct_logits(14, 8, 256, jnp.float32)
+    temperature = jnp.array([0.0, 1.0, 0.0, 0.7, 0.0, 1.3, 0.0, 1.0])
+    ids = sampling(logits, temperature=temperature, top_p=0.9, seeds=jnp.arange(8, dtype=jnp.int32),
+                   block_sizes=Blocks(block_b=8, block_v=128), interpret=True)
+    greedy = np.asarray(temperature) == 0
+    np.testing.assert_array_equal(np.asarray(ids)[greedy], np.argmax(np.asarray(logits), axis=1)[greedy])
+    ref = sampling_reference(logits, temperature=temperature, top_p=0.9, seeds=jnp.arange(8, dtype=jnp.int32))
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref))
+
+
+def test_adjusted_logits_by_hand():
+    from kernels.sampling.options import adjusted_logits
+
+    x = jnp.array([[2.0, -2.0, 1.0, 0.5]])
+    counts = jnp.array([[1, 2, 0, 3]])
+    # repetition 2 on seen tokens: 2 -> 1, -2 -> -4, 0.5 -> 0.25 (token 2 unseen: 1);
+    # then frequency 0.1 * count and presence 0.5 on seen tokens: 1 - 0.6 = 0.4, -4 - 0.7 = -4.7, 1, 0.25 - 0.8.
+    out = adjusted_logits(x, bias=jnp.array([[0.0, 0.0, 0.0, 0.0]]), token_counts=counts, presence=0.5,
+                          frequency=0.1, repetition=2.0)
+    np.testing.assert_allclose(np.asarray(out), [[0.4, -4.7, 1.0, -0.55]], rtol=1e-6)
+
+
+def adjustments(batch: int, vocab: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    counts = np.where(rng.uniform(size=(batch, vocab)) < 0.1, rng.integers(1, 4, (batch, vocab)), 0)
+    bias = np.where(rng.uniform(size=(batch, vocab)) < 0.05, rng.normal(0, 3, (batch, vocab)), 0.0)
+    return dict(token_counts=jnp.asarray(counts, jnp.int32), logit_bias=jnp.asarray(bias, jnp.float32),
+                banned_mask=jnp.asarray(rng.uniform(size=(batch, vocab)) < 0.05),
+                allowed_mask=jnp.asarray(rng.uniform(size=(batch, vocab)) < 0.8),
+                presence_penalty=jnp.asarray(rng.uniform(0, 1, batch), jnp.float32),
+                frequency_penalty=jnp.asarray(rng.uniform(0, 0.5, batch), jnp.float32),
+                repetition_penalty=jnp.asarray(rng.uniform(1, 1.5, batch), jnp.float32))
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.float32, marks=SLOW), jnp.bfloat16], ids=["f32", "bf16"])
+def test_penalties_bias_and_masks_match_the_reference(dtype):
+    batch, vocab = 16, 1000
+    logits = distinct_logits(15, batch, vocab, dtype)
+    adj = adjustments(batch, vocab, 16)
+    temperature = jnp.where(jnp.arange(batch) % 4 == 0, 0.0, 0.9)  # every 4th row greedy
+    seeds = jnp.arange(batch, dtype=jnp.int32) * 7
+    ids = sampling(logits, temperature=temperature, top_k=30, seeds=seeds, **adj,
+                   block_sizes=Blocks(block_b=16, block_v=256), interpret=True)
+    ref = sampling_reference(logits, temperature=temperature, top_k=30, seeds=seeds, **adj)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref))
+    ids = np.asarray(ids)
+    rows = np.arange(batch)
+    allowed = np.asarray(adj["allowed_mask"]) & ~np.asarray(adj["banned_mask"])
+    assert allowed[rows, ids].all()  # never a banned or not-allowed token
+    # The adjustments change the answer: without them some row draws another token.
+    plain = sampling_reference(logits, temperature=temperature, top_k=30, seeds=seeds)
+    assert (np.asarray(plain) != ids).any()
+
+
+def test_logprobs_of_the_chosen_and_top_n_tokens():
+    batch, vocab = 8, 1000
+    logits = distinct_logits(17, batch, vocab, jnp.float32)
+    adj = adjustments(batch, vocab, 18)
+    temperature = jnp.array([0.0, 1.0, 0.8, 1.2, 0.0, 0.5, 1.0, 2.0])
+    out = sampling(logits, temperature=temperature, top_p=0.8, key=jax.random.key(3), logprobs=4, **adj,
+                   block_sizes=Blocks(block_b=8, block_v=256), interpret=True)
+    chosen, top_ids, top_lp = logprobs_reference(logits, out.ids, 4, temperature=temperature, **adj)
+    np.testing.assert_array_equal(np.asarray(out.top_ids), np.asarray(top_ids))
+    np.testing.assert_allclose(np.asarray(out.top_logprobs), np.asarray(top_lp), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out.logprob), np.asarray(chosen), rtol=1e-5, atol=1e-5)
+    # Greedy rows choose the most likely token: their chosen log-probability is the top-1's.
+    np.testing.assert_array_equal(np.asarray(out.ids)[[0, 4]], np.asarray(out.top_ids)[[0, 4], 0])
+    assert (np.diff(np.asarray(out.top_logprobs), axis=1) <= 0).all()
+
+
+def test_greedy_call_with_logprobs_and_more_slots_than_finite_logits():
+    logits = distinct_logits(19, 8, 128, jnp.float32)
+    allowed = jnp.zeros((8, 128), bool).at[:, :3].set(True)  # three finite logits per row
+    out = sampling(logits, allowed_mask=allowed, logprobs=5, block_sizes=Blocks(block_b=8, block_v=128),
+                   interpret=True)
+    x = np.asarray(logits)[:, :3]
+    np.testing.assert_array_equal(np.asarray(out.ids), np.argmax(x, axis=1))
+    assert (np.asarray(out.top_ids)[:, 3:] == -1).all() and np.isneginf(np.asarray(out.top_logprobs)[:, 3:]).all()
+    # The three finite slots hold log_softmax over the allowed tokens; they sum (as probabilities) to 1.
+    np.testing.assert_allclose(np.exp(np.asarray(out.top_logprobs)[:, :3]).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_kernel_draws_follow_the_adjusted_renormalised_distribution():
+    # 4096 requests with the same logits and their own seeds; 8 tokens of 128 finite (the rest banned), top_k 4
+    # of the adjusted logits. Chi-square, 3 dof, critical value 16.27 (p = 0.001). Power: a shift of 0.05
+    # probability between two of the four tokens gives a noncentrality 4096 * sum((p1 - p0)^2 / p0) >= 4096 *
+    # 0.0025 * (1/0.42 + 1/0.29) = 24 (p0 as below), so such an error is caught with probability > 0.96.
+    batch, vocab = 4096, 128
+    row = np.full(vocab, 0.0, np.float32)
+    row[:8] = [2.0, 1.0, 0.5, 0.0, -1.0, 3.0, -2.0, 1.5]
+    banned = np.arange(vocab) >= 8
+    counts = np.zeros(vocab, np.int32)
+    counts[5] = 2  # token 5 (logit 3.0) seen twice: repetition 1.5 -> 2.0, frequency 0.25 * 2 -> 1.5
+    kwargs = dict(token_counts=jnp.asarray(np.tile(counts, (batch, 1))), repetition_penalty=1.5,
+                  frequency_penalty=0.25, banned_mask=jnp.asarray(np.tile(banned, (batch, 1))))
+    ids = sampling(jnp.tile(jnp.asarray(row), (batch, 1)), top_k=4, seeds=jnp.arange(batch, dtype=jnp.int32),
+                   block_sizes=Blocks(block_b=512, block_v=128), interpret=True, **kwargs)
+    counts_out = np.bincount(np.asarray(ids), minlength=vocab)
+    adjusted = row[:8].copy()
+    adjusted[5] = 3.0 / 1.5 - 0.5
+    top4 = [0, 5, 7, 1]  # adjusted logits 2.0, 1.5, 1.5, 1.0: a tie at 1.5, both kept
+    assert counts_out.sum() == counts_out[top4].sum()
+    probs = np.exp(adjusted[top4]) / np.exp(adjusted[top4]).sum()
+    chi2 = (((counts_out[top4] - batch * probs) ** 2) / (batch * probs)).sum()
+    assert chi2 < 16.27
+
+
+# ----- speculative decoding: the rejection sampler -----
+
+
+def spec_case(batch: int, k: int, vocab: int, seed: int):
+    rng = np.random.default_rng(seed)
+    target = rng.dirichlet(np.full(vocab, 0.3), size=(k + 1, batch)).astype(np.float32)
+    draft = rng.dirichlet(np.full(vocab, 0.3), size=(k, batch)).astype(np.float32)
+    tokens = np.stack([[rng.choice(vocab, p=draft[j, b] / draft[j, b].sum()) for j in range(k)]
+                       for b in range(batch)]).astype(np.int32)
+    return jnp.asarray(tokens), jnp.asarray(draft), jnp.asarray(target)
+
+
+def test_rejection_sampler_matches_the_reference_token_for_token():
+    from kernels.sampling import rejection_sample, rejection_sample_reference
+
+    tokens, draft, target = spec_case(16, 3, 300, 20)  # 300: three vocab blocks of 128, the last partial
+    seeds = jnp.arange(16, dtype=jnp.int32) * 3 + 1
+    got = rejection_sample(tokens, draft, target, seeds=seeds, block_sizes=Blocks(block_b=8, block_v=128),
+                           interpret=True)
+    ref = rejection_sample_reference(tokens, draft, target, seeds=seeds)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(got.num_accepted), np.asarray(ref.num_accepted))
+    out, num = np.asarray(got.tokens), np.asarray(got.num_accepted)
+    assert 0 < num.mean() < 3  # some rows reject, some accept (the test covers both paths)
+    for b in range(16):  # accepted drafts, then one drawn token, then -1
+        np.testing.assert_array_equal(out[b, :num[b]], np.asarray(tokens)[b, :num[b]])
+        assert 0 <= out[b, num[b]] < 300 and (out[b, num[b] + 1:] == -1).all()
+
+
+def test_identical_draft_and_target_accept_everything():
+    from kernels.sampling import rejection_sample
+
+    tokens, draft, target = spec_case(8, 2, 128, 21)
+    target = jnp.concatenate([draft, target[2:]])  # p_k == q_k for the two draft positions
+    got = rejection_sample(tokens, draft, target, key=jax.random.key(0), block_sizes=Blocks(block_b=8, block_v=128),
+                           interpret=True)
+    assert (np.asarray(got.num_accepted) == 2).all()
+    np.testing.assert_array_equal(np.asarray(got.tokens)[:, :2], np.asarray(tokens))
+
+
+def test_rejection_sampler_output_follows_the_target_distribution():
+    # The first emitted token of speculative decoding is distributed as p_0 whatever the draft (Leviathan et al.
+    # 2023, Theorem 1). 4096 requests, vocab 6 (+ padding to 128 lanes), each with its own seed; draft tokens
+    # drawn from q_0 with numpy. Chi-square, 5 dof, critical value 20.5 (p = 0.001). Power: moving 0.05 of
+    # probability between two tokens of p0 = (0.3, 0.25, 0.2, 0.1, 0.1, 0.05) gives a noncentrality >= 4096 *
+    # 0.0025 * (1/0.3 + 1/0.25) = 75, caught with probability > 0.999.
+    from kernels.sampling import rejection_sample
+
+    batch, vocab = 4096, 6
+    p0 = np.array([0.3, 0.25, 0.2, 0.1, 0.1, 0.05], np.float32)
+    q0 = np.array([0.05, 0.1, 0.1, 0.2, 0.25, 0.3], np.float32)
+    rng = np.random.default_rng(22)
+    tokens = rng.choice(vocab, p=q0 / q0.sum(), size=(batch, 1)).astype(np.int32)
+    target = np.broadcast_to(np.stack([p0, np.full(vocab, 1 / vocab, np.float32)])[:, None, :], (2, batch, vocab))
+    draft = np.broadcast_to(q0[None, None, :], (1, batch, vocab))
+    got = rejection_sample(jnp.asarray(tokens), jnp.asarray(draft), jnp.asarray(target),
+                           seeds=jnp.arange(batch, dtype=jnp.int32), block_sizes=Blocks(block_b=512, block_v=128),
+                           interpret=True)
+    first = np.bincount(np.asarray(got.tokens)[:, 0], minlength=vocab)
+    assert first.sum() == batch
+    assert (((first - batch * p0) ** 2) / (batch * p0)).sum() < 20.5
+    # Acceptance rate sum(min(p, q)) = 0.05 + 0.1 + 0.1 + 0.1 + 0.1 + 0.05 = 0.5; +-4 sigma of 4096 draws.
+    assert abs(np.asarray(got.num_accepted).mean() - 0.5) < 4 * np.sqrt(0.25 / batch)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(target=jnp.zeros((3, 4, 128))), r"draft_probs must be \[K, batch, vocab\] = \[2, 4, 128\]"),
+    (dict(tokens=jnp.zeros((4, 3), jnp.int32)), r"draft_token_ids must be a \[batch, K\] = \[4, 1\]"),
+    (dict(target=jnp.zeros((1, 4, 128))), "target_probs must have K \\+ 1 >= 2 positions"),
+    (dict(draft=jnp.zeros((1, 4, 128), jnp.bfloat16)), "draft_probs must be float32"),
+    (dict(key=None), "pass exactly one of key"),
+])
+def test_rejection_sampler_rejects_bad_inputs(kwargs, match):
+    from kernels.sampling import rejection_sample
+
+    args = dict(tokens=jnp.zeros((4, 1), jnp.int32), draft=jnp.zeros((1, 4, 128)), target=jnp.zeros((2, 4, 128)),
+                key=jax.random.key(0))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(args["tokens"], args["draft"], args["target"], key=args["key"], interpret=True)
