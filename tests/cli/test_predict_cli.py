@@ -405,3 +405,17 @@ def test_copy_needs_one_size():
 def test_gather_requires_rows():
     out = run("gather", "--hw", "v5e", "--row-bytes", "64", code=2)
     assert "--rows" in out
+
+
+def test_gemm_dynamic_activation_quantization():
+    # M=8, K=N=128 on v5e, int8 x int8: activations read as bf16 (8*128*2 = 2048 B) + int8 weights 16384 B
+    # + per-channel scales 512 B = 18944 B; without --lhs-source-dtype int8 activations (1024 B) and 8 f32
+    # per-token scales (32 B): 17952 B.
+    args = ("gemm", "--hw", "v5e", "-m", "8", "-n", "128", "-k", "128", "--lhs-dtype", "int8", "--rhs-dtype", "int8")
+    fused = run_json(*args, "--lhs-source-dtype", "bf16")[0]
+    plain = run_json(*args)[0]
+    assert fused["cost"]["hbm_read_bytes"] == 18944 and plain["cost"]["hbm_read_bytes"] == 17952
+    result = CliRunner().invoke(main, ["predict", "gemm", "--hw", "v5e", "-m", "8", "-n", "128", "-k", "128",
+                                       "--lhs-source-dtype", "bf16"])
+    assert result.exit_code != 0
+    assert "--lhs-source-dtype" in result.output and "Traceback" not in result.output
