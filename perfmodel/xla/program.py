@@ -224,6 +224,7 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * ACHIEVABLE["hbm"][0]
     memo: dict = {}
     shapes_of: dict[str, dict[str, tuple[hlo.Array, ...]]] = {}
+    users_of: dict[str, dict[str, list[hlo.Instruction]]] = {}
     ops: list[ProgramOp] = []
     unknown_loops = 0
     for ins, comp, count in listed:
@@ -273,6 +274,8 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
         else:
             time, bound = max(compute, memory), "compute" if compute >= memory else "hbm"
         op_name = ins.op_name
+        if kind == "dma":  # a prefetch into VMEM is the work of the op that reads the prefetched copy
+            op_name = _consumer_op_name(comp, ins, users_of) or op_name
         if not op_name and kind == "collective":  # the partitioner's collectives may carry no metadata:
             producer = next((i for i in comp.instructions if ins.operands and i.name == ins.operands[0]), None)
             op_name = producer.op_name if producer is not None else ""  # take their operand's
@@ -293,6 +296,30 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                    cost_analysis=dict(report.cost_analysis), memory=dict(report.memory),
                    compile_s=report.compile_s, from_cache=report.from_cache, notes=tuple(dict.fromkeys(notes)),
                    stall_factor=stall)
+
+
+def _consumer_op_name(comp: hlo.Computation, start: hlo.Instruction,
+                      users_of: dict[str, dict[str, list[hlo.Instruction]]]) -> str:
+    """Name stack of the first op that reads the result of an async copy ``start`` (through its ``-done``,
+    get-tuple-elements and bitcasts); "" when none carries one."""
+    users = users_of.get(comp.name)
+    if users is None:
+        users = users_of[comp.name] = {}
+        for i in comp.instructions:
+            for o in dict.fromkeys(i.operands):
+                users.setdefault(o, []).append(i)
+    frontier = [start.name]
+    for _ in range(6):
+        nxt = []
+        for i in (u for name in frontier for u in users.get(name, ())):
+            if i.opcode.endswith("-done") or i.opcode in hlo.FREE:
+                nxt.append(i.name)
+            elif i.op_name:
+                return i.op_name
+        if not nxt:
+            return ""
+        frontier = nxt
+    return ""
 
 
 def scope_of(op_name: str, known: Iterable[str]) -> str | None:

@@ -113,6 +113,12 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         raise InputError(f"`kv_layout` '{kv_layout}': use one of {', '.join(KV_LAYOUTS)}")
     if kernels not in KERNELS:
         raise InputError(f"`kernels` '{kernels}': use one of {', '.join(KERNELS)}")
+    if kernels == "bundled" and step.phase == "decode" and kv_layout != "paged":
+        raise InputError("`kernels` bundled: decode over a contiguous KV cache has no bundled kernel; "
+                         "use --kv-layout paged (or --kernels jnp)")
+    if kernels == "bundled" and step.kv_dtype != step.act_dtype:
+        raise InputError(f"`kernels` bundled with `kv_dtype` {step.kv_dtype}: the reference step does not build "
+                         "the per-page scales the bundled attention kernels need; use --kernels jnp")
     if step.context_lens is not None:
         raise InputError("the reference step compiles one shared `context`; `context_lens` / `context_dist` "
                          "are for the analytic model only")
@@ -304,9 +310,6 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             out = jax.shard_map(local_paged, mesh=mesh, in_specs=(P(None, "tp", None), P("tp"), P("tp"), P(), P()),
                                 out_specs=P(None, "tp", None), check_vma=False)(q[:, 0], kc, vc, page_table, lengths)
             return out[:, None]
-        if step.phase == "decode":
-            raise InputError("`kernels` bundled: decode over a contiguous KV cache has no bundled kernel; "
-                             "use --kv-layout paged (or --kernels jnp)")
 
         def local_flash(q: Any, k: Any, v: Any) -> Any:
             return flash_attention(q, k, v, causal=True, sliding_window=window, chip=chip_name)

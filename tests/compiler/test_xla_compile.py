@@ -38,6 +38,18 @@ def test_tiny_moe_prefill_single_chip():
     assert 0.1 < c.compiled_s / c.analytic_s < 10
 
 
+def test_tiny_llama_bundled_paged_attention():
+    from perfmodel.xla.compare import compare_step
+
+    c = compare_step(TINY, chip=get_chip("v5e"), phase="decode", batch=8, context=256, tp=1, kernels="bundled")
+    rows = {r.name: r for r in c.rows}
+    # attention is the bundled paged_attention kernel: one Mosaic custom call per layer (2 layers)
+    pallas = [o for o in c.program.ops if o.kind == "pallas"]
+    assert sum(o.count for o in pallas) == 2
+    assert all(o.hlo_name in rows["attention"].hlo_ops for o in pallas)
+    assert 0.25 < c.compiled_s / c.analytic_s < 4
+
+
 def test_xla_cli_pallas_matmul():
     r = CliRunner().invoke(main, ["xla", "kernels.matmul.kernel:matmul", "--shape", "x=512x1024",
                                   "--shape", "w=1024x1024", "--hw", "v5e", "--json"])

@@ -15,9 +15,9 @@ def _build(model, **kw):
 
     from perfmodel.xla.reference import build_step
 
-    layout = kw.pop("kv_layout", "paged")
+    layout, kernels = kw.pop("kv_layout", "paged"), kw.pop("kernels", "jnp")
     cfg = get_model(model)
-    return cfg, build_step(cfg, make_step(**kw), jax.devices("cpu")[:1], kv_layout=layout)
+    return cfg, build_step(cfg, make_step(**kw), jax.devices("cpu")[:1], kv_layout=layout, kernels=kernels)
 
 
 def test_non_gated_biased_mlp_has_the_configs_weights_and_traces():
@@ -92,3 +92,32 @@ def test_analytic_step_all_reduces_the_vocab_sharded_embedding():
     assert ar.count == 1 and ar.ici_bytes == 6144 and ar.block == "tp"
     one = predict_step(cfg, make_step(batch=8, context=256, tp=1), get_chip("v5e"))
     assert "all_reduce(embed)" not in [o.name for o in one.ops]  # one chip holds the whole table
+
+
+def test_bundled_kernels_refuse_what_they_cannot_run():
+    with pytest.raises(InputError, match="`kernels` bundled: decode over a contiguous KV cache"):
+        _build(TINY, batch=1, context=8, kv_layout="contiguous", kernels="bundled")
+    with pytest.raises(InputError, match="`kernels` bundled with `kv_dtype` int8"):
+        _build(TINY, batch=1, context=8, kv_dtype="int8", kernels="bundled")
+
+
+def test_prefetch_dma_belongs_to_the_op_reading_its_copy():
+    from perfmodel.xla import hlo
+    from perfmodel.xla.program import _consumer_op_name
+
+    text = """HloModule m
+
+ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
+  %w = bf16[256,512]{1,0} parameter(0)
+  %x = bf16[8,256]{1,0} parameter(1)
+  %copy-start = (bf16[256,512]{1,0:S(1)}, bf16[256,512]{1,0}, u32[]) copy-start(%w)
+  %copy-done = bf16[256,512]{1,0:S(1)} copy-done(%copy-start)
+  %b = bf16[256,512]{1,0:S(1)} bitcast(%copy-done)
+  ROOT %d = bf16[8,512]{1,0} dot(%x, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/gate_up/dot_general"}
+}
+"""
+    main_ = hlo.entry(hlo.parse_module(text))
+    start = main_.by_name()["copy-start"]
+    # copy-start -> copy-done -> bitcast -> the dot under gate_up: the DMA is gate_up's weight read
+    assert _consumer_op_name(main_, start, {}) == "jit(step)/gate_up/dot_general"
+    assert _consumer_op_name(main_, main_.by_name()["d"], {}) == ""  # nothing reads the root
