@@ -291,7 +291,8 @@ def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
     cost = sampling_model(batch=batch, vocab=vocab, dtype=np.dtype(dtype).name, temperature=random,
                           top_k=vocab if random and filters.top_k else None,
                           top_p=1.0 if random and filters.top_p else None,
-                          min_p=0.0 if random and filters.min_p else None,
+                          min_p=0.0 if random and filters.min_p else None, penalties=filters.penalties,
+                          logit_bias=filters.bias, logprobs=filters.logprobs,
                           method="threshold", passes=MAX_BISECTION_STEPS)
     estimate = to_cost_estimate(cost)
     if mode != "noise":

@@ -175,6 +175,12 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 @click.option("--top-p", type=float, default=None)
 @click.option("--min-p", type=float, default=None)
 @click.option("--penalties", is_flag=True, help="Repetition / frequency / presence penalties.")
+@click.option("--logit-bias", is_flag=True, help="A [batch, vocab] f32 logit bias (allowed / banned masks folded in).")
+@click.option("--logprobs", type=int, default=None,
+              help="Log-probabilities of the chosen token and the top N (0: the chosen token's only).")
+@click.option("--draft-tokens", type=int, default=None,
+              help="Speculative decoding: verify K draft tokens per row with the rejection sampler (target and "
+                   "draft probabilities; no filters).")
 @click.option("--method", type=click.Choice(["both", "threshold", "sort"]), default="both", show_default=True,
               help="Top-k / top-p algorithm; 'both' shows them side by side.")
 @click.option("--passes", type=int, default=None, help="Bisection passes of the threshold method (default: dtype bits).")
@@ -183,7 +189,8 @@ def mla_decode(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_cs
 @predict_options
 @user_errors
 def sampling(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
-    """Sampling from [batch, vocab] logits: penalties, temperature, top-k / top-p / min-p, the draw."""
+    """Sampling from [batch, vocab] logits: bias, penalties, temperature, top-k / top-p / min-p, the draw,
+    logprobs; or speculative decoding's rejection sampler (--draft-tokens)."""
     run_op("sampling", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("batch", "vocab"))
 
 

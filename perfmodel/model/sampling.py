@@ -1,7 +1,8 @@
 """Sampling one token per sequence from [batch, vocab] logits.
 
 Stages, each counted per logit element (padded to the (8, 128) vreg tile):
-penalties (reads a [batch, vocab] int32 count table), temperature, softmax,
+logit bias (reads a [batch, vocab] f32 bias; allowed / banned masks are folded
+into it as -inf), penalties (reads a [batch, vocab] int32 count table), temperature, softmax,
 top-k, top-p, min-p, then drawing the sample (exponential race: argmax of
 p / E with E ~ Exp(1)) or, without temperature and filters, a greedy argmax.
 
@@ -53,6 +54,13 @@ DRAW_VPU_OPS, DRAW_EUP_OPS = 3 + 1 + ARGMAX_VPU_OPS, 2
 #: cumsum reads values and writes the running sum (8), the mask reads the sum and writes the filtered values (8),
 #: the scatter back reads values + indices and writes the row in vocab order (12).
 SORT_PATH_HBM_BYTES_PER_ELEMENT = 8 + 8 + 8 + 12
+#: Logit bias: one add per element (masks arrive folded into the bias as -inf).
+BIAS_VPU_OPS = 1
+BIAS_TABLE_BYTES = 4
+#: Log-probabilities: an online log-sum-exp in the streaming pass (max, rescale, add; two exps on the EUP) ...
+LOGSUMEXP_VPU_OPS, LOGSUMEXP_EUP_OPS = 4, 2
+#: ... and one pass per top-n slot: the (value desc, index asc) successor test (4), compare, two selects.
+TOP_N_VPU_OPS_PER_PASS = 7
 #: Rows the threshold kernel keeps resident in VMEM at once (one sublane tile).
 THRESHOLD_ROWS_PER_BLOCK = 8
 
@@ -78,6 +86,9 @@ def sampling(
     top_p: float | None = None,
     min_p: float | None = None,
     penalties: bool = False,
+    logit_bias: bool = False,
+    logprobs: Num | None = None,
+    draft_tokens: Num | None = None,
     method: str = "threshold",
     passes: Num | None = None,
     include_projection_hidden: Num | None = None,
@@ -88,7 +99,21 @@ def sampling(
     ``passes``: bisection rounds of the threshold method (default: bits of
     ``dtype``). ``include_projection_hidden=H`` adds the [batch, H] x [H,
     vocab] bf16 projection that produces the logits (a separate part).
+    ``logit_bias``: a [batch, vocab] f32 bias (and masks) is read and added;
+    ``logprobs=n``: the chosen token's log-probability (a log-sum-exp in the
+    streaming pass) and the top n (n passes). ``draft_tokens=K``: speculative
+    decoding instead, verifying K draft tokens per row
+    (:func:`rejection_sampling`; the filters do not apply).
     """
+    if draft_tokens is not None:
+        extra = [n for n, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p), ("logprobs", logprobs))
+                 if v is not None] + [n for n, v in (("penalties", penalties), ("logit_bias", logit_bias),
+                                                     ("include_projection_hidden", include_projection_hidden)) if v]
+        if extra:
+            raise InputError(f"{flag_name(extra[0])} does not apply with {flag_name('draft_tokens')}: the rejection "
+                             "sampler takes the target and draft probabilities as they are; drop it",
+                             fields=(extra[0], "draft_tokens"))
+        return rejection_sampling(batch=batch, vocab=vocab, draft_tokens=draft_tokens, chip=chip)
     batch, vocab = sizes("batch", batch), sizes("vocab", vocab)
     dt = parse_dtype(dtype, "`dtype`")
     choice("method", method, METHODS)
@@ -112,6 +137,10 @@ def sampling(
     eup_per = 0.0
     read = elems * item
     stages: list[str] = []
+    if logit_bias:
+        vpu_per += BIAS_VPU_OPS
+        read = read + elems * BIAS_TABLE_BYTES
+        stages.append("logit bias / masks")
     if penalties:
         vpu_per += PENALTY_VPU_OPS
         read = read + elems * PENALTY_TABLE_BYTES
@@ -144,6 +173,13 @@ def sampling(
         eup_per += DRAW_EUP_OPS
         stages.append("draw (exponential race)")
     write = 1.0 * batch * INDEX_BYTES
+    if logprobs is not None:
+        n_top = sizes("logprobs", logprobs, minimum=0)
+        vpu_per = vpu_per + LOGSUMEXP_VPU_OPS + TOP_N_VPU_OPS_PER_PASS * n_top
+        eup_per += LOGSUMEXP_EUP_OPS
+        write = write + 1.0 * batch * (1 + 2 * n_top) * 4
+        shown_n = f"{int(np.min(n_top))}" if np.min(n_top) == np.max(n_top) else f"{np.min(n_top)}-{np.max(n_top)}"
+        stages.append(f"logprobs (chosen + top {shown_n})")
     notes = ["stages: " + ", ".join(stages)]
     if filtering and method == "sort":
         write = write + elems * SORT_PATH_HBM_BYTES_PER_ELEMENT / 2

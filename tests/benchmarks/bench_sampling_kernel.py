@@ -41,6 +41,8 @@ VARIANTS = {
                             frequency_penalty=0.2, repetition_penalty=1.1), ("top-k count",)),
     "logprobs-5": (dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=5),
                    ("top-k count", "top-p mass of kept set", "top-p count+mass", "top-n logprob")),
+    # Speculative decoding, 4 draft tokens: target [5, batch, vocab] and draft [4, batch, vocab] f32 probabilities.
+    "rejection-k4": (dict(rejection=4), ()),
 }
 CHIPS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
 
@@ -60,6 +62,16 @@ def _child(request: dict) -> None:
     logits = jax.ShapeDtypeStruct((request["batch"], request["vocab"]), jnp.dtype(request["dtype"]),
                                   sharding=sharding)
     opts = dict(request["options"])
+    if "rejection" in opts:
+        from kernels.sampling import rejection_sample
+
+        k, (batch, vocab) = opts["rejection"], logits.shape
+        specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in
+                 (((batch, k), jnp.int32), ((k, batch, vocab), jnp.float32), ((k + 1, batch, vocab), jnp.float32))]
+        compiled = jax.jit(lambda t, d, p: rejection_sample(t, d, p, key=jax.random.key(0), chip=request["chip"])
+                           ).trace(*specs).lower(lowering_platforms=("tpu",)).compile()
+        _report(compiled)
+        return
     draw = {} if opts.pop("greedy", False) else {"key": jax.random.key(0)}
     arrays = {name: jax.ShapeDtypeStruct(logits.shape, dtype, sharding=sharding)
               for name, dtype in (("token_counts", jnp.int32), ("logit_bias", jnp.float32)) if opts.pop(name, False)}
@@ -68,6 +80,10 @@ def _child(request: dict) -> None:
         return sampling(x, chip=request["chip"], **draw, **named, **opts)
 
     compiled = jax.jit(fn).trace(logits, arrays).lower(lowering_platforms=("tpu",)).compile()
+    _report(compiled)
+
+
+def _report(compiled) -> None:
     from perfmodel.compiler.worker import _CUSTOM_CALL, _SCOPED, _SCOPED_ITEM
 
     vmem = None
@@ -96,7 +112,8 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
         if "@@RESULT@@" not in proc.stdout:
             return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
         child = json.loads(proc.stdout.rsplit("@@RESULT@@", 1)[1].splitlines()[0])
-        files = [f for name, f in _op_files(dump).items() if "sampling" in name and "bundles" in f]
+        files = [f for name, f in _op_files(dump).items()
+                 if ("sampling" in name or "rejection" in name) and "bundles" in f]
         if not files:
             return {"error": "no sampling kernel schedule in the dumps"}
         f = files[0]
@@ -125,6 +142,8 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
                                  greedy=bool(options.get("greedy")),
                                  penalties="token_counts" in options, bias="logit_bias" in options,
                                  top_logprobs=options.get("logprobs") or 0)
+    if "rejection" in options:  # two f32 streams, nothing resident
+        estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=True, greedy=True)
     return dict(scoped_vmem_bytes=child["scoped_vmem_bytes"], vmem_estimate_bytes=estimate, block_b=blocks.block_b, block_v=blocks.block_v, chunks=chunks, program_bundles=len(sched.bundles),
                 grid_body_bundles=body.bundles, grid_spills=body.vector_spills, grid_fills=body.vector_fills,
                 passes=passes)
@@ -165,6 +184,9 @@ def main() -> None:
                 print(f"{chip:8s} {variant:12s} {p['label']:24s} {p['bundles']:6d} bundles/chunk "
                       f"spills {p['spills']:4d} fills {p['fills']:4d}  vs HBM floor {floor:6.0f} cycles: "
                       f"{p['bundles'] / floor:.2f}x")
+            if variant.startswith("rejection"):  # one grid step streams a target and a draft block
+                print(f"{chip:8s} {variant:12s} grid step {r['grid_body_bundles']} bundles vs HBM floor of its 2 "
+                      f"blocks {2 * floor:.0f} cycles: {r['grid_body_bundles'] / (2 * floor):.2f}x")
             print(f"{chip:8s} {variant:12s} grid body {r['grid_body_bundles']} bundles, spills {r['grid_spills']} "
                   f"fills {r['grid_fills']} (blocks {r['block_b']}x{r['block_v']}); VMEM Mosaic {r['scoped_vmem_bytes']} B, "
                   f"estimate {r['vmem_estimate_bytes']} B")

@@ -98,6 +98,17 @@ def test_sampling_shows_both_methods():
     assert by["threshold"] < by["sort"]
 
 
+def test_sampling_models_the_kernel_variants():
+    plain = run_json("sampling", "--batch", "8", "--vocab", "1024", "--top-k", "5")[0]["cost"]
+    rec = run_json("sampling", "--batch", "8", "--vocab", "1024", "--top-k", "5", "--logit-bias", "--logprobs",
+                   "2")[0]["cost"]
+    # The bias adds a [8, 1024] f32 read; logprobs write the chosen + 2 ids + 2 values per row (5 x 4 B).
+    assert rec["hbm_read_bytes"] - plain["hbm_read_bytes"] == 8 * 1024 * 4
+    assert rec["hbm_write_bytes"] - plain["hbm_write_bytes"] == 8 * 5 * 4
+    spec = run_json("sampling", "--batch", "8", "--vocab", "1024", "--draft-tokens", "3")[0]["cost"]
+    assert spec["name"] == "rejection sampling" and spec["hbm_read_bytes"] == 7 * 8 * 1024 * 4
+
+
 def test_kv_cache_commands():
     rec = run_json("kv-cache", "update", "--tokens", "128", "--kv-dtype", "int8")[0]
     assert rec["cost"]["hbm_write_bytes"] == 2 * 128 * 8 * 128 + 2 * 128 * 8 * 4
@@ -184,6 +195,9 @@ def test_collective():
      "--temperature"),
     (["sampling", "--batch", "2", "--vocab", "100", "--projection-hidden", "0"], 2,
      "--projection-hidden must be >= 1, got 0"),
+    (["sampling", "--batch", "2", "--vocab", "100", "--draft-tokens", "2", "--top-k", "5"], 2,
+     "--top-k does not apply with --draft-tokens"),
+    (["sampling", "--batch", "2", "--vocab", "100", "--logprobs", "-1"], 2, "--logprobs must be >= 0, got -1"),
     (["fused", "rope", "--tokens", "8", "--heads", "2", "--rotary-dim", "33"], 2, "--rotary-dim must be even"),
     (["fused", "dequant-gemm", "-m", "8", "-n", "8", "-k", "8", "--weight-dtype", "bf16"], 2,
      "--weight-dtype bf16: weights are not quantized"),

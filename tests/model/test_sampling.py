@@ -89,3 +89,41 @@ def test_stage_note_names_the_pass_count(filters, passes, expected):
 def test_stage_note_with_swept_passes():
     cost = sampling(batch=8, vocab=4096, top_k=50, passes=np.array([8, 24]))
     assert any("threshold bisection (1 filter(s) x 8-24 passes)" in note for note in cost.notes), cost.notes
+
+
+def test_logit_bias_and_logprobs_hand_worked(v5e):
+    base = sampling(batch=8, vocab=1024, chip=v5e)
+    cost = sampling(batch=8, vocab=1024, logit_bias=True, logprobs=3, chip=v5e)
+    elems = 8 * 1024
+    # bias: one add and a 4-byte f32 read per logit; logprobs: log-sum-exp 4 VPU + 2 EUP per logit, and 3 top-n
+    # passes of 7 VPU ops; writes the chosen + 3 ids + 3 log-probabilities per row (7 x 4 B).
+    assert cost.vpu_ops - base.vpu_ops == (1 + 4 + 3 * 7) * elems
+    assert cost.eup_ops - base.eup_ops == 2 * elems
+    assert cost.hbm_read_bytes - base.hbm_read_bytes == 4 * elems
+    assert cost.hbm_write_bytes - base.hbm_write_bytes == 8 * 7 * 4
+    assert any("logprobs (chosen + top 3)" in n for n in cost.notes)
+
+
+def test_draft_tokens_model_the_rejection_sampler(v5e):
+    from perfmodel.model.sampling import REJECTION_EUP_OPS, rejection_sampling
+
+    cost = sampling(batch=8, vocab=1024, draft_tokens=4, chip=v5e)
+    assert cost == rejection_sampling(batch=8, vocab=1024, draft_tokens=4, chip=v5e)
+    # Target probabilities of 5 positions and draft probabilities of 4, f32, read once: 9 x 8 x 1024 x 4 B;
+    # 5 x 8 tokens written as int32.
+    assert cost.hbm_read_bytes == 9 * 8 * 1024 * 4
+    assert cost.hbm_write_bytes == 5 * 8 * 4
+    assert cost.eup_ops == REJECTION_EUP_OPS * 5 * 8 * 1024
+    # HBM-bound on v5e at a Llama-3 vocabulary (36 B read per element of a position vs ~30 VPU ops).
+    assert evaluate(sampling(batch=64, vocab=128256, draft_tokens=4, chip=v5e), v5e).bound == "HBM-bound"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(draft_tokens=4, top_k=5), r"^`top_k` does not apply with `draft_tokens`"),
+    (dict(draft_tokens=4, penalties=True), r"^`penalties` does not apply with `draft_tokens`"),
+    (dict(draft_tokens=0), r"^`draft_tokens` must be >= 1, got 0"),
+    (dict(logprobs=-1), r"^`logprobs` must be >= 0, got -1"),
+])
+def test_bad_speculative_and_logprob_input(v5e, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        sampling(batch=4, vocab=32000, chip=v5e, **kwargs)
