@@ -139,3 +139,14 @@ def option_values(params: Mapping[str, Any]) -> None:
         names = ", ".join(f"`{k}`" for k in sizes)
         raise InputError(f"{names}: these sizes multiply to {product:.3g}, past 2**62 (4.6e18); the problem is "
                          "larger than any chip's memory and its counts would overflow 64-bit integers")
+
+
+def check_new_file(path: str | os.PathLike, field: str, *, force: bool) -> None:
+    """Refuse to replace an existing ``path`` unless ``force`` (the CLI's --force). Errors name ``field`` in
+    backticks."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"`{field}` '{short(p)}': is a directory; give a file name", fields=(field,))
+    if p.exists() and not force:
+        raise InputError(f"`{field}` '{short(p)}' exists; give --force to replace it, or another name",
+                         fields=(field,))

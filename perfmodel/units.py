@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
-_PREFIXES = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
-_BINARY = [(2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"), (1, "")]
+_PREFIXES = [(1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")]
+#: Units of things counted whole (tokens, sequences, requests): no milli- or micro- prefix.
+_COUNT_UNITS = ("tok", "seq", "req")
+_BINARY = [(2**60, "Ei"), (2**50, "Pi"), (2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"), (1, "")]
 
 
 def si(value: float | None, unit: str, digits: int = 3, *, sub_unit_prefixes: bool = True) -> str:
@@ -18,6 +20,10 @@ def si(value: float | None, unit: str, digits: int = 3, *, sub_unit_prefixes: bo
         return "n/a"
     if value == 0:
         return f"0 {unit}"
+    if math.isinf(value):
+        return f"{'-' if value < 0 else ''}inf {unit}"
+    if unit.startswith(_COUNT_UNITS):
+        sub_unit_prefixes = False  # 0.0625 tok/s, not "62.5 mtok/s" (which reads as mega)
     mag = abs(value)
     if not sub_unit_prefixes and mag < 1:
         return f"{_sig(value, digits)} {unit}"

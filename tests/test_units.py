@@ -39,3 +39,13 @@ def test_table_aligns_and_leaves_unheaded_columns_unruled():
     assert lines[1] == "-------  -----"
     assert lines[2].endswith("<- here")
     assert lines[3] == "tpu-v6e  10 ms"
+
+
+def test_counted_units_get_no_milli_prefix_and_large_values_reach_exa():
+    from perfmodel.units import seconds, si
+
+    assert si(0.0625, "tok/s") == "0.0625 tok/s"  # was "62.5 mtok/s", which reads as mega
+    assert si(62500, "tok/s") == "62.5 ktok/s"
+    assert si(1.31e18, "B") == "1.31 EB"  # was "1310 PB"
+    assert seconds(2730) == "2.73 ks"
+    assert si(float("inf"), "s") == "inf s"

@@ -80,6 +80,10 @@ def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args:
     from perfmodel.schedule.binding import parse_arg
     from perfmodel.schedule.catalog import get_entry
 
+    if out is not None:
+        from perfmodel.harness.records import check_appendable
+
+        check_appendable(out)  # before anything is measured
     entry = get_entry(kernel)
     static = dict(parse_arg(a) for a in args)
     cases = [Case(kernel=entry.name, shapes=shapes, blocks=b, static=static)
@@ -121,13 +125,17 @@ Examples:
 @click.argument("results", nargs=-1, required=True, metavar="RESULTS...")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), metavar="OUT.png",
               help="Write the comparison plot (PNG).")
+@click.option("--force", is_flag=True, help="Replace the --plot file when it exists.")
 @json_option
 @user_errors
-def compare(results: tuple[str, ...], plot: str | None, as_json: bool) -> None:
+def compare(results: tuple[str, ...], plot: str | None, force: bool, as_json: bool) -> None:
     from perfmodel.harness.comparison import compare as build
     from perfmodel.harness.render import render_compare
+    from perfmodel.inputcheck import check_new_file
 
     fmt = output_format(as_json)
+    if plot is not None:
+        check_new_file(plot, "plot", force=force)
     loaded = _load(results)
     comparison = build(loaded.items)
     if plot is not None:

@@ -35,12 +35,18 @@ Examples:
               help="Markdown file to write.")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), metavar="ROOFLINE.png",
               help="Roofline image (default: REPORT.png next to the markdown).")
+@click.option("--force", is_flag=True, help="Replace OUT and the PNG when they exist.")
 @json_option
 @user_errors
-def report(input_path: str, out: str, plot: str | None, as_json: bool) -> None:
+def report(input_path: str, out: str, plot: str | None, force: bool, as_json: bool) -> None:
+    from pathlib import Path
+
     from perfmodel.harness.roofline_report import as_dict, build_report, write_report
+    from perfmodel.inputcheck import check_new_file
 
     fmt = output_format(as_json)
+    check_new_file(out, "out", force=force)
+    check_new_file(plot if plot is not None else Path(out).with_suffix(".png"), "plot", force=force)
     rep = build_report(input_path, stdin_text=sys.stdin.read() if input_path == "-" else None)
     for w in rep.warnings:
         click.echo(f"warning: {w}", err=True)

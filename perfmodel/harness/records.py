@@ -316,8 +316,22 @@ def check_appendable(path: str | os.PathLike, field: str = "out") -> None:
     p = Path(path)
     if p.is_dir():
         raise InputError(f"`{field}` '{p}': is a directory; give a results file, e.g. results.jsonl", fields=(field,))
-    if not p.exists() or p.stat().st_size == 0:
+    if not p.exists():
+        if not p.parent.is_dir():
+            raise InputError(f"`{field}` '{p}': directory '{p.parent}' does not exist", fields=(field,))
         return
+    if p.stat().st_size == 0:
+        return
+    with open(p, "rb") as fh:
+        first = fh.readline()
+    try:
+        is_results = json.loads(first.decode("utf-8")).get("schema") == SCHEMA
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        is_results = False
+    if not is_results:
+        raise InputError(f"`{field}` '{p}': exists and is not a results file of `perfmodel measure` (its first "
+                         "line is not a record); give a new .jsonl path or an existing results file",
+                         fields=(field,))
     with open(p, "rb") as fh:
         fh.seek(-1, os.SEEK_END)
         last = fh.read(1)

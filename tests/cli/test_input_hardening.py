@@ -150,3 +150,24 @@ def test_short_keeps_both_ends():
     assert short("abc", 10) == "abc"
     # 10 characters: (10 - 3) // 2 = 3 kept at each end
     assert short("0123456789abcdef", 10) == "012...def (16 characters)"
+
+
+def test_report_and_compare_plot_never_overwrite_without_force(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text(PUBLISHED.replace("MEASURED", "6.04715"))
+    (tmp_path / "n.png").write_bytes(b"mine")
+    # report --out n.md would also write n.png, which the user never named: refused, and named
+    one_line_error(run("report", str(f), "--out", str(tmp_path / "n.md")), f"--plot '{tmp_path / 'n.png'}' exists",
+                   "--force")
+    assert not (tmp_path / "n.md").exists() and (tmp_path / "n.png").read_bytes() == b"mine"
+    assert run("report", str(f), "--out", str(tmp_path / "n.md"), "--force").exit_code == 0
+    one_line_error(run("compare", str(f), "--plot", str(tmp_path / "n.png")), "--plot", "exists")
+
+
+def test_measure_out_is_checked_before_measuring(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    one_line_error(run("measure", "no-such-kernel", "--out", str(notes)), "is not a results file")
+    assert notes.read_text() == "my notes\n"
+    one_line_error(run("measure", "no-such-kernel", "--out", str(tmp_path / "missing" / "r.jsonl")),
+                   "does not exist")
