@@ -275,7 +275,7 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             time, bound = max(compute, memory), "compute" if compute >= memory else "hbm"
         op_name = ins.op_name
         if kind == "dma":  # a prefetch into VMEM is the work of the op that reads the prefetched copy
-            op_name = _consumer_op_name(comp, ins, users_of) or op_name
+            op_name = _consumer_op_name(comps, comp, ins, users_of) or op_name
         if not op_name and kind == "collective":  # the partitioner's collectives may carry no metadata:
             producer = next((i for i in comp.instructions if ins.operands and i.name == ins.operands[0]), None)
             op_name = producer.op_name if producer is not None else ""  # take their operand's
@@ -298,10 +298,11 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                    stall_factor=stall)
 
 
-def _consumer_op_name(comp: hlo.Computation, start: hlo.Instruction,
+def _consumer_op_name(comps: Mapping[str, hlo.Computation], comp: hlo.Computation, start: hlo.Instruction,
                       users_of: dict[str, dict[str, list[hlo.Instruction]]]) -> str:
     """Name stack of the first op that reads the result of an async copy ``start`` (through its ``-done``,
-    get-tuple-elements and bitcasts); "" when none carries one."""
+    tuples and bitcasts, up to 6 steps); "" when none carries one or the first reader is a nameless op (the
+    weight slices streamed into VMEM feed an AllocateBuffer custom call: their matmul is not named there)."""
     users = users_of.get(comp.name)
     if users is None:
         users = users_of[comp.name] = {}
@@ -314,8 +315,10 @@ def _consumer_op_name(comp: hlo.Computation, start: hlo.Instruction,
         for i in (u for name in frontier for u in users.get(name, ())):
             if i.opcode.endswith("-done") or i.opcode in hlo.FREE:
                 nxt.append(i.name)
-            elif i.op_name:
-                return i.op_name
+                continue
+            name = i.op_name or next(iter(_fused_names(comps, i)), "")  # a fusion's root may carry none
+            if name:
+                return name
         if not nxt:
             return ""
         frontier = nxt

@@ -116,8 +116,9 @@ ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
   ROOT %d = bf16[8,512]{1,0} dot(%x, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/gate_up/dot_general"}
 }
 """
-    main_ = hlo.entry(hlo.parse_module(text))
+    comps = hlo.parse_module(text)
+    main_ = hlo.entry(comps)
     start = main_.by_name()["copy-start"]
     # copy-start -> copy-done -> bitcast -> the dot under gate_up: the DMA is gate_up's weight read
-    assert _consumer_op_name(main_, start, {}) == "jit(step)/gate_up/dot_general"
-    assert _consumer_op_name(main_, main_.by_name()["d"], {}) == ""  # nothing reads the root
+    assert _consumer_op_name(comps, main_, start, {}) == "jit(step)/gate_up/dot_general"
+    assert _consumer_op_name(comps, main_, main_.by_name()["d"], {}) == ""  # nothing reads the root
