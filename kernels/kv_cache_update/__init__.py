@@ -15,6 +15,7 @@ _EXPORTS = {
     "LAYOUTS": "kernels.kv_cache_update.blocks",
     "PADDING_SLOT": "kernels.kv_cache_update.kernel",
     "kv_cache_update": "kernels.kv_cache_update.kernel",
+    "kv_pages_update": "kernels.kv_cache_update.kernel",
     "kv_cache_update_reference": "kernels.kv_cache_update.reference",
 }
 __all__ = sorted(_EXPORTS)

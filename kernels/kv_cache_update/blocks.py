@@ -34,8 +34,9 @@ QUANTIZE_F32_SLAB_FACTOR = 1.125
 QUANTIZE_F32_SLABS_F32_VPU = 4
 
 #: Cache layouts: head-major [kv_heads, num_pages, page_size, head_dim] (what paged_attention reads),
-#: token-major [num_pages, page_size, kv_heads, head_dim].
-LAYOUTS = ("head-major", "token-major")
+#: token-major [num_pages, page_size, kv_heads, head_dim], combined [num_pages, page_size, 2 * kv_heads, head_dim]
+#: (one cache, K of head h at row 2h and V at 2h + 1: what ragged_paged_attention reads).
+LAYOUTS = ("head-major", "token-major", "combined")
 DEFAULT_LAYOUT = "head-major"
 
 
@@ -57,7 +58,7 @@ class KvCacheUpdateBlockSizes:
         return f"tokens_per_block={self.tokens_per_block}"
 
     def vmem_bytes(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool,
-                   num_tokens: int | None = None, chip: ChipSpec | None = None) -> int:
+                   num_tokens: int | None = None, chip: ChipSpec | None = None, combined: bool = False) -> int:
         """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x).
 
         The K and V token blocks (two buffers each; one when ``num_tokens`` fits one block, a single grid
@@ -67,13 +68,17 @@ class KvCacheUpdateBlockSizes:
         (``chip`` None: assumed), 1.125 slabs of 64 tokens elsewhere once the block has 64 tokens
         (:data:`QUANTIZE_F32_TOKENS`). The block is ``min(tokens_per_block, num_tokens)`` tokens, as
         the kernel clamps it. At or above Mosaic's figure on the measured cases, within 10% but up to
-        30% above for a single-step v5e call and where the 64-token rule over-counts.
+        30% above for a single-step v5e call and where the 64-token rule over-counts. ``combined``
+        (layout "combined"): plus the interleaved ``[tokens, 2 * kv_heads, head_dim]`` scratch the rows
+        are copied from.
         """
         buf = tiling.mosaic_buffer_bytes
         tokens = self.tokens_per_block if num_tokens is None else min(self.tokens_per_block, num_tokens)
         buffers = 1 if num_tokens is not None and num_tokens <= tokens else 2
         slab = (tokens, kv_heads, head_dim)
         need = 2 * buffers * buf(slab, new_dtype)
+        if combined:
+            need += buf((tokens, 2 * kv_heads, head_dim), new_dtype)
         if quantize:
             need += 2 * (buf(slab, "int8") + buf((tokens, kv_heads, 1), "float32"))
             f32_token = kv_heads * tiling.round_up(head_dim, tiling.LANES) * 4
@@ -84,10 +89,10 @@ class KvCacheUpdateBlockSizes:
         return int(need)
 
     def check(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool, chip: ChipSpec,
-              num_tokens: int | None = None) -> int | None:
+              num_tokens: int | None = None, combined: bool = False) -> int | None:
         """Check the VMEM budget; returns the vmem_limit_bytes to compile with (None: default)."""
         need = self.vmem_bytes(kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_dtype, quantize=quantize,
-                               num_tokens=num_tokens, chip=chip)
+                               num_tokens=num_tokens, chip=chip, combined=combined)
         return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", fix="use a smaller tokens_per_block",
                                  raised_limit=True)
 

@@ -249,6 +249,11 @@ def _cache_shapes(layout: str, k_cache: Any, kv_heads: int, head_dim: int) -> _C
         ok = len(shape) == 4 and (shape[0], shape[3]) == (kv_heads, head_dim)
         pages, page_size = (shape[1], shape[2]) if ok else (0, 0)
         scales = [kv_heads, pages, page_size]
+    elif layout == "combined":
+        pattern = ["num_pages", "page_size", 2 * kv_heads, head_dim]
+        ok = len(shape) == 4 and shape[2:] == (2 * kv_heads, head_dim)
+        pages, page_size = (shape[0], shape[1]) if ok else (0, 0)
+        scales = []
     else:
         pattern = ["num_pages", "page_size", kv_heads, head_dim]
         ok = len(shape) == 4 and shape[2:] == (kv_heads, head_dim)
@@ -275,7 +280,17 @@ def _check_inputs(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mappi
     if num_tokens == 0:
         raise ValueError("new_k: no tokens (num_tokens == 0)")
     shapes = _cache_shapes(layout, k_cache, kv_heads, head_dim)
-    if getattr(v_cache, "shape", None) != k_cache.shape or v_cache.dtype != k_cache.dtype:
+    if layout == "combined":
+        if v_cache is not None:
+            raise ValueError("v_cache: layout='combined' keeps K and V in one cache (k_cache = kv_pages); "
+                             "pass v_cache=None")
+        if k_cache.dtype != new_k.dtype:
+            raise ValueError(f"k_cache: dtype {k_cache.dtype} must equal new_k's ({new_k.dtype}) in "
+                             "layout='combined' (no quantize on write); cast new_k/new_v or the cache")
+        for name, scale in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
+            if scale is not None:
+                raise ValueError(f"{name}: layout='combined' takes no scale caches; drop {name}")
+    elif getattr(v_cache, "shape", None) != k_cache.shape or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache: {getattr(v_cache, 'dtype', None)}{list(getattr(v_cache, 'shape', []))} must match "
                          f"k_cache's {k_cache.dtype}{list(k_cache.shape)}")
     quantize = k_cache.dtype == jnp.int8
@@ -345,8 +360,14 @@ def kv_cache_update(
     The caches (and scale caches) are donated: after the call the arrays passed in
     are consumed; use the returned ones.
 
+    ``layout="combined"``: ``k_cache`` is the one cache [num_pages, page_size,
+    2 * kv_heads, head_dim] that ragged_paged_attention reads (K of head h at row
+    2h, V at 2h + 1), ``v_cache`` None, same dtype as new_k (no int8); takes
+    ``block_sizes`` (the token-major defaults).
+
     Returns:
-      (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache).
+      (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache);
+      (kv_pages,) for layout="combined".
     """
     quantize, shapes = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache,
                                      layout)
@@ -355,7 +376,7 @@ def kv_cache_update(
     slots = slot_mapping.astype(jnp.int32)
     if layout == "head-major":
         if block_sizes is not None:
-            raise ValueError("block_sizes: only layout='token-major' takes block sizes (head-major writes one token "
+            raise ValueError("block_sizes: only layout='token-major' or 'combined' takes block sizes (head-major writes one token "
                              "per grid step); drop block_sizes or pass layout='token-major'")
         need = head_major_vmem_bytes(kv_heads=kv_heads, num_pages=shapes.num_pages, page_size=shapes.page_size,
                                      head_dim=head_dim, new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
@@ -373,15 +394,27 @@ def kv_cache_update(
         raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
     vmem_limit = block_sizes.check(
         kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec,
-        num_tokens=num_tokens,
+        num_tokens=num_tokens, combined=layout == "combined",
     )
     tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
     padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
     _check_smem("padded to the token block", padded_tokens * 4, spec, num_tokens)
+    if layout == "combined":
+        return (_combined_jit(new_k, new_v, k_cache, slots, tokens_per_block=tokens_per_block,
+                              vmem_limit_bytes=vmem_limit, interpret=interpret),)
     return _token_major_jit(
         new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
         tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret,
     )
+
+
+def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
+                    block_sizes: KvCacheUpdateBlockSizes | None = None, chip: str = DEFAULT_CHIP,
+                    interpret: bool = False) -> jax.Array:
+    """:func:`kv_cache_update` with ``layout="combined"``: the updated ``kv_pages`` (donated, in place)."""
+    (out,) = kv_cache_update(new_k, new_v, kv_pages, None, slot_mapping, layout="combined", block_sizes=block_sizes,
+                             chip=chip, interpret=interpret)
+    return out
 
 
 def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: int, new_dtype: Any,
@@ -421,13 +454,16 @@ def _token_major_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, quant
         sources = (kq_ref, vq_ref, ks_ref, vs_ref)
     else:
         sources = (k_ref, v_ref)
-    base = pl.program_id(0) * tokens_per_block
+    _copy_rows(slots_ref, tokens_per_block, lambda t, slot: [
+        pltpu.make_async_copy(src.at[t], dst.at[slot], sems.at[c]) for c, (src, dst) in enumerate(zip(sources, outs))
+    ])
 
-    def copies(t: Any, slot: Any) -> list[Any]:
-        return [
-            pltpu.make_async_copy(src.at[t], dst.at[slot], sems.at[c])
-            for c, (src, dst) in enumerate(zip(sources, outs))
-        ]
+
+def _copy_rows(slots_ref: Any, tokens_per_block: int, copies: Any) -> None:
+    """Start ``copies(t, slot)`` (VMEM row t -> cache slot) for every valid token of this grid step's block, then
+    wait for them all: every copy of a block is in flight together; the waits follow (one per copy, all the
+    same size, on the semaphore it signals)."""
+    base = pl.program_id(0) * tokens_per_block
 
     def for_valid_tokens(action: str) -> None:
         def body(t: Any, carry: Any) -> Any:
@@ -444,6 +480,63 @@ def _token_major_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, quant
 
     for_valid_tokens("start")
     for_valid_tokens("wait")
+
+
+# ----- combined: K and V interleaved in one cache, one DMA per token -----
+
+def _combined_kernel(slots_ref: Any, k_ref: Any, v_ref: Any, kv_in_ref: Any, kv_ref: Any, rows_ref: Any,
+                     sem: Any, *, tokens_per_block: int) -> None:
+    # slots_ref: [num_tokens_padded] int32 SMEM (scalar prefetch), -1 = skip
+    # k_ref, v_ref: [tokens_per_block, kv_heads, head_dim] VMEM blocks of the new tokens
+    # kv_in_ref / kv_ref: the aliased cache [num_slots, 2 * kv_heads, head_dim] in HBM (written through kv_ref)
+    # rows_ref: [tokens_per_block, 2 * kv_heads, head_dim] VMEM scratch: the block's cache rows, K/V interleaved
+    del kv_in_ref
+    for h in range(k_ref.shape[1]):  # one sublane per store: row 2h <- K of head h, 2h + 1 <- its V
+        rows_ref[:, pl.ds(2 * h, 1), :] = k_ref[:, pl.ds(h, 1), :]
+        rows_ref[:, pl.ds(2 * h + 1, 1), :] = v_ref[:, pl.ds(h, 1), :]
+    _copy_rows(slots_ref, tokens_per_block,
+               lambda t, slot: [pltpu.make_async_copy(rows_ref.at[t], kv_ref.at[slot], sem.at[0])])
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    donate_argnames=("kv_pages",),
+)
+def _combined_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
+                  tokens_per_block: int, vmem_limit_bytes: int | None, interpret: bool) -> jax.Array:
+    num_tokens, kv_heads, head_dim = new_k.shape
+    num_pages, page_size = kv_pages.shape[:2]
+    flat = kv_pages.reshape(num_pages * page_size, 2 * kv_heads, head_dim)  # leading dims only: a bitcast
+    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
+    slots = jnp.pad(slot_mapping, (0, padded_tokens - num_tokens), constant_values=PADDING_SLOT)
+    token_spec = pl.BlockSpec((tokens_per_block, kv_heads, head_dim), lambda i, slots_ref: (i, 0, 0))
+    hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
+    call = pl.pallas_call(
+        with_ref_names(functools.partial(_combined_kernel, tokens_per_block=tokens_per_block),
+                       ["slots_ref", "new_k_ref", "new_v_ref", "kv_pages_in_ref", "kv_pages_ref", "rows_buf",
+                        "sem"]),
+        out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(tiling.cdiv(num_tokens, tokens_per_block),),
+            in_specs=[token_spec, token_spec, hbm_spec],
+            out_specs=hbm_spec,
+            scratch_shapes=[pltpu.VMEM((tokens_per_block, 2 * kv_heads, head_dim), kv_pages.dtype),
+                            pltpu.SemaphoreType.DMA((1,))],
+        ),
+        input_output_aliases={3: 0},  # operands: slots (scalar prefetch), new_k, new_v, kv_pages
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
+        cost_estimate=cost_estimate(
+            num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+            new_dtype=new_k.dtype, cache_dtype=kv_pages.dtype,
+        ),
+        interpret=interpret_params(interpret),
+        name="kv_cache_update",
+    )
+    with jax.named_scope(f"kv_cache_update[layout=combined,tokens_per_block={tokens_per_block}]"):
+        out = call(slots, new_k, new_v, flat)
+    return out.reshape(kv_pages.shape)
 
 
 @functools.partial(

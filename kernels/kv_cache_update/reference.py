@@ -40,11 +40,17 @@ def kv_cache_update_reference(
     """Write token t of new_k/new_v [T, kv_heads, head_dim] at slot slot_mapping[t] = page * page_size + offset.
 
     Caches are [kv_heads, num_pages, page_size, head_dim] (``layout="head-major"``)
-    or [num_pages, page_size, kv_heads, head_dim] ("token-major"). An int8 cache
+    or [num_pages, page_size, kv_heads, head_dim] ("token-major"), or with
+    ``layout="combined"`` k_cache is the one cache [num_pages, page_size,
+    2 * kv_heads, head_dim] (K of head h at row 2h, V at 2h + 1; v_cache is
+    ignored, may be None) and the result is ``(kv_pages,)``. An int8 cache
     gets the tokens quantized per (token, head) with f32 scales written to the
     scale cache, [kv_heads, num_pages, page_size] or [num_pages, page_size, kv_heads, 1].
     """
     check_layout(layout)
+    if layout == "combined":  # k_cache is kv_pages [pages, page_size, 2 * kv_heads, head_dim]; v_cache unused
+        rows = jnp.stack([new_k, new_v], axis=2).reshape(new_k.shape[0], 2 * new_k.shape[1], new_k.shape[2])
+        return (_scatter_token_major(k_cache, rows, slot_mapping),)
     head_major = layout == "head-major"
     scatter = _scatter_head_major if head_major else _scatter_token_major
     if k_cache.dtype != jnp.int8:

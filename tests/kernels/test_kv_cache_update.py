@@ -541,3 +541,87 @@ def test_default_blocks_with_many_tokens(layout):
                                              layout=layout.name)
     for out, ref in ((k_cache, ref_k), (v_cache, ref_v)):
         np.testing.assert_array_equal(_bits(out), _bits(ref))
+
+
+# ----- combined layout: kv_pages [num_pages, page_size, 2 * kv_heads, head_dim] (ragged_paged_attention's) -----
+
+def _combined_case(dtype, slots, *, pages=6, seed=0):
+    tokens = len(slots)
+    kk, kv_, kc = jax.random.split(jax.random.key(seed), 3)
+    new_k = jax.random.normal(kk, (tokens, KV_HEADS, HEAD_DIM), jnp.float32).astype(dtype)
+    new_v = jax.random.normal(kv_, (tokens, KV_HEADS, HEAD_DIM), jnp.float32).astype(dtype)
+    kv_pages = jnp.full((pages, PAGE_SIZE, 2 * KV_HEADS, HEAD_DIM), np.nan, dtype)  # untouched slots stay NaN
+    return new_k, new_v, kv_pages, jnp.asarray(slots, jnp.int32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("slots", [
+    [3],  # one decode token mid-page
+    [7, 8, 9, -1, 40, 0, 47],  # a run across the page 0/1 boundary, padding, the last slot (6 pages x 8 - 1), slot 0
+    [16, 17, 18, 19, 20, -1, -1, -1, -1, 33],  # 10 tokens: 3 blocks of 4, the last one partial (unaligned count)
+])
+def test_combined_matches_reference(dtype, slots):
+    new_k, new_v, kv_pages, slot_mapping = _combined_case(dtype, slots)
+    (want,) = kv_cache_update_reference(new_k, new_v, kv_pages, None, slot_mapping, layout="combined")
+    got = kvcu.kv_pages_update(new_k, new_v, kv_pages, slot_mapping, block_sizes=SMALL, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    # K of head h sits at row 2h, V at 2h + 1: token 0 (slot slots[0]) checked by hand, not via the reference.
+    page, row = divmod(slots[0], PAGE_SIZE)
+    np.testing.assert_array_equal(np.asarray(got[page, row, 2], np.float32), np.asarray(new_k[0, 1], np.float32))
+    np.testing.assert_array_equal(np.asarray(got[page, row, 3], np.float32), np.asarray(new_v[0, 1], np.float32))
+    written = {s for s in slots if s >= 0}
+    untouched = [s for s in range(6 * PAGE_SIZE) if s not in written]
+    flat = np.asarray(got, np.float32).reshape(6 * PAGE_SIZE, -1)
+    assert np.isnan(flat[untouched]).all() and not np.isnan(flat[sorted(written)]).any()
+
+
+def test_combined_all_padding_leaves_cache_unchanged():
+    new_k, new_v, kv_pages, slot_mapping = _combined_case(jnp.float32, [-1, -1, -1])
+    kv_pages = kv_pages.at[2].set(1.5)
+    got = kvcu.kv_pages_update(new_k, new_v, kv_pages.copy(), slot_mapping, block_sizes=SMALL, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(kv_pages))
+
+
+def test_combined_feeds_ragged_paged_attention():
+    """Decode + a prefill chunk written by the kernel, then read by ragged_paged_attention; page tables hold
+    garbage past each sequence's length and one sequence is empty (no KV, no query)."""
+    from kernels.ragged_paged_attention import ragged_paged_attention
+    from kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+
+    dtype, q_heads, head_dim, page_size, kv_heads, num_pages = jnp.float32, 4, 128, 8, 2, 12
+    kv_lens = np.array([11, 0, 5], np.int32)  # seq 0: 10 cached + 1 new (decode); seq 1 empty; seq 2: 5 new (prefill)
+    page_table = np.array([[3, 7, 999], [-4, 123, 5], [9, 2**30, -1]], np.int32)  # garbage past each length
+    new_pos = [(0, 10), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]  # (sequence, position) of each new token
+    slots = [page_table[s, p // page_size] * page_size + p % page_size for s, p in new_pos]
+    cu_q_lens = np.array([0, 1, 1, 6], np.int32)
+    keys = jax.random.split(jax.random.key(3), 4)
+    kv_pages = jax.random.normal(keys[0], (num_pages, page_size, 2 * kv_heads, head_dim), jnp.float32).astype(dtype)
+    new_k = jax.random.normal(keys[1], (len(slots), kv_heads, head_dim), jnp.float32).astype(dtype)
+    new_v = jax.random.normal(keys[2], (len(slots), kv_heads, head_dim), jnp.float32).astype(dtype)
+    q = jax.random.normal(keys[3], (len(slots), q_heads, head_dim), jnp.float32).astype(dtype)
+    (want_pages,) = kv_cache_update_reference(new_k, new_v, kv_pages, None, jnp.asarray(slots, jnp.int32),
+                                              layout="combined")
+    pages = kvcu.kv_pages_update(new_k, new_v, kv_pages.copy(), jnp.asarray(slots, jnp.int32), block_sizes=SMALL,
+                                 interpret=True)
+    np.testing.assert_array_equal(np.asarray(pages), np.asarray(want_pages))
+    args = (jnp.asarray(kv_lens), jnp.asarray(page_table), jnp.asarray(cu_q_lens), jnp.asarray([3], jnp.int32))
+    want = ragged_paged_attention_reference(q, want_pages, *args)
+    got = ragged_paged_attention(q, pages, *args, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(v_cache="same"), r"v_cache: layout='combined' keeps K and V in one cache"),
+    (dict(pages_shape=(6, PAGE_SIZE, KV_HEADS, HEAD_DIM)), r"k_cache: expected \[num_pages, page_size, 4, 128\]"),
+    (dict(cache_dtype=jnp.int8), r"k_cache: dtype int8 must equal new_k's .* layout='combined'"),
+    (dict(slots=[1, 1]), r"slot_mapping: slot 1 is written by more than one token"),
+])
+def test_combined_errors(kwargs, match):
+    new_k, new_v, kv_pages, slot_mapping = _combined_case(jnp.float32, kwargs.get("slots", [0, 1]))
+    if "pages_shape" in kwargs:
+        kv_pages = jnp.zeros(kwargs["pages_shape"], jnp.float32)
+    if "cache_dtype" in kwargs:
+        kv_pages = kv_pages.astype(kwargs["cache_dtype"])
+    v_cache = kv_pages if kwargs.get("v_cache") else None
+    with pytest.raises(ValueError, match=match):
+        kv_cache_update(new_k, new_v, kv_pages, v_cache, slot_mapping, layout="combined", interpret=True)
