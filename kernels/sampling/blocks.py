@@ -33,9 +33,9 @@ from kernels.tiling import (
 
 F32_BYTES = 4
 #: [block_b, block_v] f32 chunk temporaries Mosaic keeps in VMEM (fitted on tpu-v5e, 64 x 128256 f32, libtpu
-#: 0.0.42): a sampled call, and a greedy one. The passes fold chunks into lane-wide state, so no filter adds any.
+#: 0.0.42; greedy: the larger of v5e's and v4's figure): a sampled call, and a greedy one. The passes fold chunks into lane-wide state, so no filter adds any.
 CHUNK_TEMPORARIES = 2
-CHUNK_TEMPORARIES_GREEDY = 0.75
+CHUNK_TEMPORARIES_GREEDY = 1.0
 #: Extra f32 chunk temporaries of the top-n log-probability passes.
 CHUNK_TEMPORARIES_TOP_N = 0.25
 #: Lanes of the lane-wide state (kernel.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
@@ -69,7 +69,7 @@ class SamplingBlockSizes:
         the lane-wide and per-row state, and Mosaic's f32 chunk temporaries.
 
         ``greedy`` (no draw): no resident copy unless top-n log-probabilities need it. Measured on tpu-v5e at
-        64 x 128256 f32 (``tests/benchmarks/bench_sampling_kernel.py``): 0-8% above Mosaic's figure.
+        64 x 128256 f32 (``tests/benchmarks/bench_sampling_kernel.py``): 0-10% above Mosaic's figure (v4 too).
         """
         block_v = self.block_v
         buf = mosaic_buffer_bytes

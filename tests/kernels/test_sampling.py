@@ -256,8 +256,8 @@ def test_vmem_bytes_by_hand():
     blocks = Blocks(block_b=8, block_v=256)
     assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True) == 180224
     # Greedy, no noise: one resident block 8192, logits 16384, columns 32768, state 3 * 8192 + 4 * 4096 = 40960,
-    # 0.75 chunk of temporaries 6144: 104448.
-    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=False, greedy=True) == 104448
+    # one chunk of temporaries 8192: 106496.
+    assert blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=False, greedy=True) == 106496
     # bf16 logits (block_b 16) with penalties and a bias: the resident rows are f32, and the int32 counts and
     # f32 bias stream beside the logits: resident 4 * 16 * 256 * 4 = 65536 vs 32768 for bf16 alone, plus
     # 2 * 2 * 16384 of count and bias blocks.
@@ -538,3 +538,17 @@ def test_rejection_sampler_rejects_bad_inputs(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         rejection_sample(args["tokens"], args["draft"], args["target"], key=args["key"], interpret=True)
+
+
+def test_rejection_sampler_checks_its_vmem_by_hand():
+    from kernels.sampling import rejection_sample
+    from kernels.sampling.rejection import rejection_vmem_bytes
+
+    # 8 x 256 blocks: the greedy sampling footprint with a second f32 stream, plus 1.5 f32 chunks of
+    # 8 * 256 * 4 = 8192 B: 12288 B. A 512 x 8192 block needs far over v5e's 16 MiB scoped VMEM.
+    blocks = Blocks(block_b=8, block_v=256)
+    base = blocks.vmem_bytes(vocab=1000, logits_dtype=jnp.float32, with_noise=True, greedy=True)
+    assert rejection_vmem_bytes(blocks, vocab=1000) == base + 12288
+    with pytest.raises(ValueError, match=r"block_sizes \(block_b=512, block_v=8192\) need .* of VMEM"):
+        rejection_sample(jnp.zeros((4, 1), jnp.int32), jnp.zeros((1, 4, 128)), jnp.zeros((2, 4, 128)),
+                         key=jax.random.key(0), block_sizes=Blocks(block_b=512, block_v=8192), interpret=True)
