@@ -116,7 +116,7 @@ shown apart and left out of the statistics (their times are not TPU performance)
 
 \b
 Examples:
-  perfmodel compare results.jsonl --plot compare.png
+  perfmodel compare results.jsonl --plot out/compare.png
   perfmodel compare perfmodel/data/validation/tpu_v5e_matmul.yaml
 """
 
