@@ -36,8 +36,8 @@ F32_BYTES = 4
 #: 0.0.42; greedy: the larger of v5e's and v4's figure): a sampled call, and a greedy one. The passes fold chunks into lane-wide state, so no filter adds any.
 CHUNK_TEMPORARIES = 2
 CHUNK_TEMPORARIES_GREEDY = 1.0
-#: Extra f32 chunk temporaries of the top-n log-probability passes.
-CHUNK_TEMPORARIES_TOP_N = 0.25
+#: Extra f32 chunk temporaries of the top-n log-probability passes (v4 needs the most: 11.03 MB at 64 x 128256).
+CHUNK_TEMPORARIES_TOP_N = 0.75
 #: Lanes of the lane-wide state (kernel.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
 LANE_STATE = 256
 #: f32 option columns per row (kernel.N_OPTS_F).
