@@ -85,7 +85,8 @@ class SamplingBlockSizes:
         outputs = 2 * column * (2 + (top_logprobs > 0 or 0)) + 2 * 2 * buf((self.block_b, max(top_logprobs, 1)),
                                                                              "float32") * (top_logprobs > 0)
         state = (3 + 3 * (not greedy)) * lanes + 4 * column
-        chunks = (CHUNK_TEMPORARIES_GREEDY if greedy else CHUNK_TEMPORARIES) + CHUNK_TEMPORARIES_TOP_N * (top_logprobs > 0)
+        chunks = ((CHUNK_TEMPORARIES_GREEDY if greedy else CHUNK_TEMPORARIES)
+                  + CHUNK_TEMPORARIES_TOP_N * (top_logprobs > 0))
         temporaries = int(chunks * self.block_b * block_v * F32_BYTES)
         return int(resident + pipelined + options + outputs + state + temporaries)
 
