@@ -17,6 +17,7 @@ _EXPORTS = {
     "kv_cache_update": "kernels.kv_cache_update.kernel",
     "kv_pages_update": "kernels.kv_cache_update.kernel",
     "kv_cache_update_reference": "kernels.kv_cache_update.reference",
+    "kv_pages_update_reference": "kernels.kv_cache_update.reference",
 }
 __all__ = sorted(_EXPORTS)
 

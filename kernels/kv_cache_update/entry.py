@@ -32,6 +32,20 @@ ENTRIES = (
         block_axes=(BlockAxis(field="tokens_per_block", array="new_k", dim=0, align=1, minimum=8),),
         block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
     ),
+    KernelEntry(
+        name="kv_cache_update_combined",
+        summary="bundled paged KV-cache write into ragged_paged_attention's combined K/V pages (one row DMA per token)",
+        function="kernels.kv_cache_update:kv_pages_update",
+        reference="kernels.kv_cache_update:kv_pages_update_reference",
+        arrays=("new_k", "new_v", "kv_pages", "slot_mapping"),
+        example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "kv_pages=256x16x16x128:bf16",
+                 "slot_mapping=64:int32=arange"),
+        block_axes=(BlockAxis(field="tokens_per_block", array="new_k", dim=0, align=1, minimum=8),),
+        block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",
+        production=ProductionCall(label="kv_cache_update combined 64 tokens", shapes=(
+            "new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "kv_pages=8192x16x16x128:bf16",
+            "slot_mapping=64:int32=arange")),
+    ),
 )
 
 TUNED = TunedKernel(

@@ -65,3 +65,11 @@ def kv_cache_update_reference(
         scatter(k_scale_cache, ks, slot_mapping),
         scatter(v_scale_cache, vs, slot_mapping),
     )
+
+
+def kv_pages_update_reference(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array,
+                              slot_mapping: jax.Array) -> jax.Array:
+    """The combined layout's reference: ``kv_pages`` [pages, page_size, 2 * kv_heads, head_dim] with token t's
+    K of head h at row 2h and its V at 2h + 1 of slot slot_mapping[t]."""
+    (out,) = kv_cache_update_reference(new_k, new_v, kv_pages, None, slot_mapping, layout="combined")
+    return out

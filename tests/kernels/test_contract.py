@@ -120,13 +120,13 @@ def _rms_norm(specs, static, used):
                     out_dtype="int8" if static.get("quantize") else None, chip=None)
 
 
-def _kv_cache_update(page_dim: int):
+def _kv_cache_update(page_dim: int, cache: str = "k_cache"):
     def op_cost(specs, static, used):
         from perfmodel.model.kvcache import kv_cache_update
 
         num_tokens, kv_heads, head_dim = specs["new_k"].shape
         return kv_cache_update(num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim,
-                               page_size=specs["k_cache"].shape[page_dim], kv_dtype=_dt(specs["k_cache"]),
+                               page_size=specs[cache].shape[page_dim], kv_dtype=_dt(specs[cache]),
                                src_dtype=_dt(specs["new_k"]), chip=None)
 
     return op_cost
@@ -345,6 +345,23 @@ CONTRACTS: dict[str, Contract] = {
                                           "slot_mapping=512:int32", "k_scale_cache=4096x16x8x1:f32",
                                           "v_scale_cache=4096x16x8x1:f32"),
                  floor={"bytes_accessed": 3 * 2**20}),
+        ),
+    ),
+    "kv_cache_update_combined": Contract(
+        scope=r"kv_cache_update\[layout=combined,tokens_per_block=(?P<tokens_per_block>\d+)\]",
+        op_cost=_kv_cache_update(page_dim=1, cache="kv_pages"),
+        tol={"bfloat16": EXACT, "float32": EXACT},
+        aliased=True,
+        small=(
+            # 13 tokens (an unaligned count: the default block clamps to 13), slots 0, 3, .., 36 over 6 pages of 8.
+            Case(id="bf16-defaults", shapes=("new_k=13x2x128:bf16=random", "new_v=13x2x128:bf16=random",
+                                             "kv_pages=6x8x4x128:bf16=random", "slot_mapping=13:int32=arange*3")),
+        ),
+        lowered=(
+            # Independent floor: read 2 * 512*8*128 bf16 = 2 MiB of new K/V, write the same 2 MiB into the pages.
+            Case(id="bf16-pages", shapes=("new_k=512x8x128:bf16", "new_v=512x8x128:bf16",
+                                          "kv_pages=4096x16x16x128:bf16", "slot_mapping=512:int32"),
+                 floor={"bytes_accessed": 4 * 2**20}),
         ),
     ),
     "flash_attention": Contract(
