@@ -487,6 +487,7 @@ def test_rejection_sampler_matches_the_reference_token_for_token():
         assert 0 <= out[b, num[b]] < 300 and (out[b, num[b] + 1:] == -1).all()
 
 
+@pytest.mark.slow
 def test_identical_draft_and_target_accept_everything():
     from kernels.sampling import rejection_sample
 
