@@ -33,9 +33,10 @@ from kernels.tiling import (
 
 F32_BYTES = 4
 #: [block_b, block_v] f32 chunk temporaries Mosaic keeps in VMEM (fitted on tpu-v5e, 64 x 128256 f32, libtpu
-#: 0.0.42; greedy: the larger of v5e's and v4's figure): a sampled call, and a greedy one. The passes fold chunks into lane-wide state, so no filter adds any.
+#: 0.0.42; greedy: v6e needs the most): a sampled call, and a greedy one. The passes fold chunks into
+#: lane-wide state, so no filter adds any.
 CHUNK_TEMPORARIES = 2
-CHUNK_TEMPORARIES_GREEDY = 1.0
+CHUNK_TEMPORARIES_GREEDY = 1.25
 #: Extra f32 chunk temporaries of the top-n log-probability passes (v4 needs the most: 11.03 MB at 64 x 128256).
 CHUNK_TEMPORARIES_TOP_N = 0.75
 #: Lanes of the lane-wide state (kernel.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
