@@ -13,9 +13,9 @@ chunk is its bytes over the HBM bandwidth one TensorCore gets (chip rate / Tenso
 cycles. Passes are labelled in program order by the variant's known sequence of searches.
 
 Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the bisection steps, whose
-number depends on the data; the bench counts them for N(0, 2.5^2) logits with the kernel itself in interpret mode
-on a few rows (``--rows-for-passes``), and reports ``row blocks x (HBM phase + passes x cycles per pass)`` against
-the roofline (one read of the logits).
+number depends on the data (12-21 top-k and 7-16 top-p passes on N(0, 2.5^2) rows, kernels/README.md), so the
+whole call against the roofline is worked out from these per-pass figures in kernels/README.md; this script does
+not count passes itself.
 """
 
 from __future__ import annotations
