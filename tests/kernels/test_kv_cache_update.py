@@ -126,9 +126,11 @@ def _layout_kwargs(layout: Layout) -> dict:
     return dict(layout=layout.name) | ({} if layout.head_major else dict(block_sizes=SMALL))
 
 
-def test_head_major_is_the_default_and_both_layouts_are_tested():
+def test_head_major_is_the_default_and_every_layout_is_tested():
+    # The parametrized cases here cover head-major and token-major; the combined layout (the one
+    # ragged_paged_attention reads) has its own tests below.
     assert DEFAULT_LAYOUT == "head-major"
-    assert sorted(la.name for la in LAYOUTS) == sorted(kvcu.LAYOUTS)
+    assert sorted([la.name for la in LAYOUTS] + ["combined"]) == sorted(kvcu.LAYOUTS)
 
 
 def _update_cases() -> list:
@@ -474,7 +476,7 @@ def _bad_call(case: str) -> None:
         ("hm_given_token_major", r"k_cache: expected \[2, num_pages, page_size, 128\] \(layout='head-major'\)"),
         ("hm_scale_shape", r"k_scale_cache: an int8 cache needs a float32 scale cache of shape \[2, 6, 8\] "
                            r"\(layout='head-major'\), got float32\[6, 8, 2, 1\]"),
-        ("hm_block_sizes", r"block_sizes: only layout='token-major' takes block sizes"),
+        ("hm_block_sizes", r"block_sizes: only layout='token-major' or 'combined' takes block sizes"),
         ("hm_slot_past_cache", r"slot_mapping: token 1 has slot 48, outside the cache's 48 slots"),
         ("hm_vmem", r"layout='head-major' \(pages of 8 tokens; scale blocks span all 50001 pages: use a multiple "
                     r"of 8 pages\) need .* MiB of VMEM"),
