@@ -48,6 +48,20 @@ def _first_line(exc: BaseException) -> str:
     return re.sub(r"\s+", " ", msg)[:600]
 
 
+def read_schedule(files: dict[str, str]) -> Any:
+    """The compiler's schedule of one op from its dump files (``files``: an entry of :func:`_op_files`, with
+    its bundles file and, where dumped, its utilization file)."""
+    from perfmodel.compiler.bundles import build_schedule
+
+    def text(key: str) -> str | None:
+        if key not in files:
+            return None
+        with open(files[key], encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    return build_schedule(text("bundles"), text("utilization"))
+
+
 def _op_files(dump_dir: str) -> dict[str, dict[str, str]]:
     """HLO op name -> {'bundles': path, 'utilization': path} of the final schedule the compiler dumped."""
     out: dict[str, dict[str, str]] = {}
@@ -135,13 +149,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         if not f or "bundles" not in f:
             c["schedule"] = None
             continue
-        with open(f["bundles"], encoding="utf-8", errors="replace") as fh:
-            btext = fh.read()
-        utext = None
-        if "utilization" in f:
-            with open(f["utilization"], encoding="utf-8", errors="replace") as fh:
-                utext = fh.read()
-        sched = build_schedule(btext, utext)
+        sched = read_schedule(f)
         loop = grid_loop(sched)
         stats = loop_stats(sched, loop)
         c["program_bundles"] = len(sched.bundles)

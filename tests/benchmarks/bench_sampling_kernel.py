@@ -98,9 +98,9 @@ def _report(compiled) -> None:
 def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "float32") -> dict:
     """Compile one variant for ``chip`` in a child; read its schedule dumps; per-chunk-loop stats."""
     from kernels.sampling import default_block_sizes
-    from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_stats
+    from perfmodel.compiler.bundles import grid_loop, loop_stats
     from perfmodel.compiler.toolchain import worker_environment
-    from perfmodel.compiler.worker import _op_files
+    from perfmodel.compiler.worker import _op_files, read_schedule
 
     options, labels = VARIANTS[variant]
     blocks = default_block_sizes(chip, logits_dtype=dtype, vocab=vocab)
@@ -116,16 +116,9 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
                  if ("sampling" in name or "rejection" in name) and "bundles" in f]
         if not files:
             return {"error": "no sampling kernel schedule in the dumps"}
-        f = files[0]
-        with open(f["bundles"], encoding="utf-8", errors="replace") as fh:
-            btext = fh.read()
-        utext = None
-        if "utilization" in f:
-            with open(f["utilization"], encoding="utf-8", errors="replace") as fh:
-                utext = fh.read()
+        sched = read_schedule(files[0])
     finally:
         shutil.rmtree(dump, ignore_errors=True)
-    sched = build_schedule(btext, utext)
     grid = grid_loop(sched)
     body = loop_stats(sched, grid)
     chunks = -(-vocab // blocks.block_v)
