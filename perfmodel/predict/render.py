@@ -147,6 +147,9 @@ def format_report(op: str, params: dict[str, Any], preds: list[OpPrediction]) ->
 
 
 def _fmt_param(v: Any) -> str:
+    """A parameter as a table or CSV cell: lists comma-joined, an unset one (None) empty, never "None"."""
+    if v is None:
+        return ""
     if isinstance(v, (list, tuple)):
         return ",".join(str(x) for x in v)
     if isinstance(v, np.ndarray):

@@ -188,6 +188,7 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
     cands = sorted(enumerate_candidates(entry, dims), key=lambda b: (steps_lower_bound(entry, dims, b), sorted(b.items())))
     ranked: list[Candidate] = []
     groups: dict[str, list] = {}  # grouping key -> [first message, count]
+    errors: set[str] = set()  # the distinct messages of the candidates that raised
     pruned = evaluated = 0
     best = math.inf
     for blocks in cands:
@@ -199,6 +200,7 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
             c = _evaluate(entry, specs, args, blocks, spec, extra)
         except (InputError, ValueError) as exc:
             _count(groups, str(exc))
+            errors.add(_message(str(exc)))
             continue
         if c.vmem_status != "fits":
             _count(groups, f"VMEM {c.vmem_status} on {spec.name}")
@@ -207,6 +209,10 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
         best = min(best, c.expected_s)
     ranked = rank(ranked)
     baseline, label = _baseline(entry, specs, args, spec, extra)
+    if not ranked and baseline is None and len(errors) == 1 and sum(n for _, n in groups.values()) == evaluated:
+        # Every candidate and the kernel's own blocks failed with one and the same message: the shapes (or
+        # arguments) are wrong whatever the blocks, so that is the error, not "no legal block sizes".
+        raise InputError(f"tune {entry.name}: {errors.pop()}")
     return TuneResult(
         kernel=entry.name, chip=spec.name, shapes=tuple(s.text() for s in specs.values()), ranked=tuple(ranked),
         evaluated=evaluated, rejected={msg: n for msg, n in groups.values()}, pruned=pruned, baseline=baseline,
