@@ -2,8 +2,8 @@
 
 :func:`step_report` takes what ``perfmodel predict model ... --json`` prints
 (one record or a list); :func:`records_report` takes measurement records.
-Both return a :class:`Report` (tables of strings plus the roofline's roofs
-and points); :func:`to_markdown` renders it, :func:`perfmodel.harness.plots.roofline_figure`
+Both return a :class:`Report` (tables of values with their display text, plus
+the roofline's roofs and points); :func:`to_markdown` renders it, :func:`perfmodel.harness.plots.roofline_figure`
 draws its roofline. Pure functions of their inputs; no jax, no matplotlib.
 :func:`build_report` tells the kinds of input apart (what `perfmodel report`
 reads) and :func:`write_report` writes the markdown and the PNG.
@@ -23,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from perfmodel.errors import InputError, naming
 from perfmodel.inputcheck import finite, read_text
@@ -38,6 +38,8 @@ class Roof:
     dtype: str
     peak_flops_per_s: float
     hbm_bytes_per_s: float
+
+    JSON_DERIVED = ("ridge_flop_per_byte",)
 
     @property
     def ridge_flop_per_byte(self) -> float:
@@ -65,7 +67,28 @@ class RooflineChart:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Column:
+    """A table column: its header, its key in ``--json`` output (units in the name) and its alignment."""
+
+    header: str
+    key: str
+    #: Markdown alignment: "l" or "r".
+    align: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One table value: a number in SI base units (seconds, bytes, FLOP/s, fractions), a string or None (no
+    value), and its display text, made from the value by :func:`_cell`."""
+
+    value: Any
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Section:
+    """A table as text (what `compare` renders); a report's :class:`Table` gives one by :meth:`Table.text`."""
+
     heading: str
     headers: tuple[str, ...]
     #: Markdown alignment per column: "l" or "r".
@@ -75,14 +98,47 @@ class Section:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Table:
+    """A report's table: values (for ``--json``) with their display text."""
+
+    heading: str
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+    #: Step totals: numbers in SI base units by key (``--json``); ``summary`` says them in words.
+    totals: tuple[tuple[str, Any], ...] = ()
+    summary: tuple[str, ...] = ()
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return tuple(c.header for c in self.columns)
+
+    @property
+    def align(self) -> str:
+        return "".join(c.align for c in self.columns)
+
+    @property
+    def text_rows(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(c.text for c in row) for row in self.rows)
+
+    def text(self) -> Section:
+        return Section(heading=self.heading, headers=self.headers, align=self.align, rows=self.text_rows,
+                       summary=self.summary)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Report:
     title: str
     source: str
-    sections: tuple[Section, ...]
+    sections: tuple[Table, ...]
     roofline: RooflineChart
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: Problems met reading the input that did not stop it (e.g. a truncated last line skipped).
     warnings: tuple[str, ...] = ()
+    #: What produced the report: one mapping per step record (model, chip, step parameters) or measurement record
+    #: (where it came from, kernel, arrays, blocks, chip, backend, mode), values as in the input.
+    inputs: tuple[Mapping[str, Any], ...] = ()
+    #: The measurement records (records reports only): the HTML report plots them measured vs predicted.
+    records: tuple[Located, ...] = ()
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -107,12 +163,18 @@ def _roof(chip: Any, dtype: str) -> Roof | None:
                 hbm_bytes_per_s=chip.memory.hbm_bw_bytes_per_s_per_chip)
 
 
-def _shares(chip: Any, dtype: str, useful_flops: float, hbm_bytes: float, time_s: float) -> tuple[str, str]:
-    """MXU and HBM share of peak of work done in time_s."""
+def _shares(chip: Any, dtype: str, useful_flops: float, hbm_bytes: float,
+            time_s: float) -> tuple[float | None, float | None]:
+    """MXU and HBM share of peak (fractions) of work done in time_s; None where there is no such work."""
     rate = chip.matmul_rate(dtype)
-    mxu = percent(useful_flops / (time_s * rate)) if rate and useful_flops and time_s > 0 else "-"
-    hbm = percent(hbm_bytes / (time_s * chip.memory.hbm_bw_bytes_per_s_per_chip)) if hbm_bytes and time_s > 0 else "-"
+    mxu = useful_flops / (time_s * rate) if rate and useful_flops and time_s > 0 else None
+    hbm = hbm_bytes / (time_s * chip.memory.hbm_bw_bytes_per_s_per_chip) if hbm_bytes and time_s > 0 else None
     return mxu, hbm
+
+
+def _cell(value: Any, fmt: Callable[[Any], str] = str) -> Cell:
+    """A table cell: the value and its text (fmt of the value; "-" for None)."""
+    return Cell(value=value, text="-" if value is None else fmt(value))
 
 
 def _intensity(useful_flops: float, hbm_bytes: float) -> float | None:
@@ -126,16 +188,34 @@ _STEP_FIELDS = ("model", "chip", "step", "ops", "floor_s", "expected_s", "bound"
 _OP_FIELDS = ("name", "count", "floor_s", "expected_s", "bound", "share", "hbm_bytes", "useful_flops", "mxu_dtype")
 
 
+_STEP_COLUMNS = (
+    Column(header="op", key="op", align="l"),
+    Column(header="x", key="count", align="r"),
+    Column(header="floor", key="floor_s", align="r"),
+    Column(header="expected", key="expected_s", align="r"),
+    Column(header="bound", key="bound", align="l"),
+    Column(header="share of step", key="share_of_step", align="r"),
+    Column(header="FLOP/B", key="intensity_flop_per_byte", align="r"),
+    Column(header="MXU share at floor", key="mxu_share_at_floor", align="r"),
+    Column(header="HBM share at floor", key="hbm_share_at_floor", align="r"),
+)
+
+
 def step_report(data: Any, *, source: str) -> Report:
     """Report of `perfmodel predict model --json` output (a record or a list of them)."""
     steps = data if isinstance(data, list) else [data]
     if not steps:
         raise InputError(f"{source}: no step records")
-    sections, roofs, points, left_out = [], {}, [], []
+    sections, roofs, points, left_out, inputs = [], {}, [], [], []
     for i, raw in enumerate(steps, start=1):
         where = f"{source}: record {i}"
         _require(raw, _STEP_FIELDS, where, "a `perfmodel predict model --json` record")
+    tags = _step_tags(steps)
+    for i, raw in enumerate(steps, start=1):
+        where = f"{source}: record {i}"
         chip = _chip(str(raw["chip"]), where)
+        inputs.append({"model": raw["model"], "chip": chip.name,
+                       **(raw["step"] if isinstance(raw["step"], dict) else {"step": raw["step"]})})
         rows = []
         for j, op in enumerate(raw["ops"], start=1):
             _require(op, _OP_FIELDS, f"{where}, op {j}", "an op of `predict model --json`")
@@ -144,9 +224,10 @@ def step_report(data: Any, *, source: str) -> Report:
                 for key in ("floor_s", "expected_s", "useful_flops", "hbm_bytes", "share"))
             ai = _intensity(useful, hbm)
             mxu, hbm_share = _shares(chip, str(op["mxu_dtype"]), useful, hbm, floor)
-            rows.append((str(op["name"]), str(op["count"]), seconds(floor), seconds(expected),
-                         str(op["bound"]), percent(share), intensity(ai) if ai else "-", mxu, hbm_share))
-            label = op["name"] if len(steps) == 1 else f"{op['name']} [{chip.name}]"
+            rows.append((_cell(str(op["name"])), _cell(op["count"]), _cell(floor, seconds), _cell(expected, seconds),
+                         _cell(str(op["bound"])), _cell(share, percent), _cell(ai, intensity),
+                         _cell(mxu, percent), _cell(hbm_share, percent)))
+            label = op["name"] if tags[i - 1] is None else f"{op['name']} [{tags[i - 1]}]"
             roof = _roof(chip, str(op["mxu_dtype"]))
             if ai is None or roof is None or floor <= 0 or expected <= 0:
                 left_out.append(str(op["name"]))
@@ -156,13 +237,9 @@ def step_report(data: Any, *, source: str) -> Report:
                                         flops_per_s=useful / floor, kind="floor"))
             points.append(RooflinePoint(label=label, chip=chip.name, intensity_flop_per_byte=ai,
                                         flops_per_s=useful / expected, kind="expected"))
-        sections.append(Section(
-            heading=f"{raw['model']} on {chip.name}: {_step_text(raw['step'])}",
-            headers=("op", "x", "floor", "expected", "bound", "share of step", "FLOP/B", "MXU share at floor",
-                     "HBM share at floor"),
-            align="lrrrlrrrr", rows=tuple(rows),
-            summary=_step_summary(raw),
-        ))
+        totals, summary = _step_summary(raw, where)
+        sections.append(Table(heading=f"{raw['model']} on {chip.name}: {_step_text(raw['step'])}",
+                              columns=_STEP_COLUMNS, rows=tuple(rows), totals=totals, summary=summary))
     models = ", ".join(dict.fromkeys(str(s["model"]) for s in steps))
     chips = ", ".join(dict.fromkeys(str(s["chip"]) for s in steps))
     notes = ["times are per step on one chip; each op's floor is its roofline bound, `expected` applies the "
@@ -172,7 +249,25 @@ def step_report(data: Any, *, source: str) -> Report:
     return Report(title=f"Roofline report: {models} on {chips}", source=source, sections=tuple(sections),
                   roofline=RooflineChart(roofs=tuple(roofs.values()), points=tuple(points),
                                          left_out=tuple(dict.fromkeys(left_out))),
-                  notes=tuple(notes))
+                  notes=tuple(notes), inputs=tuple(inputs))
+
+
+def _step_tags(steps: Sequence[Mapping[str, Any]]) -> list[str | None]:
+    """What tells each step's points apart on the roofline: None for one step; else the chip (when the chips
+    differ) and the sweep point (`predict model --sweep`), or the record number when those are all alike."""
+    if len(steps) == 1:
+        return [None]
+    chips_differ = len({str(s["chip"]) for s in steps}) > 1
+    tags = []
+    for raw in steps:
+        parts = [str(raw["chip"])] if chips_differ else []
+        point = raw.get("point")
+        if isinstance(point, dict):
+            parts += [f"{k} {v}" for k, v in point.items() if k not in ("hw", "chip")]
+        tags.append(", ".join(parts))
+    if len(set(tags)) < len(tags) or not all(tags):
+        tags = [f"#{i}" for i in range(1, len(steps) + 1)]
+    return tags
 
 
 def _require(obj: Any, fields: Sequence[str], where: str, what: str) -> None:
@@ -197,42 +292,69 @@ def _step_text(step: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _step_summary(raw: Mapping[str, Any]) -> tuple[str, ...]:
-    out = [f"step floor {seconds(float(raw['floor_s']))}, expected {seconds(float(raw['expected_s']))}, "
-           f"{raw['bound']}"]
+def _step_summary(raw: Mapping[str, Any], where: str) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """A step's totals (numbers by key, SI base units) and the same in words."""
+    def number(key: str) -> float:
+        return finite(raw[key], f"{where}: field '{key}'", nonnegative=True)
+
+    totals: dict[str, Any] = {"floor_s": number("floor_s"), "expected_s": number("expected_s"),
+                              "bound": str(raw["bound"])}
+    out = [f"step floor {seconds(totals['floor_s'])}, expected {seconds(totals['expected_s'])}, {totals['bound']}"]
     if "mbu_at_floor" in raw and "mfu_at_floor" in raw:
-        out.append(f"MBU at floor {percent(float(raw['mbu_at_floor']))}, MFU at floor "
-                   f"{percent(float(raw['mfu_at_floor']))}")
+        totals.update(mbu_at_floor=number("mbu_at_floor"), mfu_at_floor=number("mfu_at_floor"))
+        out.append(f"MBU at floor {percent(totals['mbu_at_floor'])}, MFU at floor {percent(totals['mfu_at_floor'])}")
     if "tokens_per_s_per_chip" in raw:
-        out.append(f"{si(float(raw['tokens_per_s_per_chip']), 'tok/s')} per chip at the floor")
-    return tuple(out)
+        totals["tokens_per_s_per_chip"] = number("tokens_per_s_per_chip")
+        out.append(f"{si(totals['tokens_per_s_per_chip'], 'tok/s')} per chip at the floor")
+    return tuple(totals.items()), tuple(out)
 
 
 # --------------------------------------------------------------------------- measured records
+
+
+_RECORD_COLUMNS = (
+    Column(header="#", key="record", align="r"),
+    Column(header="kernel", key="kernel", align="l"),
+    Column(header="arrays", key="arrays", align="l"),
+    Column(header="blocks", key="blocks", align="l"),
+    Column(header="chip", key="chip", align="l"),
+    Column(header="backend/mode", key="backend_mode", align="l"),
+    Column(header="measured", key="measured_s", align="l"),
+    Column(header="op floor", key="op_floor_s", align="r"),
+    Column(header="expected (+dispatch)", key="expected_wall_s", align="r"),
+    Column(header="floor bound", key="floor_bound", align="l"),
+    Column(header="limited by", key="limited_by", align="l"),
+    Column(header="efficiency", key="efficiency", align="r"),
+    Column(header="MXU share", key="mxu_share", align="r"),
+    Column(header="HBM share", key="hbm_share", align="r"),
+)
 
 
 def records_report(items: Sequence[Located], *, source: str) -> Report:
     """Report of measurement records: one row per record, predicted and (real TPU only) measured points."""
     if not items:
         raise InputError(f"{source}: no measurement records")
-    rows, roofs, points, left_out = [], {}, [], []
+    rows, roofs, points, left_out, inputs = [], {}, [], [], []
     interpret = 0
     for n, item in enumerate(items, start=1):
         r = item.record
         p = r.prediction
         chip = _chip(p.chip, item.where)
         label = f"#{n}"
+        inputs.append({"record": n, "where": item.where, "kernel": r.kernel, "arrays": r.arrays_text,
+                       "blocks": r.blocks_text, "chip": p.chip, "backend": r.backend, "mode": r.mode})
         if r.is_real:
-            measured = seconds(r.timing.measured_s)
-            eff = percent(r.efficiency) if r.efficiency is not None else "-"
+            measured = _cell(r.timing.measured_s, seconds)
+            eff = r.efficiency
             mxu, hbm = _shares(chip, p.mxu_dtype, p.useful_flops, p.ideal_hbm_bytes, r.timing.measured_s)
         else:
             interpret += 1
-            measured = f"{seconds(r.timing.measured_s)} interpret wall (not TPU)"
-            eff, mxu, hbm = "-", "-", "-"
-        rows.append((str(n), r.kernel, r.arrays_text, r.blocks_text, p.chip, f"{r.backend}/{r.mode}", measured,
-                     seconds(p.op_floor_s), seconds(r.expected_wall_s), bound_name(p.op_floor_limiter), limited_by(p),
-                     eff, mxu, hbm))
+            measured = _cell(r.timing.measured_s, lambda t: f"{seconds(t)} interpret wall (not TPU)")
+            eff, mxu, hbm = None, None, None
+        rows.append((_cell(n), _cell(r.kernel), _cell(r.arrays_text), _cell(r.blocks_text), _cell(p.chip),
+                     _cell(f"{r.backend}/{r.mode}"), measured, _cell(p.op_floor_s, seconds),
+                     _cell(r.expected_wall_s, seconds), _cell(bound_name(p.op_floor_limiter)), _cell(limited_by(p)),
+                     _cell(eff, percent), _cell(mxu, percent), _cell(hbm, percent)))
         ai = _intensity(p.useful_flops, p.ideal_hbm_bytes)
         roof = _roof(chip, p.mxu_dtype) or _roof(chip, "bf16")
         if roof is not None:
@@ -247,12 +369,7 @@ def records_report(items: Sequence[Located], *, source: str) -> Report:
         if r.is_real:
             points.append(RooflinePoint(label=label, chip=chip.name, intensity_flop_per_byte=ai,
                                         flops_per_s=p.useful_flops / r.timing.measured_s, kind="measured"))
-    section = Section(
-        heading="Measured kernels",
-        headers=("#", "kernel", "arrays", "blocks", "chip", "backend/mode", "measured", "op floor",
-                 "expected (+dispatch)", "floor bound", "limited by", "efficiency", "MXU share", "HBM share"),
-        align="rllllllrrllrrr", rows=tuple(rows),
-    )
+    section = Table(heading="Measured kernels", columns=_RECORD_COLUMNS, rows=tuple(rows))
     notes = ["efficiency = op floor / measured time (wall per call, dispatch included); MXU and HBM shares are "
              "useful FLOPs and each-byte-once HBM bytes over the measured time, against the chip's peaks; "
              "`expected (+dispatch)` adds the record's dispatch estimate where the timing includes dispatch; "
@@ -265,7 +382,7 @@ def records_report(items: Sequence[Located], *, source: str) -> Report:
         notes.append(f"not on the roofline (no matrix FLOPs): {', '.join(left_out)}")
     return Report(title="Roofline report: measured kernels", source=source, sections=(section,),
                   roofline=RooflineChart(roofs=tuple(roofs.values()), points=tuple(points), left_out=tuple(left_out)),
-                  notes=tuple(notes))
+                  notes=tuple(notes), inputs=tuple(inputs), records=tuple(items))
 
 
 # --------------------------------------------------------------------------- markdown
@@ -277,7 +394,7 @@ def to_markdown(report: Report, *, plot_name: str | None) -> str:
     if plot_name:
         lines += [f"![roofline]({plot_name})", ""]
     for s in report.sections:
-        lines += [f"## {s.heading}", "", _md_table(s.headers, s.rows, s.align), ""]
+        lines += [f"## {s.heading}", "", _md_table(s.headers, s.text_rows, s.align), ""]
         lines += [f"- {line}" for line in s.summary]
         if s.summary:
             lines.append("")
@@ -295,14 +412,18 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str)
 
 
 def as_dict(report: Report) -> dict[str, Any]:
-    """JSON-ready form (tables as lists of dicts keyed by header)."""
+    """JSON-ready form: numbers in SI base units (seconds, bytes, FLOP/s; shares as fractions), None where a table
+    shows "-"; table rows as dicts keyed by each column's key (``floor_s``, ``efficiency``, ...)."""
     return {
         "title": report.title,
         "source": report.source,
-        "sections": [{"heading": s.heading, "rows": [dict(zip(s.headers, r)) for r in s.rows],
-                      "summary": list(s.summary)} for s in report.sections],
+        "inputs": [dict(i) for i in report.inputs],
+        "sections": [{"heading": s.heading,
+                      "rows": [{c.key: cell.value for c, cell in zip(s.columns, row)} for row in s.rows],
+                      "totals": dict(s.totals)} for s in report.sections],
         "roofline": to_jsonable(report.roofline),
         "notes": list(report.notes),
+        "warnings": list(report.warnings),
     }
 
 

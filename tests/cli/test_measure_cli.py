@@ -147,8 +147,9 @@ def test_report_of_measured_records(measured, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     [row] = data["sections"][0]["rows"]
-    assert row["kernel"] == "rms_norm" and row["backend/mode"] == "cpu/interpret" and row["efficiency"] == "-"
-    assert row["measured"].endswith("interpret wall (not TPU)")
+    # numbers in SI base units: the measured interpret wall time in seconds, no efficiency (null)
+    assert row["kernel"] == "rms_norm" and row["backend_mode"] == "cpu/interpret" and row["efficiency"] is None
+    assert isinstance(row["measured_s"], float) and row["measured_s"] > 0
     assert data["files"] == [str(tmp_path / "k.md"), str(tmp_path / "k.png")]
 
 

@@ -41,7 +41,16 @@ def test_step_report_table_rows_and_roofline_points():
     floor = next(p for p in rep.roofline.points if p.kind == "floor")
     assert floor.intensity_flop_per_byte == pytest.approx(3.94e11 / 1.638e8)
     assert floor.flops_per_s == pytest.approx(197e12)
-    assert as_dict(rep)["sections"][0]["rows"][0]["op"] == "gemm"
+    # --json: numbers in SI base units (seconds, fractions, FLOP/B), null where the table shows "-"
+    gemm, norm = as_dict(rep)["sections"][0]["rows"]
+    assert gemm == {"op": "gemm", "count": 2, "floor_s": 2e-3, "expected_s": 2.2e-3, "bound": "MXU-bound",
+                    "share_of_step": 0.8, "intensity_flop_per_byte": pytest.approx(2405.37, abs=0.01),
+                    "mxu_share_at_floor": pytest.approx(1.0), "hbm_share_at_floor": pytest.approx(0.1)}
+    assert (norm["intensity_flop_per_byte"], norm["mxu_share_at_floor"]) == (None, None)
+    assert norm["hbm_share_at_floor"] == pytest.approx(1.0)
+    totals = as_dict(rep)["sections"][0]["totals"]
+    assert totals == {"floor_s": pytest.approx(2.5e-3), "expected_s": pytest.approx(2.79e-3), "bound": "MXU-bound"}
+    assert as_dict(rep)["roofline"]["roofs"][0]["ridge_flop_per_byte"] == pytest.approx(197e12 / 819e9)
 
 
 def test_step_report_names_the_missing_field():
@@ -54,7 +63,7 @@ def test_step_report_names_the_missing_field():
 def test_records_report_shows_interpret_times_as_not_tpu_performance(synthetic_records):
     items = [Located(where=f"r.jsonl:{n}", record=r) for n, r in enumerate(synthetic_records, start=1)]
     rep = records_report(items, source="r.jsonl")
-    rows = {r[0]: r for r in rep.sections[0].rows}
+    rows = {r[0]: r for r in rep.sections[0].text_rows}
     headers = rep.sections[0].headers
     interp = dict(zip(headers, rows["9"]))
     assert interp["backend/mode"] == "cpu/interpret"
@@ -68,6 +77,11 @@ def test_records_report_shows_interpret_times_as_not_tpu_performance(synthetic_r
     assert ("#9", "measured") not in kinds and ("#9", "floor") in kinds and ("#1", "measured") in kinds
     md = to_markdown(rep, plot_name=None)
     assert "1 interpret-mode record(s)" in md and "![roofline]" not in md
+    # --json: the measured time is a number of seconds; an interpret record has no efficiency (null, not "-")
+    json_rows = {r["record"]: r for r in as_dict(rep)["sections"][0]["rows"]}
+    assert json_rows[9]["measured_s"] == synthetic_records[8].timing.measured_s
+    assert json_rows[9]["backend_mode"] == "cpu/interpret" and json_rows[9]["efficiency"] is None
+    assert json_rows[1]["efficiency"] == pytest.approx(0.92 / 1.12, abs=1e-3)
 
 
 def test_figures_are_written_as_png(tmp_path, synthetic_records):
