@@ -104,3 +104,74 @@ def test_save_wants_a_png_path(tmp_path, synthetic_records):
     with pytest.raises(InputError, match=r"^`plot` '.*c.pdf': give a .png path") as err:
         save(compare_figure(items), tmp_path / "c.pdf")
     assert err.value.fields == ("plot",)  # the CLI writes it as its flag, --plot
+
+
+# --------------------------------------------------------------------------- figure layout
+
+
+def _annotations(ax):
+    from matplotlib.text import Annotation
+
+    return [t for t in ax.texts if isinstance(t, Annotation)]
+
+
+def _no_two_overlap(fig, texts):
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1:]:
+            assert not box_a.overlaps(box_b), f"labels overprint: {a!r} and {b!r}"
+
+
+def test_roofline_figure_tflops_ridge_every_sweep_point_labeled_legend_outside():
+    # A sweep of two steps (batch 1 and batch 32): the gemm at two intensities. On v5e the roof is 197 TFLOP/s
+    # and 819 GB/s: ridge 197e12 / 819e9 = 240.5 FLOP/B, written "241 FLOP/B".
+    small = {**GEMM, "useful_flops": 1.638e8, "floor_s": 2e-4}  # 1 FLOP/B
+    steps = [{**_step([small]), "point": {"batch": 1}}, {**_step([GEMM]), "point": {"batch": 32}}]
+    rep = step_report(steps, source="sweep.json")
+    assert {p.label for p in rep.roofline.points} == {"gemm [batch 1]", "gemm [batch 32]"}
+    fig = roofline_figure(rep.roofline, "t")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "useful TFLOP/s"
+    texts = [t.get_text() for t in _annotations(ax)]
+    assert "ridge 241 FLOP/B" in texts
+    assert "gemm [batch 1]" in texts and "gemm [batch 32]" in texts  # every point of the sweep, not just the first
+    # the roof is not clipped: the axes reach past the ridge and above the 197 TFLOP/s peak
+    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+    assert x_lo < 240.5 < x_hi and y_hi > 197 and y_lo < 1.638e8 / 2e-4 / 1e12
+    # the gemm at batch 32 sits at 197 TFLOP/s (its floor is MXU time): plotted in TFLOP/s, not FLOP/s
+    floor_y = [y for coll in ax.collections for _, y in coll.get_offsets()]
+    assert any(abs(y - 197) < 1e-6 for y in floor_y) and max(floor_y) < 1e3
+    _no_two_overlap(fig, _annotations(ax))
+    # the legend sits outside the axes: it covers neither the ridge nor a point
+    renderer = fig.canvas.get_renderer()
+    [legend] = fig.legends
+    assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
+def test_grouped_labels_share_their_tag_once():
+    from perfmodel.harness.plots import _grouped
+
+    # 1.00 and 1.05 fall in one ~12% cell on log axes; 10 does not.
+    got = _grouped([(1.0, 1.0, "qkv [batch 1]"), (1.05, 1.0, "down [batch 1]"), (10.0, 1.0, "up [batch 1]")])
+    assert got == {(1.0, 1.0): "qkv, down [batch 1]", (10.0, 1.0): "up [batch 1]"}
+
+
+def test_compare_figure_labels_apart_and_legend_says_the_tables_limiting_unit(synthetic_records):
+    from perfmodel.harness.comparison import compare
+
+    items = [Located(where=f"r.jsonl:{n}", record=r) for n, r in enumerate(synthetic_records, start=1)]
+    fig = compare_figure(items)
+    left, right = fig.axes
+    _no_two_overlap(fig, _annotations(left))
+    labelled = {part for t in _annotations(left) for part in t.get_text().split(", ")}
+    assert labelled == {f"#{n}" for n in range(1, len(items) + 1)}
+    [table] = compare(items).real
+    units = {row[table.headers.index("limited by")] for row in table.rows}
+    assert "step overhead" in units  # record 6 of the synthetic set
+    legend_units = {t.get_text().removeprefix("limited by: ").removesuffix(" (real TPU)")
+                    for t in fig.legends[0].get_texts() if t.get_text().startswith("limited by: ")}
+    assert legend_units == units
+    bar_units = {t.get_text().removeprefix("measured, limited by: ") for t in right.get_legend().get_texts()
+                 if t.get_text().startswith("measured, ")}
+    assert bar_units == units
