@@ -121,6 +121,8 @@ class Instruction:
     op_name: str
     #: Computations it calls (fusion body, while body/condition, reducer).
     calls: tuple[str, ...]
+    #: The result type as printed, layout and tiling included.
+    type_text: str = ""
 
 
 @dataclass
@@ -189,7 +191,7 @@ def parse_module(text: str) -> dict[str, Computation]:
         cur.instructions.append(Instruction(
             name=m.group(2), opcode=opcode, arrays=parse_arrays(type_text),
             operands=tuple(_OPERAND.findall(operand_text)), args_text=operand_text.strip(), attrs=attrs, root=bool(m.group(1)),
-            op_name=op_name.group(1) if op_name else "", calls=tuple(_CALLS.findall(attrs))))
+            op_name=op_name.group(1) if op_name else "", calls=tuple(_CALLS.findall(attrs)), type_text=type_text))
     return comps
 
 
@@ -349,11 +351,14 @@ def instruction_work(comps: dict[str, Computation], ins: Instruction, shapes: di
     if ins.opcode in FREE or ins.opcode.endswith("-done"):
         return Work(flops=flops, transcendentals=trans)
     operands = [shapes.get(o, ()) for o in ins.operands]
-    if ins.opcode in ASYNC_COPIES:  # a DMA: reads its operand, writes its destination buffer
+    if ins.opcode in ASYNC_COPIES:  # a DMA: reads what it copies, writes its destination buffer
         src = operands[0] if operands else ()
         dest = ins.arrays[1:2] if ins.opcode == "slice-start" else ins.arrays[:1]
-        return Work(bytes=float(_nbytes(src) + _nbytes(dest)),
-                    hbm_bytes=float(_nbytes(src, hbm_only=True) + _nbytes(dest, hbm_only=True)))
+        # a slice-start copies one slice of its operand (the compiler cuts a big prefetch into many of them):
+        # it reads as many bytes as it writes, from wherever the operand lives
+        read = float(_nbytes(src) if ins.opcode == "copy-start" else _nbytes(dest))
+        read_hbm = read if all(a.memory_space == 0 for a in src) else 0.0
+        return Work(bytes=read + _nbytes(dest), hbm_bytes=read_hbm + _nbytes(dest, hbm_only=True))
     written = ins.arrays
     if ins.opcode.endswith("-start"):  # async collectives: the result tuple repeats the operands
         written = ins.arrays[len(operands):] or ins.arrays
@@ -423,3 +428,44 @@ def collective_group_size(ins: Instruction, default: int) -> int:
         axes = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
         return math.prod(sizes.get(a, 1) for a in axes) or default
     return default
+
+
+# --------------------------------------------------------------------------- identical programs
+
+#: Attributes that change what an instruction computes (the rest: names, metadata, the compiler's config).
+_STRUCTURAL = re.compile(r"\b(dimensions|slice|slice_sizes|dynamic_slice_sizes|offset_dims|collapsed_slice_dims|"
+                         r"start_index_map|index_vector_dim|lhs_contracting_dims|rhs_contracting_dims|lhs_batch_dims|"
+                         r"rhs_batch_dims|dim_labels|window|direction|kind|custom_call_target|index|padding|"
+                         r"iota_dimension|update_window_dims|inserted_window_dims|scatter_dims_to_operand_dims|"
+                         r"feature_group_count|batch_group_count|lhs_dilate|rhs_dilate)=(\{[^}]*\}|[^,\s]+)")
+
+
+def _computation_signature(comps: dict[str, Computation], name: str, memo: dict[str, str], depth: int = 0) -> str:
+    """What a computation computes, without its names: every instruction's type, opcode, structural attributes,
+    operands by position and called computations (recursively)."""
+    if name in memo:
+        return memo[name]
+    comp = comps.get(name)
+    if comp is None or depth > 8:
+        return name
+    pos = {ins.name: i for i, ins in enumerate(comp.instructions)}
+    lines = []
+    for ins in comp.instructions:
+        value = ins.args_text if ins.opcode in ("parameter", "constant") else ""
+        lines.append("|".join((ins.type_text, ins.opcode, value, ",".join(str(pos.get(o, o)) for o in ins.operands),
+                               ";".join(m.group(0) for m in _STRUCTURAL.finditer(ins.attrs)),
+                               ",".join(_computation_signature(comps, c, memo, depth + 1) for c in ins.calls),
+                               "root" if ins.root else "")))
+    memo[name] = "\n".join(lines)
+    return memo[name]
+
+
+def program_signature(comps: dict[str, Computation], ins: Instruction, types: dict[str, str],
+                      memo: dict[str, str]) -> str:
+    """A key equal for two top-level instructions that compile to the same program: the same opcode, result and
+    operand types (layouts included), structural attributes and called computations up to names. The TPU
+    compiler dumps the schedule of such a program once (under one of their names); the others reuse it.
+    ``types``: instruction name -> result type text in ``ins``'s computation."""
+    return "\n".join((ins.type_text, ins.opcode, ",".join(types.get(o, "?") for o in ins.operands),
+                      ";".join(m.group(0) for m in _STRUCTURAL.finditer(ins.attrs)),
+                      *(_computation_signature(comps, c, memo) for c in ins.calls)))

@@ -227,13 +227,12 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     users_of: dict[str, dict[str, list[hlo.Instruction]]] = {}
     ops: list[ProgramOp] = []
     unknown_loops = 0
+    twins = _shared_programs(comps, listed, bundles)
+    no_program = 0
     for ins, comp, count in listed:
         if ins.opcode in hlo.FREE or ins.opcode.endswith("-done"):
             continue
         kind = _kind(ins, comps, set(pallas))
-        has_program = ins.name in bundles or ins.name in pallas
-        if not has_program and kind not in ("collective", "dma", "custom-call"):
-            continue  # no code of its own: a bitcast or an op the compiler folded away
         shapes = shapes_of.setdefault(comp.name, {i.name: i.arrays for i in comp.instructions})
         work = hlo.instruction_work(comps, ins, shapes, memo)
         nb: float | None = None
@@ -242,9 +241,14 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             lp = k.loop
             if lp is not None and k.program_bundles is not None:
                 nb = float(lp.weighted_bundles * (lp.trip_count or 1) + max(k.program_bundles - lp.bundles, 0))
-        elif ins.name in bundles:
-            nb, unk = bundles[ins.name]
+        elif ins.name in bundles or ins.name in twins:
+            nb, unk = bundles[twins.get(ins.name, ins.name)]
             unknown_loops += unk
+        elif kind not in ("collective", "dma", "custom-call"):
+            if not work.hbm_bytes or all(not a.dims for a in ins.arrays):
+                continue  # no program of its own and no HBM traffic (a bitcast-like op the compiler folded away)
+                # or a scalar (loop counters: the scalar unit's registers, whatever their layout says)
+            no_program += 1
         compute = stall * nb / clock if nb and clock else 0.0
         memory = work.hbm_bytes / hbm_rate if hbm_rate else 0.0
         ici = ici_bytes = 0.0
@@ -285,6 +289,9 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             transcendentals=work.transcendentals, bytes=work.bytes, hbm_bytes=work.hbm_bytes, ici_bytes=ici_bytes,
             bundles=nb, compute_s=compute, memory_s=memory, ici_s=ici, time_s=time, bound=bound,
             time_source=source, group_chips=group))
+    if no_program:
+        notes.append(f"{no_program} op(s) with HBM traffic have no schedule in the compiler's dumps (nor an identical "
+                     "op with one): timed from their bytes alone")
     if unknown_loops:
         notes.append(f"{unknown_loops} loop(s) inside ops have a trip count the schedule does not fix; "
                      "their bundles count once")
@@ -296,6 +303,26 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                    cost_analysis=dict(report.cost_analysis), memory=dict(report.memory),
                    compile_s=report.compile_s, from_cache=report.from_cache, notes=tuple(dict.fromkeys(notes)),
                    stall_factor=stall)
+
+
+def _shared_programs(comps: Mapping[str, hlo.Computation], listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]],
+                     bundles: Mapping[str, Any]) -> dict[str, str]:
+    """Op without a dumped schedule -> the HLO name of an identical op with one. The compiler dumps one schedule per distinct program: the second layer's attention, the V
+    gather beside the K gather, reuse the first one's (without this they went uncounted)."""
+    memo: dict[str, str] = {}
+    types_of: dict[str, dict[str, str]] = {}
+    by_sig: dict[str, str] = {}
+    missing: list[tuple[hlo.Instruction, str]] = []
+    for ins, comp, _count in listed:
+        if ins.opcode in hlo.FREE or ins.opcode.endswith("-done") or ins.opcode in hlo.ASYNC_COPIES:
+            continue
+        types = types_of.setdefault(comp.name, {i.name: i.type_text for i in comp.instructions})
+        sig = hlo.program_signature(comps, ins, types, memo)
+        if ins.name in bundles:
+            by_sig.setdefault(sig, ins.name)
+        else:
+            missing.append((ins, sig))
+    return {ins.name: by_sig[sig] for ins, sig in missing if sig in by_sig}
 
 
 def _consumer_op_name(comps: Mapping[str, hlo.Computation], comp: hlo.Computation, start: hlo.Instruction,

@@ -204,3 +204,70 @@ def test_reference_rejects_mla():
         layer_groups(get_model("deepseek-v3"))
     groups = layer_groups(get_model("gemma-3-27b"))
     assert [g.attention_label for g in groups][0] == "attention(global)" and groups[1].window
+
+
+SLICED_PREFETCH = """HloModule jit_f
+
+ENTRY %main (w: bf16[64,512]) -> s8[16384] {
+  %w = bf16[64,512]{1,0} parameter(0)
+  %b = s8[65536]{0} bitcast(%w)
+  %slice-start = ((s8[65536]{0}), s8[16384]{0:S(1)}, s32[]{:S(2)}) slice-start(%b), slice={[0:16384]}
+  ROOT %slice-done = s8[16384]{0:S(1)} slice-done(%slice-start)
+}
+"""
+
+
+def test_slice_dma_reads_its_slice_not_the_whole_operand():
+    comps = hlo.parse_module(SLICED_PREFETCH)
+    main_ = hlo.entry(comps)
+    w = hlo.instruction_work(comps, main_.by_name()["slice-start"], {i.name: i.arrays for i in main_.instructions})
+    # one quarter (16384 B) of the 64x512 bf16 = 65536 B array is copied from HBM into VMEM: 16384 B read from
+    # HBM + 16384 B written to VMEM (the whole operand would be 65536 B: four such DMAs read it once)
+    assert (w.bytes, w.hbm_bytes) == (2 * 16384, 16384)
+
+
+# Two layers' K gathers: identical fused computations under two names. The compiler dumps the schedule of the
+# program once (under gather_fusion); gather_fusion.1 runs the same program. A third fusion differs (f32).
+TWINS = """HloModule jit_twins
+
+%g0 (p0: bf16[64,128], p1: s32[16]) -> bf16[16,128] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %p1 = s32[16]{0} parameter(1)
+  ROOT %g = bf16[16,128]{1,0} gather(%p0, %p1), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,128}, metadata={op_name="jit(f)/attention/gather"}
+}
+
+%g1 (q0: bf16[64,128], q1: s32[16]) -> bf16[16,128] {
+  %q0 = bf16[64,128]{1,0} parameter(0)
+  %q1 = s32[16]{0} parameter(1)
+  ROOT %h = bf16[16,128]{1,0} gather(%q0, %q1), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,128}, metadata={op_name="jit(f)/attention/gather"}
+}
+
+%g2 (r0: f32[64,128], r1: s32[16]) -> f32[16,128] {
+  %r0 = f32[64,128]{1,0} parameter(0)
+  %r1 = s32[16]{0} parameter(1)
+  ROOT %k = f32[16,128]{1,0} gather(%r0, %r1), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,128}
+}
+
+ENTRY %main (a: bf16[64,128], b: bf16[64,128], c: f32[64,128], i: s32[16]) -> (bf16[16,128], bf16[16,128], f32[16,128]) {
+  %a = bf16[64,128]{1,0} parameter(0)
+  %b = bf16[64,128]{1,0} parameter(1)
+  %c = f32[64,128]{1,0} parameter(2)
+  %i = s32[16]{0} parameter(3)
+  %gather_fusion = bf16[16,128]{1,0} fusion(%a, %i), kind=kCustom, calls=%g0, metadata={op_name="jit(f)/attention/gather"}
+  %gather_fusion.1 = bf16[16,128]{1,0} fusion(%b, %i), kind=kCustom, calls=%g1, metadata={op_name="jit(f)/attention/gather"}
+  %gather_fusion.2 = f32[16,128]{1,0} fusion(%c, %i), kind=kCustom, calls=%g2
+  ROOT %t = (bf16[16,128]{1,0}, bf16[16,128]{1,0}, f32[16,128]{1,0}) tuple(%gather_fusion, %gather_fusion.1, %gather_fusion.2)
+}
+"""
+
+
+def test_ops_sharing_one_dumped_program_are_all_counted():
+    p = build_program(_report({"gather_fusion": 3_000}), get_chip("v5e"), hlo_text=TWINS)
+    ops = {o.hlo_name: o for o in p.ops}
+    # the twin without a dump of its own runs the dumped program: same bundles, same bytes (16 rows of 128 bf16
+    # gathered = 4096 B read + 64 B of indices + 4096 B written = 8256 B)
+    assert ops["gather_fusion.1"].bundles == ops["gather_fusion"].bundles == 3_000
+    assert ops["gather_fusion.1"].hbm_bytes == ops["gather_fusion"].hbm_bytes == 4096 + 64 + 4096
+    # the f32 gather is another program with no dump: still counted, from its bytes (8192 + 64 + 8192 B)
+    assert ops["gather_fusion.2"].bundles is None and ops["gather_fusion.2"].hbm_bytes == 8192 + 64 + 8192
+    assert any("timed from their bytes alone" in n for n in p.notes)
