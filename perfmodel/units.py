@@ -50,6 +50,9 @@ def binary(value: float | None, unit: str = "B", digits: int = 3) -> str:
 def _sig(x: float, digits: int) -> str:
     if x == 0:
         return "0"
+    if not 1e-4 <= abs(x) < 1e6:
+        # beyond the prefixes (a spec's absurd 1e-300 B/s gives 3.37e+269 Ys): e-notation, not 270 digits
+        return f"{x:.{digits - 1}e}"
     x = float(f"{x:.{digits}g}")
     places = max(digits - 1 - int(math.floor(math.log10(abs(x)))), 0)
     text = f"{x:.{places}f}"

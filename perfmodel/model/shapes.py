@@ -13,6 +13,7 @@ from typing import Union
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.inputcheck import MAX_SIZE_PRODUCT
 
 Num = Union[float, int, np.ndarray]
 
@@ -39,6 +40,9 @@ def sizes(name: str, value: Num, *, minimum: int = 1) -> np.ndarray:
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
             bad = ~np.isfinite(arr) | (arr != np.round(arr))
             raise InputError(f"{flag_name(name)}: sizes must be whole numbers, got {_first_bad(arr, bad)}")
+        huge = np.abs(arr) > MAX_SIZE_PRODUCT  # would wrap around in the int64 cast (9.3e18 -> -9.2e18)
+        if np.any(huge):
+            raise InputError(f"{flag_name(name)}: {_first_bad(arr, huge):.3g} is too large (at most 2**62)")
         arr = arr.astype(np.int64)
     arr = arr.astype(np.int64, copy=False)
     below = arr < minimum
