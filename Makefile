@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all compile-checks thirdparty-checks ci bench clean
+.PHONY: demo test test-all compile-checks thirdparty-checks readme-check ci bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,12 @@ thirdparty-checks: $(STAMP)
 		|| echo "thirdparty-checks: installing .ci/thirdparty-requirements.txt failed; the tests below skip"
 	PYTHONPATH=$(abspath $(THIRDPARTY)) $(BIN)/python -m pytest tests/schedule/test_sched_thirdparty.py -rs
 
-# What CI runs on a fresh clone: the test suite, the compiler checks, the third-party kernels.
-ci: test compile-checks thirdparty-checks
+# The README's shown outputs against the tool as it is now (python tests/readme_examples.py --write regenerates them).
+readme-check: $(STAMP)
+	$(BIN)/python tests/readme_examples.py --quiet
+
+# What CI runs on a fresh clone: the test suite, the compiler checks, the third-party kernels, the README examples.
+ci: test compile-checks thirdparty-checks readme-check
 
 bench: $(STAMP)
 	for f in tests/benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done

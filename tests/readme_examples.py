@@ -1,0 +1,156 @@
+"""The README's shown outputs, regenerated from the tool as it is now.
+
+Every ```console block of README.md is a short session: ``$ `` lines are commands (a trailing backslash continues
+one), the lines after each are what it printed. This script runs each block's commands in order, in a fresh
+temporary directory that links the repository's top-level folders (so relative paths work and nothing is written
+into the checkout), and compares or rewrites the shown output.
+
+    python tests/readme_examples.py            # check: exit 1 and a diff for each example that drifted
+    python tests/readme_examples.py --write    # regenerate the shown outputs in README.md
+
+`make readme-check` (part of `make ci`) runs the check. Examples whose output depends on the machine (a compile, a
+measurement, a file the reader edits first) are listed in SKIP with the reason; they are not run. An output
+shown with a line "..." is an excerpt: the lines shown before and after it are kept, the rest is cut.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: Top-level entries linked into the scratch directory the examples run in.
+LINKED = ("perfmodel", "kernels", "hwspecs", "tests", "notebooks", "pyproject.toml")
+#: Substring of a command -> why its shown output is not regenerated here.
+SKIP = {
+    "--compile": "compiles with libtpu: minutes, and figures that move with the compiler version",
+    "perfmodel measure": "times kernels on the JAX backend present: machine-dependent",
+    "my-chip.yaml": "the reader edits the file first; the error shown is for that edit",
+}
+#: Lines libtpu prints on stderr that are not the tool's output.
+NOISE = ("WARNING", "E0000", "Source Location", "learning/", "Logging before")
+BLOCK = re.compile(r"(```console\n)(.*?)(```)", re.S)
+
+
+@dataclass(frozen=True)
+class Example:
+    command: str  # as run (continuations joined)
+    lines: tuple[str, ...]  # the command's lines as written
+    shown: str  # the output shown under it
+
+
+def parse_block(body: str) -> list[Example]:
+    """The commands of one console block with the output shown under each."""
+    lines = body.rstrip("\n").split("\n")
+    examples: list[Example] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("$ "):
+            i += 1
+            continue
+        start, cmd = i, lines[i][2:]
+        while cmd.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("$ "):
+            j += 1
+        examples.append(Example(command=cmd, lines=tuple(lines[start : i + 1]), shown="\n".join(lines[i + 1 : j])))
+        i = j
+    return examples
+
+
+def skip_reason(command: str) -> str | None:
+    return next((why for key, why in SKIP.items() if key in command), None)
+
+
+def run(command: str, cwd: Path) -> str:
+    env = dict(os.environ, COLUMNS="200", PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=str(ROOT))
+    r = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    out = (r.stdout + r.stderr).rstrip("\n")
+    return "\n".join(line.rstrip() for line in out.split("\n") if not any(n in line for n in NOISE))
+
+
+def excerpt(got: str, shown: str) -> str:
+    """An output shown with a line "..." is an excerpt: as many lines of the output as are shown before it, and as
+    many as are shown after it, are kept."""
+    shown_lines = shown.rstrip("\n").split("\n")
+    if "..." not in (line.strip() for line in shown_lines):
+        return got
+    cut = [line.strip() for line in shown_lines].index("...")
+    head, tail = cut, len(shown_lines) - cut - 1
+    lines = got.split("\n")
+    if len(lines) <= head + tail:
+        return got
+    return "\n".join(lines[:head] + ["..."] + (lines[len(lines) - tail:] if tail else []))
+
+
+def scratch_dir() -> tempfile.TemporaryDirectory:
+    tmp = tempfile.TemporaryDirectory(prefix="perfmodel-readme-")
+    for name in LINKED:
+        if (ROOT / name).exists():
+            os.symlink(ROOT / name, Path(tmp.name) / name)
+    (Path(tmp.name) / "out").mkdir()
+    return tmp
+
+
+def regenerate(text: str, progress=lambda msg: None) -> tuple[str, list[tuple[str, str, str]]]:
+    """(README text with every runnable example's output regenerated, [(command, shown, got)] that differ)."""
+    drifted: list[tuple[str, str, str]] = []
+
+    def block(match: re.Match) -> str:
+        body = match.group(2)
+        examples = parse_block(body)
+        if not examples or any(skip_reason(e.command) for e in examples):
+            for e in examples:
+                if skip_reason(e.command):
+                    progress(f"skip  {e.command[:80]}  ({skip_reason(e.command)})")
+            return match.group(0)  # a session runs whole or not at all
+        with scratch_dir() as cwd:
+            out_lines: list[str] = []
+            for e in examples:
+                progress(f"run   {e.command[:80]}")
+                got = excerpt(run(e.command, Path(cwd)), e.shown)
+                if got.strip() != e.shown.strip():
+                    drifted.append((e.command, e.shown, got))
+                out_lines.extend(e.lines)
+                if got:
+                    out_lines.append(got)
+        return match.group(1) + "\n".join(out_lines) + "\n" + match.group(3)
+
+    return BLOCK.sub(block, text), drifted
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="rewrite README.md with the regenerated outputs")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    progress = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    text = README.read_text(encoding="utf-8")
+    new, drifted = regenerate(text, progress)
+    if args.write:
+        if new != text:
+            README.write_text(new, encoding="utf-8")
+        print(f"README.md: {len(drifted)} example(s) regenerated")
+        return 0
+    for command, shown, got in drifted:
+        print(f"=== drifted: $ {command}")
+        sys.stdout.writelines(line + "\n" for line in
+                              difflib.unified_diff(shown.split("\n"), got.split("\n"), "README", "now", lineterm=""))
+    print(f"{len(drifted)} README example(s) differ from the tool's output"
+          + ("; run: python tests/readme_examples.py --write" if drifted else ""))
+    return 1 if drifted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The README example runner (tests/readme_examples.py): parsing sessions and excerpts. `make readme-check` runs
+the examples themselves."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.readme_examples import excerpt, parse_block, skip_reason
+
+
+def test_a_session_is_split_into_commands_with_their_output():
+    body = "$ perfmodel hw list \\\n    --json\n[1]\n$ sed -n 1p f\nx\ny\n"
+    first, second = parse_block(body)
+    assert first.command == "perfmodel hw list --json" and first.shown == "[1]"
+    assert first.lines == ("$ perfmodel hw list \\", "    --json")
+    assert second.command == "sed -n 1p f" and second.shown == "x\ny"
+
+
+@pytest.mark.parametrize("shown, got, kept", [
+    # No "...": the whole output.
+    ("a\nb", "a\nb\nc", "a\nb\nc"),
+    # One line shown before "...": the first line of four, then "...".
+    ("a\n...", "a\nb\nc\nd", "a\n..."),
+    # One before, one after: the first and the last of four.
+    ("a\n...\nd", "a\nb\nc\nd", "a\n...\nd"),
+    # An output no longer than the excerpt is kept whole (the "..." goes).
+    ("a\n...", "a", "a"),
+])
+def test_an_excerpt_keeps_the_lines_shown_around_the_ellipsis(shown, got, kept):
+    assert excerpt(got, shown) == kept
+
+
+def test_machine_dependent_examples_are_skipped_with_a_reason():
+    assert "libtpu" in skip_reason("perfmodel inspect matmul --compile")
+    assert skip_reason("perfmodel predict gemm --hw v5e -m 1 -n 1 -k 1") is None
