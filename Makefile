@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all compile-checks thirdparty-checks readme-check ci bench clean
+.PHONY: demo test test-all compile-checks thirdparty-checks readme-check chromium ci bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,15 @@ thirdparty-checks: $(STAMP)
 # The README's shown outputs against the tool as it is now (python tests/readme_examples.py --write regenerates them).
 readme-check: $(STAMP)
 	$(BIN)/python tests/readme_examples.py --quiet
+
+# Debian's chromium for the HTML report's browser test (tests/test_html_report_browser.py), installed with apt-get
+# as root or with sudo -n; where neither works (or there is no network) the browser tests skip and say why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 && echo "chromium: $$(command -v chromium)" || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "chromium: not installed and no root or sudo -n; the browser tests skip"; exit 0; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    chromium || echo "chromium: apt-get install failed; the browser tests skip"; }
 
 # What CI runs on a fresh clone: the test suite, the compiler checks, the third-party kernels, the README examples.
 ci: test compile-checks thirdparty-checks readme-check
