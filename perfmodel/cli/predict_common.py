@@ -64,6 +64,17 @@ def _option_for(ctx: click.Context | None, name: str) -> click.Parameter | None:
     return None
 
 
+def _flag_name(param: click.Parameter | None, name: str) -> str:
+    """What a user types for an option in --sweep: its longest flag without dashes (--bytes -> bytes)."""
+    opts = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    return max(opts, key=len).lstrip("-") if opts else name.replace("_", "-")
+
+
+def _sweep_names(ctx: click.Context | None, allowed: Iterable[str]) -> dict[str, str]:
+    """--sweep spellings (an option's flag, e.g. ``bytes`` for ``--bytes``) -> the option's parameter name."""
+    return {_flag_name(_option_for(ctx, a), a).replace("-", "_"): a for a in allowed}
+
+
 def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str, Any]]:
     """Cross product of ``--sweep name=v1,v2`` values, converted with the option's click type.
 
@@ -71,14 +82,16 @@ def sweep_points(sweep: Iterable[str], allowed: Iterable[str]) -> list[dict[str,
     """
     allowed = list(allowed)
     ctx = click.get_current_context(silent=True)
+    flags = _sweep_names(ctx, allowed)
     axes: list[tuple[str, list[Any]]] = []
     for item in sweep:
         name, sep, values = item.partition("=")
         key = name.strip().lstrip("-").replace("-", "_")
+        key = flags.get(key, key)
         if not sep or not key or not values.strip():
             raise InputError(f"--sweep '{short(item)}': write NAME=V1,V2,... (e.g. --sweep m=1,8,64)")
         if key not in allowed:
-            shown = ", ".join(a.replace("_", "-") for a in allowed)
+            shown = ", ".join(_flag_name(_option_for(ctx, a), a) for a in allowed)
             raise InputError(f"--sweep: '{short(name)}' cannot be swept here; sweepable: {shown}")
         if any(key == k for k, _ in axes):
             raise InputError(f"--sweep: '{name}' given twice; list all its values in one --sweep")

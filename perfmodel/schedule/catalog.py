@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -219,10 +221,12 @@ class TunedKernel:
 
 
 def load(target: str, flag: str) -> Any:
-    """Import "module:attr.attr"; InputError naming flag when it cannot."""
+    """Import "module:attr.attr" (from the current directory too); InputError naming flag when it cannot."""
     module, _, attr = target.partition(":")
     if not module or not attr:
         raise InputError(f"{flag} '{target}': expected MODULE:FUNCTION, e.g. kernels.matmul:matmul")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # modules in the current directory import, as with `python -m`
     try:
         obj: Any = importlib.import_module(module)
     except ImportError as exc:

@@ -433,3 +433,13 @@ def test_gemm_dynamic_activation_quantization():
                                        "--lhs-source-dtype", "bf16"])
     assert result.exit_code != 0
     assert "--lhs-source-dtype" in result.output and "Traceback" not in result.output
+
+
+def test_a_sweep_names_an_option_by_its_flag():
+    # predict copy's --bytes is the option array_bytes: `--sweep bytes=...` sweeps it (2 MiB and 4 MiB: 2 rows),
+    # and an unknown name lists the flags.
+    res = CliRunner().invoke(main, ["predict", "copy", "--hw", "v5e", "--sweep", "bytes=2097152,4194304", "--json"])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(res.output)) == 2
+    res = CliRunner().invoke(main, ["predict", "copy", "--hw", "v5e", "--sweep", "foo=1"])
+    assert res.exit_code == 2 and "sweepable: bytes, shape, elements" in res.output
