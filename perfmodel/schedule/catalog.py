@@ -50,7 +50,7 @@ class BlockAxis:
     maximum: int | None = None
     #: When the field counts finer units than the array dimension's elements: the array (--shape name) and
     #: dimension whose size multiplies it (ragged_paged_attention's block_kv counts KV tokens: pages per
-    #: sequence, page_table's dim 1, times the page size, k_pages' dim 2).
+    #: sequence, page_table's dim 1, times the page size, kv_pages' dim 1).
     times_array: str | None = None
     times_dim: int = 0
 
