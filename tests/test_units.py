@@ -49,3 +49,11 @@ def test_counted_units_get_no_milli_prefix_and_large_values_reach_exa():
     assert si(1.31e18, "B") == "1.31 EB"  # was "1310 PB"
     assert seconds(2730) == "2.73 ks"
     assert si(float("inf"), "s") == "inf s"
+
+
+def test_sub_nanosecond_times_take_pico_and_femto_prefixes():
+    # A 5.75e-12 s prologue is 5.75 ps, not "0.00575 ns"; 2e-15 s is 2.00 fs.
+    from perfmodel.units import seconds
+
+    assert seconds(5.75e-12) == "5.75 ps"
+    assert seconds(2e-15) == "2.00 fs"
