@@ -21,14 +21,24 @@ MLP: gated (``mlp_gated``) is ``act(x W_gate) * (x W_up)`` then ``W_down``
 silu, gelu_tanh, gelu (erf) and relu.
 
 Decode attends over a contiguous cache ``[batch, kv_heads, tokens, head_dim]``
-or a paged one ``[kv_heads, pages, page_size, head_dim]`` (``kv_layout``),
-writing the new token first. Paged decode in jnp reads the pages a block at
-a time (:data:`PAGED_BLOCK_TOKENS` tokens) with an online softmax, so no
-whole-context copy of the cache is made. Prefill writes the chunk after
+(K and V apart) or a paged one (``kv_layout``), writing the new token first.
+The jnp paged cache is head-major, ``[kv_heads, pages, 2, page_size,
+head_dim]`` (a page of one head holds its K rows, then its V rows): a block's
+gather copies whole 2 x page_size x head_dim slabs straight into the layout
+the attention matmuls read (token-major pages cost a VMEM relayout per block,
+4 kB per-head K and V slabs a bundle-bound gather: both measured on v6e). With
+``kernels="bundled"`` it is ``ragged_paged_attention``'s combined
+``[pages, page_size, 2 * kv_heads, head_dim]``, K of head h at row 2h, V at
+2h + 1. Paged decode in jnp reads the pages a block at
+a time (at most :data:`PAGED_BLOCK_TOKENS` tokens per sequence and
+:data:`PAGED_BLOCK_BYTES` over the batch, so that the gathered block stays in
+VMEM) with an online softmax, so no whole-context copy of the cache is made. Prefill writes the chunk after
 ``context`` cached tokens and attends causally. ``kernels="bundled"`` runs
-attention with the bundled Pallas kernels (``kernels/paged_attention`` for
-paged decode, ``kernels/flash_attention`` for prefill) under ``shard_map``;
-the rest stays jnp. MoE layers route top-k, sort the token copies by expert
+attention with the bundled Pallas kernels (``kernels/ragged_paged_attention``
+for paged decode, one query token per sequence, and
+``kernels/kv_cache_update``'s combined layout for its cache write;
+``kernels/flash_attention`` for prefill) under ``shard_map``; the rest stays
+jnp. MoE layers route top-k, sort the token copies by expert
 and run ``lax.ragged_dot``. Weight quantization is modelled by storing the
 weights in ``weight_dtype`` and converting them before each matmul (scales
 are not modelled). MLA models (DeepSeek-V3) are not built.
@@ -44,8 +54,13 @@ from perfmodel.errors import InputError
 
 KV_LAYOUTS = ("paged", "contiguous")
 KERNELS = ("jnp", "bundled")
-#: Tokens of KV a jnp paged-decode attention reads per block (whole pages; online softmax across blocks).
+#: Most tokens of KV a jnp paged-decode attention reads per sequence per block (whole pages; online softmax
+#: across blocks).
 PAGED_BLOCK_TOKENS = 512
+#: Most bytes of K (and as many of V) one block gathers over the whole batch on one chip: XLA materializes a
+#: gather that does not fit in VMEM in HBM and copies it back (3x the cache's bytes: seen on v6e at batch 64 with
+#: 67 MB blocks), so the block shrinks with the batch to stay in VMEM.
+PAGED_BLOCK_BYTES = 4 * 2**20
 #: Activations the reference step builds (ModelConfig.mlp_activation).
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 #: jnp dtype name per perfmodel dtype name.
@@ -122,6 +137,9 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     if step.context_lens is not None:
         raise InputError("the reference step compiles one shared `context`; `context_lens` / `context_dist` "
                          "are for the analytic model only")
+    if kernels == "bundled" and step.phase == "decode" and cfg.head_dim % 128:
+        raise InputError(f"`kernels` bundled: ragged_paged_attention needs `head_dim` a multiple of 128 "
+                         f"({cfg.name} has {cfg.head_dim}); use --kernels jnp")
     tp = step.tp
     if tp > len(devices):
         raise InputError(f"`tp` {tp} needs {tp} chips but the `topology` has {len(devices)}; "
@@ -196,19 +214,22 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             if moe.shared_expert_intermediate_size:
                 w.update(mlp_weights("shared_", moe.shared_expert_intermediate_size, True, False))
         cache_tokens = S if g.window is None or step.phase == "prefill" else min(S, g.window)
-        if paged(g):
-            cache = spec((NKV, B * math.ceil(cache_tokens / page), page, D), kvdt, ("tp", None, None, None))
+        if paged(g) and kernels == "bundled":  # ragged_paged_attention's layout
+            w["kv_cache"] = spec((B * math.ceil(cache_tokens / page), page, 2 * NKV, D), kvdt,
+                                 (None, None, "tp", None))
+        elif paged(g):  # head-major: a page of one head holds its K rows, then its V rows
+            w["kv_cache"] = spec((NKV, B * math.ceil(cache_tokens / page), 2, page, D), kvdt,
+                                 ("tp", None, None, None, None))
         else:
             cache = spec((B, NKV, cache_tokens, D), kvdt, (None, "tp", None, None))
-        w["k_cache"], w["v_cache"] = cache, cache
+            w["k_cache"], w["v_cache"] = cache, cache
         layer_args.append(w)
 
     names = list(args)
     flat = [args[k] for k in names]
     cache_ids = []
     for w in layer_args:
-        keys = list(w)
-        cache_ids += [len(flat) + keys.index("k_cache"), len(flat) + keys.index("v_cache")]
+        cache_ids += [len(flat) + i for i, k in enumerate(w) if k.endswith("_cache")]
         flat += list(w.values())
 
     def rms(x: Any, weight: Any) -> Any:
@@ -269,11 +290,12 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         o = jnp.einsum("bkgcs,bksd->bckgd", p, v.astype(act), preferred_element_type=jnp.float32)
         return o.reshape(B, C, NQ, D).astype(act)
 
-    def attention_paged(q: Any, kc: Any, vc: Any, page_table: Any, lengths: Any) -> Any:
-        """Decode: q [B, 1, NQ, D] over the pages of each sequence, a block of pages at a time (online softmax;
-        no whole-context gather) -> [B, 1, NQ, D]."""
+    def attention_paged(q: Any, kv: Any, page_table: Any, lengths: Any) -> Any:
+        """Decode: q [B, 1, NQ, D] over the pages of each sequence (combined cache [pages, page, 2 NKV, D]), a
+        block of pages at a time (online softmax; no whole-context gather) -> [B, 1, NQ, D]."""
         g = NQ // NKV
-        per = max(1, min(pages_per_seq, PAGED_BLOCK_TOKENS // page))
+        token_bytes = B * (NKV // tp) * D * kvdt.itemsize  # one token of K over the batch, one chip's heads
+        per = max(1, min(pages_per_seq, PAGED_BLOCK_TOKENS // page, PAGED_BLOCK_BYTES // (token_bytes * page)))
         blocks = math.ceil(pages_per_seq / per)
         pt = jnp.pad(page_table, ((0, 0), (0, blocks * per - pages_per_seq)))
         qg = q.reshape(B, NKV, g, D).astype(jnp.float32) / math.sqrt(D)
@@ -281,8 +303,9 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         def body(j: Any, carry: tuple) -> tuple:
             m, l, acc = carry
             ids = jax.lax.dynamic_slice_in_dim(pt, j * per, per, axis=1)  # [B, per]
-            k = kc[:, ids].reshape(NKV, B, per * page, D).astype(act)  # this block's pages only
-            v = vc[:, ids].reshape(NKV, B, per * page, D).astype(act)
+            blk = kv[:, ids].astype(act)  # [NKV, B, per, 2, page, D]: this block's pages only
+            k = blk[:, :, :, 0].reshape(NKV, B, per * page, D)
+            v = blk[:, :, :, 1].reshape(NKV, B, per * page, D)
             s = jnp.einsum("bkgd,kbsd->bkgs", qg.astype(act), k, preferred_element_type=jnp.float32)
             kpos = j * per * page + jnp.arange(per * page)
             s = jnp.where(kpos[None, None, None, :] < lengths[:, None, None, None], s, -1e30)
@@ -299,16 +322,21 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         _, l, acc = jax.lax.fori_loop(0, blocks, body, init)
         return (acc / l[..., None]).reshape(B, 1, NQ, D).astype(act)
 
-    def attention_kernels(q: Any, kc: Any, vc: Any, window: int | None, page_table: Any, lengths: Any) -> Any:
-        from kernels.flash_attention.kernel import flash_attention
-        from kernels.paged_attention.kernel import paged_attention
+    chip_name = chip.name if chip is not None else "tpu-v5e"
 
-        chip_name = chip.name if chip is not None else "tpu-v5e"
+    def attention_kernels(q: Any, kc: Any, vc: Any, window: int | None, page_table: Any, lengths: Any) -> Any:
+        """Bundled attention: ragged paged attention over the combined cache ``kc`` (``vc`` None) with one query
+        token per sequence, or flash attention over the prefill chunk."""
+        from kernels.flash_attention.kernel import flash_attention
+        from kernels.ragged_paged_attention.kernel import ragged_paged_attention
+
         if page_table is not None:
-            def local_paged(q: Any, kc: Any, vc: Any, pt: Any, lens: Any) -> Any:
-                return paged_attention(q, kc, vc, pt, lens, chip=chip_name)
-            out = jax.shard_map(local_paged, mesh=mesh, in_specs=(P(None, "tp", None), P("tp"), P("tp"), P(), P()),
-                                out_specs=P(None, "tp", None), check_vma=False)(q[:, 0], kc, vc, page_table, lengths)
+            def local_paged(q: Any, kv: Any, pt: Any, lens: Any) -> Any:
+                return ragged_paged_attention(q, kv, lens, pt, jnp.arange(B + 1, dtype=jnp.int32), B,
+                                              chip=chip_name)
+            out = jax.shard_map(local_paged, mesh=mesh, in_specs=(P(None, "tp", None), P(None, None, "tp", None),
+                                                                  P(), P()),
+                                out_specs=P(None, "tp", None), check_vma=False)(q[:, 0], kc, page_table, lengths)
             return out[:, None]
 
         def local_flash(q: Any, k: Any, v: Any) -> Any:
@@ -318,9 +346,22 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
                                                                      vc.astype(act))
         return jnp.swapaxes(out, 1, 2)
 
+    def write_pages(kv: Any, kn: Any, vn: Any, page_table: Any, positions: Any) -> Any:
+        """Each sequence's new K/V row [2 NKV, D] (K of head h at 2h, V at 2h + 1) into its slot of the combined
+        cache, in place (donated)."""
+        slot_page = page_table[jnp.arange(B), positions // page]
+        if kernels == "bundled":
+            from kernels.kv_cache_update.kernel import kv_pages_update
+
+            slots = slot_page * page + positions % page
+            return jax.shard_map(lambda k, v, c, sl: kv_pages_update(k, v, c, sl, chip=chip_name), mesh=mesh,
+                                 in_specs=(P(None, "tp", None), P(None, "tp", None), P(None, None, "tp", None), P()),
+                                 out_specs=P(None, None, "tp", None), check_vma=False)(kn, vn, kv, slots)
+        return kv.at[:, slot_page, :, positions % page].set(jnp.stack([kn, vn], axis=2))  # rows [B, NKV, 2, D]
+
     def layer(g: LayerGroup, x: Any, w: dict[str, Any], positions: Any, page_table: Any) -> tuple:
-        """One layer -> (x, its k cache, its v cache)."""
-        kc, vc = w["k_cache"], w["v_cache"]
+        """One layer -> (x, its caches: the combined paged one, or k and v)."""
+        kc, vc = w.get("kv_cache", w.get("k_cache")), w.get("v_cache")
         qpos = positions[:, None] + jnp.arange(C)[None, :]  # [B, C]: decode C=1 at `positions`
         with jax.named_scope("attn_norm"):
             h = rms(x, w["attn_norm"])
@@ -338,9 +379,7 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         with jax.named_scope("kv_write"):  # in place (the caches are donated)
             kn, vn = k.astype(kvdt).reshape(B, C, NKV, D), v.astype(kvdt).reshape(B, C, NKV, D)
             if page_table is not None:  # decode: one row per sequence at its slot
-                slot_page = page_table[jnp.arange(B), positions // page]
-                kc = kc.at[:, slot_page, positions % page].set(jnp.swapaxes(kn[:, 0], 0, 1))
-                vc = vc.at[:, slot_page, positions % page].set(jnp.swapaxes(vn[:, 0], 0, 1))
+                kc = write_pages(kc, kn[:, 0], vn[:, 0], page_table, positions)
             elif step.phase == "decode":
                 slot = positions % kc.shape[2]
                 kc = kc.at[jnp.arange(B), :, slot].set(kn[:, 0])
@@ -354,7 +393,7 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             if kernels == "bundled":
                 o = attention_kernels(qb, kc, vc, g.window, page_table, positions + 1)
             elif page_table is not None:
-                o = attention_paged(qb, kc, vc, page_table, positions + 1)
+                o = attention_paged(qb, kc, page_table, positions + 1)
             else:
                 o = attention_dense(qb, kc, vc, qpos if g.window is None or step.phase == "prefill"
                                     else jnp.minimum(qpos, kc.shape[2] - 1), g.window)
@@ -363,7 +402,7 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         with jax.named_scope("mlp_norm"):
             h = rms(x, w["mlp_norm"])
         if g.mlp == "dense":
-            return x + mlp(h, w, "", cfg.mlp_gated).astype(act), kc, vc
+            return x + mlp(h, w, "", cfg.mlp_gated).astype(act), [c for c in (kc, vc) if c is not None]
         moe = cfg.moe
         E, K = moe.num_experts, moe.experts_per_token
         with jax.named_scope("router+topk"):
@@ -387,7 +426,7 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
             back = jnp.zeros_like(y).at[order].set(y).reshape(T, K, H)
             x = x + jnp.einsum("tkh,tk->th", back, weights.astype(act), preferred_element_type=jnp.float32
                                ).astype(act)
-        return x, kc, vc
+        return x, [c for c in (kc, vc) if c is not None]
 
     def step_fn(*flat_args: Any) -> Any:
         a = dict(zip(names, flat_args[:len(names)]))
@@ -400,8 +439,8 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
         for g, w_struct in zip(layers, layer_args):
             w = dict(zip(w_struct, rest[:len(w_struct)]))
             rest = rest[len(w_struct):]
-            x, kc, vc = layer(g, x, w, positions, page_table if paged(g) else None)
-            caches += [kc, vc]
+            x, layer_caches = layer(g, x, w, positions, page_table if paged(g) else None)
+            caches += layer_caches
         with jax.named_scope("final_norm"):
             x = rms(x, a["final_norm"])
         with jax.named_scope("lm_head"):

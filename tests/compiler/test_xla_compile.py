@@ -9,6 +9,7 @@ from perfmodel.hw.registry import get_chip
 pytestmark = [pytest.mark.needs_libtpu, pytest.mark.slow]
 TINY = "tests/xla/data/tiny-llama.json"
 TINY_MOE = "tests/xla/data/tiny-moe.json"
+TINY_128 = "tests/xla/data/tiny-8b-attention.json"
 
 
 def test_tiny_llama_tp4_maps_ops_and_totals():
@@ -41,12 +42,15 @@ def test_tiny_moe_prefill_single_chip():
 def test_tiny_llama_bundled_paged_attention():
     from perfmodel.xla.compare import compare_step
 
-    c = compare_step(TINY, chip=get_chip("v5e"), phase="decode", batch=8, context=256, tp=1, kernels="bundled")
+    # ragged_paged_attention needs head_dim 128: the 8B attention shape with 2 small layers
+    c = compare_step(TINY_128, chip=get_chip("v5e"), phase="decode", batch=8, context=256, tp=1, kernels="bundled")
     rows = {r.name: r for r in c.rows}
-    # attention is the bundled paged_attention kernel: one Mosaic custom call per layer (2 layers)
+    # attention is the bundled ragged_paged_attention kernel and the cache write kv_cache_update's combined
+    # layout: one Mosaic custom call of each per layer (2 layers)
     pallas = [o for o in c.program.ops if o.kind == "pallas"]
-    assert sum(o.count for o in pallas) == 2
-    assert all(o.hlo_name in rows["attention"].hlo_ops for o in pallas)
+    assert sum(o.count for o in pallas if o.hlo_name in rows["attention"].hlo_ops) == 2
+    assert sum(o.count for o in pallas if o.hlo_name in rows["kv_write"].hlo_ops) == 2
+    assert sum(o.count for o in pallas) == 4
     assert 0.25 < c.compiled_s / c.analytic_s < 4
 
 

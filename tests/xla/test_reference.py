@@ -30,11 +30,11 @@ def test_non_gated_biased_mlp_has_the_configs_weights_and_traces():
     down_bias = [a for a in args if a.shape == (256,)]  # norms (attn, mlp per layer; final) and the down biases
     assert len(mlp) == 2 * 3 and len(down_bias) == 2 * 3 + 1
     assert sum(a.size for a in mlp) + 2 * 256 == 2 * mlp_params(cfg, 256, 1024) == 2 * 525_568
-    # caches donated: k and v of each of the 2 layers, each its own [kv_heads, pages, page, head_dim] array;
+    # caches donated: one K/V cache per layer (2 layers), [kv_heads, pages, K|V, page, head_dim];
     # 40 tokens in 16-token pages = 3 pages per sequence, 2 sequences = 6 pages
-    assert len(donate) == 4 and all(args[i].shape == (4, 6, 16, 32) for i in donate)
+    assert len(donate) == 2 and all(args[i].shape == (4, 6, 2, 16, 32) for i in donate)
     out = jax.eval_shape(fn, *args)
-    assert out[0].shape == (2,) and [o.shape for o in out[1:]] == [(4, 6, 16, 32)] * 4
+    assert out[0].shape == (2,) and [o.shape for o in out[1:]] == [(4, 6, 2, 16, 32)] * 2
 
 
 def test_gated_mlp_gate_and_up_are_separate_per_layer_arrays():
@@ -99,6 +99,9 @@ def test_bundled_kernels_refuse_what_they_cannot_run():
         _build(TINY, batch=1, context=8, kv_layout="contiguous", kernels="bundled")
     with pytest.raises(InputError, match="`kernels` bundled with `kv_dtype` int8"):
         _build(TINY, batch=1, context=8, kv_dtype="int8", kernels="bundled")
+    with pytest.raises(InputError, match="`kernels` bundled: ragged_paged_attention needs `head_dim` a multiple "
+                                         "of 128 .* has 64"):
+        _build(TINY, batch=1, context=8, kernels="bundled")
 
 
 def test_prefetch_dma_belongs_to_the_op_reading_its_copy():
@@ -122,3 +125,59 @@ ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
     # copy-start -> copy-done -> bitcast -> the dot under gate_up: the DMA is gate_up's weight read
     assert _consumer_op_name(comps, main_, start, {}) == "jit(step)/gate_up/dot_general"
     assert _consumer_op_name(comps, main_, main_.by_name()["d"], {}) == ""  # nothing reads the root
+
+
+@pytest.mark.slow  # ~6 s: two tiny steps jitted and run on the CPU
+def test_paged_cache_decodes_like_the_contiguous_one():
+    """The same decode step over the same K/V held contiguously and in the paged cache (pages in a
+    shuffled order) writes the same new rows and samples the same tokens (CPU, real numbers)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    f32 = dict(weight_dtype="fp32", act_dtype="fp32")  # the CPU has no bf16 x bf16 -> f32 dot
+    _, (fn_c, args_c, donate_c) = _build(TINY, batch=2, context=40, kv_layout="contiguous", **f32)
+    _, (fn_p, args_p, donate_p) = _build(TINY, batch=2, context=40, **f32)
+    rng = np.random.default_rng(0)
+    B, S, NKV, D, page = 2, 40, 4, 64, 16  # 40 cache tokens: 3 pages of 16 per sequence
+    positions = np.array([39, 23], np.int32)  # sequence 1 is shorter: its later slots are never read
+    page_table = np.array([[4, 0, 2], [1, 5, 3]], np.int32)
+
+    def value(a):
+        if a.dtype == jnp.int32:
+            return jnp.zeros(a.shape, a.dtype)
+        if a.dtype == jnp.uint32:
+            return jnp.array([0, 7], jnp.uint32)
+        return jnp.asarray(rng.normal(0, 0.5, a.shape), a.dtype)
+
+    vals_c = [value(a) for a in args_c]
+    names = ["tokens", "positions", "embedding", "final_norm", "rng", "lm_head"]
+    vals_c[1] = jnp.asarray(positions)
+    vals_c[0] = jnp.array([[3], [9]], jnp.int32)
+    # the paged step: the same non-cache arrays, page_table after the named ones, each layer's K/V pages
+    kv_paged = []
+    for i in range(0, len(donate_c), 2):
+        k, v = (np.asarray(vals_c[donate_c[i]], np.float32), np.asarray(vals_c[donate_c[i + 1]], np.float32))
+        pages = np.zeros((NKV, 6, 2, page, D), np.float32)
+        for b in range(B):
+            for t in range(S):
+                pages[:, page_table[b, t // page], 0, t % page] = k[b, :, t]
+                pages[:, page_table[b, t // page], 1, t % page] = v[b, :, t]
+        kv_paged.append(jnp.asarray(pages))
+    vals_p, ci, li = [], 0, 0
+    non_cache_c = [v for i, v in enumerate(vals_c) if i not in donate_c]
+    for i, a in enumerate(args_p):
+        if i in donate_p:
+            vals_p.append(kv_paged[ci])
+            ci += 1
+        elif a.shape == (B, 3) and a.dtype == jnp.int32:
+            vals_p.append(jnp.asarray(page_table))
+        else:
+            vals_p.append(non_cache_c[li])
+            li += 1
+    assert len(names) <= li == len(non_cache_c)
+    out_c, out_p = jax.jit(fn_c)(*vals_c), jax.jit(fn_p)(*vals_p)
+    assert np.array_equal(np.asarray(out_c[0]), np.asarray(out_p[0]))  # the same sampled tokens
+    # the new token's K row of layer 0, sequence 0 (position 39: page_table[0, 39 // 16] = page 2, row 39 % 16 = 7)
+    np.testing.assert_allclose(np.asarray(out_p[1][:, 2, 0, 7], np.float32),
+                               np.asarray(out_c[1][0, :, 39], np.float32), rtol=1e-5, atol=1e-5)
