@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
 F32_BYTES = 4
 #: K/V pages are double-buffered by the kernel's own DMAs; the pipelined q/out/scale blocks by Pallas.
 BUFFERS = 2
-#: [tokens, head_dim] f32 tiles of widened K/V Mosaic keeps in VMEM on chips without a bf16 VPU (tpu-v4).
-F32_WIDENED_TILES = 2.25
+#: [tokens, head_dim] f32 tiles of widened K/V Mosaic keeps in VMEM on chips without a bf16 VPU (tpu-v4): 2.75
+#: since the kv heads of a block run back to back (tpu-v4, int8 pages of 16, 128-token blocks: Mosaic 1020 KiB).
+F32_WIDENED_TILES = 2.75
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,18 +85,19 @@ class PagedAttentionBlockSizes:
         ``per_token_scales``: None for unquantized K/V, else which scale layout. The
         buffers, padded as :func:`kernels.tiling.mosaic_buffer_bytes`: the q and out
         blocks (all kv heads' ``[q_per_kv, head_dim]`` tiles, two buffers each), the
-        two-slot K and V page buffers, the f32 max / sum / accumulator scratch and the
-        per-sequence scale rows. The score and probability rows (``[q_per_kv, tokens]``)
+        two-slot K and V page buffers of every kv head, the f32 max / sum / accumulator
+        scratch per kv head and the per-sequence scale rows. The score and probability rows (``[q_per_kv, tokens]``)
         stay in vregs; on chips without a bf16 VPU (``chip`` None: assumed) Mosaic
-        widens quantized or f32 K/V through f32 in VMEM, about 2.25 ``[tokens, head_dim]``
+        widens quantized or f32 K/V through f32 in VMEM, about 2.75 ``[tokens, head_dim]``
         f32 tiles. Matches Mosaic's allocation (libtpu 0.0.42) to the byte for bf16,
         int8 and fp8 caches with head_dim 128 on v5e to 7x.
         """
         tokens = self.tokens(page_size)
         buf = mosaic_buffer_bytes
         q_and_out = 2 * BUFFERS * buf((kv_heads, num_q_per_kv, head_dim), q_dtype)
-        kv_buffers = 2 * buf((BUFFERS, self.pages_per_compute_block, page_size, head_dim), kv_dtype)
-        scratch = 2 * buf((num_q_per_kv, LANES), "float32") + buf((num_q_per_kv, head_dim), "float32")
+        kv_buffers = 2 * buf((BUFFERS, kv_heads, self.pages_per_compute_block, page_size, head_dim), kv_dtype)
+        scratch = (2 * buf((kv_heads, num_q_per_kv, LANES), "float32")
+                   + buf((kv_heads, num_q_per_kv, head_dim), "float32"))
         scales = 0
         if per_token_scales is not None:
             # [kv_heads, blocks, lanes] per sequence (lanes: tokens, or pages per block)

@@ -3,14 +3,20 @@
 One grid step per sequence. The page table and context lengths are
 scalar-prefetched into SMEM; the K/V cache stays in HBM and the kernel DMAs
 the pages it needs itself, ``pages_per_compute_block`` pages at a time into a
-two-slot VMEM buffer. Inside a step one flat loop walks (kv head, compute
-block) pairs, starting the DMA of the next pair before waiting for the
-current one, so only the first block of each sequence is exposed. All the q
-heads that share a kv head are one ``[q_per_kv, head_dim]`` tile against each
-``[tokens, head_dim]`` K/V tile.
+two-slot VMEM buffer: one DMA per page and cache moves that page of every kv
+head (a strided copy), and a full block is awaited with one wait per cache.
+A loop over compute blocks starts the DMA of the next block before waiting
+for the current one; the last block of a sequence starts the first block of
+the next grid step's sequence (its slot and a "started" flag are carried in
+SMEM), so no block is fetched with nothing to overlap except a core's first.
+The grid is ``(cores, sequences per core)``, the second axis sequential: two
+halves of an even batch on megacore chips, one TensorCore each. Per block, the
+q heads that share a kv head are one ``[q_per_kv, head_dim]`` tile against
+each ``[tokens, head_dim]`` K/V tile, kv head after kv head.
 
 Pages past a sequence's length are never fetched (their page-table entries
-may hold anything); the partial last page is masked. Quantized K/V (int8, or
+may hold anything; the wrapper clamps every id into the cache, so Mosaic's
+bounds checks are off); the partial last page is masked. Quantized K/V (int8, or
 fp8 on chips with fp8) are widened in VMEM; their f32 scales, per page or per
 token, are gathered for the batch's page tables by the wrapper (4 bytes per
 page or token per head, against ``head_dim`` bytes per token of K or V) and
@@ -46,6 +52,10 @@ from kernels.paged_attention.blocks import PagedAttentionBlockSizes, default_blo
 
 #: Finite "minus infinity" for masked scores (no inf - inf = NaN in the max update).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+#: Kv heads per compute block up to which the head loop is unrolled (a loop beyond).
+UNROLL_HEADS = 8
+#: Pages per compute block up to which the page DMAs are issued unrolled (a loop beyond).
+UNROLL_PAGES = 16
 #: Stored KV dtypes that need scales.
 QUANTIZED_DTYPES: tuple[str, ...] = ("int8",) + FP8_DTYPES
 
@@ -67,6 +77,8 @@ class _Plan:
     kv_dtype: str
     #: None: unquantized; False: per-page scales; True: per-token scales.
     per_token_scales: bool | None
+    #: Grid rows run in parallel: 2 on megacore chips with an even batch (one half per TensorCore), else 1.
+    cores: int
 
     @property
     def group(self) -> int:
@@ -94,7 +106,9 @@ class _Plan:
 
 def _paged_kernel(
     lengths_ref,  # [batch] int32, SMEM (scalar prefetch)
-    page_table_ref,  # [batch * pages_per_seq] int32, SMEM (scalar prefetch)
+    page_table_ref,  # [batch * pages_per_seq] int32, SMEM (scalar prefetch), ids clamped into the cache
+    carried,  # [2] int32, SMEM (scalar prefetch, zeros, written by the kernel): [0] 1 if the previous grid
+    #           step started this step's first block, [1] the slot it started it in
     q_ref,  # [kv_heads, q_per_kv, head_dim]
     k_hbm,  # [kv_heads, num_pages, page_size, head_dim] in HBM
     v_hbm,  # [kv_heads, num_pages, page_size, head_dim] in HBM
@@ -108,76 +122,118 @@ def _paged_kernel(
     else:
         k_scale_ref = v_scale_ref = None
     (o_ref,  # [kv_heads, q_per_kv, head_dim]
-     k_buf,  # [2, pages_per_compute_block, page_size, head_dim] VMEM, kv dtype
-     v_buf,  # [2, pages_per_compute_block, page_size, head_dim] VMEM, kv dtype
+     k_buf,  # [2, kv_heads, pages_per_compute_block, page_size, head_dim] VMEM, kv dtype
+     v_buf,  # [2, kv_heads, pages_per_compute_block, page_size, head_dim] VMEM, kv dtype
      sems,  # DMA semaphores [2 (k, v), 2 (slot)]
-     m_ref,  # [q_per_kv, LANES] f32: running max, replicated over lanes
-     l_ref,  # [q_per_kv, LANES] f32: running denominator, replicated over lanes
-     acc_ref,  # [q_per_kv, head_dim] f32: unnormalised output
+     m_ref,  # [kv_heads, q_per_kv, LANES] f32: running max, replicated over lanes
+     l_ref,  # [kv_heads, q_per_kv, LANES] f32: running denominator, replicated over lanes
+     acc_ref,  # [kv_heads, q_per_kv, head_dim] f32: unnormalised output
      ) = rest
-    b = pl.program_id(0)
+    step, steps = pl.program_id(1), pl.num_programs(1)
+    b = pl.program_id(0) * steps + step
     length = lengths_ref[b]
     tokens = plan.tokens_per_block
+    ppcb = plan.pages_per_compute_block
     blocks = div(length + tokens - 1, tokens)  # compute blocks holding at least one token
-    total = plan.kv_heads * blocks
 
-    def for_each_page_copy(t, slot, action):
-        """``action`` on the K and V DMAs of each needed page of flat step t (kv head t // blocks, block
-        t % blocks) into slot: a loop over the block's pages, not unrolled (a block may hold hundreds)."""
-        h, j = jax.lax.div(t, blocks), jax.lax.rem(t, blocks)
+    def pages_in_block(seq_len, j):
+        """Pages of block j holding tokens of a sequence of seq_len tokens (the rest are never fetched)."""
+        return jnp.clip(div(seq_len + plan.page_size - 1, plan.page_size) - j * ppcb, 0, ppcb)
 
-        def page_copy(i, carry):
-            page_pos = j * plan.pages_per_compute_block + i
-            page = page_table_ref[b * plan.pages_per_seq + page_pos]
+    def start(seq, seq_len, j, slot):
+        """Start the K and V DMAs of block j of sequence seq into slot: one DMA per page and cache, all kv heads."""
+        count = pages_in_block(seq_len, j)
 
-            @pl.when(page_pos * plan.page_size < length)
+        def page_copy(i):
+            page = page_table_ref[seq * plan.pages_per_seq + j * ppcb + i]
+
+            @pl.when(i < count)
             def _():
-                action(pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, i], sems.at[0, slot]))
-                action(pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, i], sems.at[1, slot]))
+                pltpu.make_async_copy(k_hbm.at[:, page], k_buf.at[slot, :, i], sems.at[0, slot]).start()
+                pltpu.make_async_copy(v_hbm.at[:, page], v_buf.at[slot, :, i], sems.at[1, slot]).start()
 
-            return carry
+        _for_pages(ppcb, page_copy)
 
-        jax.lax.fori_loop(0, plan.pages_per_compute_block, page_copy, 0)
+    def wait(j, slot):
+        count = pages_in_block(length, j)
 
-    def start(t, slot):
-        for_each_page_copy(t, slot, lambda copy: copy.start())
+        @pl.when(count == ppcb)
+        def _():  # a full block: one wait per cache sized to the slot
+            pltpu.make_async_copy(k_buf.at[1 - slot], k_buf.at[slot], sems.at[0, slot]).wait()
+            pltpu.make_async_copy(v_buf.at[1 - slot], v_buf.at[slot], sems.at[1, slot]).wait()
 
-    def wait(t, slot):
-        for_each_page_copy(t, slot, lambda copy: copy.wait())
+        @pl.when(count < ppcb)
+        def _():  # the partial last block: one wait per fetched page
+            def wait_page(i, carry):
+                pltpu.make_async_copy(k_hbm.at[:, 0], k_buf.at[slot, :, 0], sems.at[0, slot]).wait()
+                pltpu.make_async_copy(v_hbm.at[:, 0], v_buf.at[slot, :, 0], sems.at[1, slot]).wait()
+                return carry
 
-    @pl.when(total == 0)
+            jax.lax.fori_loop(0, count, wait_page, 0)
+
+    # The previous grid step of this core started our first block if it had the chance (it never does
+    # across cores: a core's first step fetches its own).
+    prefetched = (step > 0) & (carried[0] == 1)
+    first_slot = jnp.where(prefetched, carried[1], 0)
+    carried[0] = 0
+    next_b = jnp.minimum(b + 1, plan.batch - 1)  # clamped: SMEM reads stay in bounds
+    next_len = jnp.where(step + 1 < steps, lengths_ref[next_b], 0)
+
+    @pl.when(blocks == 0)
     def _empty():
         o_ref[...] = jnp.zeros_like(o_ref)
 
-    @pl.when(total > 0)
+    @pl.when((blocks > 0) & jnp.logical_not(prefetched))
     def _prime():
-        start(0, 0)
+        start(b, length, 0, first_slot)
 
-    def body(t, carry):
-        slot = rem(t, 2)
-        h, j = jax.lax.div(t, blocks), jax.lax.rem(t, blocks)
+    @pl.when(blocks > 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        @pl.when(t + 1 < total)
-        def _prefetch():
-            start(t + 1, 1 - slot)
+    def body(j, slot):
+        @pl.when(j + 1 < blocks)
+        def _prefetch_here():
+            start(b, length, j + 1, 1 - slot)
 
-        @pl.when(j == 0)
-        def _init():
-            m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-            l_ref[...] = jnp.zeros_like(l_ref)
-            acc_ref[...] = jnp.zeros_like(acc_ref)
+        @pl.when((j + 1 == blocks) & (next_len > 0))
+        def _prefetch_next_sequence():
+            start(next_b, next_len, 0, 1 - slot)
+            carried[0] = 1
+            carried[1] = 1 - slot
 
-        wait(t, slot)
-        _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, acc_ref,
-                      plan=plan, h=h, j=j, slot=slot, length=length)
+        wait(j, slot)
 
-        @pl.when(j == blocks - 1)
-        def _finalize():
-            o_ref[h] = (acc_ref[...] / l_ref[...][:, 0:1]).astype(o_ref.dtype)
+        def head(h, carry):
+            _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, acc_ref,
+                          plan=plan, h=h, j=j, slot=slot, length=length)
+            return carry
 
+        jax.lax.fori_loop(0, plan.kv_heads, head, 0, unroll=plan.kv_heads <= UNROLL_HEADS)
+        return 1 - slot
+
+    jax.lax.fori_loop(0, blocks, body, first_slot)
+
+    @pl.when(blocks > 0)
+    def _finalize():
+        o_ref[...] = (acc_ref[...] / l_ref[...][:, :, 0:1]).astype(o_ref.dtype)
+
+
+def _for_pages(count: int, fn) -> None:
+    """fn(i) for i in range(count): unrolled up to UNROLL_PAGES pages (the scheduler then packs the DMA
+    issues), a loop beyond (a block may hold hundreds of pages; unrolling them would dominate tracing)."""
+    if count <= UNROLL_PAGES:
+        for i in range(count):
+            fn(i)
+        return
+
+    def step(i, carry):
+        fn(i)
         return carry
 
-    jax.lax.fori_loop(0, total, body, 0)
+    jax.lax.fori_loop(0, count, step, 0)
 
 
 def _scale_row(scale_ref, *, plan: _Plan, h: Any, j: Any, length: Any) -> jax.Array:
@@ -205,8 +261,8 @@ def _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, a
                   h: Any, j: Any, slot: Any, length: Any) -> None:
     tokens, head_dim = plan.tokens_per_block, plan.head_dim
     q = q_ref[h]  # [q_per_kv, head_dim]
-    k = k_buf[slot].reshape(tokens, head_dim)  # [tokens, head_dim]
-    v = v_buf[slot].reshape(tokens, head_dim)  # [tokens, head_dim]
+    k = k_buf[slot, h].reshape(tokens, head_dim)  # [tokens, head_dim]
+    v = v_buf[slot, h].reshape(tokens, head_dim)  # [tokens, head_dim]
     if plan.quantized:
         # Widen on the VPU to the query dtype (exact: int8 and fp8 values fit bf16);
         # int8 goes through f32, the conversion every TPU generation has. Scales come later.
@@ -226,18 +282,18 @@ def _attend_block(q_ref, k_buf, v_buf, k_scale_ref, v_scale_ref, m_ref, l_ref, a
     # mode); zero them so that 0 * NaN cannot reach the accumulator.
     row_pos = j * tokens + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
     v = jnp.where(row_pos < length, v, jnp.zeros_like(v))
-    m_prev = m_ref[...]  # [q_per_kv, LANES]
+    m_prev = m_ref[h]  # [q_per_kv, LANES]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_prev - m_next)
     p = jnp.exp(s - m_next[:, 0:1])  # [q_per_kv, tokens]
-    l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-    m_ref[...] = m_next
+    l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
+    m_ref[h] = m_next
     if plan.quantized:
         # Dead rows of a partial page may carry any scale (even NaN): keep their p at 0.
         p = jnp.where(live, p * _scale_row(v_scale_ref, plan=plan, h=h, j=j, length=length), 0.0)
     pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32, precision=precision)  # [q_per_kv, head_dim]
-    acc_ref[...] = acc_ref[...] * alpha[:, 0:1] + pv
+    acc_ref[h] = acc_ref[h] * alpha[:, 0:1] + pv
 
 
 def _check_shapes(q: Any, k_pages: Any, v_pages: Any, page_table: Any, lengths: Any, k_scales: Any,
@@ -309,6 +365,7 @@ def make_plan(q: Any, k_pages: Any, v_pages: Any, page_table: Any, lengths: Any,
         pages_per_compute_block=block_sizes.pages_per_compute_block,
         sm_scale=float(1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale),
         q_dtype=np.dtype(q.dtype).name, kv_dtype=kv_name, per_token_scales=per_token,
+        cores=2 if spec.cores.megacore and batch % 2 == 0 else 1,
     )
 
 
@@ -374,42 +431,51 @@ def _paged_attention_jit(q, k_pages, v_pages, page_table, lengths, k_scales, v_s
                      sm_scale=sm_scale, block_sizes=block_sizes, chip=chip)
     kv_heads, group, head_dim = plan.kv_heads, plan.group, plan.head_dim
     q_grouped = q.reshape(plan.batch, kv_heads, group, head_dim)
-    seq_spec = pl.BlockSpec((None, kv_heads, group, head_dim), lambda b, *_: (b, 0, 0, 0))
+    per_core = plan.batch // plan.cores
+
+    def seq_block(c, i, *_):
+        return c * per_core + i, 0, 0, 0
+
+    seq_spec = pl.BlockSpec((None, kv_heads, group, head_dim), seq_block)
     in_specs = [seq_spec, pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)]
     operands = [q_grouped, k_pages, v_pages]
     if plan.quantized:
         for scales in (k_scales, v_scales):
             rows = _gather_scales(scales, page_table, plan)
-            in_specs.append(pl.BlockSpec((None, *rows.shape[1:]), lambda b, *_: (b, 0, 0, 0)))
+            in_specs.append(pl.BlockSpec((None, *rows.shape[1:]), seq_block))
             operands.append(rows)
-    buf_shape = (2, plan.pages_per_compute_block, plan.page_size, head_dim)
+    buf_shape = (2, kv_heads, plan.pages_per_compute_block, plan.page_size, head_dim)
     name = f"paged_attention_ppcb{plan.pages_per_compute_block}_ps{plan.page_size}"
     with jax.named_scope(name):
-        ref_names = (["lengths_ref", "page_table_ref", "q_ref", "k_hbm", "v_hbm"]
+        ref_names = (["lengths_ref", "page_table_ref", "carried", "q_ref", "k_hbm", "v_hbm"]
                      + (["k_scale_ref", "v_scale_ref"] if plan.quantized else [])
                      + ["o_ref", "k_buf", "v_buf", "sems", "m_ref", "l_ref", "acc_ref"])
         out = pl.pallas_call(
             with_ref_names(functools.partial(_paged_kernel, plan=plan), ref_names),
             out_shape=jax.ShapeDtypeStruct(q_grouped.shape, q.dtype),
             grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=2,
-                grid=(plan.batch,),
+                num_scalar_prefetch=3,
+                grid=(plan.cores, per_core),
                 in_specs=in_specs,
                 out_specs=seq_spec,
                 scratch_shapes=[
                     pltpu.VMEM(buf_shape, k_pages.dtype),
                     pltpu.VMEM(buf_shape, v_pages.dtype),
                     pltpu.SemaphoreType.DMA((2, 2)),
-                    pltpu.VMEM((group, LANES), jnp.float32),
-                    pltpu.VMEM((group, LANES), jnp.float32),
-                    pltpu.VMEM((group, head_dim), jnp.float32),
+                    pltpu.VMEM((kv_heads, group, LANES), jnp.float32),
+                    pltpu.VMEM((kv_heads, group, LANES), jnp.float32),
+                    pltpu.VMEM((kv_heads, group, head_dim), jnp.float32),
                 ],
             ),
-            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+            # Sequences run in order within a core (a step prefetches the next one's first block); megacore
+            # chips split the batch in two halves, one per TensorCore. Page ids are clamped above, so Mosaic's
+            # bounds checks are off.
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                                 disable_bounds_checks=True),
             cost_estimate=cost_estimate(plan),
-            interpret=interpret_params(interpret),
+            interpret=interpret_params(interpret) if isinstance(interpret, bool) else interpret,
             name=name,
-        )(lengths, page_table.reshape(-1), *operands)
+        )(lengths, jnp.clip(page_table, 0, plan.num_pages - 1).reshape(-1), jnp.zeros((2,), jnp.int32), *operands)
     return out.reshape(q.shape)
 
 
@@ -425,7 +491,7 @@ def paged_attention(
     sm_scale: float | None = None,
     block_sizes: PagedAttentionBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
-    interpret: bool = False,
+    interpret: "bool | pltpu.InterpretParams" = False,
 ) -> jax.Array:  # [batch, q_heads, head_dim], q's dtype
     """Decode attention of one query token per sequence over a paged KV cache.
 
@@ -443,7 +509,8 @@ def paged_attention(
       sm_scale: score scale; default ``1 / sqrt(head_dim)``.
       block_sizes: pages per compute block; default from the chip's token target.
       chip: TPU whose defaults and VMEM budget apply.
-      interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic.
+      interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic; or the
+        ``pltpu.InterpretParams`` to run it with (e.g. a race check on two cores).
 
     Shapes and dtypes are checked at trace time; page-table and length values
     are range-checked here when they are concrete arrays (not under an outer jit).

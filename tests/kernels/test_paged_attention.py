@@ -455,14 +455,50 @@ def test_int8_pages_of_16_tokens_compile_within_the_estimate(chip):
 def test_vmem_estimate_hand_worked():
     # Decode at GQA 4, 8 kv heads, head_dim 128, bf16 pages of 16, 8 pages (128 tokens) per block:
     #   q and out blocks: 2 * 2 * 8 heads * ([4, 128] bf16: 4-row tile) 4*128*2 = 32 KiB
-    #   K and V two-slot page buffers: 2 * 2 * 8 * 16*128*2 = 128 KiB
-    #   f32 max / sum [4, 128] and accumulator [4, 128]: 3 * 4*128*4 = 6 KiB   -> 166 KiB (Mosaic's figure)
+    #   K and V two-slot page buffers of all 8 kv heads: 2 * 2 * 8 * 8 * 16*128*2 = 1024 KiB
+    #   f32 max / sum [8, 4, 128] and accumulator [8, 4, 128]: 3 * 8 * 4*128*4 = 48 KiB   -> 1104 KiB
+    #   (Mosaic's figure for the same block at 64-token pages, 2 pages per block: 1130496 B = 1104 KiB)
     # int8 pages with per-token scales add [8 heads, 16 blocks, 128 tokens] f32 rows, 2 buffers each for K
-    # and V (256 KiB), and halve the page buffers (64 KiB): 358 KiB; on tpu-v4 (no bf16 VPU) Mosaic also
-    # widens K and V through f32: 2.25 * 128*128*4 = 144 KiB more.
+    # and V (256 KiB), and halve the page buffers (512 KiB): 848 KiB; on tpu-v4 (no bf16 VPU) Mosaic also
+    # widens K and V through f32: 2.75 * 128*128*4 = 176 KiB more (Mosaic: 1020 KiB in all).
     sizes = PBS(pages_per_compute_block=8)
     kw = dict(page_size=16, pages_per_seq=128, num_q_per_kv=4, kv_heads=8, head_dim=128, q_dtype="bfloat16")
-    assert sizes.vmem_bytes(**kw, kv_dtype="bfloat16", per_token_scales=None) == 166 * 2**10
+    assert sizes.vmem_bytes(**kw, kv_dtype="bfloat16", per_token_scales=None) == 1104 * 2**10
     v5e, v4 = get_chip("tpu-v5e"), get_chip("tpu-v4")
-    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v5e) == 358 * 2**10
-    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v4) == (358 + 144) * 2**10
+    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v5e) == 848 * 2**10
+    assert sizes.vmem_bytes(**kw, kv_dtype="int8", per_token_scales=True, chip=v4) == (848 + 176) * 2**10
+
+
+# ----------------------------------------------------------------------------- prefetch across grid steps
+
+
+def _ragged_batch(seed: int):
+    """Six sequences (empty ones first, between and last) with page-boundary and partial lengths, 16-token pages,
+    two 128-token compute blocks per sequence: every prefetch case (next block, next sequence, an empty next
+    sequence, the last sequence of a core) and garbage page-table entries past each length."""
+    fmt = FORMATS[1]
+    shape = Shape("ragged", 8, 2, 128, (0.0, 0.5, 1.0, 0.0, 0.0625 + 1 / 256, 0.0), 2)
+    inputs, ppcb = _make(shape, fmt, seed=seed)
+    # 256-token capacity: lengths 0, 128 (a block boundary), 256 (full), 0, 17 (one token into page 2), 0.
+    assert list(np.asarray(inputs["lengths"])) == [0, 128, 256, 0, 17, 0]
+    return inputs, ppcb, fmt
+
+
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v5p"])  # one core; megacore: two halves of three sequences
+def test_prefetch_across_sequences_with_empty_and_ragged_lengths(chip):
+    inputs, ppcb, fmt = _ragged_batch(seed=21)
+    out = paged_attention(**inputs, block_sizes=PBS(pages_per_compute_block=ppcb), chip=chip, interpret=True)
+    _check(out, paged_attention_reference(**_reference_inputs(inputs)), fmt)
+    empty = np.asarray(inputs["lengths"]) == 0
+    assert np.all(np.asarray(out, np.float32)[empty] == 0.0)
+
+
+def test_no_races_on_two_cores():
+    # tpu-v5p (megacore): grid (2 cores, 3 sequences), the sequence axis carries a DMA from one step to the next.
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+
+    inputs, ppcb, fmt = _ragged_batch(seed=22)
+    params = pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2)
+    out = paged_attention(**inputs, block_sizes=PBS(pages_per_compute_block=ppcb), chip="tpu-v5p", interpret=params)
+    _check(out, paged_attention_reference(**_reference_inputs(inputs)), fmt)
+    assert tpu_interpret.races is not None and not tpu_interpret.races.races_found
