@@ -19,9 +19,14 @@ compiler's dumps, a collective, a DMA, a custom call):
   collective's; a caller may give better times for Pallas kernels (the
   compiler-backed schedule model, :func:`perfmodel.schedule.compiled.compiled_time`).
 
-The step is the sum of the op times (the compiler runs one op at a time on a
-TensorCore; asynchronous DMAs and collectives overlapping compute are not
-credited, so the sum is an upper estimate where they do).
+The compiler runs one op at a time on a TensorCore, but its asynchronous
+DMAs (``copy-start``/``slice-start`` ... ``-done``: weights and arrays
+prefetched into VMEM) run beside the ops scheduled between their start and
+their done. The step is the sum of the op times less the DMA time hidden that
+way (:func:`hidden_dma_s`: one DMA queue, first in first out, that moves
+while an op leaves HBM idle, i.e. for the op's time less its own HBM time,
+and stalls the program at a ``-done`` whose copy is unfinished).
+Collectives are not overlapped.
 """
 
 from __future__ import annotations
@@ -97,10 +102,17 @@ class Program:
     from_cache: bool
     notes: tuple[str, ...] = ()
     stall_factor: float = 1.0
+    #: DMA seconds that run under other ops (see :func:`hidden_dma_s`).
+    dma_hidden_s: float = 0.0
+
+    @property
+    def serial_s(self) -> float:
+        """The sum of the op times (no overlap)."""
+        return sum(op.total_s for op in self.ops)
 
     @property
     def step_s(self) -> float:
-        return sum(op.total_s for op in self.ops)
+        return self.serial_s - self.dma_hidden_s
 
     @property
     def flops(self) -> float:
@@ -119,7 +131,8 @@ class Program:
                    + m.get("generated_code_size_in_bytes", 0))
 
     def share(self, op: ProgramOp) -> float:
-        return op.total_s / self.step_s if self.step_s > 0 else 0.0
+        """The op's part of the sum of op times."""
+        return op.total_s / self.serial_s if self.serial_s > 0 else 0.0
 
     def bound_shares(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -297,12 +310,49 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                      "their bundles count once")
     if not clock:
         notes.append(f"{chip.name} has no compute.clock_hz: bundles are not turned into time")
-    notes.append("op times add up (one op at a time per TensorCore); DMAs and collectives the compiler overlaps "
-                 "with compute are not credited")
+    hidden = hidden_dma_s(listed, ops)
+    notes.append("op times add up (one op at a time per TensorCore), less the DMA time that runs while ops leave "
+                 "HBM idle between a copy's start and its done; collectives are not overlapped")
     return Program(chip=chip, topology=report.topology, chips=report.chips, ops=tuple(ops),
                    cost_analysis=dict(report.cost_analysis), memory=dict(report.memory),
                    compile_s=report.compile_s, from_cache=report.from_cache, notes=tuple(dict.fromkeys(notes)),
-                   stall_factor=stall)
+                   stall_factor=stall, dma_hidden_s=hidden)
+
+
+def hidden_dma_s(listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]], ops: Sequence[ProgramOp]) -> float:
+    """Seconds of asynchronous DMA that run under other ops, walking the program in its scheduled order (loop
+    bodies with their run counts, every time scaled by the runs): a DMA joins one first-in-first-out queue at its
+    start; each other op drains the queue for its time less its own HBM time (an HBM-bound op leaves no room);
+    a ``-done`` whose copy is still queued stalls until the queue has moved it. What is still queued at the end
+    runs alone. Returns the DMA time less the stalls it caused."""
+    by_name = {op.hlo_name: op for op in ops}
+    queue: list[list] = []  # [start name, seconds left]
+    dma_total = stalled = 0.0
+    for ins, _comp, _count in listed:
+        if ins.opcode.endswith("-done"):
+            start = ins.operands[0] if ins.operands else ""
+            names = [q[0] for q in queue]
+            if start in names:  # wait for it (and everything queued before it)
+                upto = names.index(start) + 1
+                stalled += sum(q[1] for q in queue[:upto])
+                del queue[:upto]
+            continue
+        op = by_name.get(ins.name)
+        if op is None:
+            continue
+        if op.kind == "dma":
+            queue.append([op.hlo_name, op.total_s])
+            dma_total += op.total_s
+            continue
+        room = max(op.total_s - op.count * op.memory_s, 0.0)
+        while queue and room > 0:
+            step = min(room, queue[0][1])
+            queue[0][1] -= step
+            room -= step
+            if queue[0][1] <= 0:
+                queue.pop(0)
+    stalled += sum(q[1] for q in queue)
+    return max(dma_total - stalled, 0.0)
 
 
 def _shared_programs(comps: Mapping[str, hlo.Computation], listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]],

@@ -27,7 +27,8 @@ def program_text(p: Program, *, title: str, top: int | None = None) -> str:
         rest = ops[top:]
         lines.append(f"... {len(rest)} more ops, {seconds(sum(o.total_s for o in rest))} together")
     ca = p.cost_analysis
-    lines += ["", f"step {seconds(p.step_s)} (sum of op times); bounds: "
+    lines += ["", f"step {seconds(p.step_s)} (sum of op times {seconds(p.serial_s)} less {seconds(p.dma_hidden_s)} of "
+              "DMAs under other ops); bounds: "
               + ", ".join(f"{k} {100 * v:.0f}%" for k, v in p.bound_shares().items()),
               f"work {si(p.flops, 'FLOP')} and {nbytes(p.hbm_bytes)} from HBM by op; the compiler's cost analysis: "
               f"{si(ca.get('flops'), 'FLOP')}, {nbytes(ca.get('bytes accessed'))} accessed "
@@ -45,7 +46,8 @@ def program_text(p: Program, *, title: str, top: int | None = None) -> str:
 def program_record(p: Program) -> dict[str, Any]:
     from perfmodel.jsonable import to_jsonable
 
-    return {"chip": p.chip.name, "topology": p.topology, "chips": p.chips, "step_s": p.step_s, "flops": p.flops,
+    return {"chip": p.chip.name, "topology": p.topology, "chips": p.chips, "step_s": p.step_s,
+            "serial_s": p.serial_s, "dma_hidden_s": p.dma_hidden_s, "flops": p.flops,
             "hbm_bytes": p.hbm_bytes, "hbm_footprint_bytes": p.hbm_footprint_bytes, "memory": p.memory,
             "cost_analysis": p.cost_analysis, "compile_s": p.compile_s, "from_cache": p.from_cache,
             "bound_shares": p.bound_shares(), "notes": list(p.notes),
@@ -71,7 +73,8 @@ def comparison_text(c: Any) -> str:
     total_ratio = c.compiled_s / c.analytic_s if c.analytic_s else None
     m = pred.memory
     lines += ["", f"step: analytic {seconds(c.analytic_s)} (expected), compiled {seconds(c.compiled_s)} "
-              f"({_ratio(total_ratio)}); rows flagged '!' differ by more than 15%",
+              f"({_ratio(total_ratio)}; the rows' sum {seconds(p.serial_s)} less {seconds(p.dma_hidden_s)} of DMAs "
+              "under other ops); rows flagged '!' differ by more than 15%",
               f"HBM per chip: compiler footprint {nbytes(p.hbm_footprint_bytes)} vs analytic weights + KV "
               f"{nbytes(c.analytic_hbm_need_bytes)} ({'fits' if m.fits else 'does not fit'} in "
               f"{nbytes(m.usable_bytes)} usable)"]
@@ -84,7 +87,8 @@ def comparison_record(point: dict[str, Any], c: Any) -> dict[str, Any]:
 
     return {"point": point, "model": c.prediction.model.name, "chip": c.prediction.chip.name,
             "topology": c.program.topology, "kv_layout": c.kv_layout, "kernels": c.kernels,
-            "analytic_s": c.analytic_s, "compiled_s": c.compiled_s,
+            "analytic_s": c.analytic_s, "compiled_s": c.compiled_s, "compiled_serial_s": c.program.serial_s,
+            "compiled_dma_hidden_s": c.program.dma_hidden_s,
             "compiled_hbm_footprint_bytes": c.program.hbm_footprint_bytes,
             "analytic_hbm_need_bytes": c.analytic_hbm_need_bytes, "analytic_fits": c.prediction.memory.fits,
             "rows": [{**to_jsonable(r), "ratio": r.ratio} for r in c.rows], "notes": list(c.program.notes)}

@@ -271,3 +271,37 @@ def test_ops_sharing_one_dumped_program_are_all_counted():
     # the f32 gather is another program with no dump: still counted, from its bytes (8192 + 64 + 8192 B)
     assert ops["gather_fusion.2"].bundles is None and ops["gather_fusion.2"].hbm_bytes == 8192 + 64 + 8192
     assert any("timed from their bytes alone" in n for n in p.notes)
+
+
+# A weight prefetched into VMEM while an op on VMEM data runs, then read by a dot after its copy-done.
+OVERLAP = """HloModule jit_overlap
+
+%neg (p: bf16[8,256]) -> bf16[8,256] {
+  %p = bf16[8,256]{1,0:S(1)} parameter(0)
+  ROOT %n = bf16[8,256]{1,0:S(1)} negate(%p)
+}
+
+ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
+  %w = bf16[256,512]{1,0} parameter(0)
+  %x = bf16[8,256]{1,0:S(1)} parameter(1)
+  %copy-start = (bf16[256,512]{1,0:S(1)}, bf16[256,512]{1,0}, u32[]) copy-start(%w)
+  %fusion.1 = bf16[8,256]{1,0:S(1)} fusion(%x), kind=kLoop, calls=%neg
+  %copy-done = bf16[256,512]{1,0:S(1)} copy-done(%copy-start)
+  ROOT %d = bf16[8,512]{1,0:S(1)} dot(%fusion.1, %copy-done), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+@pytest.mark.parametrize("between_bundles", [1_000_000, 10])
+def test_dma_runs_under_the_ops_between_its_start_and_done(between_bundles):
+    chip = get_chip("v5e")
+    p = build_program(_report({"fusion.1": between_bundles, "d": 100}), chip, hlo_text=OVERLAP)
+    ops = {o.hlo_name: o for o in p.ops}
+    dma, between = ops["copy-start"], ops["fusion.1"]
+    assert dma.kind == "dma" and dma.hbm_bytes == 256 * 512 * 2  # read 262,144 B from HBM (VMEM write apart)
+    assert between.memory_s == 0  # all in VMEM: HBM idle for its whole time
+    # 1M bundles (~0.7 ms) hide the whole ~0.4 us copy; 10 bundles (~7 ns) hide 7 ns of it, the done waits
+    # for the rest
+    assert p.dma_hidden_s == pytest.approx(min(dma.time_s, between.time_s))
+    assert p.step_s == pytest.approx(p.serial_s - p.dma_hidden_s)
+    assert p.serial_s == pytest.approx(dma.time_s + between.time_s + ops["d"].time_s)
