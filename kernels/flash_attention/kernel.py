@@ -33,11 +33,15 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
-from kernels.tiling import FLOAT_DTYPES, LANES, check_dtype, div, tpu_chip, scoped_vmem_limit_bytes
+from kernels.tiling import (FLOAT_DTYPES, LANES, SUBLANES_32BIT, check_dtype, div, scoped_vmem_limit_bytes,
+                            tpu_chip)
 
 #: Finite "minus infinity" for masked scores: exp() of it underflows to 0
 #: without the inf - inf = NaN a true -inf would give in the max update.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+#: Initial running max: finite and above MASK_VALUE, so a masked score's probability exp(MASK_VALUE - m) is exactly
+#: 0 even while a row has seen no visible key (no NaN, no select on the probabilities).
+M_INIT = 0.5 * MASK_VALUE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +62,12 @@ class _Plan:
     window: int
     sm_scale: float
     dtype_name: str
+    #: 0 when scores are not capped (else cap * tanh(score / cap)).
+    soft_cap: float = 0.0
+    #: Whether each q head has a sink logit (an extra softmax term with no value).
+    sinks: bool = False
+    #: Whether segment ids restrict attention to keys of the query's own segment (packed sequences).
+    segments: bool = False
 
     @property
     def group(self) -> int:
@@ -110,6 +120,8 @@ def _block_needs_mask(plan: _Plan, qi: Any, kb: Any) -> Any:
     q_lo, q_hi = query_span(plan, qi, jnp)
     k_lo = kb * plan.block_kv
     k_hi = k_lo + plan.block_kv - 1
+    if plan.segments:  # segment boundaries are data: every visited block is masked
+        return True
     conds = []
     if plan.causal:
         conds.append(k_hi > q_lo)
@@ -122,32 +134,49 @@ def _block_needs_mask(plan: _Plan, qi: Any, kb: Any) -> Any:
     return functools.reduce(jnp.logical_or, conds)
 
 
-def _flash_kernel(
-    q_ref,  # [group, block_q, head_dim]: the q heads of one kv head
-    k_ref,  # [block_kv, head_dim]
-    v_ref,  # [block_kv, head_dim]
-    o_ref,  # [group, block_q, head_dim]
-    m_ref,  # [group, block_q, LANES] f32 scratch: running row max, replicated over lanes
-    l_ref,  # [group, block_q, LANES] f32 scratch: running softmax denominator, replicated over lanes
-    acc_ref,  # [group, block_q, head_dim] f32 scratch: unnormalised output
-    *,
-    plan: _Plan,
-):
+def _lanes(x: Any, width: int) -> Any:
+    """A lane-replicated ``[rows, LANES]`` statistic widened (or narrowed) to ``[rows, width]``: whole lane tiles
+    are repeated (no cross-lane broadcast), a narrower width is a lane slice."""
+    if width % LANES == 0:
+        return x if width == LANES else jnp.tile(x, (1, width // LANES))
+    if width < LANES:
+        return x[:, :width]
+    return jnp.broadcast_to(x[:, 0:1], (x.shape[0], width))
+
+
+def _flash_kernel(*refs, plan: _Plan):
+    # Inputs: q [group, block_q, head_dim] (the q heads of one kv head), k and v [block_kv, head_dim], then
+    # optionally sinks [group, SUBLANES, LANES] f32 (each head's sink logit, replicated) and the segment ids
+    # q [block_q, LANES] / kv [SUBLANES, block_kv] int32 (replicated over lanes / sublanes). Output o like q.
+    # Scratch: m, l [group, block_q, LANES] f32 (running row max and softmax denominator, replicated over
+    # lanes) and acc [group, block_q, head_dim] f32 (unnormalised output).
+    q_ref, k_ref, v_ref = refs[:3]
+    extra = list(refs[3:-4])
+    sinks_ref = extra.pop(0) if plan.sinks else None
+    seg_refs = (extra.pop(0), extra.pop(0)) if plan.segments else None
+    o_ref, m_ref, l_ref, acc_ref = refs[-4:]
     qi, step = pl.program_id(2), pl.program_id(3)
     first, last = kv_block_range(plan, qi, jnp)
     kb = first + step
-    refs = (q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+    refs = (q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs)
 
     @pl.when(step == 0)
     def _init():
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-        l_ref[...] = jnp.zeros_like(l_ref)
+        if sinks_ref is None:
+            m_ref[...] = jnp.full_like(m_ref, M_INIT)
+            l_ref[...] = jnp.zeros_like(l_ref)
+        else:  # the sink joins the softmax as a key of logit `sink` and no value: m = sink, l = exp(0)
+            for g in range(plan.group):
+                m_ref[g] = jnp.broadcast_to(sinks_ref[g, 0:1, :], m_ref.shape[1:])
+            l_ref[...] = jnp.ones_like(l_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     in_range = kb <= last
     needs_mask = _block_needs_mask(plan, qi, kb)
     if needs_mask is False:
         pl.when(in_range)(functools.partial(_attend_block, *refs, plan=plan, qi=qi, kb=kb, masked=False))
+    elif needs_mask is True:
+        pl.when(in_range)(functools.partial(_attend_block, *refs, plan=plan, qi=qi, kb=kb, masked=True))
     else:
         for masked in (False, True):
             cond = jnp.logical_and(in_range, needs_mask if masked else jnp.logical_not(needs_mask))
@@ -155,11 +184,17 @@ def _flash_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finalize():
-        for g in range(plan.group):
-            o_ref[g] = (acc_ref[g] / l_ref[g][:, 0:1]).astype(o_ref.dtype)
+        def head(g, carry):
+            l = l_ref[g]
+            # A row with no visible key (segment ids) has l = 0 (or only its sink): its output is 0.
+            inv = jnp.where(l == 0.0, 0.0, 1.0 / l)
+            o_ref[g] = (acc_ref[g] * _lanes(inv, plan.head_dim)).astype(o_ref.dtype)
+            return carry
+
+        jax.lax.fori_loop(0, plan.group, head, 0)
 
 
-def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, kb: Any,
+def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs, *, plan: _Plan, qi: Any, kb: Any,
                   masked: bool) -> None:
     """Fold K/V block ``kb`` into the running softmax, one compute slice at a time."""
     bkc = plan.block_kv_compute
@@ -167,7 +202,7 @@ def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
 
     def slice_body(c, carry):
         slice_lo = kb * plan.block_kv + c * bkc
-        body = functools.partial(_attend_slice, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref,
+        body = functools.partial(_attend_slice, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs,
                                  plan=plan, qi=qi, c=c, slice_lo=slice_lo, masked=masked)
         if masked:
             # Skip slices of an edge block that hold no visible key at all.
@@ -177,13 +212,43 @@ def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
             body()
         return carry
 
-    jax.lax.fori_loop(0, plan.block_kv // bkc, slice_body, 0)
+    n_slices = plan.block_kv // bkc
+    if n_slices == 1:
+        slice_body(0, 0)
+    else:
+        jax.lax.fori_loop(0, n_slices, slice_body, 0)
 
 
-def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi: Any, c: Any,
+def _visible(plan: _Plan, qi: Any, slice_lo: Any, shape: tuple[int, int], seg_refs: Any, c: Any) -> Any:
+    """[block_q, bkc] bool: which keys of the slice starting at key ``slice_lo`` each query of block ``qi`` sees.
+
+    Query row r sits at position q_lo + r and key column j at slice_lo + j, so every positional condition is
+    one compare of ``j - r`` (or ``j``) with a scalar."""
+    q_lo, _ = query_span(plan, qi, jnp)
+    col = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    diff = col - jax.lax.broadcasted_iota(jnp.int32, shape, 0)  # key position - query position + (q_lo - slice_lo)
+    conds = []
+    if plan.causal:
+        conds.append(diff <= q_lo - slice_lo)
+    if plan.window:
+        conds.append(diff > q_lo - slice_lo - plan.window)
+    if plan.kv_len % plan.block_kv:
+        conds.append(col < plan.kv_len - slice_lo)
+    if seg_refs is not None:
+        q_seg_ref, kv_seg_ref = seg_refs
+        q_seg = _lanes(q_seg_ref[...], shape[1])  # [block_q, bkc]
+        cols = pl.ds(pl.multiple_of(c * shape[1], shape[1]), shape[1]) if plan.block_kv > shape[1] else slice(None)
+        kv_seg = kv_seg_ref[0:1, cols]  # [1, bkc]
+        conds.append(q_seg == kv_seg)
+    if not conds:
+        return None
+    return functools.reduce(jnp.logical_and, conds)
+
+
+def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs, *, plan: _Plan, qi: Any, c: Any,
                   slice_lo: Any, masked: bool) -> None:
     bkc = plan.block_kv_compute
-    rows = pl.ds(pl.multiple_of(c * bkc, bkc), bkc)
+    rows = pl.ds(pl.multiple_of(c * bkc, bkc), bkc) if plan.block_kv > bkc else slice(None)
     score_shape = (q_ref.shape[1], bkc)  # [block_q, bkc]
 
     def head(g, carry):
@@ -192,17 +257,14 @@ def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
         precision = jax.lax.Precision.HIGHEST if k.dtype == jnp.float32 else None
         s = jax.lax.dot_general(q_ref[g], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                                 precision=precision)  # [block_q, bkc]
-        s = s * plan.sm_scale
+        if plan.sm_scale != 1.0:
+            s = s * plan.sm_scale
+        if plan.soft_cap:
+            s = plan.soft_cap * jnp.tanh(s * (1.0 / plan.soft_cap))
         if masked:
-            q_lo, _ = query_span(plan, qi, jnp)
-            q_pos = q_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 0)
-            k_pos = slice_lo + jax.lax.broadcasted_iota(jnp.int32, score_shape, 1)
-            visible = k_pos < plan.kv_len
-            if plan.causal:
-                visible &= k_pos <= q_pos
-            if plan.window:
-                visible &= q_pos - k_pos < plan.window
-            s = jnp.where(visible, s, MASK_VALUE)
+            visible = _visible(plan, qi, slice_lo, score_shape, seg_refs, c)
+            if visible is not None:
+                s = jnp.where(visible, s, MASK_VALUE)
             if plan.kv_len % plan.block_kv:
                 # Rows past the end of K/V hold whatever the edge DMA left there (NaN in
                 # interpret mode); a zero probability times NaN is still NaN, so zero them.
@@ -211,16 +273,20 @@ def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, plan: _Plan, qi
         m_prev = m_ref[g]  # [block_q, LANES]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, LANES]
         alpha = jnp.exp(m_prev - m_next)  # [block_q, LANES]
-        p = jnp.exp(s - m_next[:, 0:1])  # [block_q, bkc]
+        # Masked scores sit at MASK_VALUE < M_INIT <= m_next: their probability underflows to exactly 0.
+        p = jnp.exp(s - _lanes(m_next, bkc))  # [block_q, bkc]
         l_ref[g] = alpha * l_ref[g] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[g] = m_next
         pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32, precision=precision)  # [block_q, head_dim]
-        acc_ref[g] = acc_ref[g] * alpha[:, 0:1] + pv
+        acc_ref[g] = acc_ref[g] * _lanes(alpha, plan.head_dim) + pv
         return carry
 
     # The group's q heads take turns on the resident K/V slice.
-    jax.lax.fori_loop(0, plan.group, head, 0)
+    if plan.group == 1:
+        head(0, 0)
+    else:
+        jax.lax.fori_loop(0, plan.group, head, 0)
 
 
 def _check_inputs(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | None) -> None:
@@ -255,11 +321,38 @@ def _check_inputs(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int |
         )
 
 
+def _check_features(q: Any, k: Any, *, logit_soft_cap: float | None, sinks: Any, q_segment_ids: Any,
+                    kv_segment_ids: Any) -> None:
+    if logit_soft_cap is not None and (
+        isinstance(logit_soft_cap, bool) or not isinstance(logit_soft_cap, (int, float))
+        or not math.isfinite(logit_soft_cap) or logit_soft_cap <= 0
+    ):
+        raise ValueError(f"logit_soft_cap: must be a positive finite number or None, got {logit_soft_cap!r}")
+    if sinks is not None:
+        if tuple(sinks.shape) != (q.shape[1],):
+            raise ValueError(f"sinks: expected shape ({q.shape[1]},) (one logit per q head), got {tuple(sinks.shape)}")
+        if not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(f"sinks: expected a float array, got dtype {sinks.dtype}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids, kv_segment_ids: give both or neither")
+    if q_segment_ids is not None:
+        for name, ids, length in (("q_segment_ids", q_segment_ids, q.shape[2]),
+                                  ("kv_segment_ids", kv_segment_ids, k.shape[2])):
+            if tuple(ids.shape) != (q.shape[0], length):
+                raise ValueError(f"{name}: expected shape ({q.shape[0]}, {length}) [batch, seq_len], got "
+                                 f"{tuple(ids.shape)}")
+            if not jnp.issubdtype(ids.dtype, jnp.integer):
+                raise ValueError(f"{name}: expected an integer array, got dtype {ids.dtype}")
+
+
 def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | None, sm_scale: float | None,
-              block_sizes: FlashAttentionBlockSizes | None, chip: str) -> _Plan:
+              block_sizes: FlashAttentionBlockSizes | None, chip: str, logit_soft_cap: float | None = None,
+              sinks: Any = None, q_segment_ids: Any = None, kv_segment_ids: Any = None) -> _Plan:
     """Validate everything static about a call and fix its tiling (ValueError naming the argument)."""
     spec = tpu_chip(chip)
     _check_inputs(q, k, v, causal=causal, sliding_window=sliding_window)
+    _check_features(q, k, logit_soft_cap=logit_soft_cap, sinks=sinks, q_segment_ids=q_segment_ids,
+                    kv_segment_ids=kv_segment_ids)
     check_dtype("q", q.dtype, FLOAT_DTYPES, spec)
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
@@ -275,7 +368,8 @@ def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | Non
         batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
         block_q=bq, block_kv=bk, block_kv_compute=bkc, causal=bool(causal), window=sliding_window or 0,
         sm_scale=float(1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale),
-        dtype_name=np.dtype(q.dtype).name,
+        dtype_name=np.dtype(q.dtype).name, soft_cap=float(logit_soft_cap or 0.0), sinks=sinks is not None,
+        segments=q_segment_ids is not None,
     )
 
 
@@ -292,8 +386,8 @@ def cost_estimate(plan: _Plan) -> pl.CostEstimate:
     return to_cost_estimate(cost)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sliding_window", "sm_scale", "block_sizes", "chip",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("causal", "sliding_window", "sm_scale", "logit_soft_cap",
+                                             "block_sizes", "chip", "interpret"))
 def flash_attention(
     q: jax.Array,  # [batch, q_heads, q_len, head_dim]
     k: jax.Array,  # [batch, kv_heads, kv_len, head_dim]
@@ -302,6 +396,10 @@ def flash_attention(
     causal: bool = True,
     sliding_window: int | None = None,
     sm_scale: float | None = None,
+    logit_soft_cap: float | None = None,
+    sinks: jax.Array | None = None,  # [q_heads]
+    q_segment_ids: jax.Array | None = None,  # [batch, q_len]
+    kv_segment_ids: jax.Array | None = None,  # [batch, kv_len]
     block_sizes: FlashAttentionBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
@@ -317,20 +415,50 @@ def flash_attention(
       sliding_window: with ``causal``, a query sees only its w most recent
         keys, itself included (key position > query position - w).
       sm_scale: score scale; default ``1 / sqrt(head_dim)``.
+      logit_soft_cap: c > 0 caps the scaled scores as ``c * tanh(score / c)`` (Gemma 2), before masking.
+      sinks: one logit per q head that joins every row's softmax denominator with no value (attention sinks,
+        as in gpt-oss): the output is scaled by ``sum_j e^s_j / (e^sink + sum_j e^s_j)``.
+      q_segment_ids, kv_segment_ids: packed sequences: a query sees only keys with its segment id (on top of
+        the causal / window mask). A query with no visible key at all outputs zeros.
       block_sizes: tile sizes; default: the tuned defaults of ``chip``.
       chip: TPU whose block defaults and VMEM budget apply.
       interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic.
     """
     plan = make_plan(q, k, v, causal=causal, sliding_window=sliding_window, sm_scale=sm_scale,
-                     block_sizes=block_sizes, chip=chip)
+                     block_sizes=block_sizes, chip=chip, logit_soft_cap=logit_soft_cap, sinks=sinks,
+                     q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     group, bq, bk = plan.group, plan.block_q, plan.block_kv
 
     def q_index_map(b, kvh, qi, step):  # q heads kvh*group .. kvh*group + group - 1
         return b, kvh, qi, 0
 
-    def kv_index_map(b, kvh, qi, step):
+    def kv_block(qi, step):
         first, last = kv_block_range(plan, qi, jnp)
-        return b, kvh, jnp.minimum(first + step, last), 0
+        return jnp.minimum(first + step, last)
+
+    def kv_index_map(b, kvh, qi, step):
+        return b, kvh, kv_block(qi, step), 0
+
+    in_specs = [
+        pl.BlockSpec((None, group, bq, plan.head_dim), q_index_map),
+        pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
+        pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
+    ]
+    operands = [q, k, v]
+    if sinks is not None:
+        # [kv_heads, group, SUBLANES, LANES]: each head's sink replicated over one (sublane, lane) tile.
+        tiles = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(plan.kv_heads, group, 1, 1),
+                                 (plan.kv_heads, group, SUBLANES_32BIT, LANES))
+        in_specs.append(pl.BlockSpec((None, group, SUBLANES_32BIT, LANES), lambda b, kvh, qi, step: (kvh, 0, 0, 0)))
+        operands.append(tiles)
+    if q_segment_ids is not None:
+        # q ids replicated over lanes, kv ids over sublanes: the compare needs no cross-lane broadcast.
+        q_ids = jnp.broadcast_to(q_segment_ids.astype(jnp.int32)[:, :, None], (plan.batch, plan.q_len, LANES))
+        kv_ids = jnp.broadcast_to(kv_segment_ids.astype(jnp.int32)[:, None, :],
+                                  (plan.batch, SUBLANES_32BIT, plan.kv_len))
+        in_specs += [pl.BlockSpec((None, bq, LANES), lambda b, kvh, qi, step: (b, qi, 0)),
+                     pl.BlockSpec((None, SUBLANES_32BIT, bk), lambda b, kvh, qi, step: (b, 0, kv_block(qi, step)))]
+        operands += [q_ids, kv_ids]
 
     name = f"flash_attention_bq{bq}_bkv{bk}_bkvc{plan.block_kv_compute}"
     with jax.named_scope(name):
@@ -340,11 +468,7 @@ def flash_attention(
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=0,
                 grid=(plan.batch, plan.kv_heads, plan.q_blocks, plan.kv_steps),
-                in_specs=[
-                    pl.BlockSpec((None, group, bq, plan.head_dim), q_index_map),
-                    pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
-                    pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
-                ],
+                in_specs=in_specs,
                 out_specs=pl.BlockSpec((None, group, bq, plan.head_dim), q_index_map),
                 scratch_shapes=[
                     pltpu.VMEM((group, bq, LANES), jnp.float32),
@@ -358,5 +482,4 @@ def flash_attention(
             cost_estimate=cost_estimate(plan),
             interpret=interpret_params(interpret),
             name=name,
-        )(q, k, v)
-
+        )(*operands)

@@ -157,6 +157,78 @@ def test_reference_agrees_with_jax_reference(case):
     np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), atol=1e-5, rtol=1e-5)
 
 
+# ----------------------------------------------------------------------------- soft-cap, sinks, segment ids
+
+
+def _segments(lengths: list[int], batch: int) -> jnp.ndarray:
+    """[batch, sum(lengths)] int32: packed sequences of these lengths, ids 0, 1, ... (rows shifted by 1 per batch)."""
+    ids = np.concatenate([np.full(n, i, np.int32) for i, n in enumerate(lengths)])
+    return jnp.asarray(np.stack([ids + b for b in range(batch)]))
+
+
+FEATURE_CASES = [
+    # GQA 2, causal, aligned 2x2 blocks: soft-cap 5 bites (scores scaled by 2 reach |s| ~ 10).
+    pytest.param(Case("cap", 1, 4, 2, 256, 256, 128, True, None, BS(block_q=128, block_kv=128)),
+                 dict(logit_soft_cap=5.0), id="soft-cap"),
+    # GQA 4, a chunk after a prefix, unaligned tail, two compute slices: per-head sinks, one above the scores.
+    pytest.param(Case("sinks", 1, 4, 1, 40, 300, 128, True, None, BS(block_q=16, block_kv=256, block_kv_compute=128)),
+                 dict(sinks=jnp.array([0.0, 3.0, -2.0, 30.0], jnp.float32)), id="sinks"),
+    # GQA 2, causal, packed sequences of 100, 60 and 96 tokens (boundaries inside blocks), two batch rows.
+    pytest.param(Case("seg", 2, 4, 2, 256, 256, 128, True, None, BS(block_q=64, block_kv=128)),
+                 dict(segments=[100, 60, 96]), id="segments-causal"),
+    # Sliding window + segments + soft-cap + sinks together, GQA 2, unaligned.
+    pytest.param(Case("all", 1, 2, 1, 200, 200, 128, True, 48, BS(block_q=32, block_kv=128)),
+                 dict(segments=[70, 130], logit_soft_cap=8.0, sinks=jnp.array([1.0, -1.0], jnp.float32)),
+                 id="window-segments-cap-sinks"),
+]
+
+
+def _feature_kwargs(case: Case, features: dict) -> dict:
+    kwargs = {k: v for k, v in features.items() if k != "segments"}
+    if "segments" in features:
+        ids = _segments(features["segments"], case.batch)
+        kwargs.update(q_segment_ids=ids[:, case.kv_len - case.q_len:], kv_segment_ids=ids)
+    return kwargs
+
+
+@pytest.mark.parametrize("case, features", FEATURE_CASES)
+def test_features_match_reference(case, features):
+    q, k, v = _inputs(case, jnp.float32, seed=5)
+    kwargs = _feature_kwargs(case, features)
+    out = flash_attention(q, k, v, causal=case.causal, sliding_window=case.window, block_sizes=case.blocks,
+                          interpret=True, **kwargs)
+    ref = flash_attention_reference(q, k, v, causal=case.causal, sliding_window=case.window, **kwargs)
+    _check(out, ref, "float32")
+    # Each feature changes the result (else the test would pass with it ignored).
+    plain = flash_attention_reference(q, k, v, causal=case.causal, sliding_window=case.window)
+    assert np.abs(np.asarray(ref) - np.asarray(plain)).max() > 1e-2
+
+
+def test_sinks_hand_worked():
+    # One query, one key (q_len = kv_len = 1, causal): the softmax is over {score, sink}. q . k = 0 (q = 0), so
+    # p_key = e^0 / (e^0 + e^sink); sink = ln 3 -> p_key = 1/4 and the output is v / 4.
+    q = jnp.zeros((1, 1, 1, 128), jnp.float32)
+    k = jnp.ones((1, 1, 1, 128), jnp.float32)
+    v = jnp.full((1, 1, 1, 128), 2.0, jnp.float32)
+    sinks = jnp.array([math.log(3.0)], jnp.float32)
+    out = flash_attention(q, k, v, sinks=sinks, interpret=True)
+    np.testing.assert_allclose(np.asarray(out), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(flash_attention_reference(q, k, v, sinks=sinks)), 0.5, rtol=1e-6)
+
+
+def test_query_without_visible_key_outputs_zeros():
+    # Bidirectional, segment ids: queries of segment 7 match no key (keys are segments 0 and 1) -> zeros, no NaN.
+    case = Case("orphan", 1, 2, 1, 64, 256, 128, False, None, BS(block_q=32, block_kv=128))
+    q, k, v = _inputs(case, jnp.float32, seed=6)
+    q_ids = jnp.asarray(np.r_[np.zeros(40, np.int32), np.full(24, 7, np.int32)][None])
+    kv_ids = _segments([100, 156], 1)
+    out = flash_attention(q, k, v, causal=False, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+                          block_sizes=case.blocks, interpret=True)
+    ref = flash_attention_reference(q, k, v, causal=False, q_segment_ids=q_ids, kv_segment_ids=kv_ids)
+    _check(out, ref, "float32")
+    assert not np.asarray(out)[0, :, 40:].any()
+
+
 # ----------------------------------------------------------------------------- block skipping
 
 
@@ -317,6 +389,15 @@ KV = _sds((1, 2, 256, 128))
         (Q, KV, KV, dict(block_sizes=(128, 128)), r"block_sizes: expected FlashAttentionBlockSizes"),
         (_sds((1, 8, 8192, 128)), _sds((1, 2, 8192, 128)), _sds((1, 2, 8192, 128)),
          dict(block_sizes=BS(block_q=4096, block_kv=8192)), r"block_sizes: block_q=4096, .* need .* of VMEM, over the .* scoped limit of tpu-v5e; use smaller blocks"),
+        (Q, KV, KV, dict(logit_soft_cap=0.0), r"logit_soft_cap: must be a positive finite number"),
+        (Q, KV, KV, dict(logit_soft_cap=float("inf")), r"logit_soft_cap: must be a positive finite number"),
+        (Q, KV, KV, dict(sinks=jnp.zeros((2,))), r"sinks: expected shape \(8,\) \(one logit per q head\)"),
+        (Q, KV, KV, dict(sinks=jnp.zeros((8,), jnp.int32)), r"sinks: expected a float array"),
+        (Q, KV, KV, dict(q_segment_ids=jnp.zeros((1, 256), jnp.int32)), r"q_segment_ids, kv_segment_ids: give both"),
+        (Q, KV, KV, dict(q_segment_ids=jnp.zeros((1, 128), jnp.int32), kv_segment_ids=jnp.zeros((1, 256), jnp.int32)),
+         r"q_segment_ids: expected shape \(1, 256\) \[batch, seq_len\], got \(1, 128\)"),
+        (Q, KV, KV, dict(q_segment_ids=jnp.zeros((1, 256), jnp.int32), kv_segment_ids=jnp.zeros((1, 256))),
+         r"kv_segment_ids: expected an integer array"),
         (Q, KV, KV, dict(chip="tpu-v9z"), r"unknown chip 'tpu-v9z'"),
         (Q, KV, KV, dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
         (Q, KV, KV, dict(chip="tpu-v3"), r"chip: no flash_attention block-size defaults for 'tpu-v3'"),
