@@ -322,7 +322,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
         out_shape=jax.ShapeDtypeStruct((total_tokens, q_heads * head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), disable_bounds_checks=True),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q),
+        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q, block_kv),
         name="ragged_paged_attention",
     )
     with jax.named_scope(f"ragged_paged_attention_bq{block_q}_bkv{block_kv}"):
@@ -347,7 +347,7 @@ def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num
     return q_lens, np.maximum(q_lens, share_tokens)
 
 
-def _cost_estimate(q, kv_pages, page_table, block_q: int):
+def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int):
     """pl.CostEstimate from perfmodel's ragged paged attention model at the assumed lengths."""
     from perfmodel.model.attention import ragged_paged_attention as ragged_model
     from perfmodel.model.core import to_cost_estimate
@@ -358,7 +358,7 @@ def _cost_estimate(q, kv_pages, page_table, block_q: int):
                                       pages_per_seq=page_table.shape[1], num_pages=num_pages, page_size=page_size)
     cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2,
                         head_dim=head_dim, page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name,
-                        q_dtype=np.dtype(q.dtype).name, block_q=block_q)
+                        q_dtype=np.dtype(q.dtype).name, block_q=block_q, block_kv=block_kv)
     return to_cost_estimate(cost)
 
 

@@ -166,9 +166,18 @@ def flash_attention(
     block_q: Num | None = None,
     block_kv: Num | None = None,
     precision: str | None = None,
+    soft_cap: bool = False,
+    sinks: bool = False,
+    segment_ids: bool = False,
     chip: object | None = None,
 ) -> OpCost:
     """Flash-style attention (prefill), MHA / GQA / MQA, causal or not, optional sliding window.
+
+    ``soft_cap``: scores capped as c * tanh(s / c) (one more EUP op and two VPU multiplies per score).
+    ``sinks``: a sink logit per q head (the bundled kernel reads one f32 (8, 128) tile per head).
+    ``segment_ids``: packed sequences; every computed tile is masked, and the bundled kernel reads the q ids
+    replicated over 128 lanes once per (kv head, q block) and the kv ids replicated over 8 sublanes per tile
+    (int32).
 
     ``precision``: of the QK^T and PV dots (None = default: an fp32 dot is one bf16 pass on a TPU; the bundled
     kernel asks for "highest" with f32 inputs, six passes).
@@ -199,9 +208,11 @@ def flash_attention(
     issued = (4.0 * round_up(bq, tiles.sublanes) * round_up(bkv, tiles.mxu) * round_up(head_dim, tiles.mxu)
               * tiles_n * heads_b * path.passes)
     scores = 1.0 * tiles_n * bq * bkv * heads_b
-    masked = scores if (causal or window is not None) else 0.0
+    masked = scores if (causal or window is not None or segment_ids) else 0.0
     row_blocks = 1.0 * tiles_n * bq * heads_b
     vpu, eup = _softmax_work(scores, row_blocks, head_dim, masked)
+    if soft_cap:
+        vpu, eup = vpu + 2.0 * scores, eup + scores
     # Final normalisation: one reciprocal per row, head_dim multiplies and a cast.
     rows = 1.0 * cdiv(q_len, bq) * bq * heads_b
     vpu = vpu + rows * 2 * head_dim
@@ -210,6 +221,11 @@ def flash_attention(
     q_bytes = 1.0 * batch * q_heads * q_len * head_dim * item
     kv_bytes = 2.0 * batch * kv_heads * tiles_n * bkv * head_dim * item
     ideal_kv = 2.0 * batch * kv_heads * kv_len * head_dim * item
+    side_bytes = 0.0
+    if sinks:
+        side_bytes = side_bytes + 1.0 * batch * q_heads * 8 * 128 * 4
+    if segment_ids:
+        side_bytes = side_bytes + 1.0 * batch * kv_heads * (cdiv(q_len, bq) * bq * 128 + tiles_n * bkv * 8) * 4
     vmem = (2 * (bq * group + 2 * bkv) * head_dim * item + 2 * bq * group * head_dim * item
             + bq * group * (head_dim + 2 * 128) * 4 + bq * group * bkv * 4)
     steps = tiles_n * batch * kv_heads
@@ -229,7 +245,7 @@ def flash_attention(
         mxu_dtype=path.compute_dtype,
         vpu_ops=fval(vpu),
         eup_ops=fval(eup),
-        hbm_read_bytes=fval(q_bytes + kv_bytes),
+        hbm_read_bytes=fval(q_bytes + kv_bytes + side_bytes),
         hbm_write_bytes=fval(q_bytes),
         fixed_s=fval(fixed),
         launches=1,
@@ -321,12 +337,15 @@ def _paged_attention_cost(
     table_entries: np.ndarray,
     chip: object | None,
     seq_mask: np.ndarray | None = None,
+    kv_pages_fetched: np.ndarray | None = None,
 ) -> OpCost:
     """Causal paged attention of sequences with q_lens new tokens whose context (new tokens included) is lens.
 
     Every per-sequence quantity broadcasts against ``lens``; totals sum the last
     axis (``batch`` None) or multiply by ``batch``. ``seq_mask`` keeps a subset
-    of the sequences (the decode or prefill part of a ragged batch).
+    of the sequences (the decode or prefill part of a ragged batch). ``kv_pages_fetched``: pages each
+    sequence's K/V DMAs move when they differ from the pages its q blocks see (a kernel whose q blocks
+    are not aligned to the sequence, see :func:`ragged_pages_fetched`); None: those pages.
     """
     group = _check_heads(q_heads, kv_heads)
     tiles = chip_tiles(chip)
@@ -357,8 +376,9 @@ def _paged_attention_cost(
         vpu = vpu + serial
     elif kv_scale != "none":
         vpu = vpu + 2.0 * scores  # scales applied to the scores (K) and the probabilities (V)
-    kv_bytes = (kv_elems * DTYPES[kv_dtype].itemsize_bytes
-                + kv_scale_bytes(tokens_visited, pages_visited, kv_heads, kv_scale))
+    pages_read = pages_visited if kv_pages_fetched is None else kv_pages_fetched
+    kv_bytes = (2.0 * kv_heads * head_dim * page_size * pages_read * DTYPES[kv_dtype].itemsize_bytes
+                + kv_scale_bytes(pages_read * page_size, pages_read, kv_heads, kv_scale))
     q_bytes = 1.0 * q_heads * head_dim * DTYPES[q_dtype].itemsize_bytes * q_lens
     # Page table (int32, scalar-prefetched whole), context length and query start per sequence.
     table_bytes = 1.0 * (table_entries + 2) * INDEX_BYTES
@@ -384,7 +404,7 @@ def _paged_attention_cost(
             "sequences": total(1.0),
             "query_tokens": total(q_lens),
             "context_tokens": total(lens),
-            "kv_pages_read": total(pages_visited),
+            "kv_pages_read": total(pages_read),
             "kv_bytes": total(kv_bytes),
             "page_table_bytes": total(table_bytes),
             "partial_page_waste": fval(np.nan_to_num(page_waste)),
@@ -438,6 +458,35 @@ def paged_decode_attention(
     return dataclasses.replace(cost, launches=1, launch_kind="pallas")
 
 
+def ragged_pages_fetched(q_lens: np.ndarray, lens: np.ndarray, page_size: np.ndarray, block_q: np.ndarray,
+                         block_kv: np.ndarray) -> np.ndarray:
+    """KV pages the bundled ragged kernel copies per sequence (last axis: the batch, in q order).
+
+    The kernel's q blocks are ``block_q`` rows of the flat token axis (the sequences' query rows
+    concatenated), not of each sequence; per q block, each sequence with a row in it fetches its
+    ``block_kv``-token KV blocks up to the one holding the causal position of its last row there, each
+    block's pages only as far as the sequence's context. So per (sequence, q block touched):
+    ``min(ppb * (last_pos // block_kv + 1), cdiv(kv_len, page_size))`` pages, ``ppb = block_kv // page_size``;
+    the sequence's last q block reaches its last position and fetches every page.
+    """
+    q_lens, lens = np.broadcast_arrays(np.asarray(q_lens, np.int64), np.asarray(lens, np.int64))
+    ps, bq, bkv = (np.asarray(x, np.int64) for x in (page_size, block_q, block_kv))
+    ppb = bkv // ps
+    starts = np.cumsum(q_lens, axis=-1) - q_lens  # first flat row of each sequence
+    ends = starts + q_lens
+    pages = cdiv(lens, ps)
+    first_block = starts // bq
+    touched = np.where(q_lens > 0, (np.maximum(ends, 1) - 1) // bq - first_block + 1, 0)
+    # Every q block before the last: last row (b + 1) * bq - 1 at position off + (b + 1) * bq - 1.
+    base = lens - ends + (first_block + 1) * bq - 1  # that position in the sequence's first q block (>= 0)
+    # Those blocks fetching fewer than all pages: ppb * (base + bq * i) // bkv + ppb < pages, i.e. the KV block
+    # index stays below cdiv(pages, ppb) - 1.
+    below = np.maximum(cdiv(pages, ppb) - 1, 0) * bkv - base  # position bound (exclusive) of such blocks
+    partial = np.clip(cdiv(np.maximum(below, 0), bq), 0, np.maximum(touched - 1, 0))
+    fetched_partial = ppb * (floor_sum(partial, bkv, bq, np.maximum(base, 0)) + partial)
+    return np.where(touched > 0, fetched_partial + pages * (touched - partial), 0)
+
+
 def ragged_paged_attention(
     *,
     query_lens: Num,
@@ -450,6 +499,7 @@ def ragged_paged_attention(
     q_dtype: str = "bf16",
     kv_scale: str | None = None,
     block_q: Num | None = None,
+    block_kv: Num | None = None,
     pages_per_seq: Num | None = None,
     precision: str | None = None,
     chip: object | None = None,
@@ -462,7 +512,9 @@ def ragged_paged_attention(
     the rest the ``prefill`` part; the result's ``parts`` are (prefill,
     decode) and its times split accordingly. Prefill chunks are processed in
     blocks of ``block_q`` query tokens (default: the bundled kernel's tuned block_q for the chip, see
-    :func:`tuned_block`), each re-reading the pages it needs.
+    :func:`tuned_block`), each re-reading the pages it needs. KV traffic follows the bundled kernel's combined
+    K/V pages (one copy per page for every kv head) and flat q blocks: :func:`ragged_pages_fetched` with
+    ``block_kv`` (default: the kernel's tuned block_kv); compute counts the pages the queries see.
     """
     q_lens = np.atleast_1d(sizes("query_lens", query_lens))
     lens = np.atleast_1d(sizes("context_lens", context_lens))
@@ -478,10 +530,15 @@ def ragged_paged_attention(
                                                                         kv_dtype, q_dtype)
     scale = _resolve_kv_scale(kv_dt, kv_scale)
     bq = sizes("block_q", block_q if block_q is not None else tuned_block("ragged_paged_attention", "block_q", chip))
+    bkv = sizes("block_kv", block_kv if block_kv is not None
+                else tuned_block("ragged_paged_attention", "block_kv", chip))
+    if np.any(bkv % page_size):
+        raise InputError(f"`block_kv` {bkv} must be a multiple of `page_size` {page_size} (whole pages per KV block)")
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)
+    fetched = ragged_pages_fetched(q_lens, lens, page_size, bq, bkv)
     common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                   page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, precision=precision,
-                  block_q=bq, table_entries=table, chip=chip)
+                  block_q=bq, table_entries=table, chip=chip, kv_pages_fetched=fetched)
     decode = q_lens == 1
     prefill_part = _paged_attention_cost(name="prefill", seq_mask=~decode, **common)
     decode_part = _paged_attention_cost(name="decode", seq_mask=decode, **common)

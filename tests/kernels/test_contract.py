@@ -171,7 +171,7 @@ def _ragged_paged_attention(specs, static, used):
                                       num_pages=num_pages, page_size=page_size)
     return ragged_paged_attention(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=kv_heads,
                                   head_dim=head_dim, page_size=page_size, kv_dtype=_dt(specs["kv_pages"]),
-                                  q_dtype=_dt(specs["q"]), block_q=used["block_q"])
+                                  q_dtype=_dt(specs["q"]), block_q=used["block_q"], block_kv=used["block_kv"])
 
 
 #: The kernel's worst case of bisection passes per threshold search.
@@ -443,6 +443,18 @@ CONTRACTS: dict[str, Contract] = {
                                            "kv_lens=64:int32", "page_table=64x128:int32",
                                            "cu_q_lens=65:int32", "num_seqs=1:int32"),
                  scope=_v5e_defaults("ragged_paged_attention", block_q="block_q", block_kv="block_kv")),
+            # Hand-worked traffic. The estimate splits 80 tokens over the 2 sequences (40 each) and gives each the
+            # 9 pages of its table (144 tokens, 16 per page). q blocks are 16 rows of the flat token axis, KV blocks
+            # 128 tokens (8 pages); a sequence in a q block fetches the KV blocks up to its last row's position
+            # there, the last one only as far as its 9 pages. Sequence 0 (rows 0-39, positions 104-143): q block 0
+            # ends at 119 (KV block 0: 8 pages), q block 1 at 135 and q block 2 at 143 (9 pages each): 26.
+            # Sequence 1 (rows 40-79, positions 64-143): q block 2 ends at row 47 = position 111 (8 pages), q block
+            # 3 at 127 (8), q block 4 at 143 (9): 25. 51 pages x 16 tokens x 4 rows (K, V of 2 kv heads) x 128 x
+            # 2 B = 835584 B (per-sequence q blocks would count 52 pages). q read and out written: 2 x 80 x 4 x
+            # 128 x 2 B = 163840 B; page table + length + query start: 2 x (9 + 2) x 4 B = 88 B. Total 999512 B.
+            Case(id="bf16-hand-worked", shapes=("q=80x4x128:bf16", "kv_pages=18x16x4x128:bf16", "kv_lens=2:int32",
+                                                "page_table=2x9:int32", "cu_q_lens=3:int32", "num_seqs=1:int32"),
+                 blocks={"block_q": 16, "block_kv": 128}, exact={"bytes_accessed": 999_512}),
         ),
     ),
     "sampling": Contract(
@@ -651,3 +663,30 @@ def test_matches_the_reference_in_interpret_mode(entry, case):
         # Interpret mode fills fresh buffers with NaN: a skipped write shows up here.
         assert np.isfinite(out32).all(), f"output {i}: {np.isnan(out32).sum()} elements never written"
         np.testing.assert_allclose(out32, ref32, **contract.tol[jnp.dtype(out.dtype).name], err_msg=f"output {i}")
+
+
+# ----------------------------------------------------------------------------- ragged paged attention traffic
+
+
+def test_ragged_op_model_kv_bytes_equal_the_interpreters_page_copies():
+    # A mixed batch whose q blocks of 16 flat rows straddle sequences (decode rows 0 and 52, prefill rows 1-30
+    # and 31-51): the op model's KV bytes (combined K/V pages, per flat q block and 128-token KV block) equal
+    # the bytes the kernel's DMAs moved in interpret mode: 67 pages, where q blocks per sequence and page-wise
+    # causal reads would give 56.
+    from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes, ragged_paged_attention
+    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+    from perfmodel.schedule.recorder import record_traffic
+
+    q_lens, kv_lens = np.array([1, 30, 21, 1]), np.array([17, 200, 150, 129])
+    q = jax.random.normal(jax.random.key(3), (int(q_lens.sum()), 4, 128), jnp.bfloat16)
+    kv_pages = jax.random.normal(jax.random.key(4), (64, 16, 4, 128), jnp.bfloat16)
+    page_table = jnp.asarray(np.arange(64, dtype=np.int32).reshape(4, 16)[:, ::-1].copy())
+    cu_q_lens = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
+    blocks = RaggedPagedAttentionBlockSizes(block_q=16, block_kv=128)
+    rec = record_traffic(lambda *a: ragged_paged_attention(*a, block_sizes=blocks), q, kv_pages,
+                         jnp.asarray(kv_lens, jnp.int32), page_table, cu_q_lens, jnp.asarray([4], jnp.int32))
+    cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=4, kv_heads=2, head_dim=128, page_size=16,
+                        block_q=16, block_kv=128, pages_per_seq=16)
+    kv_bytes = cost.metrics["prefill_kv_bytes"] + cost.metrics["decode_kv_bytes"]
+    # 16 x 4 x 128 x 2 B = 16384 B per page (K and V of both kv heads).
+    assert rec.manual_hbm_bytes == kv_bytes == 67 * 16384

@@ -244,9 +244,9 @@ def test_ragged_decode_part_equals_decode_attention(v5e):
 
 
 def test_ragged_prefill_rereads_pages_per_query_block(v5e):
-    # A fresh 256-token prefill in 128-token blocks: block 0 reads 8 pages, block 1 reads 16.
+    # A fresh 256-token prefill in 128-token q and KV blocks: block 0 reads 8 pages, block 1 reads 16.
     cost = ragged_paged_attention(query_lens=[256], context_lens=[256], q_heads=8, kv_heads=8, head_dim=128,
-                                  page_size=16, block_q=128, chip=v5e)
+                                  page_size=16, block_q=128, block_kv=128, chip=v5e)
     assert cost.metrics["prefill_kv_pages_read"] == 8 + 16
     assert cost.metrics["decode_kv_pages_read"] == 0
 
