@@ -30,13 +30,17 @@ F32_W_SPLIT_TILES = 0.5
 class MatmulVariant:
     """What a call adds to the VMEM of the plain kernel.
 
-    ``x_row``: with quantize_x, the width of the resident x row block (K rounded up to bk; it replaces the x
-    tile) and its int8 codes; ``scale_rows``: rows of the resident [rows, bn] f32 block of blockwise weight
-    scales (0: none); weight-only blockwise scales also keep one dequantized w tile in x's dtype.
+    ``x_row``: the width of a resident x row block (K rounded up to bk; it replaces the x tile: quantize_x, and
+    small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
+    ``x_codes``: quantize_x's int8 codes of that row and its per-token scales; ``scale_rows``: rows of the resident
+    [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
+    (weight-only blockwise scales at large bm).
     """
 
     x_row: int | None = None
+    x_codes: bool = False
     scale_rows: int = 0
+    w_dequant: bool = False
 
 
 PLAIN = MatmulVariant()
@@ -95,9 +99,9 @@ class MatmulBlockSizes:
         )
         acc = buf((self.bm, self.bn), "float32")
         need = 2 * streamed + acc
-        if variant.x_row is not None:  # int8 codes of the row block and the per-token scales
-            need += buf((self.bm, variant.x_row), "int8") + buf((self.bm, 1), "float32")
-        elif variant.scale_rows:  # the dequantized w tile
+        if variant.x_codes:  # int8 codes of the row block and the per-token scales
+            need += buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
+        if variant.w_dequant:  # the dequantized w tile
             need += buf((self.bk, self.bn), x_dtype)
         if tiling.itemsize_bytes(x_dtype) == 4:
             need += int(F32_X_SPLIT_TILES * buf((self.bm, self.bk), "float32")
@@ -120,7 +124,7 @@ class MatmulBlockSizes:
         rows = max(tiling.sublane_multiple(x_dtype), tiling.sublane_multiple(out_dtype))
         tiling.check_multiple("bm", self.bm, rows, "sublane tile of the x and out dtypes")
         tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(w_dtype), "sublane tile of the w dtype")
-        if variant.x_row is not None:
+        if variant.x_codes:
             tiling.check_multiple("bm", self.bm, tiling.sublane_multiple("int8"), "sublane tile of the int8 x codes")
         need = self.vmem_bytes(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors,
                                chip=chip, variant=variant)

@@ -38,14 +38,24 @@ from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import int8_codes, int8_scale
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
+#: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
+X_RESIDENT_MAX_BYTES = 2 << 20
+#: Blockwise weight-only scales: up to this bm each 128-row group's partial product is scaled (bm x bn VPU work
+#: per group); above it the w tile is dequantized once (bk x bn), which is cheaper when bm > 128.
+PARTIAL_SCALING_MAX_BM = 128
+#: At bm <= PARTIAL_SCALING_MAX_BM the dot runs in column chunks whose f32 partial sum is at most this (16 vregs).
+ACC_CHUNK_BYTES = 64 << 10
+#: quantize_x quantizes x in column chunks of at most this many f32 bytes per row block (32 vregs).
+QUANT_CHUNK_BYTES = 128 << 10
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
-                   has_bias: bool, quantize_x: bool, precision: Any) -> None:
+                   has_bias: bool, quantize_x: bool, x_resident: bool, w_dequant: bool, col_chunk: int,
+                   precision: Any) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
-    variant: blockwise weight-only scales a dequantized w tile; quantize_x the int8 x row and its scales."""
-    x_ref = refs[0]  # [bm, bk] x dtype; quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
+    variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile."""
+    x_ref = refs[0]  # [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8)
     rest = list(refs[2:])
     scale_ref = rest.pop(0) if scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
@@ -55,82 +65,105 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
     j, k = pl.program_id(1), pl.program_id(2)
     blockwise = scale_kind == "per-block"
     groups = bk // SCALE_BLOCK  # scale rows per K block
+    bn = w_ref.shape[1]
 
     @pl.when(k == 0)
     def _init() -> None:
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     if quantize_x:
-        xq_ref, xs_ref = scratch  # [n_k, bm, bk] int8 codes, [bm, 1] f32 per-token scales
+        xq_ref, xs_ref = scratch[:2]  # [n_k, bm, bk] int8 codes, [bm, 1] f32 per-token scales
 
         # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
         @pl.when((j == 0) & (k == 0))
         def _quantize() -> None:
-            def chunk(t: int) -> jax.Array:
-                c = x_ref[:, t * bk:(t + 1) * bk].astype(jnp.float32)
-                if t == n_k - 1 and k_tail is not None:
-                    col = jax.lax.broadcasted_iota(jnp.int32, c.shape, 1)
+            # Narrow column chunks ([bm, <= QUANT_CHUNK_BYTES] f32 live at a time): whole-row f32 temporaries spill.
+            width = _quant_chunk(x_ref.shape[0], bk)
+            chunks = [(t, c0) for t in range(n_k) for c0 in range(0, bk, width)]
+
+            def chunk(t: int, c0: int) -> jax.Array:
+                c = x_ref[:, t * bk + c0:t * bk + c0 + width].astype(jnp.float32)
+                if t == n_k - 1 and k_tail is not None and c0 + width > k_tail:
+                    col = jax.lax.broadcasted_iota(jnp.int32, c.shape, 1) + c0
                     c = jnp.where(col < k_tail, c, 0.0)
                 return c
 
             amax = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
-            for t in range(n_k):
-                amax = jnp.maximum(amax, jnp.max(jnp.abs(chunk(t)), axis=1, keepdims=True))
+            for t, c0 in chunks:
+                amax = jnp.maximum(amax, jnp.max(jnp.abs(chunk(t, c0)), axis=1, keepdims=True))
             inv, scale = int8_scale(amax)
             xs_ref[...] = scale
-            for t in range(n_k):
-                xq_ref[t] = int8_codes(chunk(t), inv)
+            for t, c0 in chunks:
+                xq_ref[t, :, c0:c0 + width] = int8_codes(chunk(t, c0), inv)
 
-        def step(valid_k: int | None) -> None:
-            # Codes past K are 0, so w's rows there (whatever lies past its end) add nothing: no w mask.
-            xq = xq_ref[k]
-            w = w_ref[...]
-            if not blockwise:
-                acc_ref[...] += jnp.dot(xq, w, preferred_element_type=jnp.int32)
-                return
-            used = groups if valid_k is None else tiling.cdiv(valid_k, SCALE_BLOCK)
-            for g in range(used):  # one int32 partial product per scale group, scaled and summed in f32
+    def x_tile() -> jax.Array:
+        if quantize_x:
+            return xq_ref[k]
+        if x_resident:
+            return x_ref[:, pl.ds(pl.multiple_of(k * bk, tiling.LANES), bk)]
+        return x_ref[...]
+
+    out_type = jnp.int32 if quantize_x else jnp.float32
+
+    def step(valid_k: int | None) -> None:
+        x = x_tile()
+        if valid_k is not None and not quantize_x:
+            x = _mask_cols(x, valid_k)  # quantize_x: codes past K are 0 already
+        if w_dequant:  # blockwise weight-only at large bm: one dequantized w tile, one dot
+            (wd_ref,) = scratch
+            for g in range(groups):
                 rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
-                part = jnp.dot(xq[:, rows], w[rows, :], preferred_element_type=jnp.int32)
-                acc_ref[...] += part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
-    else:
-        def step(valid_k: int | None) -> None:
-            x = x_ref[...]
-            if blockwise:
-                (wd_ref,) = scratch  # [bk, bn] x dtype: this step's w tile with its block scales folded in
-                for g in range(groups):
-                    rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
-                    wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
-                    wd_ref[rows, :] = wg.astype(wd_ref.dtype)
-                w = wd_ref[...]
-            else:
-                w = w_ref[...]
+                wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
+                wd_ref[rows, :] = wg.astype(wd_ref.dtype)
+            w = wd_ref[...]
+            if valid_k is not None:
+                w = _mask_rows(w, valid_k)
+            acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+            return
+        # Column chunks keep the live [bm, chunk] partial sums small at decode-sized bm (no spills).
+        for c0 in range(0, bn, col_chunk):
+            cols = slice(c0, c0 + col_chunk)
+            w = w_ref[:, cols]
+            if not quantize_x:
                 if w.dtype != x.dtype:
                     w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
-            if valid_k is not None:
-                x, w = _mask_k_tail(x, w, valid_k)
-            acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+                if valid_k is not None:
+                    w = _mask_rows(w, valid_k)  # garbage past K times a zeroed x column can be NaN
+            if not blockwise:
+                acc_ref[:, cols] += jnp.dot(x, w, preferred_element_type=out_type, precision=precision)
+                continue
+            used = groups if valid_k is None else tiling.cdiv(valid_k, SCALE_BLOCK)
+            for g in range(used):  # one partial product per scale group, scaled and summed in f32
+                rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
+                part = jnp.dot(x[:, rows], w[rows, :], preferred_element_type=out_type, precision=precision)
+                acc_ref[:, cols] += part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), cols]
 
     _k_steps(step, k, n_k, k_tail)
 
     @pl.when(k == n_k - 1)
     def _epilogue() -> None:
-        y = acc_ref[...].astype(jnp.float32)
-        if quantize_x:
-            y = y * xs_ref[...]  # per-token scale, [bm, 1]
-        if scale_kind == "per-channel":
-            y = y * scale_ref[...]
-        if bias_ref is not None:
-            y = y + bias_ref[...].astype(jnp.float32)
-        o_ref[...] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
+        for c0 in range(0, bn, col_chunk):
+            cols = slice(c0, c0 + col_chunk)
+            y = acc_ref[:, cols].astype(jnp.float32)
+            if quantize_x:
+                y = y * xs_ref[...]  # per-token scale, [bm, 1]
+            if scale_kind == "per-channel":
+                y = y * scale_ref[:, cols]
+            if bias_ref is not None:
+                y = y + bias_ref[:, cols].astype(jnp.float32)
+            o_ref[:, cols] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
 
 
-def _mask_k_tail(x: jax.Array, w: jax.Array, valid_k: int) -> tuple[jax.Array, jax.Array]:
-    """Zero the columns of x and rows of w past K in the last K block (they hold whatever lies past the arrays'
-    ends: both are masked, since garbage times zero can be NaN)."""
+def _mask_cols(x: jax.Array, valid_k: int) -> jax.Array:
+    """Zero the columns of x past K in the last K block (they hold whatever lies past the array's end)."""
     col = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    return jnp.where(col < valid_k, x, jnp.zeros_like(x))
+
+
+def _mask_rows(w: jax.Array, valid_k: int) -> jax.Array:
+    """Zero the rows of w past K in the last K block (garbage times a zeroed x column can be NaN)."""
     row = jax.lax.broadcasted_iota(jnp.int32, w.shape, 0)
-    return jnp.where(col < valid_k, x, jnp.zeros_like(x)), jnp.where(row < valid_k, w, jnp.zeros_like(w))
+    return jnp.where(row < valid_k, w, jnp.zeros_like(w))
 
 
 def _k_steps(step: Any, k: Any, n_k: int, k_tail: int | None) -> None:
@@ -280,19 +313,41 @@ def matmul(
     scale_kind = scale_kind_of(w_scale)
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
                tiling.sublane_multiple(jnp.int8) if quantize_x else 1)
-    bk = min(block_sizes.bk, tiling.round_up(k, tiling.LANES))
-    variant = MatmulVariant(x_row=tiling.round_up(k, bk) if quantize_x else None,
-                            scale_rows=_scale_rows(bk, k) if scale_kind == "per-block" else 0)
+    blocks = effective_block_sizes(block_sizes, m, k, n, rows)
+    x_row = tiling.round_up(k, blocks.bk)
+    # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
+    x_resident = quantize_x or (tiling.cdiv(n, blocks.bn) > 1
+                                and blocks.bm * x_row * x.dtype.itemsize <= X_RESIDENT_MAX_BYTES)
+    w_dequant = scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM
+    variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x,
+                            scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
+                            w_dequant=w_dequant)
     vmem_limit = block_sizes.check(
         x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
         epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
     )
-    blocks = effective_block_sizes(block_sizes, m, k, n, rows)
     return _matmul_jit(
         x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x,
-        vmem_limit_bytes=vmem_limit, interpret=interpret,
+        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, x_resident=x_resident,
+        w_dequant=w_dequant, vmem_limit_bytes=vmem_limit, interpret=interpret,
     )
+
+
+def _quant_chunk(bm: int, bk: int) -> int:
+    """Columns of x quantized at a time: [bm, width] f32 of at most QUANT_CHUNK_BYTES, a multiple of 128 dividing bk."""
+    width = max(tiling.LANES, QUANT_CHUNK_BYTES // (4 * bm) // tiling.LANES * tiling.LANES)
+    while bk % width:
+        width -= tiling.LANES
+    return width
+
+
+def _col_chunk(bm: int, bn: int) -> int:
+    """Columns per partial product: the whole bn at large bm; at decode-sized bm, chunks whose [bm, chunk] f32
+    partial sum is at most ACC_CHUNK_BYTES (multiples of 256, the widest MXU; at least 256)."""
+    if bm > PARTIAL_SCALING_MAX_BM:
+        return bn
+    chunk = max(256, ACC_CHUNK_BYTES // (4 * bm) // 256 * 256)
+    return bn if bn % chunk else min(bn, chunk)
 
 
 def _scale_rows(bk: int, k: int) -> int:
@@ -323,7 +378,8 @@ def cost_estimate(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "vmem_limit_bytes", "interpret")
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "x_resident", "w_dequant",
+                              "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
     x: jax.Array,
@@ -335,6 +391,8 @@ def _matmul_jit(
     activation: str,
     out_dtype: Any,
     quantize_x: bool,
+    x_resident: bool,
+    w_dequant: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -345,7 +403,7 @@ def _matmul_jit(
     k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
     scale_kind = scale_kind_of(w_scale)
     operands = [x, w]
-    if quantize_x:
+    if x_resident:
         # The whole row block, fetched once per i (its block index does not change with j or kk).
         x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
     else:
@@ -369,12 +427,13 @@ def _matmul_jit(
     if quantize_x:
         scratch += [pltpu.VMEM((n_k, bm, bk), jnp.int8), pltpu.VMEM((bm, 1), jnp.float32)]
         scratch_names += ["xq_ref", "x_scale_ref"]
-    elif scale_kind == "per-block":
+    if w_dequant:
         scratch.append(pltpu.VMEM((bk, bn), x.dtype))
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
         _matmul_kernel, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
-        has_bias=bias is not None, quantize_x=quantize_x, precision=precision,
+        has_bias=bias is not None, quantize_x=quantize_x, x_resident=x_resident, w_dequant=w_dequant,
+        col_chunk=_col_chunk(bm, bn), precision=precision,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
     kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)

@@ -100,6 +100,29 @@ def test_blockwise_int8_weights(shape):
     _check(out, matmul_reference(x, wq, w_scale=s, activation="silu"), "weight_only")
 
 
+def test_blockwise_int8_weights_dequantized_at_large_bm():
+    # bm = 256 > PARTIAL_SCALING_MAX_BM: the w tile is dequantized once per step (not partial sums per group);
+    # M = 200 (one partial row block), K = 300 (second K block masked to 44 columns), N = 130 (two column blocks).
+    m, k, n = 200, 300, 130
+    x = _x(13, m, k, jnp.bfloat16)
+    _, wq, s = _weights(14, k, n, True)
+    out = matmul(x, wq, w_scale=s, block_sizes=MatmulBlockSizes(bm=256, bk=256, bn=128), interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s), "weight_only")
+
+
+def test_decode_chunk_widths():
+    from kernels.matmul.kernel import _col_chunk, _quant_chunk
+
+    # bm = 64: 64 KiB / (4 B * 64 rows) = 256 columns of f32 partial sums; bn = 1024 splits into 4.
+    assert _col_chunk(64, 1024) == 256
+    # bm = 8: 64 KiB / 32 B = 2048 columns, capped at bn = 1024; bn = 384 is not a multiple of 256: one chunk.
+    assert (_col_chunk(8, 1024), _col_chunk(64, 384)) == (1024, 384)
+    # bm = 512 > 128: the whole bn.
+    assert _col_chunk(512, 1024) == 1024
+    # quantize_x: 128 KiB / (4 B * 64 rows) = 512 columns; bk = 640 is not a multiple of 512: 128 divides it.
+    assert (_quant_chunk(64, 2048), _quant_chunk(64, 640)) == (512, 128)
+
+
 def test_blockwise_fp8_weights_on_v6e():
     m, k, n = 40, 300, 200
     x = _x(9, m, k, jnp.bfloat16)
