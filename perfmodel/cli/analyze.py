@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from perfmodel.cli.common import UserError, emit, json_option, one_chip_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import Progress, UserError, emit, json_option, one_chip_option, output_format, user_errors
 from perfmodel.hw.registry import DEFAULT_CHIP
 
 SHAPE_HELP = (
@@ -60,8 +60,9 @@ def analyze(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str
     from perfmodel.schedule.inspection import analyze_target, compiled_record
 
     fmt = output_format(as_json)
-    result = analyze_target(target, shapes, args, hw, with_compile=with_compile, progress=progress_echo,
-                            loop_trips=loop_trips)
+    with Progress("compile") as bar:
+        result = analyze_target(target, shapes, args, hw, with_compile=with_compile, progress=bar,
+                                loop_trips=loop_trips)
     a, c = result.analysis, result.compiled
     if c is None:
         emit(fmt, text=lambda: render(a), json=a.as_dict)
@@ -111,7 +112,8 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
         if shapes or args or compile_top is not None:
             raise UserError("--write: tunes each kernel's representative problem (kernels/<name>/entry.py); "
                             "drop --shape/--arg/--compile")
-        written = [str(p) for p in write_all([kernel] if kernel else [], progress=progress_echo)]
+        with Progress("tune --write") as bar:
+            written = [str(p) for p in write_all([kernel] if kernel else [], progress=bar)]
         emit(fmt, text=lambda: "\n".join(f"wrote {p}" for p in written), json=lambda: {"written": written})
         return
     if kernel is None:
@@ -121,14 +123,16 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
     from perfmodel.schedule.tune import tune as run_tune
 
     extra = dict(parse_arg(a) for a in args)
-    result = run_tune(kernel, shapes, hw, extra=extra)
+    with Progress(f"tune {kernel}") as bar:
+        result = run_tune(kernel, shapes, hw, extra=extra, progress=bar)
     if compile_top is None:
         emit(fmt, text=lambda: tune_render.render_tune(result, top), json=lambda: tune_render.tune_record(result, top))
         return
     from perfmodel.schedule.analyze import resolve_chip
     from perfmodel.schedule.compiled import rerank_compiled
 
-    reranked = rerank_compiled(result, result.shapes, resolve_chip(hw), top=compile_top, extra=extra,
-                               progress=progress_echo)
+    with Progress("compile") as bar:
+        reranked = rerank_compiled(result, result.shapes, resolve_chip(hw), top=compile_top, extra=extra,
+                                   progress=bar)
     emit(fmt, text=lambda: tune_render.render_compiled_tune(result, reranked),
          json=lambda: tune_render.compiled_tune_record(result, reranked))

@@ -6,6 +6,7 @@ Nothing here imports numpy, yaml, jax or the model.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import click
@@ -117,6 +118,85 @@ def echo_json(obj: Any) -> None:
     click.echo(dumps(obj, indent=2))
 
 
+def stderr_is_terminal() -> bool:
+    """Whether progress may be drawn: stderr is a terminal (never under CliRunner, a pipe or a file)."""
+    stream = sys.stderr
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
 def progress_echo(message: str) -> None:
-    """Progress of long work, on stderr so that --json output stays clean."""
-    click.echo(message, err=True)
+    """Progress of long work as a line on stderr, only when stderr is a terminal (so that piped, --json and
+    --csv output and captured runs stay clean)."""
+    if stderr_is_terminal():
+        click.echo(message, err=True)
+
+
+def _raw_stderr(text: str) -> None:
+    """Terminal control text as is (click.echo would strip the escape codes off a terminal)."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+class Progress:
+    """A progress callback for the library, drawn on stderr as click's progress bar when stderr is a terminal
+    (nothing otherwise). Use as a context manager around the work and pass it as ``progress=``:
+
+    * ``progress(message, done=i, total=n)``: step i of n (the bar moves; ``message`` shows beside it);
+    * ``progress(message)``: a library message without counts (e.g. "compiling ...") shows beside the bar,
+      which advances one step when ``total`` was given up front (one message per step of work).
+    """
+
+    def __init__(self, label: str, total: int | None = None, *, min_total: int = 2, enabled: bool | None = None):
+        """``min_total``: work of fewer steps shows no bar (it is over before a bar would help)."""
+        self.label = label
+        self.total = total
+        self.min_total = min_total
+        self.enabled = stderr_is_terminal() if enabled is None else enabled
+        self.calls = 0
+        self._bar: Any = None
+        self._done = 0
+        self._line = False
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._line:
+            _raw_stderr("\r\x1b[K")
+            self._line = False
+        if self._bar is not None:
+            self._finish_bar()
+
+    def _finish_bar(self) -> None:
+        """Clear the bar's line (the result follows on stdout) and show the cursor again."""
+        self._bar.finished = True
+        _raw_stderr("\r\x1b[K\x1b[?25h")
+        self._bar = None
+
+    def _ensure_bar(self, total: int) -> Any:
+        if self._bar is None or self._bar.length != total:
+            if self._bar is not None:
+                self._finish_bar()
+            self._bar = click.progressbar(length=total, label=self.label, file=sys.stderr,
+                                          show_pos=True, item_show_func=lambda m: m, width=24)
+            self._bar._is_atty = True  # drawn because enabled (click shows only the label off a terminal)
+            self._bar.render_progress()
+            self._done = 0
+        return self._bar
+
+    def __call__(self, message: str = "", *, done: int | None = None, total: int | None = None) -> None:
+        self.calls += 1
+        if not self.enabled:
+            return
+        total = total if total is not None else self.total
+        if total is None:
+            # no counts: the latest message on one line, rewritten in place (cleared on exit)
+            self._line = True
+            _raw_stderr(f"\r{self.label}: {message[:100]}\x1b[K")
+            return
+        if total < self.min_total:
+            return
+        bar = self._ensure_bar(total)
+        step = (done if done is not None else self._done + 1) - self._done
+        self._done += step
+        bar.update(max(step, 0), message[:40] or None)

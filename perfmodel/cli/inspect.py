@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from perfmodel.cli.analyze import SHAPE_HELP
-from perfmodel.cli.common import emit, json_option, one_chip_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import Progress, emit, json_option, one_chip_option, output_format, user_errors
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import DEFAULT_CHIP
 
@@ -71,8 +71,8 @@ def inspect_cmd(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], a
     if with_compile:
         from perfmodel.compiler.render import render_report
 
-        compiled = inspection.compile_inspection(kernel, shapes, parse_blocks(blocks), args, hw,
-                                                 progress=progress_echo)
+        with Progress("compile") as bar:
+            compiled = inspection.compile_inspection(kernel, shapes, parse_blocks(blocks), args, hw, progress=bar)
         if out_dir is not None:
             compiled = inspection.save_compiled(compiled, out_dir)
         wrote = "\n\nwrote:\n" + "\n".join(f"  {p}" for p in compiled.files) if compiled.files else ""

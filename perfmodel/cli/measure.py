@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import click
 
-from perfmodel.cli.common import echo_json, emit, json_option, one_chip_option, output_format, user_errors
+from perfmodel.cli.common import Progress, echo_json, emit, json_option, one_chip_option, output_format, user_errors
 from perfmodel.errors import InputError
 from perfmodel.jsonable import to_jsonable
 
@@ -89,11 +89,13 @@ def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args:
     cases = [Case(kernel=entry.name, shapes=shapes, blocks=b, static=static)
              for b in block_sets(entry, parse_block_sweep(blocks))]
 
-    def show(record: Any) -> None:
-        if not as_json:
-            click.echo(record_text(record))
+    with Progress(f"measure {entry.name}", total=len(cases)) as bar:
+        def show(record: Any) -> None:
+            bar(record.kernel)
+            if not as_json:
+                click.echo(record_text(record))
 
-    records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show)
+        records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show)
     if as_json:
         echo_json(records)
     elif out is not None:

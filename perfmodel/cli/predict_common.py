@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from perfmodel.cli.common import chip_list, emit, output_format
+from perfmodel.cli.common import Progress, chip_list, emit, output_format
 from perfmodel.errors import InputError
 from perfmodel.inputcheck import option_values, short
 from perfmodel.hw.registry import DEFAULT_CHIP
@@ -27,6 +27,8 @@ from perfmodel.hw.registry import DEFAULT_CHIP
 
 #: Most points one --sweep cross product may have (each point is a full prediction per chip).
 MAX_SWEEP_POINTS = 100_000
+#: A sweep of at least this many chip x point predictions shows a progress bar (on a terminal).
+SWEEP_BAR_POINTS = 200
 
 
 def predict_options(fn: Callable) -> Callable:
@@ -141,6 +143,7 @@ def run_op(op: str, params: dict[str, Any], *, hw: Iterable[str], sweep: Iterabl
     check_required(params, points[0], required)
     for point in points:
         option_values({**params, **point})
-    result = predict_op(op, params, chips=resolve_chips(hw), points=points)
+    with Progress(f"predict {op}", min_total=SWEEP_BAR_POINTS) as bar:
+        result = predict_op(op, params, chips=resolve_chips(hw), points=points, progress=bar)
     emit(fmt, text=lambda: render.op_text(result), json=lambda: render.op_records(result),
          csv=lambda: render.op_csv(result))

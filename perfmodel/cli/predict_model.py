@@ -12,7 +12,8 @@ from __future__ import annotations
 import click
 
 from perfmodel.cli.common import emit, output_format, user_errors
-from perfmodel.cli.predict_common import predict_options, sweep_points
+from perfmodel.cli.common import Progress
+from perfmodel.cli.predict_common import SWEEP_BAR_POINTS, predict_options, sweep_points
 from perfmodel.errors import InputError
 
 _HELP = """Predict one step of a transformer: per-op roofline table, step floor, tokens/s, MBU/MFU, HBM fit.
@@ -90,23 +91,24 @@ def model(name: str | None, config_path: str | None, phase: str, batch: int | No
     if (name is None) == (config_path is None):
         raise InputError("give a model NAME or --config PATH (one of them); --list shows the built-in models")
     if with_compile:
-        from perfmodel.cli.common import progress_echo
         from perfmodel.xla import render as xla_render
         from perfmodel.xla.compare import compare_sweep
 
-        items = compare_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
-                              base=dict(phase=phase, batch=batch, context=context, prefill_len=prefill_len,
-                                        weight_dtype=weight_dtype, act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp,
-                                        page_size=page_size),
-                              topology=topology, kv_layout=kv_layout, kernels=kernels,
-                              hbm_utilization=hbm_utilization, progress=progress_echo)
+        with Progress("compile") as bar:
+            items = compare_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
+                                  base=dict(phase=phase, batch=batch, context=context, prefill_len=prefill_len,
+                                            weight_dtype=weight_dtype, act_dtype=act_dtype, kv_dtype=kv_dtype,
+                                            tp=tp, page_size=page_size),
+                                  topology=topology, kv_layout=kv_layout, kernels=kernels,
+                                  hbm_utilization=hbm_utilization, progress=bar)
         emit(fmt, text=lambda: xla_render.sweep_text(items),
              json=lambda: [xla_render.comparison_record(p, c) for p, c in items])
         return
-    result = step_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
-                        phase=phase, batch=batch, context=context, context_lens=context_lens,
-                        context_dist=context_dist, prefill_len=prefill_len, weight_dtype=weight_dtype,
-                        act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size,
-                        hbm_utilization=hbm_utilization)
+    with Progress("predict model", min_total=SWEEP_BAR_POINTS) as bar:
+        result = step_sweep(config_path or name, chips=resolve_chips(hw), points=sweep_points(sweep, SWEEPABLE),
+                            phase=phase, batch=batch, context=context, context_lens=context_lens,
+                            context_dist=context_dist, prefill_len=prefill_len, weight_dtype=weight_dtype,
+                            act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size,
+                            hbm_utilization=hbm_utilization, progress=bar)
     emit(fmt, text=lambda: step_render.step_text(result), json=lambda: step_render.step_records(result),
          csv=lambda: step_render.step_csv(result))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from perfmodel.cli.common import UserError, emit, json_option, output_format, user_errors
+from perfmodel.cli.common import Progress, UserError, emit, json_option, output_format, user_errors
 
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -29,7 +29,8 @@ def validate(groups: tuple[str, ...], no_kernels: bool, as_json: bool) -> None:
     """
     from perfmodel.harness.published_validation import report_records, report_text, run_validation
 
-    report = run_validation(groups=groups, kernels=not no_kernels)
+    with Progress("validate") as bar:
+        report = run_validation(groups=groups, kernels=not no_kernels, progress=bar)
     emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))
     if report.beats_floor:
         raise UserError(f"{len(report.beats_floor)} measurement(s) faster than their floor: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from perfmodel.cli.analyze import SHAPE_HELP
-from perfmodel.cli.common import emit, json_option, one_chip_option, output_format, progress_echo, user_errors
+from perfmodel.cli.common import Progress, emit, json_option, one_chip_option, output_format, user_errors
 from perfmodel.hw.registry import DEFAULT_CHIP
 
 _HELP = """Compile MODULE:FUNCTION with the TPU compiler (libtpu, deviceless; cached) and list every op of
@@ -47,8 +47,9 @@ def xla(target: str, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, to
 
     fmt = output_format(as_json)
     chip = get_chip(hw)
-    prog = function_program(target, shapes, args, chip, topology=topology, shard=shard, progress=progress_echo)
+    with Progress("compile") as bar:
+        prog = function_program(target, shapes, args, chip, topology=topology, shard=shard, progress=bar)
     if plot:
-        progress_echo(f"wrote {render.save_plot(prog, plot, title=f'{target} on {chip.name} ({prog.topology})')}")
+        click.echo(f"wrote {render.save_plot(prog, plot, title=f'{target} on {chip.name} ({prog.topology})')}", err=True)
     emit(fmt, text=lambda: render.program_text(prog, title=target, top=top or None),
          json=lambda: render.program_record(prog))

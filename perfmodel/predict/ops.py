@@ -13,7 +13,7 @@ KV length to the query length, ...) and returns an
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from perfmodel.errors import InputError, naming
 from perfmodel.predict.sweep import Builder, OpSweep, predict_sweep
@@ -255,8 +255,9 @@ BUILDERS: dict[str, Builder] = {
 
 
 def predict_op(op: str, params: Mapping[str, Any], *, chips: Sequence[Any],
-               points: Sequence[Mapping[str, Any]] = ({},)) -> OpSweep:
-    """The op named ``op`` (a key of :data:`BUILDERS`) over chips x points."""
+               points: Sequence[Mapping[str, Any]] = ({},), progress: Callable[..., None] | None = None) -> OpSweep:
+    """The op named ``op`` (a key of :data:`BUILDERS`) over chips x points (``progress``: as
+    :func:`perfmodel.predict.sweep.predict_sweep`'s)."""
     if op not in BUILDERS:
         raise InputError(f"`op`: unknown op '{op}'; one of {', '.join(BUILDERS)}", fields=("op",))
-    return predict_sweep(op, BUILDERS[op], params, chips=chips, points=points)
+    return predict_sweep(op, BUILDERS[op], params, chips=chips, points=points, progress=progress)

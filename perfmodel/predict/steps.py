@@ -10,7 +10,7 @@ with :func:`perfmodel.model.transformer.predict_step`;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: Parameters a sweep may vary.
 SWEEPABLE = ("phase", "batch", "context", "prefill_len", "tp", "page_size", "weight_dtype", "act_dtype", "kv_dtype")
@@ -39,11 +39,13 @@ def step_sweep(model: Any, *, chips: Sequence[Any], points: Sequence[Mapping[str
                phase: str = "decode", batch: int | None = None, context: int | None = None,
                context_lens: Any = None, context_dist: str | None = None, prefill_len: int | None = None,
                weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
-               page_size: int = 16, hbm_utilization: float = 0.9) -> StepSweep:
+               page_size: int = 16, hbm_utilization: float = 0.9,
+               progress: Callable[..., None] | None = None) -> StepSweep:
     """Predict the step of ``model`` (a ModelConfig, preset name or config path) at every chip and point.
 
     ``context_lens`` (one length per sequence) or ``context_dist`` (``batch``
-    quantiles) give a decode batch of mixed lengths instead of one ``context``.
+    quantiles) give a decode batch of mixed lengths instead of one ``context``. ``progress(chip name,
+    done=i, total=n)`` before each of the n chip x point predictions.
     """
     from perfmodel.errors import InputError
     from perfmodel.model import configs
@@ -63,6 +65,8 @@ def step_sweep(model: Any, *, chips: Sequence[Any], points: Sequence[Mapping[str
     out = []
     for chip in chips:
         for point in points:
+            if progress is not None:
+                progress(chip.name, done=len(out) + 1, total=len(chips) * len(points))
             merged = {**params, **point}
             if "phase" in point and merged["phase"] == "decode":
                 merged["prefill_len"] = None  # a phase sweep: prefill_len belongs to its prefill points only

@@ -66,11 +66,17 @@ class OpSweep:
 
 
 def predict_sweep(op: str, build: Builder, params: Mapping[str, Any], *, chips: Sequence[Any],
-                  points: Sequence[Mapping[str, Any]] = ({},)) -> OpSweep:
-    """Call ``build(chip=..., **params, **point)`` for every chip and point and evaluate every variant."""
+                  points: Sequence[Mapping[str, Any]] = ({},),
+                  progress: Callable[..., None] | None = None) -> OpSweep:
+    """Call ``build(chip=..., **params, **point)`` for every chip and point and evaluate every variant.
+    ``progress(chip name, done=i, total=n)`` before each of the n chip x point predictions."""
     out = []
+    total, done = len(chips) * len(points), 0
     for chip in chips:
         for point in points:
+            done += 1
+            if progress is not None:
+                progress(chip.name, done=done, total=total)
             result = build(chip=chip, **{**params, **point})
             variants = result.items() if isinstance(result, Mapping) else [("", result)]
             for label, cost in variants:

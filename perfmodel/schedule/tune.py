@@ -166,11 +166,12 @@ def _evaluate(entry: KernelEntry, specs: Mapping, args: Sequence[Any], blocks: M
 
 def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | ChipSpec = DEFAULT_CHIP, *,
          extra: Mapping[str, Any] | None = None, max_evaluated: int = MAX_EVALUATED,
-         prune_slack: float = 0.0) -> TuneResult:
+         prune_slack: float = 0.0, progress: Callable[..., None] | None = None) -> TuneResult:
     """Rank the legal block sizes of a catalog kernel for these shapes on chip.
 
     ``prune_slack``: candidates are pruned only once their lower bound exceeds the best time found by
     this fraction (the tuned-defaults writer keeps everything within SCOPED_VMEM_BAND of the best).
+    ``progress(label, done=i, total=n)`` is called after each of the n candidates (pruned ones included).
     """
     from perfmodel.schedule.analyze import resolve_chip
 
@@ -191,7 +192,9 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
     errors: set[str] = set()  # the distinct messages of the candidates that raised
     pruned = evaluated = 0
     best = math.inf
-    for blocks in cands:
+    for done, blocks in enumerate(cands, start=1):
+        if progress is not None:
+            progress(",".join(f"{k}={v}" for k, v in blocks.items()), done=done, total=len(cands))
         if steps_lower_bound(entry, dims, blocks) * overhead >= best * (1 + prune_slack) or evaluated >= max_evaluated:
             pruned += 1
             continue

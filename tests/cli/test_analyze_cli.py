@@ -128,7 +128,7 @@ def test_tune_says_when_the_reference_blocks_do_not_apply():
         (["tune"], ["KERNEL: missing"]),
         (["tune", "kv_cache_update"], ["no block sizes the advisor enumerates"]),
         (["tune", "matmul", "--shape", "x=256x256:bf16", "--shape", "w=256x256:f16"],
-         ["no legal block sizes", "w: dtype float16 must match x (bfloat16)"]),
+         ["tune matmul: w: dtype float16 must match x (bfloat16)"]),
         (["tune", "matmul", "--hw", "v99"], ["unknown chip 'v99'"]),
         (["tune", "matmul", "--shape", "x=256x:bf16"], ["--shape 'x=256x:bf16'", "dimensions"]),
         (["inspect", "nope"], ["KERNEL 'nope' is not known"]),
