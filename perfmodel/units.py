@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import textwrap
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
 
 _PREFIXES = [(1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p"), (1e-15, "f")]
 #: Units of things counted whole (tokens, sequences, requests): no milli- or micro- prefix.
@@ -84,15 +88,74 @@ def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    """Plain-text table; align is one char per column ('l' or 'r'), default: first left, rest right."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+#: The width tables fit by wrapping their widest text columns (None: no limit). The CLI sets it per command
+#: (the terminal's width, at most 120 columns; unset with --wide), so that every renderer fits without a
+#: width argument threaded through it.
+_TABLE_WIDTH: ContextVar[int | None] = ContextVar("perfmodel_table_width", default=None)
+#: A wrapped text column keeps at least this many characters.
+MIN_WRAP_WIDTH = 12
 
-    def fmt(row: list[str]) -> str:
-        cells = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(row, widths, align)]
-        return "  ".join(cells).rstrip()
+
+@contextmanager
+def table_width(columns: int | None) -> Iterator[None]:
+    """Tables rendered inside fit ``columns`` characters (None: no limit)."""
+    token = _TABLE_WIDTH.set(columns)
+    try:
+        yield
+    finally:
+        _TABLE_WIDTH.reset(token)
+
+
+def _fit(widths: list[int], align: str, max_width: int, headers: list[str], rows: list[list[str]]) -> list[int]:
+    """Narrow columns until the table fits max_width (or none can narrow): first headers longer than their
+    cells wrap (down to the cells' width or the header's longest word), then the widest text ('l') columns."""
+    widths = list(widths)
+    total = sum(widths) + 2 * (len(widths) - 1)
+    for i, h in enumerate(headers):
+        if total <= max_width:
+            break
+        floor = max([len(str(r[i])) for r in rows if i < len(r)] + [len(w) for w in str(h).split()] + [1])
+        cut = min(total - max_width, max(widths[i] - floor, 0))
+        widths[i] -= cut
+        total -= cut
+    while total > max_width:
+        text = [i for i, a in enumerate(align) if a == "l" and widths[i] > MIN_WRAP_WIDTH]
+        if not text:
+            break
+        i = max(text, key=lambda j: widths[j])
+        others = [widths[j] for j in text if j != i]
+        # down to the next widest text column (so that wide columns share the cut), at most what is missing
+        floor = max([MIN_WRAP_WIDTH] + [w for w in others if w < widths[i]])
+        cut = min(total - max_width, widths[i] - floor) or 1
+        widths[i] -= cut
+        total -= cut
+    return widths
+
+
+def table(headers: list[str], rows: list[list[str]], align: str | None = None, *,
+          max_width: int | None = None) -> str:
+    """Plain-text table; align is one char per column ('l' or 'r'), default: first left, rest right.
+
+    Wider than ``max_width`` (default: the width set by :func:`table_width`, else no limit), the widest text
+    columns wrap onto continuation lines (numbers never wrap)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    full = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    max_width = max_width if max_width is not None else _TABLE_WIDTH.get()
+    widths = _fit(full, align, max_width, headers, rows) if max_width else full
+
+    def cell_lines(text: str, w: int, full_w: int) -> list[str]:
+        return [text] if len(text) <= w else textwrap.wrap(text, w) or [""]
+
+    def fmt(row: list[str]) -> list[str]:
+        cells = [cell_lines(str(c), w, f) for c, w, f in zip(row, widths, full)]
+        height = max(len(c) for c in cells)
+        out = []
+        for k in range(height):
+            parts = [(c[k] if k < len(c) else "") for c in cells]
+            out.append("  ".join(p.ljust(w) if a == "l" else p.rjust(w)
+                                 for p, w, a in zip(parts, widths, align)).rstrip())
+        return out
 
     # A column with an empty header (e.g. a marker column) gets no rule.
     rule = "  ".join(("-" if h else " ") * w for h, w in zip(headers, widths)).rstrip()
-    return "\n".join([fmt(headers), rule, *(fmt(r) for r in rows)])
+    return "\n".join([*fmt(headers), rule, *(line for r in rows for line in fmt(r))])

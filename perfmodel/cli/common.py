@@ -91,7 +91,33 @@ def one_chip_option(default: str | None, help: str) -> Callable:
                         help=help + (f"  [default: {default}]" if default else ""))
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")
+#: Default output width: the terminal's, at most this (also when stdout is not a terminal).
+MAX_OUTPUT_COLUMNS = 120
+
+
+def output_columns() -> int:
+    """The width tables fit by default: the terminal's columns, at most MAX_OUTPUT_COLUMNS."""
+    import shutil
+
+    return min(shutil.get_terminal_size((MAX_OUTPUT_COLUMNS, 24)).columns, MAX_OUTPUT_COLUMNS)
+
+
+def _wide(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    from perfmodel.units import table_width
+
+    ctx.with_resource(table_width(None if value else output_columns()))
+
+
+#: --wide: tables at full width; by default their widest text columns wrap to fit output_columns().
+wide_option = click.option("--wide", is_flag=True, expose_value=False, callback=_wide,
+                           help=f"Print tables at full width (default: wrap text columns to fit the terminal, "
+                                f"at most {MAX_OUTPUT_COLUMNS} columns).")
+
+
+def json_option(fn: Callable) -> Callable:
+    """--json (and --wide, which every command with a table takes)."""
+    fn = wide_option(fn)
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON instead of a table.")(fn)
 
 
 def output_format(as_json: bool, as_csv: bool = False) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from perfmodel.cli.common import Progress, chip_list, emit, output_format
+from perfmodel.cli.common import Progress, chip_list, emit, output_format, wide_option
 from perfmodel.errors import InputError
 from perfmodel.inputcheck import option_values, short
 from perfmodel.hw.registry import DEFAULT_CHIP
@@ -32,7 +32,8 @@ SWEEP_BAR_POINTS = 200
 
 
 def predict_options(fn: Callable) -> Callable:
-    """--hw, --sweep, --json, --csv (in that order in --help)."""
+    """--hw, --sweep, --json, --csv, --wide (in that order in --help)."""
+    fn = wide_option(fn)
     fn = click.option("--csv", "as_csv", is_flag=True, help="Print CSV (one row per chip x point x variant).")(fn)
     fn = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(fn)
     fn = click.option(

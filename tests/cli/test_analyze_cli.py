@@ -146,7 +146,7 @@ def test_user_errors_are_one_line_naming_the_flag(args, needles):
 
 def test_tune_prints_ranked_candidates_with_reasons():
     res = run("tune", "jax-matmul", "--hw", "v5e", "--shape", "x=2048x2048:bf16", "--shape", "y=2048x2048:bf16",
-              "--top", "3")
+              "--top", "3", "--wide")  # one line per candidate
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     ranked = [line for line in lines if line[:2] in ("1 ", "2 ", "3 ")]

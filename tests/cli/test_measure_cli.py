@@ -118,7 +118,7 @@ def test_compare_and_calibrate_the_published_v5e_yaml():
     big = [r for r in data["records"] if r["blocks"] == {"bm": 512, "bk": 1024, "bn": 1024}
            and r["arrays"][0]["shape"] == [8192, 8192]]
     assert big[0]["efficiency"] == pytest.approx(0.915, abs=5e-4)
-    res = run("calibrate", YAML)
+    res = run("calibrate", YAML, "--wide")  # whole lines to match
     assert res.exit_code == 0, res.output
     mxu = next(line.split() for line in res.output.splitlines() if line.startswith("tpu-v5e  MXU"))
     assert mxu[3] == "4"  # four usable points
