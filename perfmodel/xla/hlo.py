@@ -46,6 +46,10 @@ _DIM_LABELS = re.compile(r"dim_labels=([\w?]+)_([\w?]+)->([\w?]+)")
 _WINDOW = re.compile(r"window=\{size=([\dx]+)")
 _LHS_DILATE = re.compile(r"lhs_dilate=([\dx]+)")
 _COST_ESTIMATE = re.compile(r'"cost_estimate":\{"flops":"(\d+)","transcendentals":"(\d+)"')
+_BYTES_ESTIMATE = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
+_ALIASING = re.compile(r"output_to_operand_aliasing=\{(.*?)\}(?:,\s*\w+=|$)")
+_ALIAS_OPERAND = re.compile(r":\s*\((\d+),")
+_METADATA = re.compile(r"metadata=\{[^}]*\}")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
@@ -359,6 +363,18 @@ def instruction_work(comps: dict[str, Computation], ins: Instruction, shapes: di
         read = float(_nbytes(src) if ins.opcode == "copy-start" else _nbytes(dest))
         read_hbm = read if all(a.memory_space == 0 for a in src) else 0.0
         return Work(bytes=read + _nbytes(dest), hbm_bytes=read_hbm + _nbytes(dest, hbm_only=True))
+    aliased = {int(m) for a in _ALIASING.findall(ins.attrs) for m in _ALIAS_OPERAND.findall(a)}
+    if ins.opcode == "custom-call" and aliased:
+        # a kernel that updates a buffer in place (e.g. a KV-cache write): the buffer is neither read nor
+        # written whole; the kernel's own CostEstimate says what it touches, else the other operands and
+        # their size again for the update written
+        est = _BYTES_ESTIMATE.search(ins.attrs)
+        if est:
+            return Work(flops=flops, transcendentals=trans, bytes=float(est.group(1)), hbm_bytes=float(est.group(1)))
+        rest = [a for i, a in enumerate(operands) if i not in aliased]
+        moved = 2.0 * sum(_nbytes(a) for a in rest)
+        return Work(flops=flops, transcendentals=trans, bytes=moved,
+                    hbm_bytes=2.0 * sum(_nbytes(a, hbm_only=True) for a in rest))
     written = ins.arrays
     if ins.opcode.endswith("-start"):  # async collectives: the result tuple repeats the operands
         written = ins.arrays[len(operands):] or ins.arrays
@@ -466,6 +482,8 @@ def program_signature(comps: dict[str, Computation], ins: Instruction, types: di
     operand types (layouts included), structural attributes and called computations up to names. The TPU
     compiler dumps the schedule of such a program once (under one of their names); the others reuse it.
     ``types``: instruction name -> result type text in ``ins``'s computation."""
-    return "\n".join((ins.type_text, ins.opcode, ",".join(types.get(o, "?") for o in ins.operands),
-                      ";".join(m.group(0) for m in _STRUCTURAL.finditer(ins.attrs)),
+    # a custom call's program is in its attributes (a Pallas kernel's serialized body): all of them count
+    attrs = (_METADATA.sub("", ins.attrs) if ins.opcode == "custom-call"
+             else ";".join(m.group(0) for m in _STRUCTURAL.finditer(ins.attrs)))
+    return "\n".join((ins.type_text, ins.opcode, ",".join(types.get(o, "?") for o in ins.operands), attrs,
                       *(_computation_signature(comps, c, memo) for c in ins.calls)))

@@ -240,7 +240,8 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     users_of: dict[str, dict[str, list[hlo.Instruction]]] = {}
     ops: list[ProgramOp] = []
     unknown_loops = 0
-    twins = _shared_programs(comps, listed, bundles)
+    twins = _shared_programs(comps, listed, set(bundles) | {k.hlo_name for k in report.kernels
+                                                             if k.program_bundles is not None})
     no_program = 0
     for ins, comp, count in listed:
         if ins.opcode in hlo.FREE or ins.opcode.endswith("-done"):
@@ -250,10 +251,13 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
         work = hlo.instruction_work(comps, ins, shapes, memo)
         nb: float | None = None
         if ins.name in pallas:
-            k = pallas[ins.name]
+            k = pallas[ins.name] if pallas[ins.name].program_bundles is not None else pallas.get(
+                twins.get(ins.name, ""), pallas[ins.name])
             lp = k.loop
             if lp is not None and k.program_bundles is not None:
                 nb = float(lp.weighted_bundles * (lp.trip_count or 1) + max(k.program_bundles - lp.bundles, 0))
+            elif k.program_bundles is not None:  # no grid loop: the program runs once
+                nb = float(k.program_bundles)
         elif ins.name in bundles or ins.name in twins:
             nb, unk = bundles[twins.get(ins.name, ins.name)]
             unknown_loops += unk
@@ -356,9 +360,11 @@ def hidden_dma_s(listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]],
 
 
 def _shared_programs(comps: Mapping[str, hlo.Computation], listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]],
-                     bundles: Mapping[str, Any]) -> dict[str, str]:
+                     bundles: Iterable[str]) -> dict[str, str]:
     """Op without a dumped schedule -> the HLO name of an identical op with one. The compiler dumps one schedule per distinct program: the second layer's attention, the V
-    gather beside the K gather, reuse the first one's (without this they went uncounted)."""
+    gather beside the K gather, reuse the first one's (without this they went uncounted); ``bundles``: the
+    names of the ops with a schedule."""
+    bundles = set(bundles)
     memo: dict[str, str] = {}
     types_of: dict[str, dict[str, str]] = {}
     by_sig: dict[str, str] = {}

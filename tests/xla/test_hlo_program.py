@@ -305,3 +305,44 @@ def test_dma_runs_under_the_ops_between_its_start_and_done(between_bundles):
     assert p.dma_hidden_s == pytest.approx(min(dma.time_s, between.time_s))
     assert p.step_s == pytest.approx(p.serial_s - p.dma_hidden_s)
     assert p.serial_s == pytest.approx(dma.time_s + between.time_s + ops["d"].time_s)
+
+
+# Two layers' KV-cache writes: a Pallas kernel that updates the cache in place (output aliased to operand 1),
+# identical but for its name; the compiler dumped the schedule of the first only.
+INPLACE = """HloModule jit_inplace
+
+ENTRY %main (new: bf16[8,4,128], c0: bf16[1024,16,128], c1: bf16[1024,16,128]) -> (bf16[1024,16,128], bf16[1024,16,128]) {
+  %new = bf16[8,4,128]{2,1,0} parameter(0)
+  %c0 = bf16[1024,16,128]{2,1,0} parameter(1)
+  %c1 = bf16[1024,16,128]{2,1,0} parameter(2)
+  %kv_update.1 = bf16[1024,16,128]{2,1,0} custom-call(%new, %c0), custom_call_target="tpu_custom_call", output_to_operand_aliasing={{}: (1, {})}, metadata={op_name="jit(f)/kv_write/pallas_call" stack_frame_id=1}, backend_config={"custom_call_config":{"body":"KERNEL","cost_estimate":{"flops":"0","transcendentals":"0","bytes_accessed":"16400","remote_bytes_transferred":"0"}}}
+  %kv_update.2 = bf16[1024,16,128]{2,1,0} custom-call(%new, %c1), custom_call_target="tpu_custom_call", output_to_operand_aliasing={{}: (1, {})}, metadata={op_name="jit(f)/kv_write/pallas_call" stack_frame_id=2}, backend_config={"custom_call_config":{"body":"KERNEL","cost_estimate":{"flops":"0","transcendentals":"0","bytes_accessed":"16400","remote_bytes_transferred":"0"}}}
+  %kv_update.3 = bf16[1024,16,128]{2,1,0} custom-call(%new, %c1), custom_call_target="tpu_custom_call", output_to_operand_aliasing={{}: (1, {})}, backend_config={"custom_call_config":{"body":"OTHER"}}
+  ROOT %t = (bf16[1024,16,128]{2,1,0}, bf16[1024,16,128]{2,1,0}) tuple(%kv_update.1, %kv_update.2)
+}
+"""
+
+
+def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
+    from perfmodel.compiler.api import KernelCompile
+
+    rep = _report({})
+    rep.kernels = (KernelCompile(hlo_name="kv_update.1", scoped_vmem_bytes=None, program_bundles=500, mxus=0,
+                                 has_grid_loop=False, loop=None, body_bundles_path=None),
+                   KernelCompile(hlo_name="kv_update.2", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
+                                 has_grid_loop=False, loop=None, body_bundles_path=None),
+                   KernelCompile(hlo_name="kv_update.3", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
+                                 has_grid_loop=False, loop=None, body_bundles_path=None))
+    comps = hlo.parse_module(INPLACE)
+    main_ = hlo.entry(comps)
+    shapes = {i.name: i.arrays for i in main_.instructions}
+    # the kernel's CostEstimate: 8 tokens x 4 heads x 128 x 2 B = 8,192 B read + 8,192 B written + 16 B of slots
+    # = 16,400 B; not the 4 MiB cache (1024 x 16 x 128 x 2 B) read and written whole
+    assert hlo.instruction_work(comps, main_.by_name()["kv_update.1"], shapes).hbm_bytes == 16_400
+    # without an estimate: the other operand (8,192 B) read and as much written
+    assert hlo.instruction_work(comps, main_.by_name()["kv_update.3"], shapes).hbm_bytes == 2 * 8_192
+    p = build_program(rep, get_chip("v5e"), hlo_text=INPLACE)
+    ops = {o.hlo_name: o for o in p.ops}
+    # kv_update.2 is the same kernel (same body) as kv_update.1: the same schedule; kv_update.3 is another kernel
+    assert p.ops and ops["kv_update.2"].bundles == ops["kv_update.1"].bundles is not None
+    assert ops["kv_update.3"].bundles is None
