@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
 from kernels.tiling import (FLOAT_DTYPES, LANES, SUBLANES_32BIT, check_dtype, div, scoped_vmem_limit_bytes,
                             tpu_chip)
@@ -381,7 +381,8 @@ def cost_estimate(plan: _Plan) -> pl.CostEstimate:
     cost = attention.flash_attention(
         batch=plan.batch, q_heads=plan.q_heads, kv_heads=plan.kv_heads, q_len=plan.q_len,
         kv_len=plan.kv_len, head_dim=plan.head_dim, dtype=plan.dtype_name, causal=plan.causal,
-        sliding_window=plan.window or None, block_q=plan.block_q, block_kv=plan.block_kv, chip=None,
+        sliding_window=plan.window or None, block_q=plan.block_q, block_kv=plan.block_kv,
+        soft_cap=bool(plan.soft_cap), sinks=plan.sinks, segment_ids=plan.segments, chip=None,
     )
     return to_cost_estimate(cost)
 
@@ -444,13 +445,14 @@ def flash_attention(
         pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
         pl.BlockSpec((None, None, bk, plan.head_dim), kv_index_map),
     ]
-    operands = [q, k, v]
+    operands, names = [q, k, v], ["q_ref", "k_ref", "v_ref"]
     if sinks is not None:
         # [kv_heads, group, SUBLANES, LANES]: each head's sink replicated over one (sublane, lane) tile.
         tiles = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(plan.kv_heads, group, 1, 1),
                                  (plan.kv_heads, group, SUBLANES_32BIT, LANES))
         in_specs.append(pl.BlockSpec((None, group, SUBLANES_32BIT, LANES), lambda b, kvh, qi, step: (kvh, 0, 0, 0)))
         operands.append(tiles)
+        names.append("sinks_ref")
     if q_segment_ids is not None:
         # q ids replicated over lanes, kv ids over sublanes: the compare needs no cross-lane broadcast.
         q_ids = jnp.broadcast_to(q_segment_ids.astype(jnp.int32)[:, :, None], (plan.batch, plan.q_len, LANES))
@@ -459,11 +461,13 @@ def flash_attention(
         in_specs += [pl.BlockSpec((None, bq, LANES), lambda b, kvh, qi, step: (b, qi, 0)),
                      pl.BlockSpec((None, SUBLANES_32BIT, bk), lambda b, kvh, qi, step: (b, 0, kv_block(qi, step)))]
         operands += [q_ids, kv_ids]
+        names += ["q_segment_ids_ref", "kv_segment_ids_ref"]
+    names += ["o_ref", "m_ref", "l_ref", "acc_ref"]
 
     name = f"flash_attention_bq{bq}_bkv{bk}_bkvc{plan.block_kv_compute}"
     with jax.named_scope(name):
         return pl.pallas_call(
-            functools.partial(_flash_kernel, plan=plan),
+            with_ref_names(functools.partial(_flash_kernel, plan=plan), names),
             out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=0,

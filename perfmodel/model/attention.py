@@ -176,7 +176,7 @@ def flash_attention(
     ``soft_cap``: scores capped as c * tanh(s / c) (one more EUP op and two VPU multiplies per score).
     ``sinks``: a sink logit per q head (the bundled kernel reads one f32 (8, 128) tile per head).
     ``segment_ids``: packed sequences; every computed tile is masked, and the bundled kernel reads the q ids
-    replicated over 128 lanes once per (kv head, q block) and the kv ids replicated over 8 sublanes per tile
+    replicated over 128 lanes once per kv head and the kv ids replicated over 8 sublanes per tile
     (int32).
 
     ``precision``: of the QK^T and PV dots (None = default: an fp32 dot is one bf16 pass on a TPU; the bundled
@@ -225,7 +225,7 @@ def flash_attention(
     if sinks:
         side_bytes = side_bytes + 1.0 * batch * q_heads * 8 * 128 * 4
     if segment_ids:
-        side_bytes = side_bytes + 1.0 * batch * kv_heads * (cdiv(q_len, bq) * bq * 128 + tiles_n * bkv * 8) * 4
+        side_bytes = side_bytes + 1.0 * batch * kv_heads * (q_len * 128 + tiles_n * bkv * 8) * 4
     vmem = (2 * (bq * group + 2 * bkv) * head_dim * item + 2 * bq * group * head_dim * item
             + bq * group * (head_dim + 2 * 128) * 4 + bq * group * bkv * 4)
     steps = tiles_n * batch * kv_heads

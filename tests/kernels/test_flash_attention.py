@@ -229,6 +229,29 @@ def test_query_without_visible_key_outputs_zeros():
     assert not np.asarray(out)[0, :, 40:].any()
 
 
+def test_cost_estimate_counts_the_feature_inputs():
+    # GQA 2 (4 q / 2 kv heads), batch 1, causal 256 tokens, 128-blocks: tiles per kv head = 3 (q block 0 -> kv 0;
+    # q block 1 -> kv 0, 1). Sinks: one f32 (8, 128) tile per q head = 4 * 4096 B = 16384 B. Segment ids: q ids
+    # over 128 lanes per kv head 2 * 256 * 128 * 4 = 262144 B, kv ids over 8 sublanes per tile
+    # 2 * 3 * 128 * 8 * 4 = 24576 B. Soft-cap: one tanh per computed score, 3 tiles * 128 * 128 * 4 heads = 196608.
+    from kernels.flash_attention.kernel import cost_estimate
+
+    q = jax.ShapeDtypeStruct((1, 4, 256, 128), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.float32)
+    ids = jax.ShapeDtypeStruct((1, 256), jnp.int32)
+    blocks = BS(block_q=128, block_kv=128)
+    plain = cost_estimate(make_plan(q, kv, kv, causal=True, sliding_window=None, sm_scale=None, block_sizes=blocks,
+                                    chip="tpu-v5e"))
+    featured = cost_estimate(make_plan(q, kv, kv, causal=True, sliding_window=None, sm_scale=None,
+                                       block_sizes=blocks, chip="tpu-v5e", logit_soft_cap=30.0,
+                                       sinks=jax.ShapeDtypeStruct((4,), jnp.float32), q_segment_ids=ids,
+                                       kv_segment_ids=ids))
+    assert featured.bytes_accessed - plain.bytes_accessed == 16384 + 262144 + 24576
+    assert featured.transcendentals - plain.transcendentals == 196608
+    # CostEstimate flops count VPU ops too: the cap adds two multiplies per score (the mask is counted: causal).
+    assert featured.flops - plain.flops == 2 * 196608
+
+
 # ----------------------------------------------------------------------------- block skipping
 
 
