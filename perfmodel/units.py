@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Iterator, Sequence
 
 _PREFIXES = [(1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n"), (1e-12, "p"), (1e-15, "f")]
 #: Units of things counted whole (tokens, sequences, requests): no milli- or micro- prefix.
@@ -106,6 +107,11 @@ def table_width(columns: int | None) -> Iterator[None]:
         _TABLE_WIDTH.reset(token)
 
 
+def current_table_width() -> int | None:
+    """The width set by :func:`table_width` (None: no limit)."""
+    return _TABLE_WIDTH.get()
+
+
 def _fit(widths: list[int], align: str, max_width: int, headers: list[str], rows: list[list[str]]) -> list[int]:
     """Narrow columns until the table fits max_width (or none can narrow): first headers longer than their
     cells wrap (down to the cells' width or the header's longest word), then the widest text ('l') columns."""
@@ -132,13 +138,75 @@ def _fit(widths: list[int], align: str, max_width: int, headers: list[str], rows
     return widths
 
 
+def _columns_to_hide(headers: Sequence[str], rows: Sequence[Sequence[str]], optional: Sequence[str],
+                     limit: int | None) -> list[str]:
+    """The optional columns to leave out, in order, until the full-width table fits ``limit``."""
+    if not limit or not optional:
+        return []
+    # Each column at its cells' width, its header wrapped to its longest word (what _fit does first).
+    widths = {h: max([len(str(c)) for c in col] + [len(w) for w in str(h).split()] + [1])
+              for h, col in zip(headers, zip(*rows) if rows else [()] * len(headers))}
+    total = sum(widths.values()) + 2 * (len(widths) - 1)
+    hidden: list[str] = []
+    for name in optional:
+        if total <= limit:
+            break
+        if name in widths:
+            hidden.append(name)
+            total -= widths[name] + 2
+    return hidden
+
+
+def fit_text(text: str, width: int | None) -> str:
+    """Prose lines (notes, titles, sources) longer than ``width`` wrap, indented under their first line; table
+    lines (a header over a rule of dashes, the rows under it until a blank line) are left as the table renderer
+    made them."""
+    if not width:
+        return text
+    lines = text.split("\n")
+    in_table = [False] * len(lines)
+    for i, line in enumerate(lines):
+        if _RULE.match(line):
+            # Its header (a wrapped header takes a few lines) and its rows, none wider than the rule; a note
+            # printed right under a table is wider, and wraps.
+            rule = len(line)
+            j = i - 1
+            while j >= 0 and lines[j].strip() and j >= i - 3 and len(lines[j]) <= rule:
+                in_table[j] = True
+                j -= 1
+            j = i
+            while j < len(lines) and lines[j].strip() and len(lines[j]) <= rule:
+                in_table[j] = True
+                j += 1
+    out: list[str] = []
+    for line, table_line in zip(lines, in_table):
+        if table_line or len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        out.extend(textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                 break_long_words=False, break_on_hyphens=False) or [line])
+    return "\n".join(out)
+
+
+_RULE = re.compile(r"^(?=.*--)[\s-]+$")
+
+
 def table(headers: list[str], rows: list[list[str]], align: str | None = None, *,
-          max_width: int | None = None) -> str:
+          max_width: int | None = None, optional: Sequence[str] = ()) -> str:
     """Plain-text table; align is one char per column ('l' or 'r'), default: first left, rest right.
 
-    Wider than ``max_width`` (default: the width set by :func:`table_width`, else no limit), the widest text
-    columns wrap onto continuation lines (numbers never wrap)."""
+    Wider than ``max_width`` (default: the width set by :func:`table_width`, else no limit), the ``optional``
+    columns (header names, least needed first) are left out until it fits, with a line naming them, then the
+    widest text columns wrap onto continuation lines (numbers never wrap)."""
     align = align or "l" + "r" * (len(headers) - 1)
+    limit = max_width if max_width is not None else _TABLE_WIDTH.get()
+    hidden = _columns_to_hide(headers, rows, optional, limit)
+    if hidden:
+        keep = [i for i, h in enumerate(headers) if h not in hidden]
+        body = table([headers[i] for i in keep], [[r[i] for i in keep] for r in rows],
+                     "".join(align[i] for i in keep), max_width=limit)
+        return body + f"\n({', '.join(hidden)}: left out to fit {limit} columns; --wide shows every column)"
     full = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
     max_width = max_width if max_width is not None else _TABLE_WIDTH.get()
     widths = _fit(full, align, max_width, headers, rows) if max_width else full

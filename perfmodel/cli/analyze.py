@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import click
 
-from perfmodel.cli.common import Progress, UserError, emit, json_option, one_chip_option, output_format, user_errors
+from perfmodel.cli.common import (Progress, UserError, echo_text, emit, json_option, one_chip_option,
+                                   output_format, user_errors)
 from perfmodel.hw.registry import DEFAULT_CHIP
 
 SHAPE_HELP = (
@@ -104,7 +105,7 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
 
     fmt = output_format(as_json)
     if list_kernels:
-        click.echo(tune_render.catalog_table(entries()))
+        echo_text(tune_render.catalog_table(entries()))
         return
     if write:
         from perfmodel.schedule.tuned import write_all

@@ -135,7 +135,14 @@ def emit(fmt: str, *, text: Callable[[], str], json: Callable[[], Any] | None = 
     elif fmt == "csv" and csv is not None:
         click.echo(csv(), nl=False)
     else:
-        click.echo(text())
+        echo_text(text())
+
+
+def echo_text(text: str) -> None:
+    """Text output, its prose lines wrapped to the width tables fit (none with --wide)."""
+    from perfmodel.units import current_table_width, fit_text
+
+    click.echo(fit_text(text, current_table_width()))
 
 
 def echo_json(obj: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from perfmodel.cli.common import echo_json, json_option, user_errors
+from perfmodel.cli.common import echo_json, echo_text, json_option, user_errors
 from perfmodel.errors import InputError
 from perfmodel.hw import all_chips, get_chip
 from perfmodel.hw import describe
@@ -23,7 +23,7 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         echo_json([describe.summary_record(c) for c in chips])
     else:
-        click.echo(describe.list_table(chips))
+        echo_text(describe.list_table(chips))
 
 
 @hw.command("show", help="Every field of one chip, with units and sources. CHIP: name, alias, JAX device_kind or spec file.")
@@ -35,7 +35,7 @@ def show_cmd(chip: str, as_json: bool) -> None:
     if as_json:
         echo_json(spec)
     else:
-        click.echo(describe.show_text(spec))
+        echo_text(describe.show_text(spec))
 
 
 @hw.command("compare", help="Chips side by side with ratios to the first and ridge points per dtype. "
@@ -50,4 +50,4 @@ def compare_cmd(chips: tuple[str, ...], as_json: bool) -> None:
     if as_json:
         echo_json(describe.compare_record(specs))
     else:
-        click.echo(describe.compare_table(specs))
+        echo_text(describe.compare_table(specs))

@@ -46,11 +46,16 @@ def _grid(grid: Any) -> str:
     return "x".join(str(g) for g in grid) if grid else "-"
 
 
+#: Columns left out first when a table does not fit the output width (the record's file:line is in --json).
+_LOW_PRIORITY = ("record", "spread", "floor bound", "less dispatch", "op floor", "efficiency")
+
+
 def render_compare(c: Comparison) -> str:
     """The measured-vs-predicted tables, the statistics over real-TPU records and the notes."""
     lines: list[str] = []
     for s in c.real + c.interpret:
-        lines += [s.heading + ":", table(list(s.headers), [list(r) for r in s.rows], align=s.align), ""]
+        lines += [s.heading + ":", table(list(s.headers), [list(r) for r in s.rows], align=s.align,
+                                         optional=_LOW_PRIORITY), ""]
     if c.efficiency.count:
         e, m = c.efficiency, c.measured_over_expected
         lines.append(f"efficiency (op floor / measured) over {e.count} real-TPU record(s): median {percent(e.median)}, "
@@ -78,7 +83,7 @@ def render_calibration(cal: Calibration) -> str:
              pct(p.implied_factor), "used" if p.used else p.reason]
             for n, p in enumerate(cal.points, start=1)]
     lines.append(table(["#", "record", "kernel", "arrays", "blocks", "unit", "measured", "less dispatch",
-                        "expected", "implied", "used?"], prow, align="rllllrrrrrl"))
+                        "expected", "implied", "used?"], prow, align="rllllrrrrrl", optional=_LOW_PRIORITY))
     if cal.interpret_records:
         lines.append(f"note: {cal.interpret_records} interpret-mode record(s) left out (host wall time, not TPU "
                      "performance)")

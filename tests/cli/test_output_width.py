@@ -42,3 +42,37 @@ def test_predict_sweep_fits_120_columns():
                                     "--hw", "v5e,v6e", "--rhs-dtype", "int8"])
     assert res.exit_code == 0, res.output
     assert widest(res.output) <= 120
+
+
+def test_optional_columns_are_left_out_first_and_named():
+    # 1 + 2 + 10 + 2 + 20 = 35 columns; at 20, "record" (20 wide) goes: 1 + 2 + 10 = 13 fits.
+    from perfmodel.units import table as tbl
+
+    out = tbl(["#", "kernel", "record"], [["1", "k" * 10, "r" * 20]], align="lll", max_width=20,
+              optional=("record",))
+    assert out.splitlines() == ["#  kernel", "-  ----------", "1  kkkkkkkkkk",
+                                "(record: left out to fit 20 columns; --wide shows every column)"]
+    # Without a limit nothing is left out.
+    assert "record" in tbl(["#", "record"], [["1", "r" * 200]], optional=("record",))
+
+
+def test_prose_wraps_under_its_indent_and_tables_are_left_alone():
+    from perfmodel.units import fit_text
+
+    text = "\n".join(["a  b", "-  -", "1  2", "  note: " + "word " * 10])
+    out = fit_text(text, 20).splitlines()
+    assert out[:3] == ["a  b", "-  -", "1  2"]
+    assert out[3] == "  note: word word" and all(line.startswith("    ") for line in out[4:])
+    assert all(len(line) <= 20 for line in out)
+    assert fit_text(text, None) == text
+
+
+def test_every_report_command_fits_120_columns():
+    v5e = "perfmodel/data/validation/tpu_v5e_matmul.yaml"
+    for args in (["compare", v5e], ["calibrate", v5e], ["validate", "--no-kernels"], ["hw", "show", "v5e"],
+                 ["tune", "--list"], ["predict", "model", "llama-3.1-8b", "--hw", "v5e,v6e,tpu-7x"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, (args, res.output)
+        assert widest(res.output) <= 120, args
+    wide = CliRunner().invoke(main, ["compare", v5e, "--wide"])
+    assert widest(wide.output) > 120 and "record" in wide.output

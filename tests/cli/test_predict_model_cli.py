@@ -75,7 +75,7 @@ def test_several_chips_side_by_side():
 def test_sweep_marks_where_decode_turns_mxu_bound():
     # short contexts: the weight GEMMs dominate and have intensity ~ batch FLOP/B in bf16;
     # v5e's ridge is 197e12 / 819e9 = 240 FLOP/B, so batch 64 is HBM-bound and batch 2048 MXU-bound
-    r = run("llama-3.1-8b", "--hw", "v5e", "--context", "16", "--sweep", "batch=1,64,2048")
+    r = run("llama-3.1-8b", "--hw", "v5e", "--context", "16", "--sweep", "batch=1,64,2048", "--wide")
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert "sweeping batch" in lines[0]
