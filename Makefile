@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/perfmodel predict model llama-3.1-70b --hw v5e,v6e,tpu-7x --tp 8 --sweep batch=1,32,256 --context 4096 --weight-dtype int8
 	$(BIN)/perfmodel analyze kernels.matmul:matmul --hw v5e --shape x=8192x8192:bf16 --shape w=8192x8192:bf16
 	mkdir -p out
-	$(BIN)/perfmodel predict model llama-3.1-8b --hw v6e --batch 16 --context 2048 --json | $(BIN)/perfmodel report - --out out/demo-report.md
+	$(BIN)/perfmodel predict model llama-3.1-8b --hw v6e --batch 16 --context 2048 --json | $(BIN)/perfmodel report - --out out/demo-report.md --force
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
