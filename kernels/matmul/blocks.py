@@ -21,6 +21,10 @@ from perfmodel.hw.spec import ChipSpec
 
 #: x tiles (``bm x bk``) of internal scratch Mosaic's bf16 matmul keeps when it stages the LHS.
 X_STAGING_TILES = 1.5
+#: 32-bit x tiles of internal scratch of an int8 x int8 matmul (quantize_x). Fitted loosely (an upper bound) on two
+#: 8192^3 compiles with libtpu 0.0.42.1: v5p 256x4096x256 needs just over its 16 MiB scoped limit where the bf16
+#: staging rule gives 12.7 MiB; v5e 512x1024x8192 allocates 88.9 MiB (this rule: ~91 MiB).
+INT8_X_STAGING_TILES = 2
 #: f32 x / w tiles of internal scratch of an f32 (HIGHEST precision) matmul: the operands' bf16 splits.
 F32_X_SPLIT_TILES = 4.75
 F32_W_SPLIT_TILES = 0.5
@@ -99,8 +103,9 @@ class MatmulBlockSizes:
         )
         acc = buf((self.bm, self.bn), "float32")
         need = 2 * streamed + acc
-        if variant.x_codes:  # int8 codes of the row block and the per-token scales
-            need += buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
+        if variant.x_codes:  # int8 codes of the row block and the per-token scales; the dot's int32 result
+            need += (buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
+                     + buf((self.bm, self.bn), "int32"))
         if variant.w_dequant:  # the dequantized w tile
             need += buf((self.bk, self.bn), x_dtype)
         if tiling.itemsize_bytes(x_dtype) == 4:
@@ -108,7 +113,9 @@ class MatmulBlockSizes:
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))
             return int(need)
         mxu = (chip.cores.mxu_dim if chip is not None else None) or 128
-        if mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20:
+        if variant.x_codes:  # int8 x int8 dot: Mosaic stages the LHS in 32-bit (v5e/v5p/v6e; see the constant)
+            need += int(INT8_X_STAGING_TILES * buf((self.bm, self.bk), "int32"))
+        elif mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20:
             need += int(X_STAGING_TILES * buf((self.bm, self.bk), x_dtype))
         quantized = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype)
         if quantized and (chip is None or not tiling.has_bf16_vpu(chip)):

@@ -40,9 +40,14 @@ def _configs() -> tuple[TunedConfig, ...]:
         if w_name in ("int8", "fp8"):
             shapes.append(f"w_scale={n}:f32")
         configs.append(TunedConfig(key=f"{x_name} x {w_name}", shapes=tuple(shapes)))
+    # int8 x int8 on the int8 MXU: bf16 activations quantized per token in the kernel (quantize_x), int8
+    # weights with per-channel scales; chips without an int8 MXU path (v4, 7x) reject it and store nothing.
+    configs.append(TunedConfig(key="int8 x int8", static={"quantize_x": True},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", f"bias={n}:f32", f"w_scale={n}:f32")))
     return tuple(configs)
 
 
 TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(),
-    problem="an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8 weights)" % TUNED_SHAPE_MNK[0])
+    problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8 weights; \"int8 x int8\": "
+             "bf16 activations quantized in the kernel, quantize_x=True)" % TUNED_SHAPE_MNK[0]))

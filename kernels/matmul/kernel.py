@@ -77,24 +77,34 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
         # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
         @pl.when((j == 0) & (k == 0))
         def _quantize() -> None:
-            # Narrow column chunks ([bm, <= QUANT_CHUNK_BYTES] f32 live at a time): whole-row f32 temporaries spill.
+            # A loop over the K blocks, each in narrow column chunks ([bm, width] f32 live at a time): whole-row
+            # f32 temporaries, or a fully unrolled loop whose two passes share their loads, spill.
             width = _quant_chunk(x_ref.shape[0], bk)
-            chunks = [(t, c0) for t in range(n_k) for c0 in range(0, bk, width)]
+            k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None
 
-            def chunk(t: int, c0: int) -> jax.Array:
-                c = x_ref[:, t * bk + c0:t * bk + c0 + width].astype(jnp.float32)
-                if t == n_k - 1 and k_tail is not None and c0 + width > k_tail:
-                    col = jax.lax.broadcasted_iota(jnp.int32, c.shape, 1) + c0
-                    c = jnp.where(col < k_tail, c, 0.0)
-                return c
+            def chunk(t: Any, c0: int) -> jax.Array:
+                start = pl.multiple_of(t * bk + c0, tiling.LANES)
+                v = x_ref[:, pl.ds(start, width)].astype(jnp.float32)
+                if k_valid is not None:
+                    col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
+                    v = jnp.where(col < k_valid, v, 0.0)
+                return v
 
-            amax = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
-            for t, c0 in chunks:
-                amax = jnp.maximum(amax, jnp.max(jnp.abs(chunk(t, c0)), axis=1, keepdims=True))
+            def amax_of(t: Any, acc: jax.Array) -> jax.Array:
+                for c0 in range(0, bk, width):
+                    acc = jnp.maximum(acc, jnp.max(jnp.abs(chunk(t, c0)), axis=1, keepdims=True))
+                return acc
+
+            amax = jax.lax.fori_loop(0, n_k, amax_of, jnp.zeros((x_ref.shape[0], 1), jnp.float32))
             inv, scale = int8_scale(amax)
             xs_ref[...] = scale
-            for t, c0 in chunks:
-                xq_ref[t, :, c0:c0 + width] = int8_codes(chunk(t, c0), inv)
+
+            def codes(t: Any, carry: Any) -> Any:
+                for c0 in range(0, bk, width):
+                    xq_ref[t, :, c0:c0 + width] = int8_codes(chunk(t, c0), inv)
+                return carry
+
+            jax.lax.fori_loop(0, n_k, codes, 0)
 
     def x_tile() -> jax.Array:
         if quantize_x:

@@ -196,6 +196,8 @@ class TunedConfig:
     key: str
     #: --shape strings of the representative problem.
     shapes: tuple[str, ...]
+    #: Static keyword arguments of this configuration (e.g. matmul's quantize_x=True for "int8 x int8").
+    static: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,7 +78,8 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None) 
         per_config = {}
         for config in spec.configs:
             try:
-                result = tune(entry, config.shapes, chip, extra=extra, prune_slack=SCOPED_VMEM_BAND)
+                result = tune(entry, config.shapes, chip, extra={**(extra or {}), **config.static} or None,
+                              prune_slack=SCOPED_VMEM_BAND)
                 choice = robust_choice(result)
             except InputError:
                 continue  # e.g. fp8 weights on a chip without an fp8 MXU path

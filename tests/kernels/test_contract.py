@@ -108,7 +108,9 @@ def _gemm(specs, static, used):
     x, w = specs["x"], specs["w"]
     activation = static.get("activation", "none")
     epilogue = (("bias",) if "bias" in specs else ()) + ((activation,) if activation != "none" else ())
-    return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype=_dt(x), rhs_dtype=_dt(w), out_dtype=_dt(x),
+    quantize_x = bool(static.get("quantize_x", False))
+    return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype="int8" if quantize_x else _dt(x),
+                lhs_source_dtype=_dt(x) if quantize_x else None, rhs_dtype=_dt(w), out_dtype=_dt(x),
                 weight_scale="per-channel" if "w_scale" in specs else "none", epilogue=epilogue, chip=None)
 
 
@@ -280,6 +282,13 @@ CONTRACTS: dict[str, Contract] = {
             # call raises the limit to 46 MiB * 1.25.
             Case(id="raised-vmem-limit", shapes=("x=4096x4096:bf16", "w=4096x4096:bf16"),
                  blocks={"bm": 1024, "bk": 2048, "bn": 2048}, vmem_limit=int(46 * 2**20 * 1.25)),
+            # int8 x int8 (quantize_x) at its tuned defaults on every chip with an int8 MXU path (v4 and 7x refuse
+            # it); decode-sized M: the defaults clamp bm to 64.
+            *(Case(id=f"w8a8-{chip}", shapes=("x=64x8192:bf16", "w=8192x8192:int8", "w_scale=8192:f32"),
+                   static={"quantize_x": True}, chip=chip,
+                   # At least the 2*M*N*K MACs, the int8 weights and the bf16 activations once.
+                   floor={"flops": 2 * 64 * 8192 * 8192, "bytes_accessed": 8192 * 8192 + 64 * 8192 * 2})
+              for chip in ("tpu-v5e", "tpu-v5p", "tpu-v6e")),
         ),
     ),
     "rms_norm": Contract(
@@ -625,7 +634,7 @@ def test_default_blocks_are_the_stored_ones_at_the_tuned_shape(tuned, chip):
     for config in configs:
         # No blocks given: the wrapper picks the chip's defaults for this dtype configuration.
         case = Case(id=config.key, shapes=config.shapes, chip=chip)
-        text, used = _lower(entry, case, static)
+        text, used = _lower(entry, case, {**static, **config.static})
         want = stored[config.key]
         assert {f: used[f] for f in fields} == {f: want[f] for f in fields}, config.key
         # The stored scoped-VMEM limit: None keeps the chip's default (no raised limit in the module).
