@@ -381,6 +381,11 @@ def _shared_programs(comps: Mapping[str, hlo.Computation], listed: Sequence[tupl
     return {ins.name: by_sig[sig] for ins, sig in missing if sig in by_sig}
 
 
+#: Custom calls that only assemble buffers (the slices of a weight streamed into VMEM are concatenated by a
+#: ConcatBitcast before their matmul reads them): a prefetch belongs to the op reading what they build.
+_BUFFER_CALLS = frozenset({"ConcatBitcast", "AllocateBuffer"})
+
+
 def _consumer_op_name(comps: Mapping[str, hlo.Computation], comp: hlo.Computation, start: hlo.Instruction,
                       users_of: dict[str, dict[str, list[hlo.Instruction]]]) -> str:
     """Name stack of the first op that reads the result of an async copy ``start`` (through its ``-done``,
@@ -396,7 +401,9 @@ def _consumer_op_name(comps: Mapping[str, hlo.Computation], comp: hlo.Computatio
     for _ in range(6):
         nxt = []
         for i in (u for name in frontier for u in users.get(name, ())):
-            if i.opcode.endswith("-done") or i.opcode in hlo.FREE:
+            target = hlo._TARGET.search(i.attrs) if i.opcode == "custom-call" else None
+            if i.opcode.endswith("-done") or i.opcode in hlo.FREE or (
+                    target is not None and target.group(1) in _BUFFER_CALLS):
                 nxt.append(i.name)
                 continue
             name = i.op_name or next(iter(_fused_names(comps, i)), "")  # a fusion's root may carry none

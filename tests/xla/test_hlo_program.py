@@ -346,3 +346,27 @@ def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
     # kv_update.2 is the same kernel (same body) as kv_update.1: the same schedule; kv_update.3 is another kernel
     assert p.ops and ops["kv_update.2"].bundles == ops["kv_update.1"].bundles is not None
     assert ops["kv_update.3"].bundles is None
+
+
+def test_weight_slices_concatenated_in_vmem_belong_to_their_matmul():
+    from perfmodel.xla.program import _consumer_op_name
+
+    text = """HloModule m
+
+ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
+  %w = bf16[256,512]{1,0} parameter(0)
+  %x = bf16[8,256]{1,0} parameter(1)
+  %b = s8[262144]{0} bitcast(%w)
+  %slice-start = ((s8[262144]{0}), s8[131072]{0:S(1)}, s32[]{:S(2)}) slice-start(%b), slice={[0:131072]}
+  %slice-start.1 = ((s8[262144]{0}), s8[131072]{0:S(1)}, s32[]{:S(2)}) slice-start(%b), slice={[131072:262144]}
+  %slice-done = s8[131072]{0:S(1)} slice-done(%slice-start)
+  %slice-done.1 = s8[131072]{0:S(1)} slice-done(%slice-start.1)
+  %cat = bf16[256,512]{1,0:S(1)} custom-call(%slice-done, %slice-done.1), custom_call_target="ConcatBitcast"
+  ROOT %d = bf16[8,512]{1,0} dot(%x, %cat), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/qkv_proj/dot_general"}
+}
+"""
+    comps = hlo.parse_module(text)
+    main_ = hlo.entry(comps)
+    # slice-start -> slice-done -> ConcatBitcast (assembles the weight in VMEM) -> the qkv_proj dot
+    for name in ("slice-start", "slice-start.1"):
+        assert _consumer_op_name(comps, main_, main_.by_name()[name], {}) == "jit(step)/qkv_proj/dot_general"
