@@ -42,6 +42,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 #: Initial running max: finite and above MASK_VALUE, so a masked score's probability exp(MASK_VALUE - m) is exactly
 #: 0 even while a row has seen no visible key (no NaN, no select on the probabilities).
 M_INIT = 0.5 * MASK_VALUE
+LOG2_E = 1.0 / math.log(2.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +73,18 @@ class _Plan:
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
+
+    @property
+    def fold_scale(self) -> bool:
+        """Whether the kernel keeps raw q.k scores and folds sm_scale into the exponent (exp2((s - m) * scale *
+        log2 e): one multiply per score instead of two). Needs sm_scale > 0 (the row max commutes with the
+        scale) and no soft-cap (which needs the scaled score)."""
+        return self.sm_scale > 0 and not self.soft_cap
+
+    @property
+    def exp2_factor(self) -> float:
+        """Factor turning a difference of kernel scores into a base-2 exponent."""
+        return (self.sm_scale if self.fold_scale else 1.0) * LOG2_E
 
     @property
     def offset(self) -> int:
@@ -225,13 +238,16 @@ def _visible(plan: _Plan, qi: Any, slice_lo: Any, shape: tuple[int, int], seg_re
     Query row r sits at position q_lo + r and key column j at slice_lo + j, so every positional condition is
     one compare of ``j - r`` (or ``j``) with a scalar."""
     q_lo, _ = query_span(plan, qi, jnp)
-    col = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-    diff = col - jax.lax.broadcasted_iota(jnp.int32, shape, 0)  # key position - query position + (q_lo - slice_lo)
+    col = jax.lax.broadcasted_iota(jnp.int32, shape, 1)  # key position - slice_lo
+    # Per-row thresholds are computed on one lane tile and widened by whole tiles, so each condition costs one
+    # compare per score vreg: key j is visible to row r when j <= r + (q_lo - slice_lo) (causal), and
+    # j > r + (q_lo - slice_lo) - window.
+    row = jax.lax.broadcasted_iota(jnp.int32, (shape[0], LANES), 0) + (q_lo - slice_lo)
     conds = []
     if plan.causal:
-        conds.append(diff <= q_lo - slice_lo)
+        conds.append(col <= _lanes(row, shape[1]))
     if plan.window:
-        conds.append(diff > q_lo - slice_lo - plan.window)
+        conds.append(col > _lanes(row - plan.window, shape[1]))
     if plan.kv_len % plan.block_kv:
         conds.append(col < plan.kv_len - slice_lo)
     if seg_refs is not None:
@@ -257,7 +273,7 @@ def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs, *, plan:
         precision = jax.lax.Precision.HIGHEST if k.dtype == jnp.float32 else None
         s = jax.lax.dot_general(q_ref[g], k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
                                 precision=precision)  # [block_q, bkc]
-        if plan.sm_scale != 1.0:
+        if plan.sm_scale != 1.0 and not plan.fold_scale:
             s = s * plan.sm_scale
         if plan.soft_cap:
             s = plan.soft_cap * jnp.tanh(s * (1.0 / plan.soft_cap))
@@ -272,9 +288,9 @@ def _attend_slice(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs, *, plan:
                 v = jnp.where(v_pos < plan.kv_len, v, jnp.zeros_like(v))
         m_prev = m_ref[g]  # [block_q, LANES]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [block_q, LANES]
-        alpha = jnp.exp(m_prev - m_next)  # [block_q, LANES]
+        alpha = jnp.exp2((m_prev - m_next) * plan.exp2_factor)  # [block_q, LANES]
         # Masked scores sit at MASK_VALUE < M_INIT <= m_next: their probability underflows to exactly 0.
-        p = jnp.exp(s - _lanes(m_next, bkc))  # [block_q, bkc]
+        p = jnp.exp2((s - _lanes(m_next, bkc)) * plan.exp2_factor)  # [block_q, bkc]
         l_ref[g] = alpha * l_ref[g] + jnp.sum(p, axis=1, keepdims=True)
         m_ref[g] = m_next
         pv = jax.lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
@@ -448,7 +464,9 @@ def flash_attention(
     operands, names = [q, k, v], ["q_ref", "k_ref", "v_ref"]
     if sinks is not None:
         # [kv_heads, group, SUBLANES, LANES]: each head's sink replicated over one (sublane, lane) tile.
-        tiles = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(plan.kv_heads, group, 1, 1),
+        # In the kernel's score units: raw q.k when it folds the scale into the exponent.
+        sink_scores = sinks.astype(jnp.float32) * (1.0 / plan.sm_scale if plan.fold_scale else 1.0)
+        tiles = jnp.broadcast_to(sink_scores.reshape(plan.kv_heads, group, 1, 1),
                                  (plan.kv_heads, group, SUBLANES_32BIT, LANES))
         in_specs.append(pl.BlockSpec((None, group, SUBLANES_32BIT, LANES), lambda b, kvh, qi, step: (kvh, 0, 0, 0)))
         operands.append(tiles)

@@ -12,7 +12,9 @@ Both kernels are compiled on the same causal 8k-token prefill, bf16, head_dim 12
   and several compute slices; bundles per head-step are the step's path (inner loops counted per trip) over
   the number of (head, TILE x TILE) tiles it covers.
 
-Also printed: the compile time of the bundled kernel at 8k (the issue's target: under 30 s on v5e).
+Also printed: the floor of one head's tile in cycles, the larger of its MXU work (2 x 2 x TILE^2 x head_dim
+FLOPs at the chip's bf16 matmul rate) and its exps (TILE^2 at the EUP rate), from hwspecs/*.yaml (sources there),
+and the compile time of the bundled kernel at 8k (the issue's target: under 30 s on v5e).
 Not collected by pytest; run ``.venv/bin/python tests/benchmarks/bench_flash_attention.py [CHIP ...]``
 (default tpu-v5e; a few compiles of ~10 s each on 2 cores, cached afterwards).
 """
@@ -32,6 +34,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from perfmodel.compiler.api import CompileCall, compile_report  # noqa: E402
 from perfmodel.compiler.bundles import build_schedule, loop_stats  # noqa: E402
+from perfmodel.hw.registry import get_chip  # noqa: E402
 
 CONTEXT, Q_HEADS, HEAD_DIM, TILE = 8192, 32, 128, 512
 #: One saved body line: address, optional control marker, '>' per loop depth, the bundle.
@@ -77,12 +80,22 @@ def path_bundles(report) -> tuple[int, list[int]]:
     return stats.always_bundles, regions
 
 
+def tile_floor_cycles(chip_name: str) -> tuple[float, float]:
+    """(MXU, EUP) cycles of one head's TILE x TILE tile: QK^T and PV FLOPs, one exp per score."""
+    compute = get_chip(chip_name).compute
+    mxu = 2 * 2 * TILE * TILE * HEAD_DIM / compute.matmul_flops_per_s_per_chip["bf16"] * compute.clock_hz
+    eup = TILE * TILE / compute.eup_ops_per_s_per_chip * compute.clock_hz
+    return mxu, eup
+
+
 def main(chips: list[str]) -> None:
     print(f"causal prefill, {CONTEXT} tokens, {Q_HEADS} q heads of {HEAD_DIM}, bf16; per-head tile "
           f"{TILE} x {TILE}")
     print(f"{'kernel':44s} {'chip':8s} {'compile s':>9s} {'every step':>10s} {'paths (per step)':>28s} "
           f"{'per head-step':>13s}")
     for chip in chips:
+        mxu, eup = tile_floor_cycles(chip)
+        print(f"{chip}: one head's tile floor {max(mxu, eup):,.0f} cycles (MXU {mxu:,.0f}, EUP {eup:,.0f})")
         jax_call = CompileCall(kind="catalog", target="jax-flash-attention", shapes=shapes(Q_HEADS),
                                blocks={"block_q": TILE, "block_k": TILE})
         ours_mha = CompileCall(kind="catalog", target="flash_attention", shapes=shapes(Q_HEADS),
