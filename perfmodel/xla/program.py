@@ -243,6 +243,7 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     twins = _shared_programs(comps, listed, set(bundles) | {k.hlo_name for k in report.kernels
                                                              if k.program_bundles is not None})
     no_program = 0
+    no_program_bytes = 0.0
     for ins, comp, count in listed:
         if ins.opcode in hlo.FREE or ins.opcode.endswith("-done"):
             continue
@@ -266,6 +267,7 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                 continue  # no program of its own and no HBM traffic (a bitcast-like op the compiler folded away)
                 # or a scalar (loop counters: the scalar unit's registers, whatever their layout says)
             no_program += 1
+            no_program_bytes += count * work.hbm_bytes
         compute = stall * nb / clock if nb and clock else 0.0
         memory = work.hbm_bytes / hbm_rate if hbm_rate else 0.0
         ici = ici_bytes = 0.0
@@ -307,8 +309,10 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             bundles=nb, compute_s=compute, memory_s=memory, ici_s=ici, time_s=time, bound=bound,
             time_source=source, group_chips=group))
     if no_program:
-        notes.append(f"{no_program} op(s) with HBM traffic have no schedule in the compiler's dumps (nor an identical "
-                     "op with one): timed from their bytes alone")
+        from perfmodel.units import nbytes
+
+        notes.append(f"{no_program} op(s) with HBM traffic ({nbytes(no_program_bytes)} in all) have no schedule in the "
+                     "compiler's dumps (nor an identical op with one): timed from their bytes alone")
     if unknown_loops:
         notes.append(f"{unknown_loops} loop(s) inside ops have a trip count the schedule does not fix; "
                      "their bundles count once")
