@@ -31,3 +31,42 @@ def int8_scale(amax: jax.Array) -> tuple[jax.Array, jax.Array]:
 def int8_codes(x: jax.Array, inv: jax.Array) -> jax.Array:
     """int8 codes clip(round_half_even(x * inv), -127, 127) of f32 x (through int32, which Mosaic converts)."""
     return jnp.clip(jnp.round(x * inv), -INT8_QMAX, INT8_QMAX).astype(jnp.int32).astype(jnp.int8)
+
+
+#: int4 codes are two's complement nibbles in [-8, 7]; the symmetric quantizers use [-7, 7].
+INT4_QMAX = 7
+#: K rows per packing group: byte row ``g * 128 + r`` of the packed array holds K row ``g * 256 + r`` in its low
+#: nibble and K row ``g * 256 + 128 + r`` in its high nibble (each 128-row half unpacks to an aligned slab).
+INT4_PACK_ROWS = 256
+
+
+def pack_int4(codes: jax.Array) -> jax.Array:
+    """[K, N] integer codes in [-8, 7] -> [round_up(K, 256) / 2, N] uint8, two per byte (nibble order above;
+    K padded with zero codes). Done once when the weights are prepared, not per call."""
+    k, n = codes.shape
+    groups = -(-k // INT4_PACK_ROWS)
+    c = jnp.pad(codes.astype(jnp.int32), ((0, groups * INT4_PACK_ROWS - k), (0, 0)))
+    c = c.reshape(groups, 2, INT4_PACK_ROWS // 2, n) & 0xF
+    return (c[:, 0] | (c[:, 1] << 4)).reshape(groups * INT4_PACK_ROWS // 2, n).astype(jnp.uint8)
+
+
+def unpack_int4_halves(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(low, high) int32 codes in [-8, 7] of packed int4 bytes (uint8 or int8), each of packed's shape."""
+    v = packed.astype(jnp.int32) & 0xFF
+    return ((v & 0xF) ^ 8) - 8, (((v >> 4) & 0xF) ^ 8) - 8
+
+
+def unpack_int4(packed: jax.Array, k: int) -> jax.Array:
+    """[K, N] int32 codes of a :func:`pack_int4` array (the reference's unpacking; the kernel does it per tile)."""
+    rows, n = packed.shape
+    lo, hi = unpack_int4_halves(packed.reshape(rows // (INT4_PACK_ROWS // 2), INT4_PACK_ROWS // 2, n))
+    return jnp.stack([lo, hi], axis=1).reshape(rows * 2, n)[:k]
+
+
+def quantize_int4(w: jax.Array, axis: int = 0) -> tuple[jax.Array, jax.Array]:
+    """(codes int32 in [-7, 7], f32 scale with ``axis`` kept as size 1): w ~= codes * scale, amax / 7 per slice."""
+    w = w.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True)
+    scale = amax / INT4_QMAX
+    inv = jnp.where(amax > 0, INT4_QMAX / jnp.where(amax > 0, amax, 1.0), 0.0)
+    return jnp.clip(jnp.round(w * inv), -INT4_QMAX, INT4_QMAX).astype(jnp.int32), scale

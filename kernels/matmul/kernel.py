@@ -35,7 +35,7 @@ from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
-from kernels.quant import int8_codes, int8_scale
+from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale, unpack_int4_halves
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -51,12 +51,12 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
-                   has_bias: bool, quantize_x: bool, x_resident: bool, w_dequant: bool, col_chunk: int,
+                   has_bias: bool, quantize_x: bool, x_resident: bool, w_dequant: bool, int4: bool, col_chunk: int,
                    precision: Any) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile."""
     x_ref = refs[0]  # [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
-    w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8)
+    w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8); int4: [bk / 2, bn] packed bytes
     rest = list(refs[2:])
     scale_ref = rest.pop(0) if scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
     bias_ref = rest.pop(0) if has_bias else None  # [1, bn] bias dtype
@@ -119,12 +119,16 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
         x = x_tile()
         if valid_k is not None and not quantize_x:
             x = _mask_cols(x, valid_k)  # quantize_x: codes past K are 0 already
-        if w_dequant:  # blockwise weight-only at large bm: one dequantized w tile, one dot
+        if w_dequant:  # one dequantized w tile, one dot: int4, and blockwise weight-only at large bm
             (wd_ref,) = scratch
-            for g in range(groups):
-                rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
-                wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
-                wd_ref[rows, :] = wg.astype(wd_ref.dtype)
+            if int4:
+                _unpack_int4_tile(w_ref, wd_ref, scale_ref if blockwise else None, k * groups,
+                                  256 if bn % 256 == 0 else 128)
+            else:
+                for g in range(groups):
+                    rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
+                    wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
+                    wd_ref[rows, :] = wg.astype(wd_ref.dtype)
             w = wd_ref[...]
             if valid_k is not None:
                 w = _mask_rows(w, valid_k)
@@ -164,6 +168,28 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
             o_ref[:, cols] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
 
 
+def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, col_chunk: int) -> None:
+    """Unpack a [bk / 2, bn] tile of packed int4 bytes into wd_ref [bk, bn] (x's dtype), 128 byte rows (two
+    128-row K slabs, kernels/quant.py's nibble order) and col_chunk columns at a time; blockwise scales folded in
+    (scale_ref rows first_group + 2q, + 2q + 1), per-channel ones are left to the epilogue."""
+    half = INT4_PACK_ROWS // 2
+    bn = w_ref.shape[1]
+
+    def group(q: Any, carry: Any) -> Any:
+        for c0 in range(0, bn, col_chunk):
+            cols = slice(c0, c0 + col_chunk)
+            halves = unpack_int4_halves(w_ref[pl.ds(pl.multiple_of(q * half, half), half), cols])
+            for h, codes in enumerate(halves):
+                v = codes.astype(jnp.float32)
+                if scale_ref is not None:
+                    v = v * scale_ref[pl.ds(first_group + 2 * q + h, 1), cols]
+                start = pl.multiple_of(q * INT4_PACK_ROWS + h * half, half)
+                wd_ref[pl.ds(start, half), cols] = v.astype(wd_ref.dtype)
+        return carry
+
+    jax.lax.fori_loop(0, w_ref.shape[0] // half, group, 0)
+
+
 def _mask_cols(x: jax.Array, valid_k: int) -> jax.Array:
     """Zero the columns of x past K in the last K block (they hold whatever lies past the array's end)."""
     col = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
@@ -191,18 +217,21 @@ def _dtype_name(dtype: Any) -> str:
     return jnp.dtype(dtype).name
 
 
-def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_dtype: Any, quantize_x: bool) -> None:
+def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_dtype: Any, quantize_x: bool,
+                  int4: bool = False) -> None:
     if getattr(x, "ndim", None) != 2:
         raise ValueError(f"x: expected a 2-D [M, K] array, got shape {getattr(x, 'shape', None)}")
     if getattr(w, "ndim", None) != 2:
         raise ValueError(f"w: expected a 2-D [K, N] array, got shape {getattr(w, 'shape', None)}")
     m, k = x.shape
-    if w.shape[0] != k:
+    if int4:
+        _check_int4(w, w_scale, k, quantize_x)
+    elif w.shape[0] != k:
         raise ValueError(f"w: shape {tuple(w.shape)} does not match x's K={k}; w must be [K, N] = [{k}, N]")
     n = w.shape[1]
     if 0 in (m, k, n):
         raise ValueError(f"x, w: empty matmul (M, K, N) = ({m}, {k}, {n}); every dimension must be >= 1")
-    xd, wd = _dtype_name(x.dtype), _dtype_name(w.dtype)
+    xd, wd = _dtype_name(x.dtype), "int8" if int4 else _dtype_name(w.dtype)
     if xd not in _FLOAT_INPUTS:
         raise ValueError(f"x: dtype {xd} not supported; use bfloat16 or float32 activations")
     quantized = wd == "int8" or wd in _FP8
@@ -225,6 +254,18 @@ def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_
         raise ValueError(f"activation='{activation}' is not known; use one of {', '.join(ACTIVATIONS)}")
     if out_dtype is not None and _dtype_name(out_dtype) not in _FLOAT_INPUTS:
         raise ValueError(f"out_dtype: {_dtype_name(out_dtype)} not supported; use bfloat16 or float32")
+
+
+def _check_int4(w: Any, w_scale: Any, k: int, quantize_x: bool) -> None:
+    rows = tiling.round_up(k, INT4_PACK_ROWS) // 2
+    if _dtype_name(w.dtype) not in ("uint8", "int8") or w.shape[0] != rows:
+        raise ValueError(f"w: w_dtype='int4' takes two codes per byte, a uint8/int8 array of shape [{rows}, N] "
+                         f"(K={k} rounded up to {INT4_PACK_ROWS}, halved), got {_dtype_name(w.dtype)}"
+                         f"{list(w.shape)}; pack [K, N] codes with kernels.quant.pack_int4")
+    if w_scale is None:
+        raise ValueError("w_scale: int4 weights need scales, [N] per channel or [cdiv(K, 128), N] blockwise")
+    if quantize_x:
+        raise ValueError("quantize_x: int4 weights run on the bf16 path (unpacked in VMEM); use quantize_x=False")
 
 
 def _check_fp8_support(chip: Any, x_name: str, w_dtype: Any) -> None:
@@ -279,6 +320,7 @@ def matmul(
     activation: str = "none",
     w_scale: jax.Array | None = None,
     quantize_x: bool = False,
+    w_dtype: str | None = None,
     block_sizes: MatmulBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
@@ -298,6 +340,10 @@ def matmul(
         kernel, once per row block, the dot accumulates in int32 and the per-token and per-channel scales are
         applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32). Needs
         int8 weights and a chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
+      w_dtype: None (w's own dtype) or "int4": w holds two int4 codes per byte, [round_up(K, 256) / 2, N]
+        uint8/int8 as kernels.quant.pack_int4 lays them out (byte row g*128 + r: K row g*256 + r in the low
+        nibble, g*256 + 128 + r in the high one); unpacked tile by tile in VMEM to x's dtype; w_scale required
+        ([N] or [cdiv(K, 128), N]); bk a multiple of 256.
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
         dtypes ("int8 x int8" with quantize_x).
       chip: TPU whose VMEM budget and fp8 / int8 support are checked (name, alias or spec path).
@@ -307,10 +353,13 @@ def matmul(
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
-    _check_inputs(x, w, bias, w_scale, activation, out_dtype, quantize_x)
+    if w_dtype not in (None, "int4"):
+        raise ValueError(f"w_dtype='{w_dtype}' is not known; use None (w's own dtype) or 'int4' (packed)")
+    int4 = w_dtype == "int4"
+    _check_inputs(x, w, bias, w_scale, activation, out_dtype, quantize_x, int4)
     spec = tiling.tpu_chip(chip)
     x_name = tiling.matmul_dtype_name(x.dtype)
-    w_name = tiling.matmul_dtype_name(w.dtype)
+    w_name = "int4" if int4 else tiling.matmul_dtype_name(w.dtype)
     _check_fp8_support(spec, x_name, w.dtype)
     if quantize_x:
         _check_int8_mxu(spec)
@@ -324,22 +373,28 @@ def matmul(
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
                tiling.sublane_multiple(jnp.int8) if quantize_x else 1)
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
+    if int4:
+        if block_sizes.bk % INT4_PACK_ROWS:
+            raise ValueError(f"block_sizes: bk={block_sizes.bk} must be a multiple of {INT4_PACK_ROWS} with int4 "
+                             f"weights (one packed byte row holds two 128-row K slabs); e.g. bk=512")
+        blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
+                                  bn=blocks.bn)
     x_row = tiling.round_up(k, blocks.bk)
     # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
     x_resident = quantize_x or (tiling.cdiv(n, blocks.bn) > 1
                                 and blocks.bm * x_row * x.dtype.itemsize <= X_RESIDENT_MAX_BYTES)
-    w_dequant = scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM
+    w_dequant = int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM)
     variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x,
                             scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
                             w_dequant=w_dequant)
-    vmem_limit = block_sizes.check(
-        x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
+    vmem_limit = block_sizes.check(  # int4: the packed tile counted as [bk, bn] int8 (twice its bytes)
+        x_dtype=x.dtype, w_dtype=jnp.int8 if int4 else w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
         epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
     )
     return _matmul_jit(
         x, w, bias, w_scale,
         blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, x_resident=x_resident,
-        w_dequant=w_dequant, vmem_limit_bytes=vmem_limit, interpret=interpret,
+        w_dequant=w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
     )
 
 
@@ -368,7 +423,7 @@ def _scale_rows(bk: int, k: int) -> int:
 
 def cost_estimate(
     *, m: int, k: int, n: int, x_dtype: Any, w_dtype: Any, out_dtype: Any, activation: str, has_bias: bool,
-    scale_kind: str, quantize_x: bool = False,
+    scale_kind: str, quantize_x: bool = False, int4: bool = False,
 ) -> pl.CostEstimate:
     """The kernel's CostEstimate: the perfmodel GEMM model's algorithmic counts (chip=None)."""
     from perfmodel.model.core import to_cost_estimate
@@ -378,7 +433,7 @@ def cost_estimate(
     x_name = tiling.matmul_dtype_name(x_dtype)
     cost = gemm(
         m=m, n=n, k=k,
-        lhs_dtype="int8" if quantize_x else x_name, rhs_dtype=tiling.matmul_dtype_name(w_dtype),
+        lhs_dtype="int8" if quantize_x else x_name, rhs_dtype="int4" if int4 else tiling.matmul_dtype_name(w_dtype),
         lhs_source_dtype=x_name if quantize_x else None,
         out_dtype=tiling.matmul_dtype_name(out_dtype), weight_scale=scale_kind,
         scale_block=SCALE_BLOCK if scale_kind == "per-block" else None,
@@ -388,7 +443,7 @@ def cost_estimate(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "x_resident", "w_dequant",
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "x_resident", "w_dequant", "int4",
                               "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
@@ -403,6 +458,7 @@ def _matmul_jit(
     quantize_x: bool,
     x_resident: bool,
     w_dequant: bool,
+    int4: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -418,7 +474,8 @@ def _matmul_jit(
         x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
     else:
         x_spec = pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk))
-    in_specs = [x_spec, pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))]
+    w_rows = bk // 2 if int4 else bk  # int4: two K rows per byte
+    in_specs = [x_spec, pl.BlockSpec((w_rows, bn), lambda i, j, kk: (kk, j))]
     vector_spec = pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))
     if scale_kind == "per-channel":
         operands.append(w_scale.astype(jnp.float32).reshape(1, n))
@@ -442,7 +499,7 @@ def _matmul_jit(
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
         _matmul_kernel, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
-        has_bias=bias is not None, quantize_x=quantize_x, x_resident=x_resident, w_dequant=w_dequant,
+        has_bias=bias is not None, quantize_x=quantize_x, x_resident=x_resident, w_dequant=w_dequant, int4=int4,
         col_chunk=_col_chunk(bm, bn), precision=precision,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
@@ -462,7 +519,7 @@ def _matmul_jit(
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
         cost_estimate=cost_estimate(
             m=m, k=k, n=n, x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, activation=activation,
-            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x,
+            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x, int4=int4,
         ),
         interpret=interpret_params(interpret),
         name="matmul",

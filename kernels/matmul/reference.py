@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from kernels.quant import quantize_int8
+from kernels.quant import quantize_int8, unpack_int4
 from perfmodel.model.gemm import DEFAULT_SCALE_BLOCK
 
 #: Epilogue activations by name. gelu is the tanh approximation (jax.nn.gelu's default).
@@ -48,15 +48,19 @@ def matmul_reference(
     activation: str = "none",
     w_scale: jax.Array | None = None,
     quantize_x: bool = False,
+    w_dtype: str | None = None,
     out_dtype=None,
 ) -> jax.Array:
     """activation((x @ (w * w_scale)) + bias) in f32, cast to out_dtype (default x.dtype).
 
     ``w_scale``: [N] per output channel or [cdiv(K, 128), N] per 128 rows of K. ``quantize_x``: x is first
     quantized per token to int8 (kernels/quant.py) and the product is (q @ w) * x_scale, as the kernel's
-    int8 x int8 path computes it (exact integer sums).
+    int8 x int8 path computes it (exact integer sums). ``w_dtype="int4"``: w is packed two codes per byte
+    (kernels/quant.py's pack_int4) and is unpacked to [K, N] codes first.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if w_dtype == "int4":
+        w = unpack_int4(w, x.shape[1])
     x32 = x.astype(jnp.float32)
     x_scale = None
     if quantize_x:

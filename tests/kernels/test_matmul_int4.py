@@ -1,0 +1,103 @@
+"""The matmul's packed int4 weights (w_dtype="int4") in interpret mode against matmul_reference, the packing
+helper's nibble order, input errors, and the op model's int4 weight bytes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.matmul import MatmulBlockSizes, matmul, matmul_reference
+from kernels.quant import pack_int4, quantize_int4, unpack_int4
+
+#: bf16 output; the unpacked codes are exact in bf16, blockwise scales are folded into the bf16 tile (one more
+#: rounding per weight, rel 2^-9), per-channel ones applied in f32: the usual bf16 tolerance.
+TOL = dict(rtol=1.6e-2, atol=1.6e-2)
+SMALL = MatmulBlockSizes(bm=32, bk=256, bn=128)
+
+
+def _weights(seed: int, k: int, n: int, blockwise: bool) -> tuple[jax.Array, jax.Array]:
+    """(packed codes, scales): per channel [N] or per 128 rows of K [cdiv(K, 128), N]."""
+    w = jax.random.normal(jax.random.key(seed), (k, n), jnp.float32) / np.sqrt(k)
+    if not blockwise:
+        q, s = quantize_int4(w, axis=0)
+        return pack_int4(q), s[0]
+    groups = -(-k // 128)
+    padded = jnp.pad(w, ((0, groups * 128 - k), (0, 0))).reshape(groups, 128, n)
+    q, s = quantize_int4(padded, axis=1)
+    return pack_int4(q.reshape(groups * 128, n)[:k]), s[:, 0, :]
+
+
+def test_pack_int4_nibble_order():
+    # Rows 0 and 128 of one 256-row group share byte row 0: low nibble row 0 (-1 -> 0xF), high nibble row 128
+    # (3 -> 0x3): 0x3F = 63. Row 1 (-8 -> 0x8) with row 129 (7 -> 0x7): 0x78 = 120.
+    codes = jnp.zeros((256, 1), jnp.int32).at[0, 0].set(-1).at[128, 0].set(3).at[1, 0].set(-8).at[129, 0].set(7)
+    packed = pack_int4(codes)
+    assert packed.shape == (128, 1) and packed.dtype == jnp.uint8
+    assert (int(packed[0, 0]), int(packed[1, 0])) == (63, 120)
+    # K = 300 pads to 512 rows: 256 byte rows; unpacking gives the codes back.
+    c = jnp.asarray(np.random.RandomState(0).randint(-8, 8, (300, 3)))
+    assert pack_int4(c).shape == (256, 3) and bool((unpack_int4(pack_int4(c), 300) == c).all())
+
+
+@pytest.mark.parametrize("shape", [pytest.param((64, 512, 256), id="64x512x256"),
+                                   pytest.param((40, 300, 200), id="40x300x200")])
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_int4_weights_match_the_reference(shape, blockwise):
+    m, k, n = shape
+    x = jax.random.normal(jax.random.key(1), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(2, k, n, blockwise)
+    out = matmul(x, wp, w_scale=s, w_dtype="int4", activation="silu", block_sizes=SMALL, interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, w_dtype="int4", activation="silu")
+    assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+    out32, ref32 = np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32))
+    assert np.isfinite(out32).all()
+    np.testing.assert_allclose(out32, ref32, **TOL)
+
+
+def test_int4_at_large_bm_with_two_k_blocks():
+    # bm = 256, bk = 256: K = 600 -> three K blocks (the last 88 columns valid), packed rows 384 (K padded to 768).
+    m, k, n = 136, 600, 128
+    x = jax.random.normal(jax.random.key(3), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(4, k, n, True)
+    out = matmul(x, wp, w_scale=s, w_dtype="int4", block_sizes=MatmulBlockSizes(bm=256, bk=256, bn=128),
+                 interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, w_dtype="int4")
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)), **TOL)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("shape", r"w: w_dtype='int4' takes two codes per byte.*\[256, N\].*pack_int4"),
+    ("no-scale", r"w_scale: int4 weights need scales"),
+    ("quantize_x", r"quantize_x: int4 weights run on the bf16 path"),
+    ("bk", r"block_sizes: bk=128 must be a multiple of 256"),
+    ("w_dtype", r"w_dtype='int2' is not known"),
+])
+def test_bad_int4_input_names_it(case, match):
+    x = jnp.zeros((16, 300), jnp.bfloat16)
+    w = jnp.zeros((256, 128), jnp.uint8)
+    s = jnp.ones((128,), jnp.float32)
+    kwargs = dict(w_scale=s, w_dtype="int4", interpret=True)
+    if case == "shape":
+        w = jnp.zeros((150, 128), jnp.uint8)
+    elif case == "no-scale":
+        kwargs.pop("w_scale")
+    elif case == "quantize_x":
+        kwargs["quantize_x"] = True
+    elif case == "bk":
+        kwargs["block_sizes"] = MatmulBlockSizes(bm=16, bk=128, bn=128)
+    elif case == "w_dtype":
+        kwargs["w_dtype"] = "int2"
+    with pytest.raises(ValueError, match=match):
+        matmul(x, w, **kwargs)
+
+
+def test_op_model_int4_weight_bytes_are_half_of_int8():
+    from perfmodel.model.gemm import gemm
+
+    # M = 64, K = N = 4096: bf16 x 64*4096*2 = 524288 B; weights int8 16 MiB vs int4 8 MiB; scales 4096*4 B.
+    i8 = gemm(m=64, n=4096, k=4096, rhs_dtype="int8", chip=None)
+    i4 = gemm(m=64, n=4096, k=4096, rhs_dtype="int4", chip=None)
+    assert i8.hbm_read_bytes == 524288 + 4096 * 4096 + 4096 * 4
+    assert i4.hbm_read_bytes == 524288 + 4096 * 4096 // 2 + 4096 * 4
