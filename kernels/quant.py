@@ -52,8 +52,10 @@ def pack_int4(codes: jax.Array) -> jax.Array:
 
 def unpack_int4_halves(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(low, high) int32 codes in [-8, 7] of packed int4 bytes (uint8 or int8), each of packed's shape."""
-    v = packed.astype(jnp.int32) & 0xFF
-    return ((v & 0xF) ^ 8) - 8, (((v >> 4) & 0xF) ^ 8) - 8
+    # Each nibble shifted to the top of the int32 and arithmetic-shifted back (sign-extended): 2 ops per half,
+    # whatever the byte's sign extension (uint8 or int8).
+    v = packed.astype(jnp.int32)
+    return jax.lax.shift_right_arithmetic(v << 28, 28), jax.lax.shift_right_arithmetic(v << 24, 28)
 
 
 def unpack_int4(packed: jax.Array, k: int) -> jax.Array:
