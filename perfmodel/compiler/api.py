@@ -132,14 +132,22 @@ def cache_root() -> Path:
 
 
 def _module_path(module: str) -> Path | None:
-    """File of a module found on sys.path without importing it (and its package's directory)."""
+    """File of a module: found on sys.path without importing it, else through the import system's finders (an
+    editable install's finder is not a sys.path entry; this imports the module's parent packages only)."""
     parts = module.split(".")
     for entry in sys.path or ["."]:
         base = Path(entry or ".").joinpath(*parts)
         for cand in (base.with_suffix(".py"), base / "__init__.py"):
             if cand.is_file():
                 return cand
-    return None
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return Path(origin) if origin and Path(origin).is_file() else None
 
 
 def _digest_files(paths: Sequence[Path]) -> str:

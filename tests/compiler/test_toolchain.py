@@ -43,3 +43,18 @@ def test_compiler_modules_import_neither_jax_nor_libtpu():
             "bad = [m for m in ('jax', 'libtpu', 'jaxlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_kernel_found_only_through_the_editable_install_is_in_the_source_digest(monkeypatch):
+    # The `perfmodel` command runs without the repository root on sys.path: kernels/ is found through the
+    # editable install's finder, and its files still key the compile cache (a kernel edit must recompile).
+    import os
+    import sys
+    from pathlib import Path
+
+    from perfmodel.compiler.api import _module_path
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and Path(p).resolve() != root])
+    monkeypatch.chdir(os.path.dirname(root))  # no "kernels" folder in the working directory either
+    assert _module_path("kernels.matmul") == root / "kernels" / "matmul" / "__init__.py"
