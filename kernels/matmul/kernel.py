@@ -11,7 +11,9 @@ e5m2, scales optional; only on chips whose spec lists an fp8 MXU pair and
 an fp8 matmul rate); the
 kernel converts each weight tile to the activation dtype and applies the
 scale to the f32 accumulator, which equals scaling the weights because the
-scale is per output column.
+scale is per output column. int4 weights (``w_dtype="int4"``, two per byte, kernels/quant.py's nibble order)
+are unpacked tile by tile into a bf16 VMEM tile; int8 x int8 (``quantize_x``) quantizes x per token in the
+kernel and runs the int8 MXU path.
 
 Unaligned shapes: blocks are first clamped to the problem (bm to M rounded up
 to the sublane tile, bk/bn to K/N rounded up to 128). Nothing is padded or

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
-from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
+from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES, MatmulVariant
+from kernels.matmul.entry import TUNED_SHAPE_MNK
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -236,12 +237,15 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
     stored = load_tuned_defaults("matmul")[chip_name]
     for pair, blocks in default_block_table()[chip_name].items():
         x_name, w_name = pair.split(" x ")
-        x_dtype = dtypes[x_name]
+        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (K = 8192 as tuned).
+        w8a8 = pair == "int8 x int8"
+        x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
+        variant = MatmulVariant(x_row=TUNED_SHAPE_MNK[2], x_codes=True) if w8a8 else MatmulVariant()
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
         vectors = 1 + (w_name in ("int8", "fp8"))
         limit = blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=vectors,
-                             chip=chip)
+                             chip=chip, variant=variant)
         # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.
         assert limit == stored[pair]["vmem_limit_bytes"], (chip_name, pair)
         assert limit is None or limit <= MAX_RAISED_VMEM_FRACTION * chip.memory.vmem_bytes_per_core
