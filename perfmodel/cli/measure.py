@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 import click
 
-from perfmodel.cli.common import Progress, echo_json, emit, json_option, one_chip_option, output_format, user_errors
+from perfmodel.cli.common import (Progress, echo_json, echo_text, emit, json_option, one_chip_option, output_format,
+                                   user_errors)
 from perfmodel.errors import InputError
 from perfmodel.jsonable import to_jsonable
 
@@ -93,7 +94,7 @@ def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args:
         def show(record: Any) -> None:
             bar(record.kernel)
             if not as_json:
-                click.echo(record_text(record))
+                echo_text(record_text(record))
 
         records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show)
     if as_json:
