@@ -72,6 +72,9 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 COMPUTE_TOKENS = 1 << 20
 #: KV cache dtypes the kernel reads (K/V rows split by strided loads; bf16 pairs by 32-bit shifts).
 KV_DTYPES = ("float32", "bfloat16")
+#: Head dims under one vreg's 128 lanes the kernel takes: two heads share a 128-lane window of q and the output
+#: (loaded whole and split, stored as one window); K/V pages keep their 64-lane rows (Mosaic pads them in VMEM).
+HALF_LANE_HEAD_DIMS = (64,)
 
 
 def ragged_paged_attention(
@@ -174,8 +177,9 @@ def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) 
     if q.dtype != kv_pages.dtype:
         raise ValueError(f"kv_pages dtype {np.dtype(kv_pages.dtype).name} must equal q's "
                          f"{np.dtype(q.dtype).name}")
-    if head_dim % LANES:
-        raise ValueError(f"q head_dim={head_dim} must be a multiple of {LANES} (lane tiling of the head slices)")
+    if head_dim not in HALF_LANE_HEAD_DIMS and head_dim % LANES:
+        raise ValueError(f"q head_dim={head_dim} must be 64 or a multiple of {LANES} (lane tiling of the head "
+                         f"slices); pad the heads to {-(-head_dim // LANES) * LANES}")
     _, page_size, combined, _ = kv_pages.shape
     sub = sublane_multiple(kv_pages.dtype)
     if (page_size * combined) % sub:
@@ -362,6 +366,42 @@ def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int):
     return to_cost_estimate(cost)
 
 
+def _lanes(stats, width: int):
+    """A lane-replicated ``[rows, STATS_LANES]`` statistic as ``[rows, width]`` (tiled, or its first lanes)."""
+    if width >= STATS_LANES:
+        return jnp.tile(stats, (1, width // STATS_LANES))
+    return stats[:, :width]
+
+
+def _head_windows(q_heads: int, head_dim: int) -> list[list[int]]:
+    """q heads grouped by the 128-lane window of ``[.., q_heads * head_dim]`` they sit in: one head per window
+    (or several windows) at head_dim >= 128, two per window at head_dim 64 (the last alone if q_heads is odd)."""
+    per = max(1, LANES // head_dim)
+    return [list(range(j, min(j + per, q_heads))) for j in range(0, q_heads, per)]
+
+
+def _load_head(x_ref, j: int, head_dim: int):
+    """Columns of q head j of a ``[rows, q_heads * head_dim]`` ref; below 128 lanes, the aligned window holding
+    them is loaded and the head sliced out of the value (no unaligned lane loads)."""
+    if head_dim >= LANES:
+        return x_ref[:, j * head_dim:(j + 1) * head_dim]
+    start = j * head_dim // LANES * LANES
+    width = min(LANES, x_ref.shape[1] - start)
+    offset = j * head_dim - start
+    return x_ref[:, start:start + width][:, offset:offset + head_dim]
+
+
+def _store_heads(o_ref, heads: dict, mine, head_dim: int) -> None:
+    """Write ``heads`` (q head -> ``[rows, head_dim]`` value) into ``o_ref`` where ``mine(width)`` (a
+    ``[rows, width]`` bool mask) holds, one aligned lane window at a time (heads sharing a 128-lane window are
+    concatenated first)."""
+    for window in _head_windows(len(heads), head_dim):
+        cols = slice(window[0] * head_dim, (window[-1] + 1) * head_dim)
+        vals = [heads[j].astype(o_ref.dtype) for j in window]
+        val = jnp.concatenate(vals, axis=1) if len(vals) > 1 else vals[0]
+        o_ref[:, cols] = jnp.where(mine(val.shape[1]), val, o_ref[:, cols])
+
+
 def _split_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, *, packed_pairs: bool):
     """K and V of KV head ``h`` for tokens ``start .. start + tokens`` of a ``[block_kv * 2 * kv_heads, head_dim]``
     block: two ``[tokens, head_dim]``.
@@ -500,7 +540,7 @@ def _ragged_paged_attention_kernel(
             alpha = jnp.exp(m - m_next)
             l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
             pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-            acc = acc * jnp.tile(alpha, (1, head_dim // STATS_LANES)) + pv
+            acc = acc * _lanes(alpha, head_dim) + pv
             m = m_next
         m_at[...], l_at[...], acc_at[...] = m, l, acc
 
@@ -516,7 +556,7 @@ def _ragged_paged_attention_kernel(
         q_pos = block_start + (kv_len - q_end) + lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
         q_pos = jnp.concatenate([q_pos] * group, axis=0) if group > 1 else q_pos  # [group * block_q, 1]
         for h in range(kv_heads):
-            cols = [q_ref[:, (h * group + g) * head_dim:(h * group + g + 1) * head_dim] for g in range(group)]
+            cols = [_load_head(q_ref, h * group + g, head_dim) for g in range(group)]
             qh = jnp.concatenate(cols, axis=0) if group > 1 else cols[0]
             softmax_block(qh, h, j, slot, q_pos, m_ref.at[h], l_ref.at[h], acc_ref.at[h])
 
@@ -544,31 +584,37 @@ def _ragged_paged_attention_kernel(
         mine = lax.broadcasted_iota(jnp.int32, (block_q, 1), 0) == row
         q_row = jnp.sum(jnp.where(mine, q_ref[...].astype(jnp.float32), 0.0), axis=0, keepdims=True)
         for h in range(kv_heads):
-            q1_ref[h] = jnp.concatenate([q_row[:, (h * group + g) * head_dim:(h * group + g + 1) * head_dim]
-                                         for g in range(group)], axis=0) if group > 1 else \
-                q_row[:, h * head_dim:(h + 1) * head_dim]
+            heads = [q_row[:, (h * group + g) * head_dim:(h * group + g + 1) * head_dim] for g in range(group)]
+            q1_ref[h] = jnp.concatenate(heads, axis=0) if group > 1 else heads[0]
             m1_ref[h] = sink_rows(h, 1)
             l1_ref[h] = jnp.ones(l1_ref.shape[1:], jnp.float32)
             acc1_ref[h] = jnp.zeros(acc1_ref.shape[1:], jnp.float32)
 
     def finish(s):
         q_start, q_end = cu_q_lens_ref[s], cu_q_lens_ref[s + 1]
-        token = block_start + lax.broadcasted_iota(jnp.int32, (block_q, head_dim), 0)
-        mine = (token >= q_start) & (token < q_end)
+
+        def mine(width):
+            token = block_start + lax.broadcasted_iota(jnp.int32, (block_q, width), 0)
+            return (token >= q_start) & (token < q_end)
+
+        heads = {}
         for h in range(kv_heads):
-            out = acc_ref[h] * jnp.tile(1.0 / l_ref[h], (1, head_dim // STATS_LANES))
+            out = acc_ref[h] * _lanes(1.0 / l_ref[h], head_dim)
             for g in range(group):
-                cols = slice((h * group + g) * head_dim, (h * group + g + 1) * head_dim)
-                rows = out[g * block_q:(g + 1) * block_q].astype(o_ref.dtype)
-                o_ref[:, cols] = jnp.where(mine, rows, o_ref[:, cols])
+                heads[h * group + g] = out[g * block_q:(g + 1) * block_q]
+        _store_heads(o_ref, heads, mine, head_dim)
 
     def finish_one(row):
-        mine = lax.broadcasted_iota(jnp.int32, (block_q, head_dim), 0) == row
+
+        def mine(width):
+            return lax.broadcasted_iota(jnp.int32, (block_q, width), 0) == row
+
+        heads = {}
         for h in range(kv_heads):
-            out = acc1_ref[h] * jnp.tile(1.0 / l1_ref[h], (1, head_dim // STATS_LANES))
+            out = acc1_ref[h] * _lanes(1.0 / l1_ref[h], head_dim)
             for g in range(group):
-                cols = slice((h * group + g) * head_dim, (h * group + g + 1) * head_dim)
-                o_ref[:, cols] = jnp.where(mine, out[g:g + 1].astype(o_ref.dtype), o_ref[:, cols])
+                heads[h * group + g] = jnp.broadcast_to(out[g:g + 1], (block_q, head_dim))
+        _store_heads(o_ref, heads, mine, head_dim)
 
     def sequence(s, slot):
         lo, hi = kv_block_range(s)

@@ -47,7 +47,8 @@ class Batch:
 
 
 def make_batch(seed: int, q_lens: list[int], kv_lens: list[int], *, q_heads: int, kv_heads: int, page_size: int,
-               dtype, total_tokens: int | None = None, spare_seqs: int = 2, pages_per_seq: int | None = None) -> Batch:
+               dtype, total_tokens: int | None = None, spare_seqs: int = 2, pages_per_seq: int | None = None,
+               head_dim: int = HEAD_DIM) -> Batch:
     """Random ragged batch. Slots past num_seqs and page-table entries past each context hold garbage
     (out-of-range page ids, huge lengths), so reading any of them would fail or show in the output."""
     rng = np.random.default_rng(seed)
@@ -69,8 +70,8 @@ def make_batch(seed: int, q_lens: list[int], kv_lens: list[int], *, q_heads: int
         table[s, :count] = ids[start:start + count]
         start += count
     return Batch(
-        q=jnp.asarray(rng.standard_normal((total_tokens, q_heads, HEAD_DIM)), dtype),
-        kv_pages=jnp.asarray(rng.standard_normal((num_pages, page_size, 2 * kv_heads, HEAD_DIM)), dtype),
+        q=jnp.asarray(rng.standard_normal((total_tokens, q_heads, head_dim)), dtype),
+        kv_pages=jnp.asarray(rng.standard_normal((num_pages, page_size, 2 * kv_heads, head_dim)), dtype),
         kv_lens=jnp.asarray(lens),
         page_table=jnp.asarray(table),
         cu_q_lens=jnp.asarray(cu),
@@ -120,6 +121,35 @@ def test_matches_reference(case, heads, dtype, page_size, block_q, block_kv, tot
     out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=block_q, block_kv=block_kv),
                                  interpret=True)
     assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
+
+
+# Head dim 64: two q heads share each 128-lane window of q and the output. (case, (q_heads, kv_heads), dtype,
+# page_size, block_q): decode rows (one-row path) crossing page and KV-block boundaries (129, 64 = 4 whole 16-token
+# pages), a prefill chunk and a fresh prefill (block path); odd q heads (GQA 3 leaves the last window half full).
+HEAD_DIM_64 = [
+    pytest.param("mixed", (8, 2), jnp.bfloat16, 16, 16, id="mixed-gqa4-bf16"),
+    pytest.param("decode", (4, 4), jnp.float32, 16, 8, id="decode-gqa1-f32"),
+    pytest.param("prefill", (3, 1), jnp.bfloat16, 16, 16, id="prefill-gqa3-bf16"),
+]
+
+
+@pytest.mark.parametrize("case,heads,dtype,page_size,block_q", HEAD_DIM_64)
+def test_head_dim_64_matches_reference(case, heads, dtype, page_size, block_q):
+    q_lens, kv_lens = CASES[case]
+    batch = make_batch(64 + len(q_lens), q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1],
+                       page_size=page_size, dtype=dtype, head_dim=64)
+    out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=block_q, block_kv=128), interpret=True)
+    assert out.shape == (sum(q_lens), heads[0], 64)
+    assert_matches(out, ragged_paged_attention_reference(*batch.args()), sum(q_lens))
+
+
+def test_head_dim_64_features_match_reference():
+    """Window, soft cap and sinks at head dim 64 and GQA 2 (each window holds one group): decode and prefill."""
+    kw = dict(sliding_window=50, soft_cap=2.0, sinks=jnp.linspace(-1.0, 2.0, 4, dtype=jnp.float32))
+    q_lens, kv_lens = [1, 23, 1], [130, 140, 70]
+    batch = make_batch(23, q_lens, kv_lens, q_heads=4, kv_heads=2, page_size=16, dtype=jnp.bfloat16, head_dim=64)
+    out = ragged_paged_attention(*batch.args(), block_sizes=Blocks(block_q=16, block_kv=128), interpret=True, **kw)
+    assert_matches(out, ragged_paged_attention_reference(*batch.args(), **kw), sum(q_lens))
 
 
 FEATURES = {
@@ -320,8 +350,8 @@ def _replace(**changes) -> tuple:
     (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.int8)), r"kv_pages: dtype int8 is not supported"),
     (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 must divide q's q_heads=3"),
     (lambda: _replace(q=jnp.ones((3, 4, 256))), "kv_pages: head_dim 128 does not match q's head_dim 256"),
-    (lambda: _replace(q=jnp.ones((3, 4, 64)), kv_pages=jnp.ones((4, 16, 4, 64))),
-     "head_dim=64 must be a multiple of 128"),
+    (lambda: _replace(q=jnp.ones((3, 4, 96)), kv_pages=jnp.ones((4, 16, 4, 96))),
+     "head_dim=96 must be 64 or a multiple of 128.*pad the heads to 128"),
     (lambda: _replace(kv_pages=jnp.ones((8, 3, 2, 128)), q=jnp.ones((3, 4, 128))),
      r"page_size \* 2 \* kv_heads = 6 rows must be a multiple of 8 for float32 pages.*page_size a multiple of 4"),
     (lambda: _replace(kv_lens=_good().kv_lens[:-1]), r"kv_lens shape .* must be \(4,\)"),
