@@ -36,7 +36,7 @@ def _one_line_error(res, *needles):
 def measured(tmp_path_factory):
     """One interpret-mode measurement of rms_norm, appended to a results file (text output kept)."""
     path = tmp_path_factory.mktemp("measure") / "results.jsonl"
-    res = run("measure", "rms_norm", "--hw", "v5e", "--repeat", "2", *RMS, "--out", str(path))
+    res = run("measure", "rms_norm", "--hw", "v5e", "--repeat", "2", *RMS, "--out", str(path), "--wide")
     assert res.exit_code == 0, res.output
     return path, res.output
 
