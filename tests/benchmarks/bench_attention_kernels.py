@@ -9,15 +9,17 @@ batch (16 sequences x 1 new token, 2k context, 32 q / 8 kv heads of 128, bf16, b
   at its clock (hwspecs/*.yaml, sources there);
 * DMA starts and waits in that loop body.
 
-vLLM tpu-inference's ragged paged attention v3 is compiled side by side when its wheel is in
-``$TPI_WHEEL_DIR`` (default /tmp/tpi; ``pip download tpu-inference --no-deps -d /tmp/tpi``): only its v3
-kernel module is imported, by path, with its package stubbed. Not collected by pytest; run
-``.venv/bin/python tests/benchmarks/bench_attention_kernels.py`` (about a minute per compile on 2 cores).
+vLLM tpu-inference's ragged paged attention v3 is compiled side by side on the same decode problem (its decode
+kernel, KV blocks of 512 tokens fetched and computed whole, new tokens not written) through the adapter
+tests/benchmarks/rpa_v3_adapter.py, from the installed package or the wheel in ``$TPI_WHEEL_DIR`` (default
+/tmp/tpi; ``pip download tpu-inference==0.32.0 --no-deps -d /tmp/tpi``); its bundles per block are its KV-block
+loop body (the page DMAs of the next block and the one-trip compute loop nested in it). Not collected by pytest;
+run ``.venv/bin/python tests/benchmarks/bench_attention_kernels.py`` from the repository root (about 20 s per
+compile on 2 cores).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import sys
@@ -26,8 +28,11 @@ import tempfile
 os.environ.setdefault("PERFMODEL_CACHE_DIR", tempfile.mkdtemp(prefix="perfmodel-bench-attn-"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+sys.path.insert(0, os.getcwd())  # tests.benchmarks.rpa_v3_adapter imports (and keys the compile cache) from the root
+
 from perfmodel.compiler.api import CompileCall, compile_report  # noqa: E402
 from perfmodel.hw.registry import get_chip  # noqa: E402
+from tests.benchmarks import rpa_v3_adapter  # noqa: E402
 
 SEQS, CONTEXT, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_KV = 16, 2048, 32, 8, 128, 512
 _ROW = re.compile(r"^\s*0x[0-9a-f]+\s+(?:[A-Z]{2}:)?\s*(>*)\s*\{(.*)")
@@ -42,9 +47,22 @@ def ragged_call(page_size: int) -> CompileCall:
         args=(f'block_sizes={{"block_q": 16, "block_kv": {BLOCK_KV}}}',))
 
 
-def kv_loop_body(report) -> tuple[int, int, int]:
+def v3_call(page_size: int) -> CompileCall:
+    pages = SEQS * CONTEXT // page_size
+    return CompileCall(kind="function", target="tests.benchmarks.rpa_v3_adapter:decode", shapes=(
+        f"q={SEQS}x{Q_HEADS}x{HEAD_DIM}:bf16", f"k={SEQS}x{KV_HEADS}x{HEAD_DIM}:bf16",
+        f"v={SEQS}x{KV_HEADS}x{HEAD_DIM}:bf16",
+        # v3's cache: [pages, page_size, 2 * kv_heads / 2 (bf16 packing), 2, head_dim]
+        f"kv_cache={pages}x{page_size}x{KV_HEADS}x2x{HEAD_DIM}:bf16", f"kv_lens={SEQS}:int32={CONTEXT}",
+        f"page_indices={pages}:int32=arange", f"cu_q_lens={SEQS + 1}:int32=arange",
+        f"distribution=3:int32={SEQS}"),  # all decode
+        args=(f"bkv={BLOCK_KV}",))
+
+
+def kv_loop_body(report, *, less_largest_region: bool = True) -> tuple[int, int, int]:
     """(decode-path bundles, DMA starts, DMA waits) of the KV-block loop: the deepest loop holding DMA starts
-    in the grid-step body the compiler dumped, less its largest predicated region (the multi-row path)."""
+    in the first kernel's grid-step body the compiler dumped (nested loops included), less its largest
+    predicated region (the bundled kernel's multi-row path) when ``less_largest_region``."""
     kernel = report.kernels[0]
     rows = []
     for line in open(kernel.body_bundles_path):
@@ -56,7 +74,8 @@ def kv_loop_body(report) -> tuple[int, int, int]:
     body = [text for d, text in rows if d >= depth]
     starts = sum(len(re.findall(r"= dma\.(?!done)", t)) for t in body)
     waits = sum(t.count("dma.done.wait") for t in body)
-    return len(body) - max(kernel.loop.predicated_regions), starts, waits
+    less = max(kernel.loop.predicated_regions) if less_largest_region else 0
+    return len(body) - less, starts, waits
 
 
 def hbm_floor_cycles(chip) -> float:
@@ -72,24 +91,26 @@ def main() -> None:
     for chip_name in ("tpu-v5e", "tpu-v6e"):
         chip = get_chip(chip_name)
         for page_size in (16, 128):
-            report = compile_report(ragged_call(page_size), chip_name)
-            if not report.compiled:
-                print(f"ragged_paged_attention {chip_name} page {page_size}: does not compile: {report.error}")
-                continue
-            bundles, starts, waits = kv_loop_body(report)
-            floor = hbm_floor_cycles(chip)
-            # A block costs max(issue, DMA) cycles when the next block's DMA overlaps this one's compute.
-            print(f"{'ragged_paged_attention (bundled)':34s} {chip_name:8s} {page_size:4d} {bundles:13,d} "
-                  f"{floor:13,.0f} {max(bundles, floor) / floor:12.2f} {starts:10d} {waits:5d}")
-    wheel = sorted(glob.glob(os.path.join(os.environ.get("TPI_WHEEL_DIR", "/tmp/tpi"), "tpu_inference-*.whl")))
-    if not wheel:
-        print("vLLM tpu-inference v3: wheel not found (pip download tpu-inference --no-deps -d /tmp/tpi); "
-              "the issue quotes ~1,130 bundles per 512-token block for 8 heads on v5e")
-    else:
-        print(f"vLLM tpu-inference v3: {os.path.basename(wheel[-1])} found; compiling it side by side is not "
-              "wired up yet (its wrapper queries the device for its TPU version and VMEM); the issue quotes "
-              "~1,130 bundles per 512-token block for 8 heads on v5e")
+            row(chip, page_size, "ragged_paged_attention (bundled)", ragged_call(page_size), True)
+    if rpa_v3_adapter.v3_root() is None:
+        print("vLLM tpu-inference v3: not found (pip download tpu-inference==0.32.0 --no-deps -d /tmp/tpi)")
+        return
+    for chip_name in ("tpu-v5e", "tpu-v6e"):
+        chip = get_chip(chip_name)
+        for page_size in (16, 128):
+            row(chip, page_size, "tpu-inference RPA v3 (decode)", v3_call(page_size), False)
 
+
+def row(chip, page_size: int, label: str, call: CompileCall, less_largest_region: bool) -> None:
+    report = compile_report(call, chip.name)
+    if not report.compiled:
+        print(f"{label} {chip.name} page {page_size}: does not compile: {report.error}")
+        return
+    bundles, starts, waits = kv_loop_body(report, less_largest_region=less_largest_region)
+    floor = hbm_floor_cycles(chip)
+    # A block costs max(issue, DMA) cycles when the next block's DMA overlaps this one's compute.
+    print(f"{label:34s} {chip.name:8s} {page_size:4d} {bundles:13,d} "
+          f"{floor:13,.0f} {max(bundles, floor) / floor:12.2f} {starts:10d} {waits:5d}")
 
 if __name__ == "__main__":
     sys.exit(main())
