@@ -484,12 +484,14 @@ def carried_contents(body: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarr
     """The content of each carried SMEM ref at the start of every step: its initial content at each core's
     first step, else what the previous step left in it. Found by running the body (quietly, every step at
     once) from a guess until the contents stop changing; a ref still changing after
-    :data:`MAX_CARRY_PASSES` passes, or whose writes are data-dependent, is UNKNOWN."""
+    :data:`MAX_CARRY_PASSES` passes (or when two passes in a row settle no further ref), or whose writes are
+    data-dependent, is UNKNOWN."""
     n = int(starts.shape[0])
     prev = np.maximum(np.arange(n) - 1, 0)
     initial = {i: np.asarray(args[i].value) for i in carried}
     state: dict[int, Any] = {i: np.broadcast_to(initial[i], (n,) + initial[i].shape[1:]) for i in carried}
     settled: set[int] = set()
+    history: list[set[int]] = []
     for _ in range(MAX_CARRY_PASSES):
         run = [RefValue(_copy(state[i]), a.memory_space, track=True) if i in state
                else RefValue(a.value, a.memory_space) if isinstance(a, RefValue) else a for i, a in enumerate(args)]
@@ -505,7 +507,10 @@ def carried_contents(body: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarr
             following[i] = np.where(first, np.broadcast_to(initial[i], end.shape), end[prev])
         settled = {i for i in carried if _same(following[i], state[i])}
         state = following
-        if len(settled) == len(carried):
+        history.append(settled)
+        # Done when everything settled, or when two more passes settled nothing new (what is left keeps changing,
+        # e.g. a double-buffer slot flipped at every step, which only a pass per step could follow).
+        if len(settled) == len(carried) or (len(history) >= 3 and history[-3] == history[-2] == settled):
             break
     return {i: state[i] if i in settled else UNKNOWN for i in carried}
 
