@@ -40,7 +40,7 @@ thirdparty-checks: $(STAMP)
 		|| echo "thirdparty-checks: installing .ci/thirdparty-requirements.txt failed; the tests below skip"
 	PYTHONPATH=$(abspath $(THIRDPARTY)) $(BIN)/python -m pytest tests/schedule/test_sched_thirdparty.py -rs
 
-# The README's shown outputs against the tool as it is now (python tests/readme_examples.py --write regenerates them).
+# The shown outputs of README.md and the reference pages (every README.md under the project folders) against the tool as it is now (python tests/readme_examples.py --write regenerates them).
 readme-check: $(STAMP)
 	$(BIN)/python tests/readme_examples.py --quiet
 

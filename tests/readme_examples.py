@@ -1,12 +1,13 @@
 """The README's shown outputs, regenerated from the tool as it is now.
 
-Every ```console block of README.md is a short session: ``$ `` lines are commands (a trailing backslash continues
+The documents are README.md and the reference pages beside the code (every README.md under the project's
+folders: hwspecs/README.md, perfmodel/predict/README.md, ...). Every ```console block of each is a short session: ``$ `` lines are commands (a trailing backslash continues
 one), the lines after each are what it printed. This script runs each block's commands in order, in a fresh
 temporary directory that links the repository's top-level folders (so relative paths work and nothing is written
 into the checkout), and compares or rewrites the shown output.
 
     python tests/readme_examples.py            # check: exit 1 and a diff for each example that drifted
-    python tests/readme_examples.py --write    # regenerate the shown outputs in README.md
+    python tests/readme_examples.py --write    # regenerate the shown outputs in every document
 
 `make readme-check` (part of `make ci`) runs the check. Examples whose output depends on the machine (a compile, a
 measurement, a file the reader edits first) are listed in SKIP with the reason; they are not run. An output
@@ -32,6 +33,7 @@ LINKED = ("perfmodel", "kernels", "hwspecs", "tests", "notebooks", "pyproject.to
 #: Substring of a command -> why its shown output is not regenerated here.
 SKIP = {
     "--compile": "compiles with libtpu: minutes, and figures that move with the compiler version",
+    "perfmodel xla": "compiles with libtpu: minutes, and figures that move with the compiler version",
     "perfmodel measure": "times kernels on the JAX backend present: machine-dependent",
     "my-chip.yaml": "the reader edits the file first; the error shown is for that edit",
 }
@@ -94,6 +96,12 @@ def excerpt(got: str, shown: str) -> str:
     return "\n".join(lines[:head] + ["..."] + (lines[len(lines) - tail:] if tail else []))
 
 
+def documents() -> list[Path]:
+    """README.md, then every README.md under the project's folders (the reference pages), in path order."""
+    pages = sorted(p for name in LINKED if (ROOT / name).is_dir() for p in (ROOT / name).rglob("README.md"))
+    return [README, *pages]
+
+
 def scratch_dir() -> tempfile.TemporaryDirectory:
     tmp = tempfile.TemporaryDirectory(prefix="perfmodel-readme-")
     for name in LINKED:
@@ -132,24 +140,31 @@ def regenerate(text: str, progress=lambda msg: None) -> tuple[str, list[tuple[st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="rewrite README.md with the regenerated outputs")
+    parser.add_argument("--write", action="store_true", help="rewrite the documents with the regenerated outputs")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     progress = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    text = README.read_text(encoding="utf-8")
-    new, drifted = regenerate(text, progress)
+    total = 0
+    for doc in documents():
+        name = doc.relative_to(ROOT)
+        progress(f"== {name}")
+        text = doc.read_text(encoding="utf-8")
+        new, drifted = regenerate(text, progress)
+        total += len(drifted)
+        if args.write:
+            if new != text:
+                doc.write_text(new, encoding="utf-8")
+            print(f"{name}: {len(drifted)} example(s) regenerated")
+            continue
+        for command, shown, got in drifted:
+            print(f"=== drifted in {name}: $ {command}")
+            sys.stdout.writelines(line + "\n" for line in
+                                  difflib.unified_diff(shown.split("\n"), got.split("\n"), "shown", "now", lineterm=""))
     if args.write:
-        if new != text:
-            README.write_text(new, encoding="utf-8")
-        print(f"README.md: {len(drifted)} example(s) regenerated")
         return 0
-    for command, shown, got in drifted:
-        print(f"=== drifted: $ {command}")
-        sys.stdout.writelines(line + "\n" for line in
-                              difflib.unified_diff(shown.split("\n"), got.split("\n"), "README", "now", lineterm=""))
-    print(f"{len(drifted)} README example(s) differ from the tool's output"
-          + ("; run: python tests/readme_examples.py --write" if drifted else ""))
-    return 1 if drifted else 0
+    print(f"{total} example(s) differ from the tool's output"
+          + ("; run: python tests/readme_examples.py --write" if total else ""))
+    return 1 if total else 0
 
 
 if __name__ == "__main__":

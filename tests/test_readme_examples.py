@@ -33,3 +33,22 @@ def test_an_excerpt_keeps_the_lines_shown_around_the_ellipsis(shown, got, kept):
 def test_machine_dependent_examples_are_skipped_with_a_reason():
     assert "libtpu" in skip_reason("perfmodel inspect matmul --compile")
     assert skip_reason("perfmodel predict gemm --hw v5e -m 1 -n 1 -k 1") is None
+
+
+def test_the_reference_pages_are_checked_with_the_readme():
+    from tests.readme_examples import ROOT, documents
+
+    docs = [p.relative_to(ROOT).as_posix() for p in documents()]
+    assert docs[0] == "README.md"
+    assert {"hwspecs/README.md", "perfmodel/predict/README.md", "perfmodel/harness/README.md"} <= set(docs)
+
+
+def test_every_page_the_readme_links_exists():
+    import re
+
+    from tests.readme_examples import README, ROOT
+
+    links = re.findall(r"\]\(([^)#]+)\)", README.read_text(encoding="utf-8"))
+    assert len(links) >= 7  # one reference page per subject
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README links to missing pages: {missing}"
