@@ -1,5 +1,5 @@
 """The compile matrix: every bundled kernel at production shapes and its tuned defaults, on every TPU
-generation the installed libtpu compiles for (the README's table; tests/compiler/test_compile_matrix.py)."""
+generation the installed libtpu compiles for (the table in perfmodel/compiler/README.md; tests/compiler/test_compile_matrix.py)."""
 
 from __future__ import annotations
 

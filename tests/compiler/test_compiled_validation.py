@@ -1,5 +1,5 @@
 """Compiler-backed timing against published TPU kernel timings: the stored constants are what the fit gives,
-and the held-out points stay within the errors recorded in the README.
+and the held-out points stay within the errors recorded in perfmodel/compiler/README.md.
 
 The default run compiles the two fit points and two held-out matmul points (about 20 s); the whole set (25
 compiles, about 2 minutes) runs with ``-m slow``, which CI runs after the default suite (``make ci``)."""
