@@ -137,8 +137,8 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     if step.context_lens is not None:
         raise InputError("the reference step compiles one shared `context`; `context_lens` / `context_dist` "
                          "are for the analytic model only")
-    if kernels == "bundled" and step.phase == "decode" and cfg.head_dim % 128:
-        raise InputError(f"`kernels` bundled: ragged_paged_attention needs `head_dim` a multiple of 128 "
+    if kernels == "bundled" and step.phase == "decode" and cfg.head_dim % 128 and cfg.head_dim != 64:
+        raise InputError(f"`kernels` bundled: ragged_paged_attention needs `head_dim` 64 or a multiple of 128 "
                          f"({cfg.name} has {cfg.head_dim}); use --kernels jnp")
     tp = step.tp
     if tp > len(devices):

@@ -39,11 +39,12 @@ def test_tiny_moe_prefill_single_chip():
     assert 0.1 < c.compiled_s / c.analytic_s < 10
 
 
-def test_tiny_llama_bundled_paged_attention():
+@pytest.mark.parametrize("config", [TINY_128, TINY], ids=["head_dim_128", "head_dim_64"])
+def test_tiny_llama_bundled_paged_attention(config):
     from perfmodel.xla.compare import compare_step
 
-    # ragged_paged_attention needs head_dim 128: the 8B attention shape with 2 small layers
-    c = compare_step(TINY_128, chip=get_chip("v5e"), phase="decode", batch=8, context=256, tp=1, kernels="bundled")
+    # TINY_128: the 8B attention shape with 2 small layers; TINY: head_dim 64 (two heads per 128-lane window)
+    c = compare_step(config, chip=get_chip("v5e"), phase="decode", batch=8, context=256, tp=1, kernels="bundled")
     rows = {r.name: r for r in c.rows}
     # attention is the bundled ragged_paged_attention kernel and the cache write kv_cache_update's combined
     # layout: one Mosaic custom call of each per layer (2 layers)

@@ -99,9 +99,26 @@ def test_bundled_kernels_refuse_what_they_cannot_run():
         _build(TINY, batch=1, context=8, kv_layout="contiguous", kernels="bundled")
     with pytest.raises(InputError, match="`kernels` bundled with `kv_dtype` int8"):
         _build(TINY, batch=1, context=8, kv_dtype="int8", kernels="bundled")
-    with pytest.raises(InputError, match="`kernels` bundled: ragged_paged_attention needs `head_dim` a multiple "
-                                         "of 128 .* has 64"):
-        _build(TINY, batch=1, context=8, kernels="bundled")
+    import dataclasses
+
+    from perfmodel.xla.reference import build_step
+
+    odd = dataclasses.replace(get_model(TINY), head_dim=96)
+    with pytest.raises(InputError, match="`kernels` bundled: ragged_paged_attention needs `head_dim` 64 or a "
+                                         "multiple of 128 .* has 96"):
+        import jax
+
+        build_step(odd, make_step(batch=1, context=8), jax.devices("cpu")[:1], kv_layout="paged", kernels="bundled")
+
+
+def test_bundled_decode_takes_head_dim_64():
+    import jax
+
+    # TINY: 4 q heads, 2 KV heads of head_dim 64; the kernel pairs two 64-lane heads per 128-lane window.
+    cfg, (fn, args, _) = _build(TINY, batch=2, context=40, kernels="bundled")
+    assert cfg.head_dim == 64
+    out = jax.eval_shape(fn, *args)
+    assert jax.tree_util.tree_leaves(out)[0].shape[0] == 2  # one next token per sequence
 
 
 def test_prefetch_dma_belongs_to_the_op_reading_its_copy():
