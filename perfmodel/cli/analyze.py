@@ -95,7 +95,8 @@ Examples:
 @click.option("--list", "list_kernels", is_flag=True, help="List the kernels tune and inspect know, and exit.")
 @click.option("--write", "write", is_flag=True,
               help="Re-tune the stored per-chip defaults of a bundled kernel (every one when KERNEL is not given) "
-                   "on its representative problem and rewrite kernels/<name>/tuned.json (minutes).")
+                   "on its representative problem and rewrite kernels/<name>/tuned.json (minutes); with --compile N "
+                   "the N preferred candidates are compiled per chip and the compiler-backed fastest is stored.")
 @json_option
 @user_errors
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
@@ -110,11 +111,11 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
     if write:
         from perfmodel.schedule.tuned import write_all
 
-        if shapes or args or compile_top is not None:
+        if shapes or args:
             raise UserError("--write: tunes each kernel's representative problem (kernels/<name>/entry.py); "
-                            "drop --shape/--arg/--compile")
+                            "drop --shape/--arg")
         with Progress("tune --write") as bar:
-            written = [str(p) for p in write_all([kernel] if kernel else [], progress=bar)]
+            written = [str(p) for p in write_all([kernel] if kernel else [], compile_top=compile_top, progress=bar)]
         emit(fmt, text=lambda: "\n".join(f"wrote {p}" for p in written), json=lambda: {"written": written})
         return
     if kernel is None:

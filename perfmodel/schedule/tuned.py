@@ -4,11 +4,15 @@
 ``kernels/<name>/entry.py:TUNED``) on each chip and writes
 ``kernels/<name>/tuned.json``, which the kernel's ``blocks.py`` reads
 (:mod:`kernels.tuned`); ``perfmodel tune --write [KERNEL ...]`` runs it.
-:func:`robust_choice` says which candidate is stored.
+:func:`robust_choice` says which candidate is stored. With ``compile_top=N`` (``tune --write --compile N``) the
+N candidates robust_choice would consider first are compiled with the TPU compiler (deviceless libtpu) on each
+chip it targets, and the stored one is the fastest by the compiler-backed time among those Mosaic accepts
+(:func:`compiled_choice`), so every stored default is one the compiler has seen fit in VMEM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -31,7 +35,7 @@ MAX_RAISED_VMEM_FRACTION = 0.75
 def robust_choice(result: TuneResult) -> Candidate:
     """The default to store, safe to compile on the chip.
 
-    The pool: candidates within the chip's default scoped VMEM limit (the kernel
+    The pool (:func:`_pool`): candidates within the chip's default scoped VMEM limit (the kernel
     passes no vmem_limit_bytes) when the fastest of them is within
     SCOPED_VMEM_BAND of the fastest legal candidate; otherwise those and the
     candidates whose raised vmem_limit_bytes (and VMEM) stay within
@@ -40,6 +44,14 @@ def robust_choice(result: TuneResult) -> Candidate:
     fewest grid steps, then the least VMEM (the choice least exposed to model
     error and HBM contention).
     """
+    pool = _pool(result)
+    best = min(c.expected_s for c in pool)
+    close = [c for c in pool if c.expected_s <= best * (1 + DEFAULT_TIE_BAND)]
+    return min(close, key=_tie_break)
+
+
+def _pool(result: TuneResult) -> list[Candidate]:
+    """The candidates robust_choice may store, fastest first."""
     from perfmodel.schedule.analyze import resolve_chip
 
     fastest = result.best.expected_s
@@ -51,21 +63,53 @@ def robust_choice(result: TuneResult) -> Candidate:
         if not pool:
             raise InputError(f"tune {result.kernel}: no candidate fits the default scoped VMEM or "
                              f"{MAX_RAISED_VMEM_FRACTION:.0%} of the physical VMEM of {result.chip}")
-    best = min(c.expected_s for c in pool)
-    close = [c for c in pool if c.expected_s <= best * (1 + DEFAULT_TIE_BAND)]
-    return min(close, key=lambda c: (c.hbm_bytes, c.steps, c.vmem_bytes))
+    return pool
 
 
-def _stored(choice: Candidate, result: TuneResult, derived: dict[str, Any]) -> dict[str, Any]:
+def _tie_break(c: Candidate) -> tuple[int, int, int]:
+    return c.hbm_bytes, c.steps, c.vmem_bytes
+
+
+def preference_order(result: TuneResult) -> list[Candidate]:
+    """robust_choice's pick first, then the rest of its pool fastest first (what ``--compile N`` compiles)."""
+    choice = robust_choice(result)
+    return [choice] + [c for c in _pool(result) if c is not choice]
+
+
+def compiled_choice(compiled: Sequence[Any]) -> Any:
+    """Of compiled candidates (:class:`perfmodel.schedule.compiled.CompiledCandidate`), the one to store: among
+    those Mosaic accepted, within DEFAULT_TIE_BAND of the fastest compiler-backed time, the fewest HBM bytes, grid
+    steps and VMEM bytes. InputError when the compiler rejected every one."""
+    ok = [c for c in compiled if c.compiled_s is not None]
+    if not ok:
+        errors = "; ".join(sorted({(c.error or "?").split("\n")[0][:120] for c in compiled}))
+        raise InputError(f"the compiler rejected all {len(compiled)} candidates compiled: {errors}")
+    best = min(c.compiled_s for c in ok)
+    close = [c for c in ok if c.compiled_s <= best * (1 + DEFAULT_TIE_BAND)]
+    return min(close, key=lambda c: _tie_break(c.candidate))
+
+
+def _stored(choice: Candidate, result: TuneResult, derived: dict[str, Any], compiled: Any = None,
+            compiled_count: int | None = None) -> dict[str, Any]:
     # How many candidates the model cannot tell from the fastest (many: the tie-break decided).
     ties = sum(c.expected_s <= result.best.expected_s * (1 + DEFAULT_TIE_BAND) for c in result.ranked)
-    return {**choice.blocks, **derived, "expected_s": choice.expected_s, "fastest_s": result.best.expected_s,
-            "vmem_bytes": choice.vmem_bytes, "vmem_limit_bytes": choice.vmem_limit_bytes,
-            "legal_candidates": len(result.ranked), "within_tie_band": ties, "reason": choice.reason}
+    out = {**choice.blocks, **derived, "expected_s": choice.expected_s, "fastest_s": result.best.expected_s,
+           "vmem_bytes": choice.vmem_bytes, "vmem_limit_bytes": choice.vmem_limit_bytes,
+           "legal_candidates": len(result.ranked), "within_tie_band": ties, "reason": choice.reason}
+    if compiled is not None:
+        out.update(compiled_s=compiled.compiled_s, vmem_allocated_bytes=compiled.vmem_allocated_bytes,
+                   candidates_compiled=compiled_count)
+    return out
 
 
-def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None) -> dict[str, Any]:
-    """{chip: {config: stored choice}} for one kernel; chips or configurations it rejects are left out."""
+def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, *, compile_top: int | None = None,
+                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """{chip: {config: stored choice}} for one kernel; chips or configurations it rejects are left out.
+
+    ``compile_top``: compile that many candidates per chip and configuration (see the module docstring); chips
+    the installed compiler has no deviceless target for keep the schedule model's choice, with ``compiled_s``
+    null."""
+    from perfmodel.compiler.toolchain import TOPOLOGIES
     from perfmodel.hw.registry import all_chips
     from perfmodel.schedule.analyze import resolve_chip
 
@@ -77,47 +121,77 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None) 
         chip = resolve_chip(name)
         per_config = {}
         for config in spec.configs:
+            static = {**(extra or {}), **config.static} or None
             try:
-                result = tune(entry, config.shapes, chip, extra={**(extra or {}), **config.static} or None,
-                              prune_slack=SCOPED_VMEM_BAND)
+                result = tune(entry, config.shapes, chip, extra=static, prune_slack=SCOPED_VMEM_BAND)
                 choice = robust_choice(result)
             except InputError:
                 continue  # e.g. fp8 weights on a chip without an fp8 MXU path
+            compiled, count = None, None
+            if compile_top is not None and chip.name in TOPOLOGIES:
+                from perfmodel.schedule.compiled import rerank_compiled
+
+                if progress is not None:
+                    progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
+                order = preference_order(result)[:compile_top]
+                reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
+                                           top=len(order), extra=static)
+                try:
+                    compiled = compiled_choice(reranked)
+                except InputError as exc:
+                    raise InputError(f"tune --write --compile {spec.kernel} ({config.key}) on {chip.name}: "
+                                     f"{exc}; widen --compile") from None
+                choice, count = compiled.candidate, len(order)
             derived = spec.derived(choice.blocks, entry.specs(config.shapes)) if spec.derived else {}
-            per_config[config.key] = _stored(choice, result, derived)
+            per_config[config.key] = _stored(choice, result, derived, compiled, count)
         if per_config:
             out[chip.name] = per_config
     return out
 
 
-def _about(spec: TunedKernel) -> str:
+def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
+    compiled = ("" if compile_top is None else
+                f" With --compile {compile_top}: the first {compile_top} candidates of that order (the choice, then the "
+                f"rest of its pool fastest first) compiled with libtpu on each chip it targets, and the fastest by the "
+                f"compiler-backed time among those Mosaic accepts stored (within {DEFAULT_TIE_BAND:.0%}: the same "
+                f"tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
     return (f"Per-chip default block sizes of kernels/{spec.kernel}, chosen by `perfmodel tune {spec.entry}` (the "
             f"schedule model) on {spec.problem}; 'shapes' lists the --shape flags per configuration. The choice: "
             f"among candidates within {SCOPED_VMEM_BAND:.0%} of the fastest, only those within the chip's default "
             f"scoped VMEM limit (vmem_limit_bytes null); if none is that close, also those whose raised vmem_limit_bytes "
             f"stays within {MAX_RAISED_VMEM_FRACTION:.0%} of the physical VMEM; then, within {DEFAULT_TIE_BAND:.0%} "
             f"of the fastest of those, the fewest HBM bytes, grid steps and VMEM bytes. "
-            + (spec.note + " " if spec.note else "")
-            + "Regenerate with `perfmodel tune --write`.")
+            + (spec.note + " " if spec.note else "") + compiled
+            + (" " if compiled else "") + "Regenerate with `perfmodel tune --write"
+            + ("" if compile_top is None else f" --compile {compile_top}") + "`.")
 
 
 def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = None,
-                         chips: Sequence[str] | None = None) -> Path:
+                         chips: Sequence[str] | None = None, *, compile_top: int | None = None,
+                         progress: Callable[[str], None] | None = None) -> Path:
     """Tune one kernel's per-chip defaults and write them as JSON (default: kernels/<kernel>/tuned.json).
 
     ``kernel``: a bundled kernel's name (its folder's ``entry.py:TUNED``), or a :class:`TunedKernel` (e.g. a
     smaller problem).
     """
     spec = kernel if isinstance(kernel, TunedKernel) else get_tuned_kernel(kernel)
+    compiler = None
+    if compile_top is not None:
+        from perfmodel.compiler.toolchain import toolchain
+
+        tools = toolchain()  # one line when libtpu is missing, before any tuning
+        compiler = {"compile_top": compile_top, "libtpu": tools.libtpu_version, "jax": tools.jax_version}
     data = {
         "kernel": spec.kernel,
-        "about": _about(spec),
+        "about": _about(spec, compile_top),
         "entry": spec.entry,
         "shapes": {c.key: list(c.shapes) for c in spec.configs},
         "rule": {"tie_band": DEFAULT_TIE_BAND, "scoped_vmem_band": SCOPED_VMEM_BAND,
                  "max_raised_vmem_fraction": MAX_RAISED_VMEM_FRACTION},
-        "defaults": tune_kernel_defaults(spec, chips),
+        "defaults": tune_kernel_defaults(spec, chips, compile_top=compile_top, progress=progress),
     }
+    if compiler is not None:
+        data["compiler"] = compiler
     path = Path(path) if path is not None else tuned_path(spec.kernel)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written whole, then renamed: a crash never leaves a kernel with half a defaults file.
@@ -128,7 +202,8 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
     return path
 
 
-def write_all(kernels: Sequence[str] = (), *, progress: Callable[[str], None] | None = None) -> list[Path]:
+def write_all(kernels: Sequence[str] = (), *, compile_top: int | None = None,
+              progress: Callable[[str], None] | None = None) -> list[Path]:
     """Rewrite the stored defaults of the named bundled kernels (all with block sizes when none is named)."""
     names = list(kernels) or [t.kernel for t in tuned_kernels()]
     for name in names:
@@ -137,5 +212,5 @@ def write_all(kernels: Sequence[str] = (), *, progress: Callable[[str], None] | 
     for name in names:
         if progress is not None:
             progress(f"tuning {name} ...")
-        written.append(write_tuned_defaults(name))
+        written.append(write_tuned_defaults(name, compile_top=compile_top, progress=progress))
     return written

@@ -51,14 +51,19 @@ def test_tune_write_rewrites_every_kernel_with_block_sizes_through_the_library(m
     from perfmodel.schedule.catalog import tuned_kernels
 
     done = []
-    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda name: done.append(name) or tmp_path / f"{name}.json")
+    monkeypatch.setattr(tuned, "write_tuned_defaults",
+                        lambda name, **kw: done.append((name, kw["compile_top"])) or tmp_path / f"{name}.json")
     result = CliRunner().invoke(main, ["tune", "--write"])
     assert result.exit_code == 0, result.output
-    assert done == [t.kernel for t in tuned_kernels()]
+    assert done == [(t.kernel, None) for t in tuned_kernels()]
     assert f"wrote {tmp_path / 'sampling.json'}" in result.output
     done.clear()
     result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--json"])
-    assert result.exit_code == 0 and done == ["rms_norm"]
+    assert result.exit_code == 0 and done == [("rms_norm", None)]
+    done.clear()
+    # --compile N goes through to the library: the N preferred candidates compiled per chip
+    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--compile", "3"])
+    assert result.exit_code == 0 and done == [("rms_norm", 3)]
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -71,7 +76,7 @@ def test_tune_write_errors_are_one_line_before_any_work(monkeypatch, argv, match
     from perfmodel.cli.main import main
     from perfmodel.schedule import tuned
 
-    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda name: pytest.fail("nothing may be re-tuned"))
+    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda name, **kw: pytest.fail("nothing may be re-tuned"))
     result = CliRunner().invoke(main, argv)
     assert result.exit_code != 0
     assert match in result.output and "Traceback" not in result.output

@@ -182,6 +182,10 @@ def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(s
         assert next(iter(configs)) == production or production not in configs  # production config first
         for key, stored in configs.items():
             assert fields <= set(stored), (chip_name, key)
+            if stored.get("compiled_s") is not None:  # stored by tune --write --compile: the compiler's figures
+                assert data["compiler"]["compile_top"] >= stored["candidates_compiled"] >= 1
+                limit = stored["vmem_limit_bytes"] or chip.memory.vmem_default_scoped_limit_bytes_per_core
+                assert stored["compiled_s"] > 0 and 0 < stored["vmem_allocated_bytes"] <= limit, (chip_name, key)
             # Within the default scoped limit (physical VMEM where the spec has none), or marked with a
             # raised limit of at most 3/4 of the physical VMEM.
             scoped = chip.memory.vmem_default_scoped_limit_bytes_per_core or chip.memory.vmem_bytes_per_core
@@ -269,3 +273,37 @@ def test_ragged_decode_with_fewer_query_tokens_than_a_bf16_tile_still_has_legal_
     result = tune("ragged_paged_attention", shapes, "tpu-v5e")
     assert result.ranked and {c.blocks["block_q"] for c in result.ranked} == {16}
     assert not result.rejected
+
+
+def _ranked(label: int, expected_s: float, hbm: int, steps: int = 4) -> Candidate:
+    return Candidate(blocks={"b": label}, expected_s=expected_s, hbm_bytes=hbm, ideal_hbm_bytes=hbm, vmem_bytes=1 << 20,
+                     vmem_status="fits", steps=steps, limiter="hbm", reason="")
+
+
+def test_compiled_choice_is_the_compiler_backed_fastest_with_the_same_tie_break():
+    from perfmodel.schedule.compiled import CompiledCandidate
+    from perfmodel.schedule.tuned import compiled_choice
+
+    a, b, c = _ranked(1, 1.0e-3, 100), _ranked(2, 1.1e-3, 50), _ranked(3, 0.9e-3, 10)
+    compiled = [CompiledCandidate(candidate=a, compiled_s=2.00e-3, vmem_allocated_bytes=1, error=None),
+                # 2.01 ms is within 1% of 2.00 ms and moves fewer bytes (50 < 100): the tie-break picks it
+                CompiledCandidate(candidate=b, compiled_s=2.01e-3, vmem_allocated_bytes=1, error=None),
+                # fastest by the schedule model, but Mosaic rejected it
+                CompiledCandidate(candidate=c, compiled_s=None, vmem_allocated_bytes=None, error="RESOURCE_EXHAUSTED")]
+    assert compiled_choice(compiled).candidate is b
+    # 2.03 ms is 1.5% slower: out of the tie band, so the fastest wins
+    compiled[1] = CompiledCandidate(candidate=b, compiled_s=2.03e-3, vmem_allocated_bytes=1, error=None)
+    assert compiled_choice(compiled).candidate is a
+    with pytest.raises(InputError, match="the compiler rejected all 1 candidates compiled: RESOURCE_EXHAUSTED"):
+        compiled_choice(compiled[2:])
+
+
+def test_the_preferred_order_starts_with_the_robust_choice():
+    from perfmodel.schedule.tuned import preference_order
+
+    # fastest 1.000 ms; 1.005 ms is within the 1% tie band and moves fewer bytes, so it is the robust choice
+    a, b, c = _ranked(1, 1.000e-3, 100), _ranked(2, 1.005e-3, 50), _ranked(3, 1.050e-3, 10)
+    result = TuneResult(kernel="matmul", chip="tpu-v5e", shapes=(), ranked=(a, b, c), evaluated=3, rejected={},
+                        pruned=0, baseline=None, baseline_label="")
+    assert robust_choice(result) is b
+    assert preference_order(result) == [b, a, c]
