@@ -3,7 +3,7 @@
 :func:`write_tuned_defaults` tunes one kernel's representative problem (its
 ``kernels/<name>/entry.py:TUNED``) on each chip and writes
 ``kernels/<name>/tuned.json``, which the kernel's ``blocks.py`` reads
-(:mod:`kernels.tuned`); ``perfmodel tune --write [KERNEL ...]`` runs it.
+(:mod:`kernels.tuned`); ``perfmodel tune --write [KERNEL]`` runs it.
 :func:`robust_choice` says which candidate is stored. With ``compile_top=N`` (``tune --write --compile N``) the
 N candidates robust_choice would consider first are compiled with the TPU compiler (deviceless libtpu) on each
 chip it targets, and the stored one is the fastest by the compiler-backed time among those Mosaic accepts
