@@ -9,6 +9,8 @@ _EXPORTS = {
     "DEFAULT_BLOCK_SIZES": "kernels.ragged_paged_attention.blocks",
     "RaggedPagedAttentionBlockSizes": "kernels.ragged_paged_attention.blocks",
     "default_block_sizes": "kernels.ragged_paged_attention.blocks",
+    "dequantize_kv_pages": "kernels.ragged_paged_attention.reference",
+    "quantize_kv_pages": "kernels.ragged_paged_attention.reference",
     "ragged_paged_attention": "kernels.ragged_paged_attention.kernel",
     "ragged_paged_attention_reference": "kernels.ragged_paged_attention.reference",
 }

@@ -54,7 +54,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
-from kernels.tiling import tpu_chip
+from kernels.tiling import check_dtype, tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
     STATS_LANES,
@@ -72,6 +72,11 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 COMPUTE_TOKENS = 1 << 20
 #: KV cache dtypes the kernel reads (K/V rows split by strided loads; bf16 pairs by 32-bit shifts).
 KV_DTYPES = ("float32", "bfloat16")
+#: Quantized KV cache dtypes (with ``kv_scales``): four 8-bit rows share a 32-bit word, split by shifts. fp8 only on
+#: chips whose spec lists an fp8 matmul rate (kernels.tiling.check_dtype, the rule the matmul kernel follows).
+QUANT_KV_DTYPES = ("int8", "float8_e4m3fn")
+#: Query dtypes a quantized cache takes (its codes are widened to q's dtype for the MXU).
+QUANT_Q_DTYPES = ("bfloat16", "float32")
 #: Head dims under one vreg's 128 lanes the kernel takes: two heads share a 128-lane window of q and the output
 #: (loaded whole and split, stored as one window); K/V pages keep their 64-lane rows (Mosaic pads them in VMEM).
 HALF_LANE_HEAD_DIMS = (64,)
@@ -89,6 +94,7 @@ def ragged_paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     sinks: jax.Array | None = None,
+    kv_scales: jax.Array | None = None,
     block_sizes: RaggedPagedAttentionBlockSizes | None = None,
     chip: str = DEFAULT_CHIP,
     interpret: bool = False,
@@ -106,6 +112,9 @@ def ragged_paged_attention(
       sliding_window: a query sees its ``sliding_window`` most recent positions (itself included); None: all.
       soft_cap: logit soft cap ``c``: scores become ``c * tanh(score / c)``; None: off.
       sinks: ``[q_heads]`` float sink logits (one extra softmax term per head, no value); None: off.
+      kv_scales: f32 scales of an int8 / float8_e4m3fn ``kv_pages`` (K or V = code * scale), interleaved like the
+        pages (column ``2h`` scales K of KV head h, ``2h + 1`` its V): ``[num_pages, page_size, 2 * kv_heads]``
+        per token, or ``[num_pages, 2 * kv_heads]`` per page. Required for a quantized cache, refused otherwise.
       block_sizes: tile sizes; the chip's defaults when None.
       chip: TPU whose defaults and scoped-VMEM budget apply.
       interpret: run in Pallas TPU interpret mode (CPU).
@@ -119,6 +128,7 @@ def ragged_paged_attention(
     """
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(-1)
     _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks)
+    _check_kv_scales(kv_pages, kv_scales, chip)
     if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
         raise ValueError(f"sliding_window={sliding_window!r} must be a positive int (tokens) or None")
     if soft_cap is not None and not float(soft_cap) > 0:
@@ -133,7 +143,8 @@ def ragged_paged_attention(
     _check_smem(page_table, q.shape[0], block_sizes.block_q, chip)
     _check_values(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
-    return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, sm_scale=scale,
+    return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, kv_scales,
+                                   sm_scale=scale,
                                    sliding_window=sliding_window,
                                    soft_cap=None if soft_cap is None else float(soft_cap),
                                    block_sizes=block_sizes, chip=chip, interpret=interpret,
@@ -164,8 +175,9 @@ def check_kv_pages(kv_pages, *, q_heads: int, head_dim: int) -> tuple[int, int]:
         raise ValueError(f"kv_pages: kv_heads={kv_heads} must divide q's q_heads={q_heads} (GQA)")
     if kv_head_dim != head_dim:
         raise ValueError(f"kv_pages: head_dim {kv_head_dim} does not match q's head_dim {head_dim}")
-    if np.dtype(kv_pages.dtype).name not in KV_DTYPES:
-        raise ValueError(f"kv_pages: dtype {np.dtype(kv_pages.dtype).name} is not supported; use one of {KV_DTYPES}")
+    if np.dtype(kv_pages.dtype).name not in KV_DTYPES + QUANT_KV_DTYPES:
+        raise ValueError(f"kv_pages: dtype {np.dtype(kv_pages.dtype).name} is not supported; use one of "
+                         f"{KV_DTYPES + QUANT_KV_DTYPES}")
     return kv_heads, page_size
 
 
@@ -174,7 +186,11 @@ def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) 
         raise ValueError(f"q must be [total_tokens, q_heads, head_dim], got shape {q.shape}")
     _, q_heads, head_dim = q.shape
     check_kv_pages(kv_pages, q_heads=q_heads, head_dim=head_dim)
-    if q.dtype != kv_pages.dtype:
+    if is_quantized(kv_pages.dtype):
+        if np.dtype(q.dtype).name not in QUANT_Q_DTYPES:
+            raise ValueError(f"q: dtype {np.dtype(q.dtype).name} cannot read a {np.dtype(kv_pages.dtype).name} "
+                             f"cache; use one of {QUANT_Q_DTYPES}")
+    elif q.dtype != kv_pages.dtype:
         raise ValueError(f"kv_pages dtype {np.dtype(kv_pages.dtype).name} must equal q's "
                          f"{np.dtype(q.dtype).name}")
     if head_dim not in HALF_LANE_HEAD_DIMS and head_dim % LANES:
@@ -200,6 +216,41 @@ def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) 
             raise ValueError(f"{name} must be int32, got {arr.dtype}")
     if sinks is not None and sinks.shape != (q_heads,):
         raise ValueError(f"sinks shape {sinks.shape} must be ({q_heads},) (one logit per q head)")
+
+
+def is_quantized(kv_dtype) -> bool:
+    """Whether a cache of this dtype holds codes with scales (int8, fp8)."""
+    return np.dtype(kv_dtype).name in QUANT_KV_DTYPES
+
+
+def kv_scale_layout(kv_scales) -> str:
+    """'per-token' ([num_pages, page_size, 2 * kv_heads]) or 'per-page' ([num_pages, 2 * kv_heads]) by rank; 'none'
+    without scales (the op model's names, perfmodel.model.attention.KV_SCALES)."""
+    if kv_scales is None:
+        return "none"
+    return "per-token" if len(kv_scales.shape) == 3 else "per-page"
+
+
+def _check_kv_scales(kv_pages, kv_scales, chip: str) -> None:
+    dtype = np.dtype(kv_pages.dtype).name
+    if not is_quantized(dtype):
+        if kv_scales is not None:
+            raise ValueError(f"kv_scales: a {dtype} cache takes no scales; drop kv_scales or pass int8 / "
+                             "float8_e4m3fn kv_pages")
+        return
+    check_dtype("kv_pages", kv_pages.dtype, QUANT_KV_DTYPES, tpu_chip(chip))
+    num_pages, page_size, combined, _ = kv_pages.shape
+    if combined % 4:
+        raise ValueError(f"kv_pages: a {dtype} cache needs an even kv_heads (four 8-bit K/V rows share a 32-bit "
+                         f"word, split by shifts), got kv_heads={combined // 2}; pad the KV heads to "
+                         f"{combined // 2 + 1}")
+    per_token, per_page = [num_pages, page_size, combined], [num_pages, combined]
+    if kv_scales is None:
+        raise ValueError(f"kv_scales: a {dtype} cache needs float32 scales, {per_token} (per token) or {per_page} "
+                         "(per page); quantize with kernels.ragged_paged_attention.quantize_kv_pages")
+    if list(kv_scales.shape) not in (per_token, per_page) or kv_scales.dtype != jnp.float32:
+        raise ValueError(f"kv_scales: {np.dtype(kv_scales.dtype).name}{list(kv_scales.shape)} must be float32 "
+                         f"{per_token} (per token) or {per_page} (per page) for kv_pages {list(kv_pages.shape)}")
 
 
 def scalar_prefetch_bytes(*, max_seqs: int, pages_per_seq: int, total_tokens: int, block_q: int) -> int:
@@ -273,7 +324,8 @@ def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_sizes", "chip",
                                              "interpret", "packed_pairs"))
-def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, *, sm_scale: float,
+def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, kv_scales, *,
+                            sm_scale: float,
                             sliding_window: int | None, soft_cap: float | None,
                             block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool,
                             packed_pairs: bool = True):
@@ -295,12 +347,20 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
         (jnp.full((q_heads,), MASK_VALUE, jnp.float32) if sinks is None else sinks.astype(jnp.float32))[:, None],
         (q_heads, STATS_LANES))
 
+    quantized = kv_scales is not None
+    scale_inputs, scale_specs, scale_scratch, scale_names = [], [], [], []
+    if quantized:
+        scale_inputs = [block_scales(kv_scales, page_table, kv_lens, page_size=page_size, block_kv=block_kv)]
+        scale_specs = [pl.BlockSpec(memory_space=pl.ANY)]
+        scale_scratch = [pltpu.VMEM((2, combined, block_kv), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
+        scale_names = ["kv_scales", "scale_buf", "scale_sems"]
+
     qo_spec = pl.BlockSpec((block_q, q_heads * head_dim), lambda b, *_: (b, 0))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=5,
         grid=(pl.cdiv(total_tokens, block_q),),
         in_specs=[qo_spec, pl.BlockSpec((q_heads, STATS_LANES), lambda b, *_: (0, 0)),
-                  pl.BlockSpec(memory_space=pl.ANY)],
+                  pl.BlockSpec(memory_space=pl.ANY), *scale_specs],
         out_specs=qo_spec,
         scratch_shapes=[
             pltpu.VMEM((2, block_kv * combined, head_dim), kv_pages.dtype),
@@ -312,27 +372,50 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
             pltpu.VMEM((kv_heads, group, STATS_LANES), jnp.float32),
             pltpu.VMEM((kv_heads, group, STATS_LANES), jnp.float32),
             pltpu.VMEM((kv_heads, group, head_dim), jnp.float32),
+            *scale_scratch,
         ],
     )
     kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
                                page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
-                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs)
-    kernel = with_ref_names(kernel, ("kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks",
-                                     "kv_pages", "o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1",
-                                     "acc1"))
+                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs,
+                               quantized=quantized)
+    names = ["kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks", "kv_pages"]
+    names += scale_names[:1] + ["o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1", "acc1"] + scale_names[1:]
+    kernel = with_ref_names(kernel, tuple(names))
     call = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((total_tokens, q_heads * head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), disable_bounds_checks=True),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q, block_kv),
+        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q, block_kv, kv_scale_layout(kv_scales)),
         name="ragged_paged_attention",
     )
     with jax.named_scope(f"ragged_paged_attention_bq{block_q}_bkv{block_kv}"):
         out = call(kv_lens, safe_table, cu_q_lens, seq_lo, seq_hi,
-                   q.reshape(total_tokens, q_heads * head_dim), sink_rows, kv_flat)
+                   q.reshape(total_tokens, q_heads * head_dim), sink_rows, kv_flat, *scale_inputs)
     return out.reshape(total_tokens, q_heads, head_dim)
+
+
+def block_scales(kv_scales, page_table, kv_lens, *, page_size: int, block_kv: int):
+    """The scales the kernel reads, gathered by the page table (an XLA gather before the kernel): ``[max_seqs *
+    blocks_per_seq, 2 * kv_heads, block_kv]`` f32, row ``s * blocks_per_seq + j`` holding KV block j of sequence
+    s with tokens on lanes (row 2h scales K of head h, 2h + 1 its V), so one DMA per KV block brings every head's
+    scales and each head's is a lane vector that folds into its scores (K) and probabilities (V). Per-page scales
+    are repeated over their page's tokens. Tokens past a sequence's context get scale 0 (the cache may hold
+    anything there, NaN included)."""
+    max_seqs, pages_per_seq = page_table.shape
+    num_pages, combined = kv_scales.shape[0], kv_scales.shape[-1]
+    pages_per_block = block_kv // page_size
+    blocks = -(-pages_per_seq // pages_per_block)
+    table = jnp.pad(jnp.clip(page_table, 0, num_pages - 1), ((0, 0), (0, blocks * pages_per_block - pages_per_seq)))
+    scales = kv_scales[table]  # [max_seqs, pages, page_size, 2 * kv_heads] or [max_seqs, pages, 2 * kv_heads]
+    if kv_scales.ndim == 2:
+        scales = jnp.broadcast_to(scales[:, :, None], (max_seqs, table.shape[1], page_size, combined))
+    scales = scales.reshape(max_seqs, blocks, block_kv, combined)
+    position = jnp.arange(blocks * block_kv, dtype=jnp.int32).reshape(1, blocks, block_kv, 1)
+    scales = jnp.where(position < kv_lens.reshape(-1, 1, 1, 1), scales, 0.0)
+    return jnp.swapaxes(scales, 2, 3).reshape(max_seqs * blocks, combined, block_kv)
 
 
 def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num_pages: int,
@@ -351,7 +434,7 @@ def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num
     return q_lens, np.maximum(q_lens, share_tokens)
 
 
-def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int):
+def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int, kv_scale: str):
     """pl.CostEstimate from perfmodel's ragged paged attention model at the assumed lengths."""
     from perfmodel.model.attention import ragged_paged_attention as ragged_model
     from perfmodel.model.core import to_cost_estimate
@@ -362,7 +445,7 @@ def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int):
                                       pages_per_seq=page_table.shape[1], num_pages=num_pages, page_size=page_size)
     cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2,
                         head_dim=head_dim, page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name,
-                        q_dtype=np.dtype(q.dtype).name, block_q=block_q, block_kv=block_kv)
+                        q_dtype=np.dtype(q.dtype).name, block_q=block_q, block_kv=block_kv, kv_scale=kv_scale)
     return to_cost_estimate(cost)
 
 
@@ -421,6 +504,35 @@ def _split_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, *, packed_
     return k, v
 
 
+def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, dtype, *, packed: bool):
+    """K and V codes of KV head ``h`` for tokens ``start .. start + tokens`` of an 8-bit ``[block_kv * 2 * kv_heads,
+    head_dim]`` block, widened exactly to ``dtype`` (bf16 or f32): two ``[tokens, head_dim]``.
+
+    Four 8-bit rows share a 32-bit word (row ``4w + i`` in byte i), so with an even ``kv_heads`` the rows ``2h``
+    (K) and ``2h + 1`` (V) of a token are bytes ``2 * (h % 2)`` and ``2 * (h % 2) + 1`` of word ``h // 2`` of the
+    token's ``kv_heads / 2`` words: one strided load of the 32-bit view fetches both, and shifts move each byte to
+    the top and back (arithmetic for int8's sign; fp8's byte is placed in the top of a 16-bit half and read as
+    its bit pattern). ``packed`` False (interpret mode, which cannot bitcast a ref in jax 0.10.2) loads the 8-bit
+    rows with a stride instead (same values)."""
+    stride = 2 * kv_heads
+    first = 2 * h + stride * start
+    if not packed:
+        k = kv_ref[pl.ds(first, tokens, stride=stride), :]
+        v = kv_ref[pl.ds(first + 1, tokens, stride=stride), :]
+        return k.astype(jnp.float32).astype(dtype), v.astype(jnp.float32).astype(dtype)
+    words = kv_ref.bitcast(jnp.uint32)[pl.ds(h // 2 + kv_heads // 2 * start, tokens, stride=kv_heads // 2), :]
+    byte = 2 * (h % 2)
+    if kv_ref.dtype == jnp.int8:
+        def code(b):  # signed byte b, sign-extended: shift it to the top, arithmetic shift back
+            top = pltpu.bitcast(words << (24 - 8 * b), jnp.int32)
+            return lax.shift_right_arithmetic(top, 24).astype(jnp.float32).astype(dtype)
+    else:
+        def code(b):  # fp8 byte b -> its uint8 value -> the fp8 bit pattern
+            raw = lax.shift_right_logical(words << (24 - 8 * b), jnp.uint32(24)).astype(jnp.uint8)
+            return pltpu.bitcast(raw, kv_ref.dtype).astype(jnp.float32).astype(dtype)
+    return code(byte), code(byte + 1)
+
+
 def _ragged_paged_attention_kernel(
     # Scalar prefetch (SMEM).
     kv_lens_ref,  # [max_seqs] int32
@@ -432,19 +544,7 @@ def _ragged_paged_attention_kernel(
     q_ref,  # VMEM [block_q, q_heads * head_dim]: every q head of the tokens of q block b
     sinks_ref,  # VMEM [q_heads, STATS_LANES] f32: sink logit per q head, lane-replicated
     kv_hbm_ref,  # HBM [num_pages, page_size * 2 * kv_heads, head_dim]
-    # Output.
-    o_ref,  # VMEM [block_q, q_heads * head_dim]
-    # Scratch.
-    kv_buf,  # VMEM [2, block_kv * 2 * kv_heads, head_dim]: two slots of one KV block (all heads)
-    sems,  # DMA semaphores [2]: one per slot
-    m_ref,  # VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row max (lane-replicated)
-    l_ref,  # VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row sum of exp
-    acc_ref,  # VMEM [kv_heads, group * block_q, head_dim] f32: unnormalised output
-    q1_ref,  # VMEM [kv_heads, group, head_dim] f32: a one-row (decode) sequence's query, heads stacked per group
-    m1_ref,  # VMEM [kv_heads, group, STATS_LANES] f32: the one-row path's running max
-    l1_ref,  # VMEM [kv_heads, group, STATS_LANES] f32: its running sum
-    acc1_ref,  # VMEM [kv_heads, group, head_dim] f32: its unnormalised output
-    *,
+    *refs,  # (quantized) scales_hbm_ref, then o_ref, the scratch below, (quantized) scale_buf, scale_sems
     sm_scale: float,
     group: int,
     kv_heads: int,
@@ -454,8 +554,22 @@ def _ragged_paged_attention_kernel(
     sliding_window: int | None,
     soft_cap: float | None,
     packed_pairs: bool,
+    quantized: bool = False,
 ):
+    # scales_hbm_ref: HBM [max_seqs * blocks_per_seq, 2 * kv_heads, block_kv] f32 (block_scales), quantized only.
+    # o_ref: VMEM [block_q, q_heads * head_dim]. Scratch:
+    # kv_buf: VMEM [2, block_kv * 2 * kv_heads, head_dim]: two slots of one KV block (all heads);
+    # sems: DMA semaphores [2], one per slot;
+    # m_ref, l_ref: VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row max / sum of exp (lane-replicated);
+    # acc_ref: VMEM [kv_heads, group * block_q, head_dim] f32: unnormalised output;
+    # q1_ref: VMEM [kv_heads, group, head_dim] f32: a one-row (decode) sequence's query, heads stacked per group;
+    # m1_ref, l1_ref: VMEM [kv_heads, group, STATS_LANES] f32, acc1_ref [kv_heads, group, head_dim]: its state;
+    # scale_buf: VMEM [2, 2 * kv_heads, block_kv] f32: the KV block's scales per slot, scale_sems: DMA semaphores [2].
+    scales_hbm_ref, refs = (refs[0], refs[1:]) if quantized else (None, refs)
+    o_ref, kv_buf, sems, m_ref, l_ref, acc_ref, q1_ref, m1_ref, l1_ref, acc1_ref = refs[:10]
+    scale_buf, scale_sems = refs[10:] if quantized else (None, None)
     block_q = q_ref.shape[0]
+    compute_dtype = q_ref.dtype if quantized else kv_buf.dtype  # the MXU's operand dtype
     block_start = pl.program_id(0) * block_q
     head_dim = acc_ref.shape[2]
     block_kv = pages_per_block * page_size
@@ -489,8 +603,16 @@ def _ragged_paged_attention_kernel(
         return pltpu.make_async_copy(kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_rows, page_rows)],
                                      sems.at[slot])
 
+    blocks_per_seq = -(-pages_per_seq // pages_per_block)
+
+    def scale_copy(s, j, slot):
+        return pltpu.make_async_copy(scales_hbm_ref.at[s * blocks_per_seq + j], scale_buf.at[slot],
+                                     scale_sems.at[slot])
+
     def start_fetch(s, j, slot):
         count = pages_in_block(s, j)
+        if quantized:  # every head's scales of the block: one DMA
+            scale_copy(s, j, slot).start()
         for i in range(pages_per_block):  # unrolled: one DMA per page, every head's K and V
 
             @pl.when(i < count)
@@ -499,6 +621,8 @@ def _ragged_paged_attention_kernel(
 
     def wait_fetch(s, j, slot):
         count = pages_in_block(s, j)
+        if quantized:
+            scale_copy(s, j, slot).wait()
 
         @pl.when(count == pages_per_block)
         def _():  # one wait sized to the whole block
@@ -526,11 +650,20 @@ def _ragged_paged_attention_kernel(
         values (the tail of the sequence's last page, or zeros where a partial block fetched no page), so
         masked scores (p = 0) contribute nothing."""  # noqa: D401
         m, l, acc = m_at[...], l_at[...], acc_at[...]
-        qh = qh.astype(kv_buf.dtype)
+        qh = qh.astype(compute_dtype)
         chunk = min(COMPUTE_TOKENS, block_kv)
         for c in range(block_kv // chunk):
-            k, v = _split_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, packed_pairs=packed_pairs)
-            scores = lax.dot_general(qh, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * sm_scale
+            if quantized:
+                k, v = _split_quantized_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, compute_dtype,
+                                           packed=packed_pairs)
+                tokens = pl.ds(c * chunk, chunk)
+                # K's scale folds into the scores (with sm_scale), V's into the probabilities: [1, chunk] rows.
+                k_scale = scale_buf[slot, pl.ds(2 * h, 1), tokens] * sm_scale
+                v_scale = scale_buf[slot, pl.ds(2 * h + 1, 1), tokens]
+            else:
+                k, v = _split_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, packed_pairs=packed_pairs)
+                k_scale = sm_scale
+            scores = lax.dot_general(qh, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * k_scale
             if soft_cap is not None:
                 scores = soft_cap * jnp.tanh(scores * (1.0 / soft_cap))
             kv_pos = j * block_kv + c * chunk + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
@@ -539,7 +672,7 @@ def _ragged_paged_attention_kernel(
             p = jnp.exp(scores - jnp.tile(m_next, (1, chunk // STATS_LANES)))
             alpha = jnp.exp(m - m_next)
             l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-            pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+            pv = jnp.dot((p * v_scale if quantized else p).astype(v.dtype), v, preferred_element_type=jnp.float32)
             acc = acc * _lanes(alpha, head_dim) + pv
             m = m_next
         m_at[...], l_at[...], acc_at[...] = m, l, acc

@@ -6,7 +6,9 @@ query rows ``cu_q_lens[s]:cu_q_lens[s+1]`` and the first ``kv_lens[s]`` position
 pages; query ``i`` of the sequence is at position ``p = kv_lens[s] - q_len + i`` and attends
 to KV positions ``p - sliding_window < k <= p``. Scores ``sm_scale * q.k`` are soft-capped
 (``c * tanh(x / c)``) when ``soft_cap`` is given; ``sinks[j]`` adds ``exp(sinks[j])`` to
-head ``j``'s softmax denominator. Rows past ``cu_q_lens[num_seqs]`` are zero. Needs
+head ``j``'s softmax denominator. An int8 / fp8 cache is dequantized first (``kv_scales``:
+per token ``[num_pages, page_size, 2 * kv_heads]`` or per page ``[num_pages, 2 * kv_heads]``, column
+``2h`` for K of head h, ``2h + 1`` for V). Rows past ``cu_q_lens[num_seqs]`` are zero. Needs
 concrete lengths (it loops over sequences in Python, one jitted step per sequence); use it
 on small inputs.
 """
@@ -32,7 +34,10 @@ def ragged_paged_attention_reference(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     sinks: jax.Array | None = None,  # [q_heads]
+    kv_scales: jax.Array | None = None,  # [num_pages, page_size, 2 * kv_heads] or [num_pages, 2 * kv_heads] f32
 ) -> jax.Array:
+    if kv_scales is not None:
+        kv_pages = dequantize_kv_pages(kv_pages, kv_scales)
     head_dim = q.shape[2]
     scale = 1.0 / float(np.sqrt(head_dim)) if sm_scale is None else float(sm_scale)
     n = int(np.asarray(num_seqs).reshape(-1)[0])
@@ -45,6 +50,47 @@ def ragged_paged_attention_reference(
                             max_q=max(max_q, 1), scale=scale, window=sliding_window,
                             soft_cap=None if soft_cap is None else float(soft_cap))
     return out.astype(q.dtype)
+
+
+#: Largest finite float8_e4m3fn (the fp8 quantizer maps each slice's max |x| to it).
+FP8_E4M3_MAX = 448.0
+#: Scale layouts of a quantized combined cache (perfmodel.model.attention.KV_SCALES names).
+KV_SCALE_LAYOUTS = ("per-token", "per-page")
+
+
+def quantize_kv_pages(kv_pages: jax.Array, *, dtype=jnp.int8, layout: str = "per-token") -> tuple[jax.Array, jax.Array]:
+    """A bf16 / f32 combined cache ``[num_pages, page_size, 2 * kv_heads, head_dim]`` as (codes, f32 scales) in the
+    layout :func:`kernels.ragged_paged_attention.ragged_paged_attention` reads: codes of kv_pages' shape in ``dtype``
+    (int8: symmetric, :func:`kernels.quant.quantize_int8`; float8_e4m3fn: x / scale rounded to fp8, the slice's max
+    |x| at 448), scales ``[num_pages, page_size, 2 * kv_heads]`` (``layout="per-token"``: one per K or V row of a
+    head, over head_dim) or ``[num_pages, 2 * kv_heads]`` ("per-page": one per page and K or V of a head, over the
+    page's tokens and head_dim). x ~= code * scale; an all-zero slice gets scale 0."""
+    from kernels.quant import quantize_int8
+
+    if layout not in KV_SCALE_LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {KV_SCALE_LAYOUTS}")
+    name = jnp.dtype(dtype).name
+    if name not in ("int8", "float8_e4m3fn"):
+        raise ValueError(f"dtype={name} must be int8 or float8_e4m3fn")
+    num_pages, page_size, combined, head_dim = kv_pages.shape
+    # Per page: each K or V row of a head as one [page_size * head_dim] slice.
+    x = kv_pages if layout == "per-token" else jnp.swapaxes(kv_pages, 1, 2).reshape(num_pages, combined, -1)
+    if name == "int8":
+        codes, scale = quantize_int8(x, axis=-1)
+    else:
+        x = x.astype(jnp.float32)
+        amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+        scale = amax / FP8_E4M3_MAX
+        codes = (x * jnp.where(amax > 0, FP8_E4M3_MAX / jnp.where(amax > 0, amax, 1.0), 0.0)).astype(dtype)
+    if layout == "per-page":
+        codes = jnp.swapaxes(codes.reshape(num_pages, combined, page_size, head_dim), 1, 2)
+    return codes, scale[..., 0]
+
+
+def dequantize_kv_pages(kv_pages: jax.Array, kv_scales: jax.Array) -> jax.Array:
+    """f32 ``code * scale`` of a quantized combined cache, per-token or per-page scales (by rank)."""
+    scales = kv_scales[:, :, :, None] if kv_scales.ndim == 3 else kv_scales[:, None, :, None]
+    return kv_pages.astype(jnp.float32) * scales
 
 
 def split_kv_pages(kv_pages: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -338,6 +338,9 @@ def _paged_attention_cost(
     chip: object | None,
     seq_mask: np.ndarray | None = None,
     kv_pages_fetched: np.ndarray | None = None,
+    kv_scale_read: np.ndarray | None = None,
+    scale_gather: tuple[np.ndarray, np.ndarray] | None = None,
+    fold_scales: bool = False,
 ) -> OpCost:
     """Causal paged attention of sequences with q_lens new tokens whose context (new tokens included) is lens.
 
@@ -346,6 +349,10 @@ def _paged_attention_cost(
     of the sequences (the decode or prefill part of a ragged batch). ``kv_pages_fetched``: pages each
     sequence's K/V DMAs move when they differ from the pages its q blocks see (a kernel whose q blocks
     are not aligned to the sequence, see :func:`ragged_pages_fetched`); None: those pages.
+    ``kv_scale_read``: scale bytes each sequence's K/V reads move (None: :func:`kv_scale_bytes` of its pages);
+    ``scale_gather``: (read, write) bytes per sequence of an XLA gather that lays the scales out before the kernel.
+    ``fold_scales``: K scales multiply the scores together with the softmax scale and V scales the probabilities
+    (one VPU op per score) instead of dequantizing the cache (one op per K/V element).
     """
     group = _check_heads(q_heads, kv_heads)
     tiles = chip_tiles(chip)
@@ -371,14 +378,18 @@ def _paged_attention_cost(
     notes = list(path.notes)
     kv_elems = 2.0 * kv_heads * head_dim * tokens_visited
     serial = np.zeros(())
+    scaled = kv_scale != "none"
     if path.converts_rhs:  # KV dequantized between its DMA and the MXU: on the critical path
-        serial = kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (kv_scale != "none"))
-        vpu = vpu + serial
-    elif kv_scale != "none":
-        vpu = vpu + 2.0 * scores  # scales applied to the scores (K) and the probabilities (V)
+        serial = kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (scaled and not fold_scales))
+        vpu = vpu + serial + (scores if scaled and fold_scales else 0.0)
+    elif scaled:
+        # Scales applied to the scores (K, or folded into the softmax scale's multiply) and the probabilities (V).
+        vpu = vpu + (1.0 if fold_scales else 2.0) * scores
     pages_read = pages_visited if kv_pages_fetched is None else kv_pages_fetched
-    kv_bytes = (2.0 * kv_heads * head_dim * page_size * pages_read * DTYPES[kv_dtype].itemsize_bytes
-                + kv_scale_bytes(pages_read * page_size, pages_read, kv_heads, kv_scale))
+    scale_read = (kv_scale_bytes(pages_read * page_size, pages_read, kv_heads, kv_scale) if kv_scale_read is None
+                  else kv_scale_read)
+    kv_bytes = 2.0 * kv_heads * head_dim * page_size * pages_read * DTYPES[kv_dtype].itemsize_bytes + scale_read
+    gather_read, gather_write = (np.zeros(()), np.zeros(())) if scale_gather is None else scale_gather
     q_bytes = 1.0 * q_heads * head_dim * DTYPES[q_dtype].itemsize_bytes * q_lens
     # Page table (int32, scalar-prefetched whole), context length and query start per sequence.
     table_bytes = 1.0 * (table_entries + 2) * INDEX_BYTES
@@ -397,8 +408,8 @@ def _paged_attention_cost(
         vpu_ops=total(vpu),
         serial_vpu_ops=total(serial),
         eup_ops=total(eup),
-        hbm_read_bytes=total(kv_bytes + q_bytes + table_bytes),
-        hbm_write_bytes=total(q_bytes),
+        hbm_read_bytes=total(kv_bytes + q_bytes + table_bytes + gather_read),
+        hbm_write_bytes=total(q_bytes + gather_write),
         notes=tuple(notes),
         metrics={
             "sequences": total(1.0),
@@ -408,6 +419,8 @@ def _paged_attention_cost(
             "kv_bytes": total(kv_bytes),
             "page_table_bytes": total(table_bytes),
             "partial_page_waste": fval(np.nan_to_num(page_waste)),
+            **({} if scale_gather is None else {"kv_scale_bytes": total(scale_read),
+                                                "scale_gather_bytes": total(gather_read + gather_write)}),
         },
     )
 
@@ -469,6 +482,14 @@ def ragged_pages_fetched(q_lens: np.ndarray, lens: np.ndarray, page_size: np.nda
     ``min(ppb * (last_pos // block_kv + 1), cdiv(kv_len, page_size))`` pages, ``ppb = block_kv // page_size``;
     the sequence's last q block reaches its last position and fetches every page.
     """
+    return ragged_fetches(q_lens, lens, page_size, block_q, block_kv)[1]
+
+
+def ragged_fetches(q_lens: np.ndarray, lens: np.ndarray, page_size: np.ndarray, block_q: np.ndarray,
+                   block_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(KV blocks, pages) the bundled ragged kernel fetches per sequence (see :func:`ragged_pages_fetched`): per
+    (sequence, q block touched) ``min(last_pos // block_kv + 1, cdiv(pages, ppb))`` blocks, each of ``ppb`` pages
+    but the sequence's last block, which stops at its last page."""
     q_lens, lens = np.broadcast_arrays(np.asarray(q_lens, np.int64), np.asarray(lens, np.int64))
     ps, bq, bkv = (np.asarray(x, np.int64) for x in (page_size, block_q, block_kv))
     ppb = bkv // ps
@@ -483,8 +504,10 @@ def ragged_pages_fetched(q_lens: np.ndarray, lens: np.ndarray, page_size: np.nda
     # index stays below cdiv(pages, ppb) - 1.
     below = np.maximum(cdiv(pages, ppb) - 1, 0) * bkv - base  # position bound (exclusive) of such blocks
     partial = np.clip(cdiv(np.maximum(below, 0), bq), 0, np.maximum(touched - 1, 0))
-    fetched_partial = ppb * (floor_sum(partial, bkv, bq, np.maximum(base, 0)) + partial)
-    return np.where(touched > 0, fetched_partial + pages * (touched - partial), 0)
+    blocks_partial = floor_sum(partial, bkv, bq, np.maximum(base, 0)) + partial
+    full = touched - partial
+    return (np.where(touched > 0, blocks_partial + cdiv(pages, ppb) * full, 0),
+            np.where(touched > 0, ppb * blocks_partial + pages * full, 0))
 
 
 def ragged_paged_attention(
@@ -515,6 +538,12 @@ def ragged_paged_attention(
     :func:`tuned_block`), each re-reading the pages it needs. KV traffic follows the bundled kernel's combined
     K/V pages (one copy per page for every kv head) and flat q blocks: :func:`ragged_pages_fetched` with
     ``block_kv`` (default: the kernel's tuned block_kv); compute counts the pages the queries see.
+
+    A quantized cache's per-token or per-page f32 scales are read as the kernel reads them: an XLA gather before
+    the kernel lays out each sequence's scales per KV block (``[2 * kv_heads, block_kv]``, per-page scales repeated
+    over their tokens; it reads the scales of every page-table entry and writes ``cdiv(entries, block_kv /
+    page_size)`` blocks), and the kernel copies one such block with each KV block it fetches. The scales fold into
+    the scores (K) and the probabilities (V).
     """
     q_lens = np.atleast_1d(sizes("query_lens", query_lens))
     lens = np.atleast_1d(sizes("context_lens", context_lens))
@@ -535,10 +564,16 @@ def ragged_paged_attention(
     if np.any(bkv % page_size):
         raise InputError(f"`block_kv` {bkv} must be a multiple of `page_size` {page_size} (whole pages per KV block)")
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)
-    fetched = ragged_pages_fetched(q_lens, lens, page_size, bq, bkv)
+    blocks, fetched = ragged_fetches(q_lens, lens, page_size, bq, bkv)
+    scales: dict = {}
+    if scale in ("per-token", "per-page"):
+        block_scale_bytes = 2.0 * SCALE_BYTES * kv_heads * bkv  # one KV block's K and V scales, every head
+        scales = dict(kv_scale_read=blocks * block_scale_bytes, fold_scales=True,
+                      scale_gather=(kv_scale_bytes(table * page_size, table, kv_heads, scale),
+                                    cdiv(table, bkv // page_size) * block_scale_bytes))
     common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
                   page_size=page_size, kv_dtype=kv_dt, q_dtype=q_dt, kv_scale=scale, precision=precision,
-                  block_q=bq, table_entries=table, chip=chip, kv_pages_fetched=fetched)
+                  block_q=bq, table_entries=table, chip=chip, kv_pages_fetched=fetched, **scales)
     decode = q_lens == 1
     prefill_part = _paged_attention_cost(name="prefill", seq_mask=~decode, **common)
     decode_part = _paged_attention_cost(name="decode", seq_mask=decode, **common)

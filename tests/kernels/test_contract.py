@@ -114,6 +114,16 @@ def _gemm(specs, static, used):
                 weight_scale="per-channel" if "w_scale" in specs else "none", epilogue=epilogue, chip=None)
 
 
+def _grouped_gemm(specs, static, used):
+    from perfmodel.model.gemm import grouped_gemm, uniform_group_sizes
+
+    (m, k), (groups, _, n) = specs["lhs"].shape, specs["rhs"].shape
+    # Group sizes are data: the estimate splits the rows evenly over the groups (hand-worked below).
+    return grouped_gemm(group_sizes=uniform_group_sizes(m, groups), m=m, n=n, k=k, lhs_dtype=_dt(specs["lhs"]),
+                        rhs_dtype=_dt(specs["rhs"]), out_dtype=_dt(specs["lhs"]),
+                        weight_scale="per-channel" if "rhs_scale" in specs else "none", chip=None)
+
+
 def _rms_norm(specs, static, used):
     from perfmodel.model.fused import rms_norm
 
@@ -171,9 +181,12 @@ def _ragged_paged_attention(specs, static, used):
     # test_ragged_paged_attention.py).
     q_lens, kv_lens = assumed_lengths(total_tokens=total_tokens, max_seqs=max_seqs, pages_per_seq=pages_per_seq,
                                       num_pages=num_pages, page_size=page_size)
+    scales = specs.get("kv_scales")  # [num_pages, page_size, 2 * kv_heads] per token, [num_pages, 2 * kv_heads]
+    kv_scale = "none" if scales is None else "per-token" if len(scales.shape) == 3 else "per-page"
     return ragged_paged_attention(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=kv_heads,
                                   head_dim=head_dim, page_size=page_size, kv_dtype=_dt(specs["kv_pages"]),
-                                  q_dtype=_dt(specs["q"]), block_q=used["block_q"], block_kv=used["block_kv"])
+                                  q_dtype=_dt(specs["q"]), kv_scale=kv_scale, block_q=used["block_q"],
+                                  block_kv=used["block_kv"])
 
 
 #: The kernel's worst case of bisection passes per threshold search.
@@ -289,6 +302,32 @@ CONTRACTS: dict[str, Contract] = {
                    # At least the 2*M*N*K MACs, the int8 weights and the bf16 activations once.
                    floor={"flops": 2 * 64 * 8192 * 8192, "bytes_accessed": 8192 * 8192 + 64 * 8192 * 2})
               for chip in ("tpu-v5e", "tpu-v5p", "tpu-v6e")),
+        ),
+    ),
+    "grouped_matmul": Contract(
+        scope=r"grouped_matmul\[bm=(?P<bm>\d+),bk=(?P<bk>\d+),bn=(?P<bn>\d+)\]",
+        op_cost=_grouped_gemm,
+        tol=FLOAT_TOL,
+        small=(
+            # 3 experts of 8 rows at tpu-v5e's defaults clamped to (24, 200, 136): one row tile of 32 (24 rounded up
+            # to the bf16 sublane tile) visited once per expert, K masked past 200, partial N.
+            Case(id="bf16-defaults-clamped", shapes=("lhs=24x200:bf16=random", "rhs=3x200x136:bf16=random",
+                                                     "group_sizes=3:int32=8"), scale={"rhs": 200**-0.5}),
+        ),
+        lowered=(
+            # Hand-worked: 64 rows over 4 experts, K = 256, N = 128, bf16. Bytes: lhs 64 x 256 x 2 = 32,768, the
+            # 4 experts' weights 4 x 256 x 128 x 2 = 262,144, out 64 x 128 x 2 = 16,384: 311,296 B. FLOPs: 2 x 64 x
+            # 128 x 256 = 4,194,304 MXU + 64 x 128 = 8,192 VPU (the f32 -> bf16 output cast) = 4,202,496.
+            Case(id="bf16-hand-worked", shapes=("lhs=64x256:bf16", "rhs=4x256x128:bf16", "group_sizes=4:int32"),
+                 blocks={"bm": 16, "bk": 128, "bn": 128}, scope={"bm": 16, "bk": 128, "bn": 128},
+                 exact={"bytes_accessed": 311_296, "flops": 4_202_496}),
+            # MoE decode (64 token-expert rows over 8 experts) with int8 weights and per-channel scales; fp8 on v6e.
+            Case(id="int8-decode", shapes=("lhs=64x4096:bf16", "rhs=8x4096x14336:int8", "group_sizes=8:int32",
+                                           "rhs_scale=8x14336:f32"),
+                 # At least the 2*M*N*K MACs, every expert's int8 weights and the bf16 rows once.
+                 floor={"flops": 2 * 64 * 4096 * 14336, "bytes_accessed": 8 * 4096 * 14336 + 64 * 4096 * 2}),
+            Case(id="fp8-v6e", shapes=("lhs=512x4096:bf16", "rhs=8x4096x2048:fp8", "group_sizes=8:int32"),
+                 chip="tpu-v6e"),
         ),
     ),
     "rms_norm": Contract(
@@ -445,6 +484,10 @@ CONTRACTS: dict[str, Contract] = {
             Case(id="bf16-gqa4", shapes=("q=16x8x128:bf16=random", "kv_pages=16x16x4x128:bf16=random",
                                          *_RAGGED_SMALL),
                  blocks={"block_q": 16, "block_kv": 128}),
+            # The same batch over an int8 cache with per-token scales (codes from seeded normals, scales too).
+            Case(id="int8-per-token-gqa4", shapes=("q=16x8x128:bf16=random", "kv_pages=16x16x4x128:int8=random",
+                                                   *_RAGGED_SMALL),
+                 keyword_arrays=("kv_scales=16x16x4:f32=random",), blocks={"block_q": 16, "block_kv": 128}),
         ),
         lowered=(
             # 512 tokens of a mixed batch, Llama-3-8B attention, 64 sequences of up to 2048 tokens, 4096 pages.
@@ -464,6 +507,26 @@ CONTRACTS: dict[str, Contract] = {
             Case(id="bf16-hand-worked", shapes=("q=80x4x128:bf16", "kv_pages=18x16x4x128:bf16", "kv_lens=2:int32",
                                                 "page_table=2x9:int32", "cu_q_lens=3:int32", "num_seqs=1:int32"),
                  blocks={"block_q": 16, "block_kv": 128}, exact={"bytes_accessed": 999_512}),
+            # The same call over an int8 cache with per-token scales. Pages: 51 x 16 x 4 x 128 x 1 B = 417792 B.
+            # KV blocks fetched: sequence 0's q blocks end at positions 119, 135, 143 (1 + 2 + 2 blocks of 128
+            # tokens), sequence 1's at 111, 127, 143 (1 + 1 + 2): 9 blocks, each with its scales [4 rows, 128
+            # tokens] f32 = 2048 B: 18432 B. The scale gather before the kernel reads each sequence's 9 pages of
+            # scales, 9 x 16 x 4 x 4 B = 2304 B, and writes cdiv(9, 8) = 2 blocks of 2048 B: 2 x (2304 + 4096) =
+            # 12800 B. With q / out 163840 B and the page table 88 B: 612952 B.
+            Case(id="int8-per-token-hand-worked", shapes=(
+                "q=80x4x128:bf16", "kv_pages=18x16x4x128:int8", "kv_lens=2:int32", "page_table=2x9:int32",
+                "cu_q_lens=3:int32", "num_seqs=1:int32"), keyword_arrays=("kv_scales=18x16x4:f32",),
+                 blocks={"block_q": 16, "block_kv": 128}, exact={"bytes_accessed": 612_952}),
+            # Per-page scales: the gather reads 9 x 4 x 4 B = 144 B per sequence instead (612952 - 2 x 2160).
+            Case(id="int8-per-page-hand-worked", shapes=(
+                "q=80x4x128:bf16", "kv_pages=18x16x4x128:int8", "kv_lens=2:int32", "page_table=2x9:int32",
+                "cu_q_lens=3:int32", "num_seqs=1:int32"), keyword_arrays=("kv_scales=18x4:f32",),
+                 blocks={"block_q": 16, "block_kv": 128}, exact={"bytes_accessed": 608_632}),
+            # fp8 (e4m3fn) pages where the chip has fp8: the production decode shape on tpu-v6e's defaults.
+            Case(id="fp8-per-token-v6e", shapes=(
+                "q=1024x32x128:bf16", "kv_pages=8192x16x16x128:float8_e4m3fn", "kv_lens=64:int32",
+                "page_table=64x128:int32", "cu_q_lens=65:int32", "num_seqs=1:int32"),
+                 keyword_arrays=("kv_scales=8192x16x16:f32",), chip="tpu-v6e"),
         ),
     ),
     "sampling": Contract(

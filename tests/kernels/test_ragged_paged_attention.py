@@ -347,7 +347,7 @@ def _replace(**changes) -> tuple:
     (lambda: _replace(kv_pages=_good().kv_pages[:, :, :-1]), r"kv_pages: dimension 2 \(3\) must be 2 \* kv_heads"),
     (lambda: _replace(kv_pages=_good().kv_pages[..., 0]), r"kv_pages: expected rank 4"),
     (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.bfloat16)), "kv_pages dtype bfloat16 must equal q's float32"),
-    (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.int8)), r"kv_pages: dtype int8 is not supported"),
+    (lambda: _replace(kv_pages=_good().kv_pages.astype(jnp.float16)), r"kv_pages: dtype float16 is not supported"),
     (lambda: _replace(q=jnp.ones((3, 3, 128))), r"kv_heads=2 must divide q's q_heads=3"),
     (lambda: _replace(q=jnp.ones((3, 4, 256))), "kv_pages: head_dim 128 does not match q's head_dim 256"),
     (lambda: _replace(q=jnp.ones((3, 4, 96)), kv_pages=jnp.ones((4, 16, 4, 96))),
