@@ -7,6 +7,7 @@ Adding a kernel: its folder, and its name in :data:`BUNDLED` (the registry perfm
 #: The kernel folders perfmodel knows, in the order it lists them.
 BUNDLED: tuple[str, ...] = (
     "matmul",
+    "grouped_matmul",
     "rms_norm",
     "kv_cache_update",
     "flash_attention",

@@ -63,12 +63,20 @@ def precision_option(fn: Any) -> Any:
               "matmul's quantize_x), e.g. --lhs-dtype int8 --lhs-source-dtype bf16.")
 @click.option("--epilogue", default="", metavar="LIST", help="Fused epilogue: comma list of bias, residual, relu, "
               "gelu, silu, sigmoid, tanh.")
+@click.option("--groups", type=int, default=None, help="Grouped GEMM (mixture of experts, the bundled "
+              "grouped_matmul): M rows split evenly over G groups, each times its own [K, N] weights.")
+@click.option("--group-sizes", default=None, metavar="LIST", help="Grouped GEMM with these rows per group (comma "
+              "list, e.g. 512,0,1536; empty groups cost nothing); M defaults to their sum.")
+@click.option("--block-m", type=int, default=None, help="With --groups / --group-sizes: the kernel's row tile; the "
+              "MXU then issues a whole tile per group in it (padded rows counted).")
 @precision_option
 @predict_options
 @user_errors
 def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
-    """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue."""
-    run_op("gemm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("m", "n", "k"))
+    """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue; with --groups or
+    --group-sizes a grouped GEMM (mixture of experts: rows sorted by expert, one weight matrix per expert)."""
+    required = ("n", "k") if params.get("group_sizes") else ("m", "n", "k")
+    run_op("gemm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=required)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -22,6 +22,7 @@ Work model
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -190,3 +191,93 @@ def gemm(
         mxu_efficiency=fval(mxu_factor(chip, m=m, n=n, k=k, batch=batch)),
         notes=tuple(notes),
     )
+
+
+# ----------------------------------------------------------------------------- grouped GEMM (mixture of experts)
+
+
+def uniform_group_sizes(rows: int, groups: int) -> tuple[int, ...]:
+    """``rows`` split over ``groups`` as evenly as whole rows allow: the first ``rows % groups`` groups get one
+    more (e.g. 10 rows over 4 groups: 3, 3, 2, 2)."""
+    rows, groups = int(sizes("m", rows, minimum=0)), int(sizes("groups", groups))
+    light, heavy = divmod(rows, groups)
+    return (light + 1,) * heavy + (light,) * (groups - heavy)
+
+
+def group_size_list(group_sizes: Sequence[int] | str, field: str = "group_sizes") -> np.ndarray:
+    """Group sizes (rows per group, >= 0, at least one group) from a sequence or text like ``"3,0,5"``."""
+    if isinstance(group_sizes, str):
+        try:
+            group_sizes = [int(v) for v in group_sizes.split(",")]
+        except ValueError:
+            raise InputError(f"`{field}`: expected comma-separated whole numbers of rows, e.g. 512,0,1536, "
+                             f"got {group_sizes!r}") from None
+    arr = sizes(field, group_sizes, minimum=0).reshape(-1)
+    if not np.any(arr > 0):
+        raise InputError(f"`{field}`: every group is empty; give at least one group a row")
+    return arr
+
+
+def tile_visits(group_sizes: Sequence[int], block_m: int) -> int:
+    """Row tiles a grouped matmul computes: each group's rows (consecutive, in order) cover whole ``block_m``-row
+    tiles, and a tile that holds rows of several groups is computed once per group in it (empty groups: none).
+
+    E.g. sizes 3, 0, 5 over 4-row tiles: rows 0-2 (tile 0), rows 3-7 (tiles 0 and 1): 3 visits.
+    """
+    ends = np.cumsum(np.asarray(group_sizes, dtype=np.int64))
+    starts = ends - np.asarray(group_sizes, dtype=np.int64)
+    used = ends > starts
+    return int(np.sum(((ends - 1) // block_m - starts // block_m + 1)[used]))
+
+
+def grouped_gemm(
+    *,
+    group_sizes: Sequence[int] | str,
+    n: int,
+    k: int,
+    m: int | None = None,
+    lhs_dtype: str = "bf16",
+    rhs_dtype: str = "bf16",
+    out_dtype: str = "bf16",
+    weight_scale: str | None = None,
+    block_m: int | None = None,
+    chip: object | None = None,
+) -> OpCost:
+    """Grouped GEMM (mixture of experts): rows of ``lhs [m, k]`` sorted by group, group g's rows times
+    ``rhs[g] [k, n]`` (megablox's gmm; the bundled ``kernels/grouped_matmul``).
+
+    The work of a GEMM per non-empty group (:func:`gemm`, one batch entry per group of each size): each touched
+    group's weights (and scales) are read once, an empty group costs nothing, each row of lhs is read and each
+    row of the output written once. ``m``: rows of lhs and out (default: the sum of the sizes; rows past the
+    groups are written as zeros). ``block_m``: the kernel's row tile: the MXU then issues ``block_m`` rows for
+    every tile a group touches (:func:`tile_visits`; a tile straddling a group boundary is computed once per
+    group, its other rows masked); None: each group padded to the sublane tile only.
+    """
+    rows = group_size_list(group_sizes)
+    total = int(rows.sum())
+    out_rows = total if m is None else int(sizes("m", m))
+    if out_rows < total:
+        raise InputError(f"`group_sizes` sum to {total} rows, more than `m`={out_rows}; "
+                         "the groups must fit in lhs's rows (drop rows or raise m)")
+    used, counts = np.unique(rows[rows > 0], return_counts=True)
+    parts = [gemm(m=int(s), n=n, k=k, batch=int(c), lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype,
+                  weight_scale=weight_scale, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
+    total_fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
+    notes = tuple(dict.fromkeys(note for p in parts for note in p.notes))
+    extra_rows = out_rows - total
+    if extra_rows:
+        total_fields["hbm_write_bytes"] += extra_rows * n * DTYPES[parse_dtype(out_dtype)].itemsize_bytes
+    if block_m is not None:
+        block = int(sizes("block_m", block_m))
+        visits = tile_visits(rows, block)
+        tiles = chip_tiles(chip)
+        path = matmul_path(chip, parse_dtype(lhs_dtype), parse_dtype(rhs_dtype))
+        total_fields["mxu_flops"] = fval(mxu_issued_flops(visits * block, n, k, 1, tiles, path.passes))
+        notes += (f"{visits} row tiles of {block} issued (tiles straddling groups computed once per group)",)
+    return dataclasses.replace(parts[0], name="grouped_gemm", notes=notes, **total_fields,
+                               metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0))})
+
+
+#: The OpCost fields a grouped GEMM adds over its groups (the rest are the largest group's).
+_ADDITIVE_FIELDS = ("mxu_flops", "useful_flops", "vpu_ops", "vpu_padding_ops", "serial_vpu_ops", "eup_ops",
+                    "hbm_read_bytes", "hbm_write_bytes")

@@ -45,7 +45,7 @@ from perfmodel.model import attention, collectives, core, fused, kvcache, memops
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, default_kv_scale, is_quantized, matmul_path, parse_dtype
-from perfmodel.model.gemm import gemm
+from perfmodel.model.gemm import gemm, grouped_gemm, uniform_group_sizes
 
 PHASES: tuple[str, ...] = ("prefill", "decode")
 DEFAULT_PAGE_SIZE = 16
@@ -383,11 +383,11 @@ def routing(tokens: int, experts: int, top_k: int) -> Routing:
 
 
 def _expert_gemm(name: str, r: Routing, *, n: int, k: int, step: Step, chip: Any) -> OpCost:
-    """Grouped GEMM over the touched experts: ``heavy`` experts of light+1 tokens, the rest of light tokens."""
-    groups = [(r.heavy_experts, r.light_tokens + 1), (r.experts_touched - r.heavy_experts, r.light_tokens)]
-    parts = [gemm(m=m, n=n, k=k, batch=count, lhs_dtype=step.act_dtype, rhs_dtype=step.weight_dtype,
-                  out_dtype=step.act_dtype, chip=chip) for count, m in groups if count and m]
-    return _named(_sum(parts), name)
+    """Grouped GEMM over the touched experts (the bundled grouped_matmul's op model): the assignments split
+    evenly over them, ``heavy`` experts of light+1 tokens, the rest of light tokens."""
+    sizes = uniform_group_sizes(r.assignments, r.experts_touched)
+    return _named(grouped_gemm(group_sizes=sizes, n=n, k=k, lhs_dtype=step.act_dtype, rhs_dtype=step.weight_dtype,
+                               out_dtype=step.act_dtype, chip=chip), name)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -87,11 +87,29 @@ def blame_context(field: str) -> Iterator[None]:
 # ----------------------------------------------------------------------------- builders
 
 
-def gemm(*, chip: Any, **params: Any) -> Any:
-    """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm)."""
-    from perfmodel.model.gemm import gemm as model
+def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any = None, **params: Any) -> Any:
+    """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm); with ``groups`` (M rows split evenly) or
+    ``group_sizes`` the grouped GEMM of mixture of experts (perfmodel.model.gemm.grouped_gemm)."""
+    from perfmodel.model import gemm as models
 
-    return model(chip=chip, **params)
+    if groups is None and group_sizes is None:
+        if block_m is not None:
+            raise InputError("`block_m`: only for a grouped GEMM; add `groups` or `group_sizes`",
+                             fields=("block_m", "groups"))
+        return models.gemm(chip=chip, **params)
+    if groups is not None and group_sizes is not None:
+        raise InputError("give one of `groups` (even split) and `group_sizes`", fields=("groups", "group_sizes"))
+    unsupported = [f for f in ("scale_block", "lhs_source_dtype", "precision") if params.get(f) not in (None, "default")]
+    unsupported += [f for f in ("epilogue",) if params.get(f)] + [f for f in ("batch",) if params.get(f, 1) != 1]
+    if unsupported:
+        raise InputError(f"`{unsupported[0]}`: not modelled for a grouped GEMM (the grouped kernel has none)",
+                         fields=(unsupported[0],))
+    m = params.get("m")
+    sizes = models.uniform_group_sizes(m, groups) if groups is not None else models.group_size_list(group_sizes)
+    return models.grouped_gemm(chip=chip, group_sizes=sizes, m=m, n=params["n"], k=params["k"],
+                               lhs_dtype=params.get("lhs_dtype", "bf16"), rhs_dtype=params.get("rhs_dtype", "bf16"),
+                               out_dtype=params.get("out_dtype", "bf16"), weight_scale=params.get("weight_scale"),
+                               block_m=block_m)
 
 
 def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, kv_heads: Any = None,

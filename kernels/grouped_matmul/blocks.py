@@ -1,0 +1,83 @@
+"""Block sizes of the grouped matmul kernel: the validated dataclass and per-chip defaults.
+
+The defaults are data chosen by the block-size advisor (``perfmodel tune --compile --write grouped_matmul``) and
+stored in ``kernels/grouped_matmul/tuned.json`` (chip -> "LHS x RHS" dtypes -> blocks); see
+:func:`default_block_table`. A tile of the grouped matmul is the bundled matmul's tile (an lhs row tile, one
+expert's weight tile, an f32 accumulator), so its VMEM need is the matmul's (:class:`kernels.matmul.blocks.
+MatmulBlockSizes`) plus the masked store's temporaries.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from kernels import tiling
+from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant
+from perfmodel.hw.spec import ChipSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupedMatmulBlockSizes:
+    """Tile of one grid step: lhs[bm, bk] @ rhs[group, bk, bn] -> out[bm, bn].
+
+    bm is a sublane dimension (a multiple of the lhs/out dtype's sublane tile); bk and bn are lane dimensions
+    (multiples of 128). A row tile holding rows of several groups is computed once per group.
+    """
+
+    bm: int
+    bk: int
+    bn: int
+
+    def __post_init__(self) -> None:
+        for field in ("bm", "bk", "bn"):
+            tiling.check_positive_int(field, getattr(self, field))
+        tiling.check_multiple("bm", self.bm, tiling.SUBLANES_32BIT, "sublane tile of a 32-bit dtype")
+        tiling.check_multiple("bk", self.bk, tiling.LANES, "lane tile: bk is the minor dim of the lhs block")
+        tiling.check_multiple("bn", self.bn, tiling.LANES, "lane tile: bn is the minor dim of the rhs and out blocks")
+
+    def label(self) -> str:
+        return f"bm={self.bm},bk={self.bk},bn={self.bn}"
+
+    def vmem_bytes(self, *, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any, scaled: bool,
+                   chip: ChipSpec | None = None, lhs_row: int | None = None) -> int:
+        """VMEM one grid step holds: the bundled matmul's tile (``lhs_row``: a resident [bm, lhs_row] lhs row
+        block instead of the [bm, bk] tile; ``scaled``: a [1, bn] per-channel scale vector) plus the masked
+        store's f32 [bm, bn] result and its row mask."""
+        tile = MatmulBlockSizes(bm=self.bm, bk=self.bk, bn=self.bn)
+        need = tile.vmem_bytes(x_dtype=lhs_dtype, w_dtype=rhs_dtype, out_dtype=out_dtype, epilogue_vectors=int(scaled),
+                               chip=chip, variant=MatmulVariant(x_row=lhs_row))
+        return need + 2 * tiling.mosaic_buffer_bytes((self.bm, self.bn), "float32")
+
+    def check(self, *, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any, scaled: bool, chip: ChipSpec,
+              lhs_row: int | None = None) -> int | None:
+        """Check the dtype-dependent tiling rules and the VMEM budget on chip; the ``vmem_limit_bytes`` to
+        compile with (None: the default scoped limit suffices)."""
+        rows = max(tiling.sublane_multiple(lhs_dtype), tiling.sublane_multiple(out_dtype))
+        tiling.check_multiple("bm", self.bm, rows, "sublane tile of the lhs and out dtypes")
+        tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(rhs_dtype), "sublane tile of the rhs dtype")
+        need = self.vmem_bytes(lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, scaled=scaled,
+                               chip=chip, lhs_row=lhs_row)
+        return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)
+
+
+def _b(bm: int, bk: int, bn: int) -> GroupedMatmulBlockSizes:
+    return GroupedMatmulBlockSizes(bm=bm, bk=bk, bn=bn)
+
+
+@functools.lru_cache(maxsize=None)
+def default_block_table() -> dict[str, dict[str, GroupedMatmulBlockSizes]]:
+    """chip name -> "lhs dtype x rhs dtype" (ChipSpec naming) -> default blocks, from ``tuned.json`` (read on
+    first use, not at import)."""
+    return tiling.tuned_block_table("grouped_matmul", lambda b: _b(b["bm"], b["bk"], b["bn"]))
+
+
+#: For an operand pair or chip the table does not list: at most ~5 MiB of VMEM (f32 x f32), within every TPU's
+#: default scoped limit.
+FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
+
+
+def default_block_sizes(chip: str, lhs_name: str, rhs_name: str) -> GroupedMatmulBlockSizes:
+    """The table's blocks for (chip, operand dtypes); FALLBACK_BLOCK_SIZES when not listed."""
+    return default_block_table().get(chip, {}).get(f"{lhs_name} x {rhs_name}", FALLBACK_BLOCK_SIZES)

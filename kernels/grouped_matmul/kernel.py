@@ -1,0 +1,311 @@
+"""Grouped matmul for mixture of experts (Pallas/Mosaic): ``out[r] = lhs[r] @ rhs[g]`` for the rows r of group g.
+
+``lhs [M, K]`` holds the tokens sorted by expert, ``group_sizes [G]`` how many rows each expert owns (in order),
+``rhs [G, K, N]`` one weight matrix per expert. Grid ``(N/bn, visits, K/bk)``: for each column block (the
+``"parallel"`` axis), a sequence of *visits*, each one (group, row tile) pair, then K innermost with an f32
+accumulator. A row tile whose rows all belong to one group is visited once; a tile straddling group boundaries is
+visited once per group in it, and each visit stores only its group's rows (the others are masked and kept; the
+output block stays in VMEM across the visits of its tile, since its block index does not change). An empty group
+has no visit, so its weights are never read.
+
+The visit list is built in the jitted wrapper from ``group_sizes`` (a few jnp ops over G and the visit count) and
+passed by scalar prefetch: per visit its group, the lhs row tile, the output tile and its mode (compute; zero, for
+a tile wholly past the groups' rows, which are written as zeros; no-op). The grid has a static
+``cdiv(M, bm) + G - 1`` visits (a tile is visited once, plus once more per group boundary inside it); visits past
+the ones the sizes need are no-ops, and a zero or no-op visit's blocks are those of the step before it, so it
+copies nothing (it costs only its grid steps). Weights are read from ``rhs`` in place: no copy per call.
+
+Quantized weights (int8 with per-channel ``rhs_scale [G, N]``; fp8 where the chip has an fp8 MXU path) are
+converted to lhs's dtype tile by tile in VMEM, and the scale multiplies the f32 accumulator. Unaligned K is masked
+in the last K block as the bundled matmul does; partial M and N blocks run out of bounds and Pallas drops the
+writes past the array.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernels import tiling
+from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
+from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support, _mask_cols, _mask_rows
+
+_FLOAT_INPUTS = ("float32", "bfloat16")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+#: Visit modes (the scalar-prefetch ``mode`` array).
+COMPUTE, ZERO, NOOP = 0, 1, 2
+
+
+def num_visits(m: int, groups: int, bm: int) -> int:
+    """The grid's static visit count: every row tile once, plus one per group boundary inside a tile."""
+    return tiling.cdiv(m, bm) + groups - 1
+
+
+def visit_metadata(group_sizes: jax.Array, *, m: int, bm: int) -> dict[str, jax.Array]:
+    """The visit list as int32 arrays (the scalar-prefetch operands): ``group``, ``lhs_tile``, ``out_tile``,
+    ``mode`` (one entry per visit, :func:`num_visits` of them) and ``bounds`` ([G + 1]: group g owns rows
+    bounds[g]..bounds[g + 1] - 1; bounds[G] is the rows the groups hold)."""
+    groups = group_sizes.shape[0]
+    visits = num_visits(m, groups, bm)
+    sizes = group_sizes.astype(jnp.int32)
+    ends = jnp.cumsum(sizes)
+    starts = ends - sizes
+    total = ends[-1]
+    first = starts // bm
+    tiles = jnp.where(sizes > 0, (ends - 1) // bm - first + 1, 0)  # row tiles each group touches
+    visit_end = jnp.cumsum(tiles)
+    computed = visit_end[-1]
+    used_tiles = (total + bm - 1) // bm
+    v = jnp.arange(visits, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(visit_end, v, side="right"), groups - 1).astype(jnp.int32)
+    tile = first[group] + v - (visit_end[group] - tiles[group])
+    # Zero and no-op visits keep the last compute visit's group and lhs tile (their blocks are not re-fetched).
+    last = jnp.maximum(computed - 1, 0)
+    last_group = jnp.where(computed > 0, group[last], 0)
+    last_tile = jnp.where(computed > 0, tile[last], 0)
+    compute = v < computed
+    zero = ~compute & (v < computed + tiling.cdiv(m, bm) - used_tiles)
+    return {
+        "group": jnp.where(compute, group, last_group),
+        "lhs_tile": jnp.where(compute, tile, last_tile),
+        # No-op visits stay on the last tile written (the last tile of the output, whether computed or zeroed).
+        "out_tile": jnp.where(compute, tile, jnp.where(zero, used_tiles + v - computed, tiling.cdiv(m, bm) - 1)),
+        "mode": jnp.where(compute, COMPUTE, jnp.where(zero, ZERO, NOOP)).astype(jnp.int32),
+        "bounds": jnp.concatenate([jnp.zeros((1,), jnp.int32), ends]),
+    }
+
+
+def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_ref: Any, bounds_ref: Any,
+                    *refs: Any, n_k: int, bk: int, k_tail: int | None, groups: int, scaled: bool,
+                    lhs_resident: bool, precision: Any) -> None:
+    """One (j, visit, kk) grid step. Refs: lhs ([bm, bk], or the resident [bm, n_k * bk] row block), rhs [bk, bn]
+    of the visit's group, [rhs_scale [1, bn]], out [bm, bn], acc [bm, bn] f32."""
+    lhs_ref, rhs_ref = refs[:2]
+    scale_ref = refs[2] if scaled else None
+    o_ref, acc_ref = refs[-2:]
+    v, kk = pl.program_id(1), pl.program_id(2)
+    mode = mode_ref[v]
+
+    def step(valid_k: int | None, first: bool) -> None:
+        if lhs_resident:
+            x = lhs_ref[:, pl.ds(pl.multiple_of(kk * bk, tiling.LANES), bk)]
+        else:
+            x = lhs_ref[...]
+        w = rhs_ref[...]
+        if w.dtype != x.dtype:
+            w = w.astype(x.dtype)  # int8 / fp8 -> lhs dtype (exact)
+        if valid_k is not None:
+            x, w = _mask_cols(x, valid_k), _mask_rows(w, valid_k)
+        product = jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+        if first:  # the first K step writes the accumulator (no zeroing pass)
+            acc_ref[...] = product
+        else:
+            acc_ref[...] += product
+
+    compute = mode == COMPUTE
+    if n_k == 1:
+        pl.when(compute)(lambda: step(k_tail, True))
+    else:
+        pl.when(compute & (kk == 0))(lambda: step(None, True))
+        if n_k > 2:
+            pl.when(compute & (kk > 0) & (kk < n_k - 1))(lambda: step(None, False))
+        pl.when(compute & (kk == n_k - 1))(lambda: step(k_tail, False))
+
+    @pl.when((kk == n_k - 1) & (mode != NOOP))
+    def _store() -> None:
+        g = group_ref[v]
+        y = acc_ref[...]
+        if scale_ref is not None:
+            y = y * scale_ref[...]
+        bm = o_ref.shape[0]
+        rows = out_tile_ref[v] * bm + jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+        mine = (rows >= bounds_ref[g]) & (rows < bounds_ref[g + 1]) & (mode == COMPUTE)
+        # Rows of other groups keep what their visits store; rows past every group are zeros.
+        kept = jnp.where(rows < bounds_ref[groups], o_ref[...], jnp.zeros_like(o_ref))
+        o_ref[...] = jnp.where(mine, y.astype(o_ref.dtype), kept)
+
+
+def _name(dtype: Any) -> str:
+    return jnp.dtype(dtype).name
+
+
+def _check_inputs(lhs: Any, rhs: Any, group_sizes: Any, rhs_scale: Any, out_dtype: Any) -> None:
+    if getattr(lhs, "ndim", None) != 2:
+        raise ValueError(f"lhs: expected a 2-D [M, K] array (rows sorted by group), got shape "
+                         f"{getattr(lhs, 'shape', None)}")
+    if getattr(rhs, "ndim", None) != 3:
+        raise ValueError(f"rhs: expected a 3-D [G, K, N] array (one [K, N] matrix per group), got shape "
+                         f"{getattr(rhs, 'shape', None)}")
+    if getattr(group_sizes, "ndim", None) != 1 or _name(group_sizes.dtype) != "int32":
+        raise ValueError(f"group_sizes: expected a 1-D int32 array [G], got "
+                         f"{getattr(group_sizes, 'dtype', None)}{list(getattr(group_sizes, 'shape', ()))}")
+    (m, k), (g, rk, n) = lhs.shape, rhs.shape
+    if rk != k:
+        raise ValueError(f"rhs: shape {tuple(rhs.shape)} does not match lhs's K={k}; rhs must be [G, {k}, N]")
+    if group_sizes.shape[0] != g:
+        raise ValueError(f"group_sizes: {group_sizes.shape[0]} groups but rhs holds {g} ([G, K, N]); give one size "
+                         "per group")
+    if 0 in (m, k, n, g):
+        raise ValueError(f"lhs, rhs: empty grouped matmul (M, K, N, G) = ({m}, {k}, {n}, {g}); every dimension "
+                         "must be >= 1")
+    ld, rd = _name(lhs.dtype), _name(rhs.dtype)
+    if ld not in _FLOAT_INPUTS:
+        raise ValueError(f"lhs: dtype {ld} not supported; use bfloat16 or float32 activations")
+    quantized = rd == "int8" or rd in _FP8
+    if not quantized and rd != ld:
+        raise ValueError(f"rhs: dtype {rd} must match lhs ({ld}) or be int8 / float8_e4m3fn / float8_e5m2")
+    if rd == "int8" and rhs_scale is None:
+        raise ValueError(f"rhs_scale: int8 weights need per-channel scales, a float array of shape [G, N] = [{g}, {n}]")
+    if rhs_scale is not None:
+        if not quantized:
+            raise ValueError(f"rhs_scale: only int8 / fp8 weights take scales; rhs is {rd}")
+        if tuple(rhs_scale.shape) != (g, n) or not jnp.issubdtype(rhs_scale.dtype, jnp.floating):
+            raise ValueError(f"rhs_scale: expected a float array of shape ({g}, {n}) (per group and output channel), "
+                             f"got {rhs_scale.dtype}{list(rhs_scale.shape)}")
+    if out_dtype is not None and _name(out_dtype) not in _FLOAT_INPUTS:
+        raise ValueError(f"out_dtype: {_name(out_dtype)} not supported; use bfloat16 or float32")
+
+
+def _check_sizes(group_sizes: Any, m: int) -> None:
+    """Concrete sizes (not under an outer jit): none negative, and they fit lhs's M rows."""
+    if isinstance(group_sizes, jax.core.Tracer):
+        return
+    sizes = np.asarray(group_sizes)
+    if (sizes < 0).any():
+        raise ValueError(f"group_sizes: sizes must be >= 0, got {sizes[sizes < 0][0]} at group "
+                         f"{int(np.argmax(sizes < 0))}")
+    if int(sizes.sum()) > m:
+        raise ValueError(f"group_sizes: they sum to {int(sizes.sum())} rows but lhs has M={m}; the groups must fit "
+                         "in lhs's rows")
+
+
+def effective_block_sizes(blocks: GroupedMatmulBlockSizes, m: int, k: int, n: int,
+                          rows: int) -> GroupedMatmulBlockSizes:
+    """Blocks clamped to the problem: bm to M rounded up to ``rows``, bk/bn to K/N rounded up to 128."""
+    return GroupedMatmulBlockSizes(bm=min(blocks.bm, tiling.round_up(m, rows)),
+                                   bk=min(blocks.bk, tiling.round_up(k, tiling.LANES)),
+                                   bn=min(blocks.bn, tiling.round_up(n, tiling.LANES)))
+
+
+def grouped_matmul(
+    *,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    rhs_scale: jax.Array | None = None,
+    block_sizes: GroupedMatmulBlockSizes | None = None,
+    chip: str = DEFAULT_CHIP,
+    interpret: bool = False,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """Grouped matmul (mixture of experts): ``out[r] = lhs[r] @ (rhs[g] * rhs_scale[g])`` for the rows of group g.
+
+    Args:
+      lhs: [M, K] bfloat16 or float32 rows sorted by group (group 0's rows first).
+      rhs: [G, K, N] one weight matrix per group: lhs's dtype, int8 (rhs_scale required) or fp8 (rhs_scale
+        optional; chips with an fp8 MXU path only). Any K: the last K block is masked in the kernel.
+      group_sizes: [G] int32 rows per group (>= 0, in lhs's order, summing to at most M; rows past them come out
+        as zeros). Checked when concrete.
+      rhs_scale: [G, N] float per-channel scales of int8 / fp8 weights.
+      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes.
+      chip: TPU whose VMEM budget and fp8 support are checked (name, alias or spec path).
+      interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
+      out_dtype: output dtype (default lhs's).
+
+    Returns:
+      [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
+    """
+    _check_inputs(lhs, rhs, group_sizes, rhs_scale, out_dtype)
+    (m, k), n = lhs.shape, rhs.shape[2]
+    _check_sizes(group_sizes, m)
+    spec = tiling.tpu_chip(chip)
+    lhs_name, rhs_name = tiling.matmul_dtype_name(lhs.dtype), tiling.matmul_dtype_name(rhs.dtype)
+    try:  # the bundled matmul's fp8 rule, its message naming this kernel's arguments
+        _check_fp8_support(spec, lhs_name, rhs.dtype)
+    except ValueError as exc:
+        raise ValueError("rhs" + str(exc).removeprefix("w").replace("w_scale", "rhs_scale")) from None
+    out_dtype = jnp.dtype(lhs.dtype if out_dtype is None else out_dtype)
+    if block_sizes is None:
+        block_sizes = default_block_sizes(spec.name, lhs_name, rhs_name)
+    elif not isinstance(block_sizes, GroupedMatmulBlockSizes):
+        raise ValueError(f"block_sizes: expected a GroupedMatmulBlockSizes, got {type(block_sizes).__name__}")
+    rows = max(tiling.sublane_multiple(lhs.dtype), tiling.sublane_multiple(out_dtype))
+    blocks = effective_block_sizes(block_sizes, m, k, n, rows)
+    lhs_row = tiling.round_up(k, blocks.bk)
+    # A small row block (decode) stays resident across the K steps and a tile's visits instead of being re-read.
+    lhs_resident = tiling.cdiv(k, blocks.bk) > 1 and blocks.bm * lhs_row * lhs.dtype.itemsize <= X_RESIDENT_MAX_BYTES
+    vmem_limit = block_sizes.check(lhs_dtype=lhs.dtype, rhs_dtype=rhs.dtype, out_dtype=out_dtype,
+                                   scaled=rhs_scale is not None, chip=spec, lhs_row=lhs_row if lhs_resident else None)
+    return _grouped_jit(lhs, rhs, group_sizes, rhs_scale, blocks=blocks, out_dtype=out_dtype,
+                        lhs_resident=lhs_resident, vmem_limit_bytes=vmem_limit, interpret=interpret)
+
+
+def cost_estimate(*, m: int, k: int, n: int, groups: int, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any,
+                  scaled: bool) -> pl.CostEstimate:
+    """The kernel's CostEstimate: perfmodel's grouped GEMM model (chip=None) with the M rows split evenly over
+    the G groups (the sizes are data; the estimate is made at trace time)."""
+    from perfmodel.model.core import to_cost_estimate
+    from perfmodel.model.gemm import grouped_gemm, uniform_group_sizes
+
+    name = tiling.matmul_dtype_name
+    cost = grouped_gemm(group_sizes=uniform_group_sizes(m, groups), n=n, k=k, m=m, lhs_dtype=name(lhs_dtype),
+                        rhs_dtype=name(rhs_dtype), out_dtype=name(out_dtype),
+                        weight_scale="per-channel" if scaled else "none", chip=None)
+    return to_cost_estimate(cost)
+
+
+@functools.partial(jax.jit, static_argnames=("blocks", "out_dtype", "lhs_resident", "vmem_limit_bytes", "interpret"))
+def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_scale: jax.Array | None, *,
+                 blocks: GroupedMatmulBlockSizes, out_dtype: Any, lhs_resident: bool, vmem_limit_bytes: int | None,
+                 interpret: bool) -> jax.Array:
+    (m, k), (groups, _, n) = lhs.shape, rhs.shape
+    bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
+    n_k = tiling.cdiv(k, bk)
+    k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
+    meta = visit_metadata(group_sizes, m=m, bm=bm)
+    last_k = n_k - 1
+
+    def kk_of(kk: Any, mode_ref: Any, v: Any) -> Any:
+        # Zero / no-op visits stay on the previous step's K block (no copy).
+        return jnp.where(mode_ref[v] == COMPUTE, kk, last_k)
+
+    if lhs_resident:
+        lhs_spec = pl.BlockSpec((bm, n_k * bk), lambda j, v, kk, g, lt, ot, mode, b: (lt[v], 0))
+    else:
+        lhs_spec = pl.BlockSpec((bm, bk), lambda j, v, kk, g, lt, ot, mode, b: (lt[v], kk_of(kk, mode, v)))
+    rhs_spec = pl.BlockSpec((pl.Squeezed(), bk, bn), lambda j, v, kk, g, lt, ot, mode, b: (g[v], kk_of(kk, mode, v), j))
+    operands, in_specs = [lhs, rhs], [lhs_spec, rhs_spec]
+    if rhs_scale is not None:
+        operands.append(rhs_scale.astype(jnp.float32).reshape(groups, 1, n))
+        in_specs.append(pl.BlockSpec((pl.Squeezed(), 1, bn), lambda j, v, kk, g, lt, ot, mode, b: (g[v], 0, j)))
+    precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+    kernel = functools.partial(_grouped_kernel, n_k=n_k, bk=bk, k_tail=k_tail, groups=groups,
+                               scaled=rhs_scale is not None, lhs_resident=lhs_resident, precision=precision)
+    names = ["group_ref", "lhs_tile_ref", "out_tile_ref", "mode_ref", "bounds_ref", "lhs_ref", "rhs_ref"]
+    names += ["rhs_scale_ref"] * (rhs_scale is not None) + ["o_ref", "acc_ref"]
+    call = pl.pallas_call(
+        with_ref_names(kernel, names),
+        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=5,
+            grid=(tiling.cdiv(n, bn), num_visits(m, groups, bm), n_k),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((bm, bn), lambda j, v, kk, g, lt, ot, mode, b: (ot[v], j)),
+            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+                                             vmem_limit_bytes=vmem_limit_bytes),
+        cost_estimate=cost_estimate(m=m, k=k, n=n, groups=groups, lhs_dtype=lhs.dtype, rhs_dtype=rhs.dtype,
+                                    out_dtype=out_dtype, scaled=rhs_scale is not None),
+        interpret=interpret_params(interpret),
+        name="grouped_matmul",
+    )
+    with jax.named_scope(f"grouped_matmul[{blocks.label()}]"):
+        return call(meta["group"], meta["lhs_tile"], meta["out_tile"], meta["mode"], meta["bounds"], *operands)
