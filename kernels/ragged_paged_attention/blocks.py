@@ -26,6 +26,7 @@ from kernels.tiling import (
     has_bf16_vpu,
     matmul_dtype_name,
     mosaic_buffer_bytes,
+    np_dtype,
     round_up,
     sublane_multiple,
     tpu_chip,
@@ -40,6 +41,8 @@ F32_BYTES = 4
 #: without a bf16 VPU (tpu-v4), which widen through f32.
 SCORE_TILES = 1.0
 SCORE_TILES_F32_VPU = 1.375
+#: Quantized KV cache dtypes (read with f32 ``kv_scales``; kernels.ragged_paged_attention.kernel).
+QUANT_KV_DTYPES = ("int8", "float8_e4m3fn")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +81,8 @@ class RaggedPagedAttentionBlockSizes:
         The temporaries scale with one KV head's ``[G * block_q, block_kv]`` f32 score tile (the heads run
         one after another); the estimate takes one score tile (1.375 on chips without a bf16 VPU, or
         ``chip`` None), one ``[G * block_q, head_dim]`` f32 tile and K and V of one head widened to f32
-        (the bf16 split goes through 32-bit rows).
+        (the bf16 split goes through 32-bit rows). A quantized cache (int8, fp8) adds the two slots of one KV block's
+        f32 scales, ``[2 * kv_heads, block_kv]`` each.
         """
         rows = q_heads_per_kv_head * self.block_q
         q_heads = q_heads_per_kv_head * kv_heads
@@ -91,6 +95,8 @@ class RaggedPagedAttentionBlockSizes:
         temporaries = score_tiles * rows * round_up(self.block_kv, LANES) * F32_BYTES
         temporaries += rows * round_up(head_dim, LANES) * F32_BYTES
         temporaries += 2 * self.block_kv * round_up(head_dim, LANES) * F32_BYTES
+        if np_dtype(kv_dtype).name in QUANT_KV_DTYPES:
+            kv_buffers += buf((2, 2 * kv_heads, self.block_kv), "float32")
         return int(q_and_out_blocks + sinks + kv_buffers + state + temporaries)
 
     def validate(self, *, q_dtype, kv_dtype, page_size: int, q_heads_per_kv_head: int, head_dim: int,

@@ -5,23 +5,41 @@ from __future__ import annotations
 
 from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
+_ARRAYS = ("q", "kv_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs")
+# block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.
+_BLOCK_AXES = (BlockAxis(field="block_q", array="q", dim=0, align=16, minimum=16),
+               BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="kv_pages", times_dim=1))
+
 ENTRIES = (
     KernelEntry(
         name="ragged_paged_attention", summary="bundled mixed prefill/decode attention over a paged KV cache",
         function="kernels.ragged_paged_attention:ragged_paged_attention",
         reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
-        arrays=("q", "kv_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs"),
+        arrays=_ARRAYS, optional_arrays=("kv_scales",),
         example=("q=64x32x128:bf16", "kv_pages=256x16x16x128:bf16",
                  "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
                  "num_seqs=1:int32=4"),
-        # block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.
-        block_axes=(BlockAxis(field="block_q", array="q", dim=0, align=16, minimum=16),
-                    BlockAxis(field="block_kv", array="page_table", dim=1, align=128, times_array="kv_pages",
-                              times_dim=1)),
+        block_axes=_BLOCK_AXES,
         block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
         production=ProductionCall(label="ragged_paged_attention 64 seqs x 16 tokens, 2k context", shapes=(
             "q=1024x32x128:bf16", "kv_pages=8192x16x16x128:bf16", "kv_lens=64:int32=2048",
             "page_table=64x128:int32=arange", "cu_q_lens=65:int32=arange*16", "num_seqs=1:int32=64")),
+    ),
+    KernelEntry(
+        name="ragged_paged_attention_int8",
+        summary="bundled mixed prefill/decode attention over an int8 paged KV cache with per-token scales",
+        function="kernels.ragged_paged_attention:ragged_paged_attention",
+        reference="kernels.ragged_paged_attention:ragged_paged_attention_reference",
+        arrays=_ARRAYS, optional_arrays=("kv_scales",),
+        example=("q=64x32x128:bf16", "kv_pages=256x16x16x128:int8", "kv_scales=256x16x16:f32",
+                 "kv_lens=4:int32=512", "page_table=4x64:int32=arange", "cu_q_lens=5:int32=arange*16",
+                 "num_seqs=1:int32=4"),
+        block_axes=_BLOCK_AXES,
+        block_class="kernels.ragged_paged_attention:RaggedPagedAttentionBlockSizes",
+        production=ProductionCall(label="ragged_paged_attention int8 KV 64 seqs x 16 tokens, 2k context", shapes=(
+            "q=1024x32x128:bf16", "kv_pages=8192x16x16x128:int8", "kv_scales=8192x16x16:f32",
+            "kv_lens=64:int32=2048", "page_table=64x128:int32=arange", "cu_q_lens=65:int32=arange*16",
+            "num_seqs=1:int32=64")),
     ),
 )
 

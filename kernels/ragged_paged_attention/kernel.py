@@ -57,6 +57,7 @@ from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.tiling import check_dtype, tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
+    QUANT_KV_DTYPES,
     STATS_LANES,
     RaggedPagedAttentionBlockSizes,
     default_block_sizes,
@@ -72,9 +73,9 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 COMPUTE_TOKENS = 1 << 20
 #: KV cache dtypes the kernel reads (K/V rows split by strided loads; bf16 pairs by 32-bit shifts).
 KV_DTYPES = ("float32", "bfloat16")
-#: Quantized KV cache dtypes (with ``kv_scales``): four 8-bit rows share a 32-bit word, split by shifts. fp8 only on
-#: chips whose spec lists an fp8 matmul rate (kernels.tiling.check_dtype, the rule the matmul kernel follows).
-QUANT_KV_DTYPES = ("int8", "float8_e4m3fn")
+# QUANT_KV_DTYPES (blocks.py): int8 / float8_e4m3fn caches with ``kv_scales``; four 8-bit rows share a 32-bit word,
+# split by shifts. fp8 only on chips whose spec lists an fp8 matmul rate (kernels.tiling.check_dtype, the rule the
+# matmul kernel follows).
 #: Query dtypes a quantized cache takes (its codes are widened to q's dtype for the MXU).
 QUANT_Q_DTYPES = ("bfloat16", "float32")
 #: Head dims under one vreg's 128 lanes the kernel takes: two heads share a 128-lane window of q and the output
@@ -188,8 +189,8 @@ def _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks) 
     check_kv_pages(kv_pages, q_heads=q_heads, head_dim=head_dim)
     if is_quantized(kv_pages.dtype):
         if np.dtype(q.dtype).name not in QUANT_Q_DTYPES:
-            raise ValueError(f"q: dtype {np.dtype(q.dtype).name} cannot read a {np.dtype(kv_pages.dtype).name} "
-                             f"cache; use one of {QUANT_Q_DTYPES}")
+            raise ValueError(f"q: dtype {np.dtype(q.dtype).name} cannot read {np.dtype(kv_pages.dtype).name} "
+                             f"kv_pages; use one of {QUANT_Q_DTYPES}")
     elif q.dtype != kv_pages.dtype:
         raise ValueError(f"kv_pages dtype {np.dtype(kv_pages.dtype).name} must equal q's "
                          f"{np.dtype(q.dtype).name}")
@@ -235,18 +236,18 @@ def _check_kv_scales(kv_pages, kv_scales, chip: str) -> None:
     dtype = np.dtype(kv_pages.dtype).name
     if not is_quantized(dtype):
         if kv_scales is not None:
-            raise ValueError(f"kv_scales: a {dtype} cache takes no scales; drop kv_scales or pass int8 / "
+            raise ValueError(f"kv_scales: {dtype} kv_pages take no scales; drop kv_scales or pass int8 / "
                              "float8_e4m3fn kv_pages")
         return
     check_dtype("kv_pages", kv_pages.dtype, QUANT_KV_DTYPES, tpu_chip(chip))
     num_pages, page_size, combined, _ = kv_pages.shape
     if combined % 4:
-        raise ValueError(f"kv_pages: a {dtype} cache needs an even kv_heads (four 8-bit K/V rows share a 32-bit "
+        raise ValueError(f"kv_pages: {dtype} pages need an even kv_heads (four 8-bit K/V rows share a 32-bit "
                          f"word, split by shifts), got kv_heads={combined // 2}; pad the KV heads to "
                          f"{combined // 2 + 1}")
     per_token, per_page = [num_pages, page_size, combined], [num_pages, combined]
     if kv_scales is None:
-        raise ValueError(f"kv_scales: a {dtype} cache needs float32 scales, {per_token} (per token) or {per_page} "
+        raise ValueError(f"kv_scales: {dtype} kv_pages need float32 scales, {per_token} (per token) or {per_page} "
                          "(per page); quantize with kernels.ragged_paged_attention.quantize_kv_pages")
     if list(kv_scales.shape) not in (per_token, per_page) or kv_scales.dtype != jnp.float32:
         raise ValueError(f"kv_scales: {np.dtype(kv_scales.dtype).name}{list(kv_scales.shape)} must be float32 "

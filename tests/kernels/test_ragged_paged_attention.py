@@ -393,3 +393,163 @@ def test_a_page_table_too_big_for_smem_is_refused():
     with pytest.raises(ValueError, match=r"page_table \[4096, 128\] .* SMEM, over the 1048576 B of tpu-v5e"):
         ragged_paged_attention(q, pages, jnp.zeros(4096, jnp.int32), table, jnp.zeros(4097, jnp.int32), 1,
                                block_sizes=Blocks(block_q=8, block_kv=128), interpret=True)
+
+
+# ----- int8 / fp8 KV pages with scales -----
+
+from kernels.ragged_paged_attention import dequantize_kv_pages, quantize_kv_pages  # noqa: E402
+
+#: Kernel vs the reference on the same codes and scales, by cache dtype: the reference dequantizes in f32, the kernel
+#: widens the codes exactly to bf16 and rounds the V-scaled probabilities to bf16 (as on the bf16 path).
+QUANT_TOL = {"int8": dict(rtol=2e-2, atol=2e-2), "float8_e4m3fn": dict(rtol=2e-2, atol=2e-2)}
+#: Largest |difference| from the unquantized bf16 reference (the quantization error) at these O(1) outputs, by cache
+#: dtype: int8 keeps ~7 bits of each row's range, e4m3 3 mantissa bits.
+QUANT_ERROR = {"int8": 0.06, "float8_e4m3fn": 0.25}
+
+
+def quantized(batch: Batch, dtype, layout: str) -> tuple[Batch, jax.Array, jax.Array]:
+    """(batch over the quantized cache, the scales, the same scales with NaN wherever the kernel must not look: the
+    rows past each context in its last page (per-token) and every page no live sequence owns)."""
+    codes, scales = quantize_kv_pages(batch.kv_pages, dtype=dtype, layout=layout)
+    num_pages, page_size = batch.kv_pages.shape[:2]
+    lens, table, n = np.asarray(batch.kv_lens), np.asarray(batch.page_table), int(batch.num_seqs[0])
+    live = np.zeros((num_pages, page_size), bool)
+    for s in range(n):
+        for t in range(int(lens[s])):
+            live[table[s, t // page_size], t % page_size] = True
+    mask = live if layout == "per-token" else live.any(axis=1)
+    poisoned = jnp.where(jnp.asarray(mask)[..., None], scales, jnp.nan)
+    return dataclasses.replace(batch, kv_pages=codes), scales, poisoned
+
+
+# (case, (q_heads, kv_heads), cache dtype, scale layout, page_size, block_q, chip). The default run keeps one int8
+# and one fp8 call; the rest is -m slow.
+QUANT_MATRIX = [
+    pytest.param("mixed", (8, 2), jnp.int8, "per-token", 16, 16, "tpu-v5e", id="mixed-gqa4-int8-per-token"),
+    pytest.param("decode", (4, 2), jnp.int8, "per-page", 32, 16, "tpu-v5e", marks=SLOW, id="decode-gqa2-int8-per-page"),
+    pytest.param("empty", (8, 2), jnp.int8, "per-page", 16, 16, "tpu-v5e", marks=SLOW, id="empty-gqa4-int8-per-page"),
+    pytest.param("prefill", (4, 4), jnp.float8_e4m3fn, "per-page", 16, 16, "tpu-v6e", marks=SLOW,
+                 id="prefill-gqa1-fp8-per-page"),
+    pytest.param("decode", (8, 2), jnp.float8_e4m3fn, "per-token", 16, 16, "tpu-v6e", id="decode-gqa4-fp8-per-token"),
+]
+
+
+@pytest.mark.parametrize("case,heads,dtype,layout,page_size,block_q,chip", QUANT_MATRIX)
+def test_quantized_cache_matches_reference(case, heads, dtype, layout, page_size, block_q, chip):
+    """Ragged lengths, partial last pages, KV blocks of several pages, garbage page-table entries past each context
+    (make_batch) and NaN scales wherever no live token is: the kernel equals the reference on the clean scales."""
+    q_lens, kv_lens = CASES[case]
+    batch = make_batch(40 + len(q_lens), q_lens, kv_lens, q_heads=heads[0], kv_heads=heads[1], page_size=page_size,
+                       dtype=jnp.bfloat16)
+    quant, scales, poisoned = quantized(batch, dtype, layout)
+    out = ragged_paged_attention(*quant.args(), kv_scales=poisoned, block_sizes=Blocks(block_q=block_q, block_kv=128),
+                                 chip=chip, interpret=True)
+    ref = ragged_paged_attention_reference(*quant.args(), kv_scales=scales)
+    name = jnp.dtype(dtype).name
+    live = sum(q_lens)
+    out32 = np.asarray(out, np.float32)
+    assert np.isfinite(out32).all() and not out32[live:].any()
+    np.testing.assert_allclose(out32[:live], np.asarray(ref, np.float32)[:live], **QUANT_TOL[name])
+    plain = np.asarray(ragged_paged_attention_reference(*batch.args()), np.float32)[:live]
+    assert np.abs(out32[:live] - plain).max() < QUANT_ERROR[name]
+
+
+@SLOW
+def test_quantized_cache_with_window_soft_cap_and_sinks():
+    kw = dict(sliding_window=50, soft_cap=2.0, sinks=jnp.linspace(-1.0, 2.0, 8, dtype=jnp.float32))
+    q_lens, kv_lens = [1, 23, 1], [130, 140, 70]
+    batch = make_batch(31, q_lens, kv_lens, q_heads=8, kv_heads=2, page_size=16, dtype=jnp.bfloat16)
+    quant, scales, poisoned = quantized(batch, jnp.int8, "per-token")
+    out = ragged_paged_attention(*quant.args(), kv_scales=poisoned, block_sizes=Blocks(block_q=16, block_kv=128),
+                                 interpret=True, **kw)
+    ref = ragged_paged_attention_reference(*quant.args(), kv_scales=scales, **kw)
+    assert_matches(out, ref, sum(q_lens))
+
+
+def test_quantize_kv_pages_by_hand():
+    # One page of 2 tokens, K and V of one head, head_dim 4. Token 0's K row [1, -2, 0.5, 0.25]: max |x| 2, int8
+    # scale 2 / 127, codes round(x * 63.5) = [64 (63.5 to even), -127, 32 (31.75), 16 (15.875)]; fp8: scale 2 / 448,
+    # codes x * 224 = [224, -448, 112, 56], all exact in e4m3.
+    pages = jnp.asarray([[[[1.0, -2.0, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0]],
+                          [[4.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1.0, 0.0]]]], jnp.float32)  # [1, 2, 2, 4]
+    codes, scales = quantize_kv_pages(pages, dtype=jnp.int8, layout="per-token")
+    assert codes.dtype == jnp.int8 and scales.shape == (1, 2, 2)
+    assert codes[0, 0, 0].tolist() == [64, -127, 32, 16] and codes[0, 0, 1].tolist() == [0, 0, 0, 0]
+    np.testing.assert_allclose(np.asarray(scales), [[[2 / 127, 0.0], [4 / 127, 1 / 127]]], rtol=1e-6)
+    codes, scales = quantize_kv_pages(pages, dtype=jnp.float8_e4m3fn, layout="per-token")
+    assert np.asarray(codes[0, 0, 0], np.float32).tolist() == [224.0, -448.0, 112.0, 56.0]
+    # Per page: K's slice is both tokens' K rows (max |x| 4: scale 4 / 127), V's both V rows (max 1).
+    codes, scales = quantize_kv_pages(pages, dtype=jnp.int8, layout="per-page")
+    assert scales.shape == (1, 2) and codes.shape == pages.shape
+    np.testing.assert_allclose(np.asarray(scales), [[4 / 127, 1 / 127]], rtol=1e-6)
+    assert codes[0, 0, 0].tolist() == [32, -64, 16, 8]  # x * 31.75, rounded half to even (15.875 -> 16, 7.9375 -> 8)
+    np.testing.assert_allclose(np.asarray(dequantize_kv_pages(codes, scales)), np.asarray(pages), atol=2 / 127)
+
+
+def test_vmem_bytes_of_a_quantized_cache_by_hand():
+    # block_kv 128, 2 KV heads, head_dim 128: int8 KV slots 2 * (128 tokens * 4 rows) * 128 * 1 B = 131072 instead
+    # of bf16's 262144, plus two slots of scales [4, 128] f32 = 2 * 4 * 128 * 4 = 4096: 126976 fewer bytes.
+    blocks = Blocks(block_q=16, block_kv=128)
+    kw = dict(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.bfloat16, kv_heads=2)
+    assert blocks.vmem_bytes(**kw, kv_dtype=jnp.bfloat16) - blocks.vmem_bytes(**kw, kv_dtype=jnp.int8) == 126976
+
+
+def _int8_good() -> tuple[Batch, jax.Array]:
+    batch = make_batch(5, [2, 1], [20, 9], q_heads=4, kv_heads=2, page_size=16, dtype=jnp.bfloat16)
+    codes, scales = quantize_kv_pages(batch.kv_pages)
+    return dataclasses.replace(batch, kv_pages=codes), scales
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda b, s: (b, None, "tpu-v5e"), r"kv_scales: int8 kv_pages need float32 scales, \[6, 16, 4\] \(per token\) "
+                                        r"or \[6, 4\] \(per page\); quantize with .*quantize_kv_pages"),
+    (lambda b, s: (b, s[:, :, :2], "tpu-v5e"), r"kv_scales: float32\[6, 16, 2\] must be float32 \[6, 16, 4\]"),
+    (lambda b, s: (b, s.astype(jnp.bfloat16), "tpu-v5e"), r"kv_scales: bfloat16\[6, 16, 4\] must be float32"),
+    (lambda b, s: (dataclasses.replace(b, kv_pages=b.kv_pages.astype(jnp.bfloat16)), s, "tpu-v5e"),
+     "kv_scales: bfloat16 kv_pages take no scales; drop kv_scales"),
+    (lambda b, s: (dataclasses.replace(b, kv_pages=b.kv_pages.astype(jnp.float8_e4m3fn)), s, "tpu-v5e"),
+     "kv_pages: dtype float8_e4m3fn needs fp8 support, which tpu-v5e lacks"),
+    (lambda b, s: (dataclasses.replace(b, kv_pages=b.kv_pages.astype(jnp.float8_e4m3fn)), s, "tpu-v4"),
+     "kv_pages: dtype float8_e4m3fn needs fp8 support, which tpu-v4 lacks"),
+    (lambda b, s: (dataclasses.replace(b, q=b.q.astype(jnp.float16)), s, "tpu-v5e"),
+     r"q: dtype float16 cannot read int8 kv_pages; use one of \('bfloat16', 'float32'\)"),
+    (lambda b, s: (dataclasses.replace(b, kv_pages=b.kv_pages[:, :, :2], q=b.q[:, :2]), s[:, :, :2], "tpu-v5e"),
+     r"kv_pages: int8 pages need an even kv_heads .* got kv_heads=1; pad the KV heads to 2"),
+])
+def test_bad_quantized_inputs_raise(make, match):
+    batch, scales, chip = make(*_int8_good())
+    with pytest.raises(ValueError, match=match):
+        ragged_paged_attention(*batch.args(), kv_scales=scales, block_sizes=Blocks(block_q=16, block_kv=128), chip=chip,
+                               interpret=True)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(layout="per-tensor"), r"layout='per-tensor' must be one of \('per-token', 'per-page'\)"),
+    (dict(dtype=jnp.int4), "dtype=int4 must be int8 or float8_e4m3fn"),
+])
+def test_quantize_kv_pages_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        quantize_kv_pages(jnp.ones((1, 16, 2, 128), jnp.bfloat16), **kwargs)
+
+
+def test_quantized_kv_bytes_equal_the_interpreters_copies():
+    # The decode tokens of "mixed" (kv 17, 100 and 33 tokens) and two chunks, int8 per-token scales, q blocks of 16,
+    # KV blocks of 128 tokens: the op model's kernel-side KV bytes (pages + one scale block per KV block fetched)
+    # equal what the kernel's DMAs moved in interpret mode.
+    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+    from perfmodel.schedule.recorder import record_traffic
+
+    q_lens, kv_lens = [1, 37, 1, 5, 1], [17, 60, 100, 5, 33]
+    batch = make_batch(8, q_lens, kv_lens, q_heads=4, kv_heads=2, page_size=16, dtype=jnp.bfloat16, spare_seqs=0)
+    quant, scales, _ = quantized(batch, jnp.int8, "per-token")
+    blocks = Blocks(block_q=16, block_kv=128)
+    rec = record_traffic(lambda *a: ragged_paged_attention(*a[:6], kv_scales=a[6], block_sizes=blocks),
+                         *quant.args(), scales)
+    cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=4, kv_heads=2, head_dim=HEAD_DIM,
+                        page_size=16, kv_dtype="int8", kv_scale="per-token", block_q=16, block_kv=128,
+                        pages_per_seq=batch.page_table.shape[1])
+    kv_bytes = cost.metrics["prefill_kv_bytes"] + cost.metrics["decode_kv_bytes"]
+    scale_bytes = cost.metrics["prefill_kv_scale_bytes"] + cost.metrics["decode_kv_scale_bytes"]
+    # A page: 16 tokens x 4 rows (K, V of 2 heads) x 128 x 1 B = 8192 B; a KV block's scales 4 x 128 x 4 B = 2048 B.
+    assert rec.manual_hbm_bytes == kv_bytes
+    assert scale_bytes % 2048 == 0 and (kv_bytes - scale_bytes) % 8192 == 0
