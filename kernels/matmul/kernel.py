@@ -47,16 +47,28 @@ X_RESIDENT_MAX_BYTES = 2 << 20
 PARTIAL_SCALING_MAX_BM = 128
 #: At bm <= PARTIAL_SCALING_MAX_BM the dot runs in column chunks whose f32 partial sum is at most this (16 vregs).
 ACC_CHUNK_BYTES = 64 << 10
-#: quantize_x quantizes x in column chunks of at most this many f32 bytes per row block (32 vregs).
-QUANT_CHUNK_BYTES = 128 << 10
+#: quantize_x quantizes x QUANT_ROWS rows (the int8 sublane tile) at a time, in column chunks of at most this
+#: many f32 bytes (16 vregs).
+QUANT_CHUNK_BYTES = 64 << 10
+QUANT_ROWS = 32
+#: ... and unrolls its pass over the K blocks when the row has at most this many chunks (else a loop over them).
+QUANT_UNROLL_CHUNKS = 16
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
+#: Up to this many K steps the epilogue runs on every step (branch-free), above it once, on the last K step.
+EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 
 def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
                    has_bias: bool, quantize_x: bool, x_resident: bool, w_dequant: bool, int4: bool, col_chunk: int,
                    precision: Any) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
-    variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile."""
+    variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
+
+    No zeroing pass: the first K step's product replaces the accumulator (a select on k == 0 in the same code
+    every step runs, so the dot stays in the unpredicated body). With one K step the product goes straight to
+    the epilogue and the accumulator is never touched; with two the epilogue runs on every step's running sum
+    (branch-free; the output block is written back after the last); with more, on the last K step. Unaligned K:
+    the first and last K steps have their own copies (the last one masked, with the epilogue fused in)."""
     x_ref = refs[0]  # [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8); int4: [bk / 2, bn] packed bytes
     rest = list(refs[2:])
@@ -69,44 +81,13 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
     groups = bk // SCALE_BLOCK  # scale rows per K block
     bn = w_ref.shape[1]
 
-    @pl.when(k == 0)
-    def _init() -> None:
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
     if quantize_x:
         xq_ref, xs_ref = scratch[:2]  # [n_k, bm, bk] int8 codes, [bm, 1] f32 per-token scales
 
         # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
         @pl.when((j == 0) & (k == 0))
         def _quantize() -> None:
-            # A loop over the K blocks, each in narrow column chunks ([bm, width] f32 live at a time): whole-row
-            # f32 temporaries, or a fully unrolled loop whose two passes share their loads, spill.
-            width = _quant_chunk(x_ref.shape[0], bk)
-            k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None
-
-            def chunk(t: Any, c0: int) -> jax.Array:
-                start = pl.multiple_of(t * bk + c0, tiling.LANES)
-                v = x_ref[:, pl.ds(start, width)].astype(jnp.float32)
-                if k_valid is not None:
-                    col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
-                    v = jnp.where(col < k_valid, v, 0.0)
-                return v
-
-            def amax_of(t: Any, acc: jax.Array) -> jax.Array:
-                for c0 in range(0, bk, width):
-                    acc = jnp.maximum(acc, jnp.max(jnp.abs(chunk(t, c0)), axis=1, keepdims=True))
-                return acc
-
-            amax = jax.lax.fori_loop(0, n_k, amax_of, jnp.zeros((x_ref.shape[0], 1), jnp.float32))
-            inv, scale = int8_scale(amax)
-            xs_ref[...] = scale
-
-            def codes(t: Any, carry: Any) -> Any:
-                for c0 in range(0, bk, width):
-                    xq_ref[t, :, c0:c0 + width] = int8_codes(chunk(t, c0), inv)
-                return carry
-
-            jax.lax.fori_loop(0, n_k, codes, 0)
+            _quantize_rows(x_ref, xq_ref, xs_ref, n_k=n_k, bk=bk, k_tail=k_tail)
 
     def x_tile() -> jax.Array:
         if quantize_x:
@@ -116,58 +97,145 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
         return x_ref[...]
 
     out_type = jnp.int32 if quantize_x else jnp.float32
+    partial_groups = blockwise and not w_dequant  # one scaled partial product per 128-row group
+    # Few K steps: the epilogue runs on every step's running sum in the unpredicated body (the output block
+    # is written back only after the last one), where it overlaps the dot instead of adding a predicated pass.
+    eager = n_k <= EAGER_EPILOGUE_MAX_K_STEPS
 
-    def step(valid_k: int | None) -> None:
+    def epilogue(cols: slice, y: jax.Array) -> None:
+        y = y.astype(jnp.float32)
+        if quantize_x:
+            y = y * xs_ref[...]  # per-token scale, [bm, 1]
+        if scale_kind == "per-channel":
+            y = y * scale_ref[:, cols]
+        if bias_ref is not None:
+            y = y + bias_ref[:, cols].astype(jnp.float32)
+        o_ref[:, cols] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
+
+    def accumulate(cols: slice, part: jax.Array, first: Any) -> None:
+        """acc[:, cols] = part on the first K step, += part after; ``first`` static, or traced (k == 0)."""
+        if first is True:
+            acc_ref[:, cols] = part
+        elif first is False:
+            acc_ref[:, cols] += part
+        else:
+            acc_ref[:, cols] = part + jnp.where(first, jnp.zeros_like(part), acc_ref[:, cols])
+
+    def step(valid_k: int | None, first: Any) -> None:
         x = x_tile()
         if valid_k is not None and not quantize_x:
             x = _mask_cols(x, valid_k)  # quantize_x: codes past K are 0 already
-        if w_dequant:  # one dequantized w tile, one dot: int4, and blockwise weight-only at large bm
-            (wd_ref,) = scratch
+        w_src, folded = w_ref, False
+        if w_dequant:  # a dequantized w tile in x's dtype: int4, and blockwise weight-only at large bm
+            (w_src,) = scratch
+            folded = True  # blockwise scales are in the tile; per-channel ones stay for the epilogue
             if int4:
-                _unpack_int4_tile(w_ref, wd_ref, scale_ref if blockwise else None, k * groups,
+                _unpack_int4_tile(w_ref, w_src, scale_ref if blockwise else None, k * groups,
                                   256 if bn % 256 == 0 else 128)
             else:
                 for g in range(groups):
                     rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
                     wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
-                    wd_ref[rows, :] = wg.astype(wd_ref.dtype)
-            w = wd_ref[...]
-            if valid_k is not None:
-                w = _mask_rows(w, valid_k)
-            acc_ref[...] += jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
-            return
+                    w_src[rows, :] = wg.astype(w_src.dtype)
         # Column chunks keep the live [bm, chunk] partial sums small at decode-sized bm (no spills).
         for c0 in range(0, bn, col_chunk):
             cols = slice(c0, c0 + col_chunk)
-            w = w_ref[:, cols]
+            w = w_src[:, cols]
             if not quantize_x:
                 if w.dtype != x.dtype:
                     w = w.astype(x.dtype)  # int8 / fp8 -> activation dtype (exact)
                 if valid_k is not None:
                     w = _mask_rows(w, valid_k)  # garbage past K times a zeroed x column can be NaN
-            if not blockwise:
-                acc_ref[:, cols] += jnp.dot(x, w, preferred_element_type=out_type, precision=precision)
+            if not blockwise or folded:
+                part = jnp.dot(x, w, preferred_element_type=out_type, precision=precision)
+                if n_k == 1:
+                    epilogue(cols, part)
+                elif first is True:  # the first K step's own copy (unaligned K)
+                    acc_ref[:, cols] = part
+                elif first is False:  # the last K step's own copy (unaligned K): the epilogue fused in
+                    epilogue(cols, acc_ref[:, cols] + part)
+                elif eager:  # every step: the sum so far is stored and also run through the epilogue
+                    total = part + jnp.where(first, jnp.zeros_like(part), acc_ref[:, cols])
+                    acc_ref[:, cols] = total
+                    epilogue(cols, total)
+                else:
+                    accumulate(cols, part, first)
                 continue
             used = groups if valid_k is None else tiling.cdiv(valid_k, SCALE_BLOCK)
             for g in range(used):  # one partial product per scale group, scaled and summed in f32
                 rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
                 part = jnp.dot(x[:, rows], w[rows, :], preferred_element_type=out_type, precision=precision)
-                acc_ref[:, cols] += part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), cols]
+                part = part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), cols]
+                accumulate(cols, part, first if g == 0 else False)
+            if n_k == 1:
+                epilogue(cols, acc_ref[:, cols])
 
     _k_steps(step, k, n_k, k_tail)
 
-    @pl.when(k == n_k - 1)
-    def _epilogue() -> None:
-        for c0 in range(0, bn, col_chunk):
-            cols = slice(c0, c0 + col_chunk)
-            y = acc_ref[:, cols].astype(jnp.float32)
-            if quantize_x:
-                y = y * xs_ref[...]  # per-token scale, [bm, 1]
-            if scale_kind == "per-channel":
-                y = y * scale_ref[:, cols]
-            if bias_ref is not None:
-                y = y + bias_ref[:, cols].astype(jnp.float32)
-            o_ref[:, cols] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
+    if n_k > 1 and (partial_groups or (k_tail is None and not eager)):
+        @pl.when(k == n_k - 1)
+        def _epilogue() -> None:
+            for c0 in range(0, bn, col_chunk):
+                cols = slice(c0, c0 + col_chunk)
+                epilogue(cols, acc_ref[:, cols])
+
+
+def _quantize_rows(x_ref: Any, xq_ref: Any, xs_ref: Any, *, n_k: int, bk: int, k_tail: int | None) -> None:
+    """Per-token int8 codes of the resident x row block into xq_ref [n_k, bm, bk] and scales into xs_ref [bm, 1].
+
+    A loop over groups of QUANT_ROWS rows; per group, a max |x| pass over the whole row into a lane-wide
+    [rows, 128] f32 running max (one cross-lane max per group) and a codes pass, each over [rows, width]
+    chunks of at most QUANT_CHUNK_BYTES of f32, so nothing spills whatever bm is."""
+    bm = x_ref.shape[0]
+    rows = min(QUANT_ROWS, bm)
+    width = _quant_chunk(rows, bk)
+    k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None
+    unrolled = n_k * (bk // width) <= QUANT_UNROLL_CHUNKS
+
+    def over_k(body: Any, init: Any) -> Any:
+        """body(t, carry) over the K blocks: unrolled when short (one straight-line group body the scheduler
+        can overlap; no nested loop), else a loop."""
+        if not unrolled:
+            return jax.lax.fori_loop(0, n_k, body, init)
+        for t in range(n_k):
+            init = body(t, init)
+        return init
+
+    def group(r: Any, carry: Any) -> Any:
+        r0 = pl.multiple_of(r * rows, rows)
+
+        def chunk(t: Any, c0: int) -> jax.Array:  # x's dtype
+            start = t * bk + c0
+            if not isinstance(start, int):
+                start = pl.multiple_of(start, tiling.LANES)
+            v = x_ref[pl.ds(r0, rows), pl.ds(start, width)]
+            if k_valid is not None:
+                col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
+                v = jnp.where(col < k_valid, v, jnp.zeros_like(v))
+            return v
+
+        def amax_of(t: Any, acc: jax.Array) -> jax.Array:
+            # In x's dtype (abs and max are exact in bf16): no widening pass, half the vregs on a bf16 VPU.
+            for c0 in range(0, bk, width):
+                v = jnp.abs(chunk(t, c0))
+                for l0 in range(0, width, tiling.LANES):
+                    acc = jnp.maximum(acc, v[:, l0:l0 + tiling.LANES])
+            return acc
+
+        lanes = over_k(amax_of, jnp.zeros((rows, tiling.LANES), x_ref.dtype)).astype(jnp.float32)
+        inv, scale = int8_scale(jnp.max(lanes, axis=1, keepdims=True))
+        xs_ref[pl.ds(r0, rows), :] = scale
+
+        def codes(t: Any, c: Any) -> Any:
+            for c0 in range(0, bk, width):
+                # inv is 127 / max|x| of these very rows: no clip needed (kernels/quant.py int8_codes).
+                q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False)
+                xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
+            return c
+
+        return over_k(codes, carry)
+
+    jax.lax.fori_loop(0, bm // rows, group, 0)
 
 
 def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, col_chunk: int) -> None:
@@ -205,14 +273,16 @@ def _mask_rows(w: jax.Array, valid_k: int) -> jax.Array:
 
 
 def _k_steps(step: Any, k: Any, n_k: int, k_tail: int | None) -> None:
-    """Run ``step(valid_k)``: unmasked on full K blocks, masked to ``k_tail`` columns on the last when K is not
-    a multiple of bk (two copies of the body; each grid step runs one)."""
-    if k_tail is None:
-        step(None)
-        return
-    if n_k > 1:
-        pl.when(k < n_k - 1)(lambda: step(None))
-    pl.when(k == n_k - 1)(lambda: step(k_tail))
+    """Run ``step(valid_k, first)``: unmasked on full K blocks, masked to ``k_tail`` columns on the last when K
+    is not a multiple of bk (two copies of the body under pl.when; each grid step runs one). ``first`` says
+    whether the step is the first K step: static where the copy settles it, else the traced k == 0."""
+    if n_k == 1:
+        step(k_tail, True)
+    elif k_tail is None:
+        step(None, k == 0)
+    else:
+        pl.when(k < n_k - 1)(lambda: step(None, True if n_k == 2 else k == 0))
+        pl.when(k == n_k - 1)(lambda: step(k_tail, False))
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -400,9 +470,10 @@ def matmul(
     )
 
 
-def _quant_chunk(bm: int, bk: int) -> int:
-    """Columns of x quantized at a time: [bm, width] f32 of at most QUANT_CHUNK_BYTES, a multiple of 128 dividing bk."""
-    width = max(tiling.LANES, QUANT_CHUNK_BYTES // (4 * bm) // tiling.LANES * tiling.LANES)
+def _quant_chunk(rows: int, bk: int) -> int:
+    """Columns of x quantized at a time: [rows, width] f32 of at most QUANT_CHUNK_BYTES, a multiple of 128 dividing
+    bk."""
+    width = max(tiling.LANES, QUANT_CHUNK_BYTES // (4 * rows) // tiling.LANES * tiling.LANES)
     while bk % width:
         width -= tiling.LANES
     return width

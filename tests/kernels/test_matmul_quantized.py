@@ -110,6 +110,30 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
     _check(out, matmul_reference(x, wq, w_scale=s), "weight_only")
 
 
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_int8_x_int8_row_groups_and_k_steps(blockwise):
+    # bm = 96: three 32-row quantization groups per row block (M = 80: the last group partly past M);
+    # K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two column
+    # blocks, the second reading the codes the first quantized.
+    m, k, n = 80, 300, 200
+    x = _x(15, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
+    _, wq, s = _weights(16, k, n, blockwise)
+    blocks = MatmulBlockSizes(bm=96, bk=128, bn=128)
+    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+
+
+def test_single_k_step_skips_the_accumulator():
+    # K = 200 fits one bk = 256 block (masked to 200 columns): the product goes straight to the epilogue.
+    m, k, n = 48, 200, 256
+    x = _x(17, m, k, jnp.bfloat16)
+    _, wq, s = _weights(18, k, n, False)
+    bias = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
+    out = matmul(x, wq, w_scale=s, bias=bias, activation="relu", block_sizes=MatmulBlockSizes(bm=16, bk=256, bn=128),
+                 interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, bias=bias, activation="relu"), "weight_only")
+
+
 def test_decode_chunk_widths():
     from kernels.matmul.kernel import _col_chunk, _quant_chunk
 
@@ -119,8 +143,9 @@ def test_decode_chunk_widths():
     assert (_col_chunk(8, 1024), _col_chunk(64, 384)) == (1024, 384)
     # bm = 512 > 128: the whole bn.
     assert _col_chunk(512, 1024) == 1024
-    # quantize_x: 128 KiB / (4 B * 64 rows) = 512 columns; bk = 640 is not a multiple of 512: 128 divides it.
-    assert (_quant_chunk(64, 2048), _quant_chunk(64, 640)) == (512, 128)
+    # quantize_x, 32-row groups: 64 KiB / (4 B * 32 rows) = 512 columns; bk = 640 is not a multiple of 512,
+    # nor of 384 or 256: 128 divides it.
+    assert (_quant_chunk(32, 2048), _quant_chunk(32, 640)) == (512, 128)
 
 
 def test_blockwise_fp8_weights_on_v6e():
