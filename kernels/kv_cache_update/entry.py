@@ -37,7 +37,7 @@ ENTRIES = (
         summary="bundled paged KV-cache write into ragged_paged_attention's combined K/V pages (one row DMA per token)",
         function="kernels.kv_cache_update:kv_pages_update",
         reference="kernels.kv_cache_update:kv_pages_update_reference",
-        arrays=("new_k", "new_v", "kv_pages", "slot_mapping"),
+        arrays=("new_k", "new_v", "kv_pages", "slot_mapping"), optional_arrays=("kv_scales",),
         example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "kv_pages=256x16x16x128:bf16",
                  "slot_mapping=64:int32=arange"),
         block_axes=(BlockAxis(field="tokens_per_block", array="new_k", dim=0, align=1, minimum=8),),

@@ -286,7 +286,8 @@ def _check_inputs(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mappi
                              "pass v_cache=None")
         if k_cache.dtype != new_k.dtype:
             raise ValueError(f"k_cache: dtype {k_cache.dtype} must equal new_k's ({new_k.dtype}) in "
-                             "layout='combined' (no quantize on write); cast new_k/new_v or the cache")
+                             "layout='combined' (no quantize on write); cast new_k/new_v or the cache, or write an "
+                             "int8 cache with kv_pages_update(..., kv_scales=...)")
         for name, scale in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache)):
             if scale is not None:
                 raise ValueError(f"{name}: layout='combined' takes no scale caches; drop {name}")
@@ -409,12 +410,51 @@ def kv_cache_update(
 
 
 def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
-                    block_sizes: KvCacheUpdateBlockSizes | None = None, chip: str = DEFAULT_CHIP,
-                    interpret: bool = False) -> jax.Array:
-    """:func:`kv_cache_update` with ``layout="combined"``: the updated ``kv_pages`` (donated, in place)."""
-    (out,) = kv_cache_update(new_k, new_v, kv_pages, None, slot_mapping, layout="combined", block_sizes=block_sizes,
-                             chip=chip, interpret=interpret)
-    return out
+                    kv_scales: jax.Array | None = None, block_sizes: KvCacheUpdateBlockSizes | None = None,
+                    chip: str = DEFAULT_CHIP, interpret: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """:func:`kv_cache_update` with ``layout="combined"``: the updated ``kv_pages`` (donated, in place).
+
+    An int8 ``kv_pages`` quantizes on write, per (token, head) over head_dim (kernels.quant.quantize_int8), with
+    ``kv_scales`` ``[num_pages, page_size, 2 * kv_heads]`` f32 (K of head h at column 2h, V at 2h + 1: the per-token
+    layout kernels.ragged_paged_attention reads): the result is then ``(kv_pages, kv_scales)``, both donated. The
+    rows are quantized and interleaved before the kernel (one XLA fusion over the new tokens), the kernel copies each
+    token's ``[2 * kv_heads, head_dim]`` int8 slab with one DMA, and the scales are scattered by XLA (64 B a token
+    at 8 KV heads: a DMA each would write whole padded f32 tiles).
+    """
+    if kv_pages.dtype != jnp.int8:
+        if kv_scales is not None:
+            raise ValueError(f"kv_scales: a {jnp.dtype(kv_pages.dtype).name} kv_pages takes no scales; drop "
+                             "kv_scales or pass an int8 kv_pages")
+        (out,) = kv_cache_update(new_k, new_v, kv_pages, None, slot_mapping, layout="combined",
+                                 block_sizes=block_sizes, chip=chip, interpret=interpret)
+        return out
+    _check_inputs(new_k, new_v, _AsDtype(kv_pages, new_k.dtype), None,
+                  slot_mapping, None, None, "combined")
+    num_pages, page_size, combined, _ = kv_pages.shape
+    want = [num_pages, page_size, combined]
+    if kv_scales is None or list(kv_scales.shape) != want or kv_scales.dtype != jnp.float32:
+        got = "None" if kv_scales is None else f"{jnp.dtype(kv_scales.dtype).name}{list(kv_scales.shape)}"
+        raise ValueError(f"kv_scales: an int8 kv_pages needs float32 per-token scales {want}, got {got}")
+    spec = tiling.tpu_chip(chip)
+    num_tokens, kv_heads, head_dim = new_k.shape
+    slots = jnp.asarray(slot_mapping, jnp.int32)
+    if block_sizes is None:
+        block_sizes = default_block_sizes(spec.name)
+    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
+        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
+    vmem_limit = block_sizes.check(kv_heads=kv_heads, head_dim=head_dim, new_dtype=kv_pages.dtype, quantize=False,
+                                   chip=spec, num_tokens=num_tokens, combined=True)
+    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
+    _check_smem("padded to the token block", tiling.round_up(num_tokens, tokens_per_block) * 4, spec, num_tokens)
+    return _combined_int8_jit(new_k, new_v, kv_pages, kv_scales, slots, tokens_per_block=tokens_per_block,
+                              vmem_limit_bytes=vmem_limit, interpret=interpret)
+
+
+class _AsDtype:
+    """kv_pages seen with another dtype (shape checks of the combined layout without its dtype rule)."""
+
+    def __init__(self, array: Any, dtype: Any) -> None:
+        self.shape, self.ndim, self.dtype = array.shape, array.ndim, dtype
 
 
 def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: int, new_dtype: Any,
@@ -537,6 +577,56 @@ def _combined_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_
     with jax.named_scope(f"kv_cache_update[layout=combined,tokens_per_block={tokens_per_block}]"):
         out = call(slots, new_k, new_v, flat)
     return out.reshape(kv_pages.shape)
+
+
+def _combined_rows_kernel(slots_ref: Any, rows_ref: Any, kv_in_ref: Any, kv_ref: Any, sem: Any, *,
+                          tokens_per_block: int) -> None:
+    # rows_ref: [tokens_per_block, 2 * kv_heads, head_dim] VMEM block of the new tokens' cache rows, K/V interleaved
+    # kv_in_ref / kv_ref: the aliased cache [num_slots, 2 * kv_heads, head_dim] in HBM (written through kv_ref)
+    del kv_in_ref
+    _copy_rows(slots_ref, tokens_per_block,
+               lambda t, slot: [pltpu.make_async_copy(rows_ref.at[t], kv_ref.at[slot], sem.at[0])])
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    donate_argnames=("kv_pages", "kv_scales"),
+)
+def _combined_int8_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, kv_scales: jax.Array,
+                       slot_mapping: jax.Array, *, tokens_per_block: int, vmem_limit_bytes: int | None,
+                       interpret: bool) -> tuple[jax.Array, jax.Array]:
+    num_tokens, kv_heads, head_dim = new_k.shape
+    num_pages, page_size = kv_pages.shape[:2]
+    num_slots = num_pages * page_size
+    kq, ks = quantize_int8(new_k, axis=-1)  # [T, kv_heads, head_dim] int8, [T, kv_heads, 1] f32
+    vq, vs = quantize_int8(new_v, axis=-1)
+    rows = jnp.stack([kq, vq], axis=2).reshape(num_tokens, 2 * kv_heads, head_dim)
+    scale_rows = jnp.stack([ks[..., 0], vs[..., 0]], axis=2).reshape(num_tokens, 2 * kv_heads)
+    flat = kv_pages.reshape(num_slots, 2 * kv_heads, head_dim)  # leading dims only: a bitcast
+    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
+    slots = jnp.pad(slot_mapping, (0, padded_tokens - num_tokens), constant_values=PADDING_SLOT)
+    row_spec = pl.BlockSpec((tokens_per_block, 2 * kv_heads, head_dim), lambda i, slots_ref: (i, 0, 0))
+    hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
+    call = pl.pallas_call(
+        with_ref_names(functools.partial(_combined_rows_kernel, tokens_per_block=tokens_per_block),
+                       ["slots_ref", "rows_ref", "kv_pages_in_ref", "kv_pages_ref", "sem"]),
+        out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(tiling.cdiv(num_tokens, tokens_per_block),),
+            in_specs=[row_spec, hbm_spec], out_specs=hbm_spec, scratch_shapes=[pltpu.SemaphoreType.DMA((1,))]),
+        input_output_aliases={2: 0},  # operands: slots (scalar prefetch), rows, kv_pages
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
+        cost_estimate=cost_estimate(num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
+                                    new_dtype=new_k.dtype, cache_dtype=kv_pages.dtype),
+        interpret=interpret_params(interpret),
+        name="kv_cache_update",
+    )
+    with jax.named_scope(f"kv_cache_update[layout=combined,tokens_per_block={tokens_per_block}]"):
+        out = call(slots, rows, flat)
+    dropped = jnp.where(slot_mapping >= 0, slot_mapping, num_slots)  # padding tokens: out of range, not written
+    scales = kv_scales.reshape(num_slots, 2 * kv_heads).at[dropped].set(scale_rows, mode="drop")
+    return out.reshape(kv_pages.shape), scales.reshape(kv_scales.shape)
 
 
 @functools.partial(

@@ -68,8 +68,17 @@ def kv_cache_update_reference(
 
 
 def kv_pages_update_reference(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array,
-                              slot_mapping: jax.Array) -> jax.Array:
+                              slot_mapping: jax.Array, *, kv_scales: jax.Array | None = None
+                              ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The combined layout's reference: ``kv_pages`` [pages, page_size, 2 * kv_heads, head_dim] with token t's
-    K of head h at row 2h and its V at 2h + 1 of slot slot_mapping[t]."""
-    (out,) = kv_cache_update_reference(new_k, new_v, kv_pages, None, slot_mapping, layout="combined")
-    return out
+    K of head h at row 2h and its V at 2h + 1 of slot slot_mapping[t]. An int8 cache gets the rows quantized per
+    (token, head) and their scales written to ``kv_scales`` [pages, page_size, 2 * kv_heads] (same columns):
+    ``(kv_pages, kv_scales)``."""
+    if kv_pages.dtype != jnp.int8:
+        (out,) = kv_cache_update_reference(new_k, new_v, kv_pages, None, slot_mapping, layout="combined")
+        return out
+    kq, ks = quantize_int8(new_k, axis=-1)
+    vq, vs = quantize_int8(new_v, axis=-1)
+    (out,) = kv_cache_update_reference(kq, vq, kv_pages, None, slot_mapping, layout="combined")
+    scales = jnp.stack([ks[..., 0], vs[..., 0]], axis=2)  # [T, kv_heads, 2] -> columns 2h, 2h + 1
+    return out, _scatter_token_major(kv_scales, scales.reshape(scales.shape[0], -1), slot_mapping)

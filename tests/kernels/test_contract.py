@@ -410,6 +410,11 @@ CONTRACTS: dict[str, Contract] = {
             Case(id="bf16-pages", shapes=("new_k=512x8x128:bf16", "new_v=512x8x128:bf16",
                                           "kv_pages=4096x16x16x128:bf16", "slot_mapping=512:int32"),
                  floor={"bytes_accessed": 4 * 2**20}),
+            # An int8 cache (quantize on write, per-token scales; ragged_paged_attention's int8 layout): read the 2 MiB
+            # of bf16 K/V, write 1 MiB of int8 rows and 512 x 16 x 4 B = 32 KiB of scales.
+            Case(id="int8-pages", shapes=("new_k=512x8x128:bf16", "new_v=512x8x128:bf16",
+                                          "kv_pages=4096x16x16x128:int8", "slot_mapping=512:int32"),
+                 keyword_arrays=("kv_scales=4096x16x16:f32",), floor={"bytes_accessed": 3 * 2**20 + 2**15}),
         ),
     ),
     "flash_attention": Contract(

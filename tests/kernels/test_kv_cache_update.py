@@ -627,3 +627,70 @@ def test_combined_errors(kwargs, match):
     v_cache = kv_pages if kwargs.get("v_cache") else None
     with pytest.raises(ValueError, match=match):
         kv_cache_update(new_k, new_v, kv_pages, v_cache, slot_mapping, layout="combined", interpret=True)
+
+
+# ----- combined layout, int8 cache: quantize on write, per-token scales [num_pages, page_size, 2 * kv_heads] -----
+
+def _combined_int8_case(slots):
+    new_k, new_v, _, slot_mapping = _combined_case(jnp.bfloat16, slots)
+    kv_pages = jnp.full((6, PAGE_SIZE, 2 * KV_HEADS, HEAD_DIM), 99, jnp.int8)  # untouched slots stay 99
+    kv_scales = jnp.full((6, PAGE_SIZE, 2 * KV_HEADS), np.nan, jnp.float32)  # and NaN scales
+    return new_k, new_v, kv_pages, kv_scales, slot_mapping
+
+
+def test_combined_int8_quantizes_on_write():
+    slots = [7, 8, -1, 40, 0]  # across the page 0/1 boundary, padding, slot 0
+    new_k, new_v, kv_pages, kv_scales, slot_mapping = _combined_int8_case(slots)
+    want_pages, want_scales = kvcu.kv_pages_update_reference(new_k, new_v, kv_pages, slot_mapping, kv_scales=kv_scales)
+    pages, scales = kvcu.kv_pages_update(new_k, new_v, kv_pages.copy(), slot_mapping, kv_scales=kv_scales.copy(),
+                                         block_sizes=SMALL, interpret=True)
+    np.testing.assert_array_equal(np.asarray(pages), np.asarray(want_pages))
+    np.testing.assert_array_equal(np.asarray(scales), np.asarray(want_scales))
+    # Token 0 (slot 7: page 0, row 7) by hand: K of head 1 at row 2, V at 3; code * scale within half a step of
+    # the bf16 row, the step being the row's max |x| / 127.
+    for row, new in ((2, new_k[0, 1]), (3, new_v[0, 1])):
+        x = np.asarray(new, np.float32)
+        step = np.abs(x).max() / 127
+        np.testing.assert_allclose(float(scales[0, 7, row]), step, rtol=1e-6)
+        assert np.abs(np.asarray(pages[0, 7, row], np.float32) * step - x).max() <= step / 2 + 1e-6
+    written = {s for s in slots if s >= 0}
+    untouched = [s for s in range(6 * PAGE_SIZE) if s not in written]
+    assert (np.asarray(pages).reshape(6 * PAGE_SIZE, -1)[untouched] == 99).all()
+    assert np.isnan(np.asarray(scales).reshape(6 * PAGE_SIZE, -1)[untouched]).all()
+
+
+@pytest.mark.slow
+def test_combined_int8_feeds_ragged_paged_attention():
+    """Write a decode token and a prefill chunk into an int8 cache, then read it with ragged_paged_attention's
+    int8 path: it equals the attention reference over the same codes and scales."""
+    from kernels.ragged_paged_attention import quantize_kv_pages, ragged_paged_attention
+    from kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+
+    kv_lens, cu_q_lens = np.array([11, 5], np.int32), np.array([0, 1, 6], np.int32)
+    page_table = np.array([[3, 1, 999], [4, 2**30, -1]], np.int32)  # garbage past each length
+    new_pos = [(0, 10), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]  # (sequence, position) of each new token
+    slot_mapping = jnp.asarray([page_table[s, p // PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE for s, p in new_pos],
+                               jnp.int32)
+    new_k, new_v, _, _ = _combined_case(jnp.bfloat16, list(range(len(new_pos))), seed=1)
+    keys = jax.random.split(jax.random.key(5), 3)
+    old = jax.random.normal(keys[0], (6, PAGE_SIZE, 2 * KV_HEADS, HEAD_DIM), jnp.float32)  # cached tokens
+    kv_pages, kv_scales = quantize_kv_pages(old)  # the same per-row int8 quantizer
+    pages, scales = kvcu.kv_pages_update(new_k, new_v, kv_pages, slot_mapping, kv_scales=kv_scales, block_sizes=SMALL,
+                                         interpret=True)
+    q = jax.random.normal(keys[1], (len(new_pos), 4, HEAD_DIM), jnp.float32).astype(jnp.bfloat16)
+    args = (jnp.asarray(kv_lens), jnp.asarray(page_table), jnp.asarray(cu_q_lens), jnp.asarray([2], jnp.int32))
+    want = ragged_paged_attention_reference(q, pages, *args, kv_scales=scales)
+    got = ragged_paged_attention(q, pages, *args, kv_scales=scales, interpret=True)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda k, v, p, s: (p, None), r"kv_scales: an int8 kv_pages needs float32 per-token scales \[6, 8, 4\], got None"),
+    (lambda k, v, p, s: (p, s[..., :2]), r"kv_scales: .* \[6, 8, 4\], got float32\[6, 8, 2\]"),
+    (lambda k, v, p, s: (p.astype(jnp.bfloat16), s), "kv_scales: a bfloat16 kv_pages takes no scales"),
+])
+def test_combined_int8_errors(make, match):
+    new_k, new_v, kv_pages, kv_scales, slot_mapping = _combined_int8_case([0, 1])
+    pages, scales = make(new_k, new_v, kv_pages, kv_scales)
+    with pytest.raises(ValueError, match=match):
+        kvcu.kv_pages_update(new_k, new_v, pages, slot_mapping, kv_scales=scales, block_sizes=SMALL, interpret=True)
