@@ -341,6 +341,7 @@ def _paged_attention_cost(
     kv_scale_read: np.ndarray | None = None,
     scale_gather: tuple[np.ndarray, np.ndarray] | None = None,
     fold_scales: bool = False,
+    dequant_overlaps: bool = False,
 ) -> OpCost:
     """Causal paged attention of sequences with q_lens new tokens whose context (new tokens included) is lens.
 
@@ -352,7 +353,9 @@ def _paged_attention_cost(
     ``kv_scale_read``: scale bytes each sequence's K/V reads move (None: :func:`kv_scale_bytes` of its pages);
     ``scale_gather``: (read, write) bytes per sequence of an XLA gather that lays the scales out before the kernel.
     ``fold_scales``: K scales multiply the scores together with the softmax scale and V scales the probabilities
-    (one VPU op per score) instead of dequantizing the cache (one op per K/V element).
+    (one VPU op per score) instead of dequantizing the cache (one op per K/V element). ``dequant_overlaps``: the
+    widening of a KV block runs while the next block's DMA is in flight (a double-buffered kernel), so it is VPU
+    work, not serial time added to the expected time.
     """
     group = _check_heads(q_heads, kv_heads)
     tiles = chip_tiles(chip)
@@ -380,8 +383,9 @@ def _paged_attention_cost(
     serial = np.zeros(())
     scaled = kv_scale != "none"
     if path.converts_rhs:  # KV dequantized between its DMA and the MXU: on the critical path
-        serial = kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (scaled and not fold_scales))
-        vpu = vpu + serial + (scores if scaled and fold_scales else 0.0)
+        widen = kv_elems * (DTYPES[kv_dtype].widen_ops_per_element + (scaled and not fold_scales))
+        serial = np.zeros(()) if dequant_overlaps else widen
+        vpu = vpu + widen + (scores if scaled and fold_scales else 0.0)
     elif scaled:
         # Scales applied to the scores (K, or folded into the softmax scale's multiply) and the probabilities (V).
         vpu = vpu + (1.0 if fold_scales else 2.0) * scores
@@ -543,7 +547,8 @@ def ragged_paged_attention(
     the kernel lays out each sequence's scales per KV block (``[2 * kv_heads, block_kv]``, per-page scales repeated
     over their tokens; it reads the scales of every page-table entry and writes ``cdiv(entries, block_kv /
     page_size)`` blocks), and the kernel copies one such block with each KV block it fetches. The scales fold into
-    the scores (K) and the probabilities (V).
+    the scores (K) and the probabilities (V); the codes are widened while the next KV block's DMA is in flight (VPU
+    work, not serial time).
     """
     q_lens = np.atleast_1d(sizes("query_lens", query_lens))
     lens = np.atleast_1d(sizes("context_lens", context_lens))
@@ -568,7 +573,7 @@ def ragged_paged_attention(
     scales: dict = {}
     if scale in ("per-token", "per-page"):
         block_scale_bytes = 2.0 * SCALE_BYTES * kv_heads * bkv  # one KV block's K and V scales, every head
-        scales = dict(kv_scale_read=blocks * block_scale_bytes, fold_scales=True,
+        scales = dict(kv_scale_read=blocks * block_scale_bytes, fold_scales=True, dequant_overlaps=True,
                       scale_gather=(kv_scale_bytes(table * page_size, table, kv_heads, scale),
                                     cdiv(table, bkv // page_size) * block_scale_bytes))
     common = dict(q_lens=q_lens, lens=lens, batch=None, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,

@@ -553,3 +553,23 @@ def test_quantized_kv_bytes_equal_the_interpreters_copies():
     # A page: 16 tokens x 4 rows (K, V of 2 heads) x 128 x 1 B = 8192 B; a KV block's scales 4 x 128 x 4 B = 2048 B.
     assert rec.manual_hbm_bytes == kv_bytes
     assert scale_bytes % 2048 == 0 and (kv_bytes - scale_bytes) % 8192 == 0
+
+
+@pytest.mark.parametrize("layout,gather_read", [("per-token", 4864), ("per-page", 304)])
+def test_op_model_quantized_bytes_by_hand(layout, gather_read):
+    # One decode token over 300 tokens of 16-token pages, 2 KV heads of 128, int8, KV blocks of 128 tokens (8 pages):
+    # 19 pages, 3 KV blocks. Pages 19 x 16 x 4 rows x 128 x 1 B = 155648 B; the kernel's scale blocks 3 x 4 rows x
+    # 128 x 4 B = 6144 B. The gather reads the table's 19 pages of scales (per token 19 x 16 x 4 x 4 B = 4864 B, per
+    # page 19 x 4 x 4 B = 304 B) and writes cdiv(19, 8) = 3 blocks of 2048 B.
+    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+
+    cost = ragged_model(query_lens=[1], context_lens=[300], q_heads=4, kv_heads=2, head_dim=128, page_size=16,
+                        kv_dtype="int8", kv_scale=layout, block_q=16, block_kv=128)
+    assert cost.metrics["decode_kv_bytes"] == 155648 + 6144
+    assert cost.metrics["decode_kv_scale_bytes"] == 6144
+    assert cost.metrics["decode_scale_gather_bytes"] == gather_read + 3 * 2048
+    bf16 = ragged_model(query_lens=[1], context_lens=[300], q_heads=4, kv_heads=2, head_dim=128, page_size=16,
+                        block_q=16, block_kv=128)
+    # Everything else (q, out, page table) is the same: the difference is the KV bytes and the gather.
+    assert (bf16.hbm_read_bytes + bf16.hbm_write_bytes) - (cost.hbm_read_bytes + cost.hbm_write_bytes) == (
+        2 * 155648 - (155648 + 6144 + gather_read + 3 * 2048))
