@@ -53,6 +53,13 @@ Examples:
               help="Prefill: new tokens per sequence in this chunk (default 2048).")
 @click.option("--weight-dtype", default="bf16", show_default=True, help="Weights: bf16, fp8, int8, int4, ...")
 @click.option("--act-dtype", default="bf16", show_default=True, help="Activations.")
+@click.option("--weight-scale", type=click.Choice(["per-channel", "per-block"]), default=None,
+              help="Scales of quantized weights (default per-channel): per-block = one per --scale-block rows of K.")
+@click.option("--scale-block", type=int, default=None, help="K rows per scale with --weight-scale per-block "
+              "(default 128).")
+@click.option("--quantize-activations", is_flag=True,
+              help="int8 x int8 weight GEMMs (with --weight-dtype int8): activations quantized per token inside "
+                   "each GEMM, as the bundled matmul's quantize_x; MoE expert GEMMs keep float activations.")
 @click.option("--kv-dtype", default=None, help="KV cache (default: --act-dtype); int8/fp8 get per-token f32 scales.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree (chips over ICI).")
 @click.option("--page-size", type=int, default=16, show_default=True, help="KV-cache page size in tokens.")
@@ -73,7 +80,8 @@ Examples:
 @user_errors
 def model(name: str | None, config_path: str | None, phase: str, batch: int | None, context: int | None,
           context_lens: str | None, context_dist: str | None, prefill_len: int | None, weight_dtype: str,
-          act_dtype: str, kv_dtype: str | None, tp: int, page_size: int,
+          act_dtype: str, weight_scale: str | None, scale_block: int | None, quantize_activations: bool,
+          kv_dtype: str | None, tp: int, page_size: int,
           hbm_utilization: float, list_models: bool, with_compile: bool, topology: str | None, kv_layout: str,
           kernels: str, hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool) -> None:
     from perfmodel.predict import step_render
@@ -91,6 +99,10 @@ def model(name: str | None, config_path: str | None, phase: str, batch: int | No
     if (name is None) == (config_path is None):
         raise InputError("give a model NAME or --config PATH (one of them); --list shows the built-in models")
     if with_compile:
+        if weight_scale or scale_block or quantize_activations:
+            raise InputError("--weight-scale / --scale-block / --quantize-activations are for the analytic model; the "
+                             "compiled reference step uses per-channel scales and float activations: drop them with "
+                             "--compile")
         from perfmodel.xla import render as xla_render
         from perfmodel.xla.compare import compare_sweep
 
@@ -109,6 +121,7 @@ def model(name: str | None, config_path: str | None, phase: str, batch: int | No
                             phase=phase, batch=batch, context=context, context_lens=context_lens,
                             context_dist=context_dist, prefill_len=prefill_len, weight_dtype=weight_dtype,
                             act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size,
-                            hbm_utilization=hbm_utilization, progress=bar)
+                            weight_scale=weight_scale, scale_block=scale_block,
+                            quantize_activations=quantize_activations, hbm_utilization=hbm_utilization, progress=bar)
     emit(fmt, text=lambda: step_render.step_text(result), json=lambda: step_render.step_records(result),
          csv=lambda: step_render.step_csv(result))

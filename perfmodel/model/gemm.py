@@ -54,15 +54,16 @@ def conversion_ops(rows: Num, cols: Num, count: Num, dtype: str, tiles: Tiles) -
     return count * tiles.vreg_elements(rows, cols) * per, count * np.asarray(rows) * cols * per
 
 
-def resolve_weight_scale(rhs_dtype: str, weight_scale: str | None, scale_block: Num | None
-                         ) -> tuple[str, np.ndarray]:
-    """(scale kind, K-block) after defaults and checks: None -> per-channel for quantized weights, else none."""
+def resolve_weight_scale(rhs_dtype: str, weight_scale: str | None, scale_block: Num | None,
+                         dtype_field: str = "rhs_dtype") -> tuple[str, np.ndarray]:
+    """(scale kind, K-block) after defaults and checks: None -> per-channel for quantized weights, else none.
+    ``dtype_field``: the name the caller's weight dtype goes by (in errors)."""
     choice("weight_scale", weight_scale, WEIGHT_SCALES)
     if weight_scale is None:
         weight_scale = "per-channel" if is_quantized(rhs_dtype) else "none"
     if weight_scale != "none" and not is_quantized(rhs_dtype):
         raise InputError(f"`weight_scale` {weight_scale}: weights of dtype {rhs_dtype} are not quantized; "
-                         "drop the flag or pick `rhs_dtype` int8/int4/fp8")
+                         f"drop the flag or pick `{dtype_field}` int8/int4/fp8")
     if scale_block is not None and weight_scale != "per-block":
         raise InputError("`scale_block` applies only with `weight_scale` per-block")
     block = optional_size("scale_block", scale_block)
@@ -240,6 +241,7 @@ def grouped_gemm(
     rhs_dtype: str = "bf16",
     out_dtype: str = "bf16",
     weight_scale: str | None = None,
+    scale_block: int | None = None,
     block_m: int | None = None,
     chip: object | None = None,
 ) -> OpCost:
@@ -261,7 +263,7 @@ def grouped_gemm(
                          "the groups must fit in lhs's rows (drop rows or raise m)")
     used, counts = np.unique(rows[rows > 0], return_counts=True)
     parts = [gemm(m=int(s), n=n, k=k, batch=int(c), lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype,
-                  weight_scale=weight_scale, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
+                  weight_scale=weight_scale, scale_block=scale_block, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
     total_fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
     notes = tuple(dict.fromkeys(note for p in parts for note in p.notes))
     extra_rows = out_rows - total

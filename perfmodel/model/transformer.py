@@ -45,7 +45,7 @@ from perfmodel.model import attention, collectives, core, fused, kvcache, memops
 from perfmodel.model.configs import ModelConfig
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, default_kv_scale, is_quantized, matmul_path, parse_dtype
-from perfmodel.model.gemm import gemm, grouped_gemm, uniform_group_sizes
+from perfmodel.model.gemm import gemm, grouped_gemm, resolve_weight_scale, uniform_group_sizes
 
 PHASES: tuple[str, ...] = ("prefill", "decode")
 DEFAULT_PAGE_SIZE = 16
@@ -83,6 +83,27 @@ class Step:
     #: Decode only: one KV length per sequence (then ``batch`` is their count and ``context_tokens`` their
     #: maximum); None when all sequences share ``context_tokens``.
     context_lens: tuple[int, ...] | None = None
+    #: Scales of quantized weights: "per-channel" (the default for int8/int4/fp8 weights) or "per-block"
+    #: (``scale_block`` rows of K per scale); "none" for float weights.
+    weight_scale: str = "none"
+    #: K rows per scale with ``weight_scale`` per-block.
+    scale_block: int | None = None
+    #: int8 x int8 weight GEMMs: activations read in ``act_dtype`` and quantized per token inside each GEMM (the
+    #: bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype`` activations (the bundled
+    #: grouped_matmul has no in-kernel quantization).
+    quantize_activations: bool = False
+
+    def weight_gemm(self, high_precision: bool = False) -> dict[str, Any]:
+        """Keyword arguments of :func:`perfmodel.model.gemm.gemm` for a weight matrix of this step: the
+        activation and weight dtypes, the weight scales and, with ``quantize_activations``, int8 activations
+        quantized in the kernel. ``high_precision`` (router, ...): weights kept in the activation dtype."""
+        if high_precision:
+            return dict(lhs_dtype=self.act_dtype, rhs_dtype=self.act_dtype, out_dtype=self.act_dtype)
+        kw: dict[str, Any] = dict(lhs_dtype=self.act_dtype, rhs_dtype=self.weight_dtype, out_dtype=self.act_dtype,
+                                  weight_scale=self.weight_scale, scale_block=self.scale_block)
+        if self.quantize_activations:
+            kw.update(lhs_dtype="int8", lhs_source_dtype=self.act_dtype)
+        return kw
 
     @property
     def tokens(self) -> int:
@@ -104,14 +125,16 @@ class Step:
 def make_step(*, phase: str = "decode", batch: int | None = None, context: int | None = None,
               prefill_len: int | None = None, context_lens: Any = None, weight_dtype: str = "bf16",
               act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
-              page_size: int = DEFAULT_PAGE_SIZE) -> Step:
+              page_size: int = DEFAULT_PAGE_SIZE, weight_scale: str | None = None, scale_block: int | None = None,
+              quantize_activations: bool = False) -> Step:
     """Validated :class:`Step`; one-line InputError naming the flag for bad input.
 
     Decode: ``context`` = KV length each sequence attends to (default 1024),
     or ``context_lens`` = one length per sequence (a mixed batch; ``batch``
     is then their count). Prefill: ``prefill_len`` = new tokens per sequence
     (default 2048) and ``context`` = tokens already cached before the chunk
-    (default 0). ``batch`` defaults to 1; ``kv_dtype`` to ``act_dtype``.
+    (default 0). ``batch`` defaults to 1; ``kv_dtype`` to ``act_dtype``. ``weight_scale`` / ``scale_block`` /
+    ``quantize_activations``: see :class:`Step`.
     """
     if phase not in PHASES:
         raise InputError(f"`phase`: got '{phase}'; use prefill or decode")
@@ -143,11 +166,17 @@ def make_step(*, phase: str = "decode", batch: int | None = None, context: int |
         context = 0 if context is None else context
         if not isinstance(context, (int, np.integer)) or context < 0:
             raise InputError(f"`context` must be >= 0 for prefill (tokens cached before the chunk), got {context}")
+    weights, acts = parse_dtype(weight_dtype, "`weight_dtype`"), parse_dtype(act_dtype, "`act_dtype`")
+    scale, block = resolve_weight_scale(weights, weight_scale, scale_block, dtype_field="weight_dtype")
+    if quantize_activations and (weights != "int8" or is_quantized(acts)):
+        raise InputError(f"`quantize_activations`: int8 x int8 GEMMs quantize float activations for int8 weights; "
+                         f"got `weight_dtype` {weights} and `act_dtype` {acts} (use --weight-dtype int8 "
+                         "--act-dtype bf16)")
     return Step(phase=phase, batch=int(batch), context_tokens=int(context), chunk_tokens=int(chunk),
-                weight_dtype=parse_dtype(weight_dtype, "`weight_dtype`"),
-                act_dtype=parse_dtype(act_dtype, "`act_dtype`"),
+                weight_dtype=weights, act_dtype=acts,
                 kv_dtype=parse_dtype(kv_dtype or act_dtype, "`kv_dtype`"), tp=int(tp), page_size=int(page_size),
-                context_lens=lens)
+                context_lens=lens, weight_scale=scale, scale_block=int(block) if scale == "per-block" else None,
+                quantize_activations=bool(quantize_activations))
 
 
 def _positive(flag: str, value: Any) -> None:
@@ -386,8 +415,10 @@ def _expert_gemm(name: str, r: Routing, *, n: int, k: int, step: Step, chip: Any
     """Grouped GEMM over the touched experts (the bundled grouped_matmul's op model): the assignments split
     evenly over them, ``heavy`` experts of light+1 tokens, the rest of light tokens."""
     sizes = uniform_group_sizes(r.assignments, r.experts_touched)
-    return _named(grouped_gemm(group_sizes=sizes, n=n, k=k, lhs_dtype=step.act_dtype, rhs_dtype=step.weight_dtype,
-                               out_dtype=step.act_dtype, chip=chip), name)
+    kw = step.weight_gemm()
+    kw.pop("lhs_source_dtype", None)  # experts keep float activations (no in-kernel quantization in grouped_matmul)
+    kw["lhs_dtype"] = step.act_dtype
+    return _named(grouped_gemm(group_sizes=sizes, n=n, k=k, chip=chip, **kw), name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -414,9 +445,8 @@ def _local(name: str, *, vpu: float = 0.0, eup: float = 0.0, read: float = 0.0, 
 
 def _proj(name: str, mat: Matrix, m: int, step: Step, chip: Any, epilogue: tuple[str, ...] = ()) -> OpCost:
     """[m, k] x [k, n] projection with the step's activation and weight dtypes (and a fused epilogue)."""
-    rhs = step.act_dtype if mat.high_precision else step.weight_dtype
-    return _named(gemm(m=m, n=mat.n, k=mat.k, lhs_dtype=step.act_dtype, rhs_dtype=rhs,
-                       out_dtype=step.act_dtype, epilogue=epilogue, chip=chip), name)
+    return _named(gemm(m=m, n=mat.n, k=mat.k, epilogue=epilogue, chip=chip, **step.weight_gemm(mat.high_precision)),
+                  name)
 
 
 # --------------------------------------------------------------------------- the op list
@@ -634,8 +664,8 @@ def _head_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[
                                                                           num_chips=sh.tp, chip=chip)))
     ops.append(("head", "final_norm", 1, fused.rms_norm(tokens=T, hidden=h, dtype=act, residual=True, chip=chip)))
     # [B, hidden] x [hidden, vocab / tp] for the last token of each sequence (a tied head reads the embedding table)
-    ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=sh.vocab, k=h, lhs_dtype=act, rhs_dtype=step.weight_dtype,
-                                                  out_dtype=LOGITS_DTYPE, chip=chip), "lm_head")))
+    ops.append(("head", "lm_head", 1, _named(gemm(m=B, n=sh.vocab, k=h, chip=chip,
+                                                  **{**step.weight_gemm(), "out_dtype": LOGITS_DTYPE}), "lm_head")))
     if sh.tp > 1:
         ops.append(("tp", "all_gather(logits)", 1, collectives.all_gather(
             bytes_per_chip=B * sh.vocab * DTYPES[LOGITS_DTYPE].itemsize_bytes, num_chips=sh.tp, chip=chip)))

@@ -79,8 +79,18 @@ def _step_line(p: Any) -> str:
     else:
         prefix = f" after {s.context_tokens} cached" if s.context_tokens else ""
         what = f"prefill, batch {s.batch} x {s.chunk_tokens} new tokens{prefix}"
-    return (f"{what}; weights {s.weight_dtype}, activations {s.act_dtype}, KV {s.kv_dtype}, "
+    return (f"{what}; weights {_weights(s)}, activations {s.act_dtype}, KV {s.kv_dtype}, "
             f"page {s.page_size}, TP {s.tp}")
+
+
+def _weights(s: Any) -> str:
+    """The weight dtype, with its scales where they are not the default, and int8 x int8 GEMMs."""
+    text = s.weight_dtype
+    if s.weight_scale == "per-block":
+        text += f" (scales per {s.scale_block} rows of K)"
+    if s.quantize_activations:
+        text += ", GEMMs int8 x int8 (activations quantized per token in each GEMM)"
+    return text
 
 
 def _fixed_line(p: Any, swept: list[str]) -> str:
@@ -89,6 +99,8 @@ def _fixed_line(p: Any, swept: list[str]) -> str:
     context = s.context_tokens if s.context_lens is None else f"{min(s.context_lens)}..{max(s.context_lens)}"
     fields = [("phase", s.phase), ("batch", s.batch), ("context", context),
               ("prefill_len", s.chunk_tokens if s.phase == "prefill" else None), ("weight_dtype", s.weight_dtype),
+              ("weight_scale", s.weight_scale if s.weight_scale == "per-block" else None),
+              ("scale_block", s.scale_block), ("quantize_activations", "yes" if s.quantize_activations else None),
               ("act_dtype", s.act_dtype), ("kv_dtype", s.kv_dtype), ("page_size", s.page_size), ("tp", s.tp)]
     fixed = ", ".join(f"{k.replace('_', '-')} {v}" for k, v in fields if k not in swept and v is not None)
     return f"{fixed}; sweeping {', '.join(k.replace('_', '-') for k in swept)}"

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 #: Parameters a sweep may vary.
-SWEEPABLE = ("phase", "batch", "context", "prefill_len", "tp", "page_size", "weight_dtype", "act_dtype", "kv_dtype")
+SWEEPABLE = ("phase", "batch", "context", "prefill_len", "tp", "page_size", "weight_dtype", "act_dtype", "kv_dtype",
+             "weight_scale", "scale_block")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,8 @@ def step_sweep(model: Any, *, chips: Sequence[Any], points: Sequence[Mapping[str
                phase: str = "decode", batch: int | None = None, context: int | None = None,
                context_lens: Any = None, context_dist: str | None = None, prefill_len: int | None = None,
                weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_dtype: str | None = None, tp: int = 1,
-               page_size: int = 16, hbm_utilization: float = 0.9,
+               page_size: int = 16, hbm_utilization: float = 0.9, weight_scale: str | None = None,
+               scale_block: int | None = None, quantize_activations: bool = False,
                progress: Callable[..., None] | None = None) -> StepSweep:
     """Predict the step of ``model`` (a ModelConfig, preset name or config path) at every chip and point.
 
@@ -61,7 +63,8 @@ def step_sweep(model: Any, *, chips: Sequence[Any], points: Sequence[Mapping[str
         lens, batch = context_lengths(context, context_lens, context_dist, batch)
         context = None
     params = dict(phase=phase, batch=batch, context=context, prefill_len=prefill_len, weight_dtype=weight_dtype,
-                  act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size, context_lens=lens)
+                  act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size, context_lens=lens,
+                  weight_scale=weight_scale, scale_block=scale_block, quantize_activations=quantize_activations)
     out = []
     for chip in chips:
         for point in points:

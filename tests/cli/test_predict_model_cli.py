@@ -209,3 +209,32 @@ def test_context_lens_and_dist():
 def test_context_list_errors(args, message):
     r = run("llama-3.1-8b", *args)
     assert r.exit_code == 2 and re.search(message, r.output), r.output
+
+
+def test_weight_scale_and_quantized_activations_reach_the_model():
+    r = run("llama-3.1-8b", "--hw", "v5e", "--phase", "prefill", "--weight-dtype", "int8", "--weight-scale",
+            "per-block", "--scale-block", "256", "--quantize-activations", "--json")
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.output)[0]
+    lib = predict_step(get_model("llama-3.1-8b"), make_step(phase="prefill", weight_dtype="int8",
+                                                            weight_scale="per-block", scale_block=256,
+                                                            quantize_activations=True), get_chip("tpu-v5e"))
+    assert rec["step"]["weight_scale"] == "per-block" and rec["step"]["scale_block"] == 256
+    assert rec["step"]["quantize_activations"] is True
+    assert rec["floor_s"] == pytest.approx(lib.floor_s)
+    text = run("llama-3.1-8b", "--hw", "v5e", "--weight-dtype", "int8", "--weight-scale", "per-block",
+               "--quantize-activations").output
+    assert "weights int8 (scales per 128 rows of K), GEMMs int8 x" in text
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--quantize-activations"], "--quantize-activations: int8 x int8 GEMMs quantize float activations for int8 "
+                                 "weights; got --weight-dtype bf16"),
+    (["--weight-scale", "per-block"], "--weight-scale per-block: weights of dtype bf16 are not quantized; drop the "
+                                      "flag or pick --weight-dtype int8/int4/fp8"),
+    (["--weight-dtype", "int8", "--scale-block", "64"], "--scale-block applies only with --weight-scale per-block"),
+    (["--weight-dtype", "int8", "--quantize-activations", "--compile"], "are for the analytic model"),
+])
+def test_weight_gemm_option_errors(args, match):
+    r = run("llama-3.1-8b", *args)
+    assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output

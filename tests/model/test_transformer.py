@@ -83,6 +83,51 @@ def test_int8_weights_halve_the_decode_floor():
     assert int8.memory.weight_bytes == pytest.approx(bf16.memory.weight_bytes / 2, rel=SMALL_OPS_REL["int8"])
 
 
+def test_blockwise_weight_scales_add_their_bytes_hand_worked():
+    per_channel = _op(_decode(batch=1, context=256, weight_dtype="int8"), "qkv_proj").cost
+    per_block = _op(_decode(batch=1, context=256, weight_dtype="int8", weight_scale="per-block"), "qkv_proj").cost
+    # Llama-3.1-8B qkv: k = 4096, n = 4096 + 2 x 8 x 128 = 6144. Per channel: 6144 f32 scales = 24,576 B; per
+    # 128-row block: 4096 / 128 = 32 scales per column = 786,432 B; 761,856 B more
+    assert per_block.hbm_read_bytes - per_channel.hbm_read_bytes == 786_432 - 24_576
+    coarse = _op(_decode(batch=1, context=256, weight_dtype="int8", weight_scale="per-block", scale_block=512),
+                 "qkv_proj").cost
+    # 4096 / 512 = 8 per column: 196,608 B
+    assert coarse.hbm_read_bytes - per_channel.hbm_read_bytes == 196_608 - 24_576
+
+
+def test_quantized_activations_run_prefill_gemms_at_the_int8_rate():
+    def prefill(**kw):
+        return predict_step(get_model("llama-3.1-8b"), make_step(phase="prefill", prefill_len=2048, **kw), V5E)
+
+    w8 = _op(prefill(weight_dtype="int8"), "gate_up")
+    w8a8 = _op(prefill(weight_dtype="int8", quantize_activations=True), "gate_up")
+    # gate_up at 2048 tokens is MXU-bound; v5e's int8 MXU rate (394 TOP/s) is twice its bf16 rate (197 TFLOP/s)
+    assert w8.bound == w8a8.bound == "MXU-bound"
+    assert w8a8.floor_s == pytest.approx(w8.floor_s / 2, rel=0.01)
+    # the activations are still read once in bf16 (quantized inside the kernel): 2048 x 4096 x 2 B
+    assert w8a8.cost.hbm_read_bytes - w8.cost.hbm_read_bytes == pytest.approx(0, abs=2048 * 4 + 1)
+    # the MoE experts keep float activations: no in-kernel quantization in grouped_matmul
+    def experts(**kw):
+        return _op(predict_step(get_model("mixtral-8x7b"), make_step(phase="prefill", prefill_len=2048,
+                                                                    weight_dtype="int8", **kw), V5E), "experts_gate_up")
+
+    assert experts(quantize_activations=True).floor_s == experts().floor_s
+    assert _op(prefill(weight_dtype="int8", quantize_activations=True), "qkv_proj").floor_s < \
+        _op(prefill(weight_dtype="int8"), "qkv_proj").floor_s
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(quantize_activations=True), "`quantize_activations`: int8 x int8 GEMMs quantize float activations .* "
+                                      "`weight_dtype` bf16"),
+    (dict(weight_dtype="int8", act_dtype="int8", quantize_activations=True), "`act_dtype` int8"),
+    (dict(weight_scale="per-block"), "weights of dtype bf16 are not quantized; drop the flag or pick `weight_dtype`"),
+    (dict(weight_dtype="int8", scale_block=64), "`scale_block` applies only with `weight_scale` per-block"),
+])
+def test_weight_gemm_options_are_checked(kw, match):
+    with pytest.raises(InputError, match=match):
+        make_step(**kw)
+
+
 def test_fp8_weights_on_v5e_convert_on_vpu():
     p = _decode(batch=1, context=256, weight_dtype="fp8")
     notes = " ".join(_op(p, "gate_up").cost.notes)
