@@ -46,6 +46,28 @@ class CompileFailed(ToolFailure):
     """The compile child crashed or timed out (not a compiler rejection, which is a report)."""
 
 
+def encode_arg(value: Any) -> Any:
+    """A static argument as JSON for the compile worker: a JAX PRNG key (a tuned kernel's draw) as its key data and
+    implementation (:func:`decode_arg` rebuilds it); anything else as it is."""
+    if type(value).__name__ == "PRNGKeyArray":
+        import jax
+        import numpy as np
+
+        return {"prng_key_data": np.asarray(jax.random.key_data(value)).tolist(),
+                "prng_impl": str(jax.random.key_impl(value))}
+    return value
+
+
+def decode_arg(value: Any) -> Any:
+    """Inverse of :func:`encode_arg` (in the worker)."""
+    if isinstance(value, dict) and "prng_key_data" in value:
+        import jax
+        import numpy as np
+
+        return jax.random.wrap_key_data(np.asarray(value["prng_key_data"], dtype=np.uint32), impl=value["prng_impl"])
+    return value
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompileCall:
     """What to compile: ``kind`` "function" (target MODULE:FUNCTION, args as ``--arg`` texts), "catalog"
@@ -72,7 +94,8 @@ class CompileCall:
         if self.kind == "model":
             return {"kind": "model", "model": self.target, "args": dict(self.extra or {}), **slice_}
         return {"kind": "catalog", "kernel": self.target, "shapes": list(self.shapes),
-                "blocks": dict(self.blocks) if self.blocks is not None else None, "args": dict(self.extra or {})}
+                "blocks": dict(self.blocks) if self.blocks is not None else None,
+                "args": {k: encode_arg(v) for k, v in (self.extra or {}).items()}}
 
     @property
     def label(self) -> str:

@@ -36,7 +36,10 @@ def _build(call: dict[str, Any], chip: Any) -> tuple[Any, list[Any], list[str]]:
 
     if call["kind"] == "function":
         return bind_arrays(call["target"], call["shapes"], call["args"], chip)
-    return bind_catalog(call["kernel"], call["shapes"], call.get("blocks"), call.get("args") or {}, chip)
+    from perfmodel.compiler.api import decode_arg
+
+    args = {k: decode_arg(v) for k, v in (call.get("args") or {}).items()}
+    return bind_catalog(call["kernel"], call["shapes"], call.get("blocks"), args, chip)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -58,3 +58,19 @@ def test_a_kernel_found_only_through_the_editable_install_is_in_the_source_diges
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p and Path(p).resolve() != root])
     monkeypatch.chdir(os.path.dirname(root))  # no "kernels" folder in the working directory either
     assert _module_path("kernels.matmul") == root / "kernels" / "matmul" / "__init__.py"
+
+
+def test_a_prng_key_argument_travels_to_the_compile_worker_as_json():
+    import json
+
+    import jax
+
+    from perfmodel.compiler.api import CompileCall, decode_arg
+
+    key = jax.random.key(7)
+    call = CompileCall(kind="catalog", target="sampling", shapes=("logits=8x1024:f32",), blocks=None,
+                       extra={"key": key, "top_k": 50})
+    request = json.loads(json.dumps(call.to_request()))  # what the worker reads
+    assert request["args"]["top_k"] == 50
+    rebuilt = decode_arg(request["args"]["key"])
+    assert (jax.random.bits(rebuilt) == jax.random.bits(key)).all()
