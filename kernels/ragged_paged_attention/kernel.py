@@ -232,6 +232,16 @@ def kv_scale_layout(kv_scales) -> str:
     return "per-token" if len(kv_scales.shape) == 3 else "per-page"
 
 
+def native_kv_operand(q_dtype, kv_dtype, chip: str) -> bool:
+    """Whether the MXU takes the cache's codes as they are against bf16 queries (fp8 where the chip's spec lists a
+    native 'bf16 x fp8' pair: v5p, v6e, 7x); otherwise they are widened to q's dtype on the VPU first."""
+    from kernels.tiling import matmul_dtype_name
+
+    kv_name = matmul_dtype_name(kv_dtype)
+    return (np.dtype(q_dtype).name == "bfloat16" and kv_name == "fp8"
+            and tpu_chip(chip).supports_matmul("bf16", kv_name))
+
+
 def _check_kv_scales(kv_pages, kv_scales, chip: str) -> None:
     dtype = np.dtype(kv_pages.dtype).name
     if not is_quantized(dtype):
@@ -379,7 +389,8 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
                                page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
                                sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs,
-                               quantized=quantized)
+                               quantized=quantized, native_codes=quantized and native_kv_operand(q.dtype, kv_pages.dtype,
+                                                                                             chip))
     names = ["kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks", "kv_pages"]
     names += scale_names[:1] + ["o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1", "acc1"] + scale_names[1:]
     kernel = with_ref_names(kernel, tuple(names))
@@ -507,7 +518,8 @@ def _split_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, *, packed_
 
 def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, dtype, *, packed: bool):
     """K and V codes of KV head ``h`` for tokens ``start .. start + tokens`` of an 8-bit ``[block_kv * 2 * kv_heads,
-    head_dim]`` block, widened exactly to ``dtype`` (bf16 or f32): two ``[tokens, head_dim]``.
+    head_dim]`` block, widened exactly to ``dtype`` (bf16 or f32; fp8 codes stay fp8 when ``dtype`` is theirs):
+    two ``[tokens, head_dim]``.
 
     Four 8-bit rows share a 32-bit word (row ``4w + i`` in byte i), so with an even ``kv_heads`` the rows ``2h``
     (K) and ``2h + 1`` (V) of a token are bytes ``2 * (h % 2)`` and ``2 * (h % 2) + 1`` of word ``h // 2`` of the
@@ -520,6 +532,8 @@ def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, 
     if not packed:
         k = kv_ref[pl.ds(first, tokens, stride=stride), :]
         v = kv_ref[pl.ds(first + 1, tokens, stride=stride), :]
+        if dtype == kv_ref.dtype:
+            return k, v
         return k.astype(jnp.float32).astype(dtype), v.astype(jnp.float32).astype(dtype)
     words = kv_ref.bitcast(jnp.uint32)[pl.ds(h // 2 + kv_heads // 2 * start, tokens, stride=kv_heads // 2), :]
     byte = 2 * (h % 2)
@@ -528,9 +542,10 @@ def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, 
             top = pltpu.bitcast(words << (24 - 8 * b), jnp.int32)
             return lax.shift_right_arithmetic(top, 24).astype(jnp.float32).astype(dtype)
     else:
-        def code(b):  # fp8 byte b -> its uint8 value -> the fp8 bit pattern
+        def code(b):  # fp8 byte b -> its uint8 value -> the fp8 bit pattern (widened unless the MXU takes it)
             raw = lax.shift_right_logical(words << (24 - 8 * b), jnp.uint32(24)).astype(jnp.uint8)
-            return pltpu.bitcast(raw, kv_ref.dtype).astype(jnp.float32).astype(dtype)
+            codes = pltpu.bitcast(raw, kv_ref.dtype)
+            return codes if dtype == kv_ref.dtype else codes.astype(jnp.float32).astype(dtype)
     return code(byte), code(byte + 1)
 
 
@@ -556,6 +571,7 @@ def _ragged_paged_attention_kernel(
     soft_cap: float | None,
     packed_pairs: bool,
     quantized: bool = False,
+    native_codes: bool = False,
 ):
     # scales_hbm_ref: HBM [max_seqs * blocks_per_seq, 2 * kv_heads, block_kv] f32 (block_scales), quantized only.
     # o_ref: VMEM [block_q, q_heads * head_dim]. Scratch:
@@ -655,8 +671,8 @@ def _ragged_paged_attention_kernel(
         chunk = min(COMPUTE_TOKENS, block_kv)
         for c in range(block_kv // chunk):
             if quantized:
-                k, v = _split_quantized_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, compute_dtype,
-                                           packed=packed_pairs)
+                k, v = _split_quantized_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk,
+                                           kv_buf.dtype if native_codes else compute_dtype, packed=packed_pairs)
                 tokens = pl.ds(c * chunk, chunk)
                 # K's scale folds into the scores (with sm_scale), V's into the probabilities: [1, chunk] rows.
                 k_scale = scale_buf[slot, pl.ds(2 * h, 1), tokens] * sm_scale
@@ -673,7 +689,8 @@ def _ragged_paged_attention_kernel(
             p = jnp.exp(scores - jnp.tile(m_next, (1, chunk // STATS_LANES)))
             alpha = jnp.exp(m - m_next)
             l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
-            pv = jnp.dot((p * v_scale if quantized else p).astype(v.dtype), v, preferred_element_type=jnp.float32)
+            pv = jnp.dot((p * v_scale if quantized else p).astype(compute_dtype), v,
+                         preferred_element_type=jnp.float32)
             acc = acc * _lanes(alpha, head_dim) + pv
             m = m_next
         m_at[...], l_at[...], acc_at[...] = m, l, acc

@@ -573,3 +573,15 @@ def test_op_model_quantized_bytes_by_hand(layout, gather_read):
     # Everything else (q, out, page table) is the same: the difference is the KV bytes and the gather.
     assert (bf16.hbm_read_bytes + bf16.hbm_write_bytes) - (cost.hbm_read_bytes + cost.hbm_write_bytes) == (
         2 * 155648 - (155648 + 6144 + gather_read + 3 * 2048))
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype,chip,native", [
+    (jnp.bfloat16, jnp.float8_e4m3fn, "tpu-v6e", True),  # the spec lists 'bf16 x fp8': codes go to the MXU as they are
+    (jnp.bfloat16, jnp.float8_e4m3fn, "tpu-7x", True),
+    (jnp.float32, jnp.float8_e4m3fn, "tpu-v6e", False),  # f32 queries: codes widened to f32
+    (jnp.bfloat16, jnp.int8, "tpu-v6e", False),  # no 'bf16 x int8' pair: widened to bf16 on the VPU
+])
+def test_which_codes_feed_the_mxu_as_they_are(q_dtype, kv_dtype, chip, native):
+    from kernels.ragged_paged_attention.kernel import native_kv_operand
+
+    assert native_kv_operand(q_dtype, kv_dtype, chip) is native
