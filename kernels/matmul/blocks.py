@@ -36,13 +36,16 @@ class MatmulVariant:
 
     ``x_row``: the width of a resident x row block (K rounded up to bk; it replaces the x tile: quantize_x, and
     small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
-    ``x_codes``: quantize_x's int8 codes of that row and its per-token scales; ``scale_rows``: rows of the resident
+    ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
+    2 when the next row block is quantized ahead); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
     (weight-only blockwise scales at large bm).
     """
 
     x_row: int | None = None
     x_codes: bool = False
+    #: Row blocks of codes (and scales) held: 2 when quantize_x quantizes the next row block ahead.
+    code_slots: int = 1
     scale_rows: int = 0
     w_dequant: bool = False
 
@@ -103,9 +106,9 @@ class MatmulBlockSizes:
         )
         acc = buf((self.bm, self.bn), "float32")
         need = 2 * streamed + acc
-        if variant.x_codes:  # int8 codes of the row block and the per-token scales; the dot's int32 result
-            need += (buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
-                     + buf((self.bm, self.bn), "int32"))
+        if variant.x_codes:  # int8 codes of the row block(s) and the per-token scales; the dot's int32 result
+            codes = buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
+            need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")
         if variant.w_dequant:  # the dequantized w tile
             need += buf((self.bk, self.bn), x_dtype)
         if tiling.itemsize_bytes(x_dtype) == 4:

@@ -58,9 +58,9 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 
-def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
-                   has_bias: bool, quantize_x: bool, x_resident: bool, w_dequant: bool, int4: bool, col_chunk: int,
-                   precision: Any) -> None:
+def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
+                   has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
+                   col_chunk: int, precision: Any) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
 
@@ -82,12 +82,42 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
     bn = w_ref.shape[1]
 
     if quantize_x:
-        xq_ref, xs_ref = scratch[:2]  # [n_k, bm, bk] int8 codes, [bm, 1] f32 per-token scales
+        # [n_k, bm, bk] int8 codes and [bm, 1] f32 per-token scales of this row block; lookahead: the next row
+        # block's too, separate buffers (so the scheduler can tell the quantization's stores from the dot's loads
+        # and interleave them).
+        xq_ref, xs_ref = scratch[:2]
+        n_groups = x_ref.shape[0] // QUANT_ROWS
 
-        # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
-        @pl.when((j == 0) & (k == 0))
-        def _quantize() -> None:
-            _quantize_rows(x_ref, xq_ref, xs_ref, n_k=n_k, bk=bk, k_tail=k_tail)
+        def quantize_all() -> None:  # this row block, group by group
+            def body(g: Any, carry: Any) -> Any:
+                _quantize_group(x_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail)
+                return carry
+
+            jax.lax.fori_loop(0, n_groups, body, 0)
+
+        if lookahead:
+            xq_next, xs_next = scratch[2:4]
+            i, s = pl.program_id(0), j * n_k + k
+            # x_ref holds row block 0 at the very first step, row block i + 1 (the last one: itself) after.
+            pl.when((i == 0) & (s == 0))(quantize_all)
+
+            @pl.when((i > 0) & (s == 0))
+            def _take_next() -> None:  # the codes the previous row block's steps made
+                for t in range(n_k):
+                    xq_ref[t] = xq_next[t]
+                xs_ref[...] = xs_next[...]
+
+            # Every step quantizes its share of the next row block's 32-row groups, straight line in the step
+            # body (packed around the dot). Shares are per step s - 1 (step 0 repeats step 1's: at i == 0 x_ref
+            # still holds row block 0 there, which step 1 then overwrites).
+            per_step = tiling.cdiv(n_groups, n_j * n_k - 1)
+            share = jnp.maximum(s - 1, 0) * per_step
+            for u in range(per_step):
+                _quantize_group(x_ref, xq_next, xs_next, jnp.minimum(share + u, n_groups - 1), n_k=n_k, bk=bk,
+                                k_tail=k_tail)
+        else:
+            # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
+            pl.when((j == 0) & (k == 0))(quantize_all)
 
     def x_tile() -> jax.Array:
         if quantize_x:
@@ -180,62 +210,57 @@ def _matmul_kernel(*refs: Any, n_k: int, bk: int, k_tail: int | None, activation
                 epilogue(cols, acc_ref[:, cols])
 
 
-def _quantize_rows(x_ref: Any, xq_ref: Any, xs_ref: Any, *, n_k: int, bk: int, k_tail: int | None) -> None:
-    """Per-token int8 codes of the resident x row block into xq_ref [n_k, bm, bk] and scales into xs_ref [bm, 1].
+def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: int, bk: int,
+                    k_tail: int | None) -> None:
+    """Per-token int8 codes of QUANT_ROWS rows (``group``) of the resident x row block into xq_ref[:, rows, :]
+    and their scales into xs_ref[rows, :].
 
-    A loop over groups of QUANT_ROWS rows; per group, a max |x| pass over the whole row into a lane-wide
-    [rows, 128] f32 running max (one cross-lane max per group) and a codes pass, each over [rows, width]
-    chunks of at most QUANT_CHUNK_BYTES of f32, so nothing spills whatever bm is."""
-    bm = x_ref.shape[0]
-    rows = min(QUANT_ROWS, bm)
+    A max |x| pass over the whole row into a lane-wide [rows, 128] running max in x's dtype (one cross-lane max
+    at the end) and a codes pass, each over [rows, width] chunks of at most QUANT_CHUNK_BYTES of f32 (nothing
+    spills); the passes over the K blocks are unrolled when short (straight-line code, no nested loop)."""
+    rows = QUANT_ROWS
     width = _quant_chunk(rows, bk)
     k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None
     unrolled = n_k * (bk // width) <= QUANT_UNROLL_CHUNKS
+    r0 = pl.multiple_of(group * rows, rows)
 
     def over_k(body: Any, init: Any) -> Any:
-        """body(t, carry) over the K blocks: unrolled when short (one straight-line group body the scheduler
-        can overlap; no nested loop), else a loop."""
         if not unrolled:
             return jax.lax.fori_loop(0, n_k, body, init)
         for t in range(n_k):
             init = body(t, init)
         return init
 
-    def group(r: Any, carry: Any) -> Any:
-        r0 = pl.multiple_of(r * rows, rows)
+    def chunk(t: Any, c0: int) -> jax.Array:  # x's dtype
+        start = t * bk + c0
+        if not isinstance(start, int):
+            start = pl.multiple_of(start, tiling.LANES)
+        v = x_ref[pl.ds(r0, rows), pl.ds(start, width)]
+        if k_valid is not None:
+            col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
+            v = jnp.where(col < k_valid, v, jnp.zeros_like(v))
+        return v
 
-        def chunk(t: Any, c0: int) -> jax.Array:  # x's dtype
-            start = t * bk + c0
-            if not isinstance(start, int):
-                start = pl.multiple_of(start, tiling.LANES)
-            v = x_ref[pl.ds(r0, rows), pl.ds(start, width)]
-            if k_valid is not None:
-                col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
-                v = jnp.where(col < k_valid, v, jnp.zeros_like(v))
-            return v
+    def amax_of(t: Any, acc: jax.Array) -> jax.Array:
+        # In x's dtype (abs and max are exact in bf16): no widening pass, half the vregs on a bf16 VPU.
+        for c0 in range(0, bk, width):
+            v = jnp.abs(chunk(t, c0))
+            for l0 in range(0, width, tiling.LANES):
+                acc = jnp.maximum(acc, v[:, l0:l0 + tiling.LANES])
+        return acc
 
-        def amax_of(t: Any, acc: jax.Array) -> jax.Array:
-            # In x's dtype (abs and max are exact in bf16): no widening pass, half the vregs on a bf16 VPU.
-            for c0 in range(0, bk, width):
-                v = jnp.abs(chunk(t, c0))
-                for l0 in range(0, width, tiling.LANES):
-                    acc = jnp.maximum(acc, v[:, l0:l0 + tiling.LANES])
-            return acc
+    lanes = over_k(amax_of, jnp.zeros((rows, tiling.LANES), x_ref.dtype)).astype(jnp.float32)
+    inv, scale = int8_scale(jnp.max(lanes, axis=1, keepdims=True))
+    xs_ref[pl.ds(r0, rows), :] = scale
 
-        lanes = over_k(amax_of, jnp.zeros((rows, tiling.LANES), x_ref.dtype)).astype(jnp.float32)
-        inv, scale = int8_scale(jnp.max(lanes, axis=1, keepdims=True))
-        xs_ref[pl.ds(r0, rows), :] = scale
+    def codes(t: Any, c: Any) -> Any:
+        for c0 in range(0, bk, width):
+            # inv is 127 / max|x| of these very rows: no clip needed (kernels/quant.py int8_codes).
+            q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False)
+            xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
+        return c
 
-        def codes(t: Any, c: Any) -> Any:
-            for c0 in range(0, bk, width):
-                # inv is 127 / max|x| of these very rows: no clip needed (kernels/quant.py int8_codes).
-                q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False)
-                xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
-            return c
-
-        return over_k(codes, carry)
-
-    jax.lax.fori_loop(0, bm // rows, group, 0)
+    over_k(codes, 0)
 
 
 def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, col_chunk: int) -> None:
@@ -456,7 +481,8 @@ def matmul(
     x_resident = quantize_x or (tiling.cdiv(n, blocks.bn) > 1
                                 and blocks.bm * x_row * x.dtype.itemsize <= X_RESIDENT_MAX_BYTES)
     w_dequant = int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM)
-    variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x,
+    lookahead = quantize_x and _lookahead(spec, m, n, k, blocks)
+    variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
                             scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
                             w_dequant=w_dequant)
     vmem_limit = block_sizes.check(  # int4: the packed tile counted as [bk, bn] int8 (twice its bytes)
@@ -465,9 +491,18 @@ def matmul(
     )
     return _matmul_jit(
         x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, x_resident=x_resident,
+        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, lookahead=lookahead,
+        x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
     )
+
+
+def _lookahead(chip: Any, m: int, n: int, k: int, blocks: MatmulBlockSizes) -> bool:
+    """quantize_x quantizes the next row block during the current one's steps (instead of all at once at the
+    first step of each row block) when there is a next row block, a row block has at least 2 steps to spread
+    it over, and the chip has one TensorCore (the row blocks then run in order; megacore chips split them)."""
+    steps = tiling.cdiv(n, blocks.bn) * tiling.cdiv(k, blocks.bk)
+    return tiling.cdiv(m, blocks.bm) > 1 and steps > 1 and chip.cores.cores_per_chip == 1
 
 
 def _quant_chunk(rows: int, bk: int) -> int:
@@ -516,7 +551,8 @@ def cost_estimate(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "x_resident", "w_dequant", "int4",
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "lookahead", "x_resident", "w_dequant",
+                              "int4",
                               "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
@@ -529,6 +565,7 @@ def _matmul_jit(
     activation: str,
     out_dtype: Any,
     quantize_x: bool,
+    lookahead: bool,
     x_resident: bool,
     w_dequant: bool,
     int4: bool,
@@ -542,7 +579,16 @@ def _matmul_jit(
     k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
     scale_kind = scale_kind_of(w_scale)
     operands = [x, w]
-    if x_resident:
+    n_i, n_j = tiling.cdiv(m, bm), tiling.cdiv(n, bn)
+    if lookahead:
+        # Row block 0 at the first step, then row block i + 1 (clamped): each row block is fetched once, one
+        # row block ahead of its dot, and quantized during the previous row block's steps.
+        def x_index(i: Any, j: Any, kk: Any) -> tuple[Any, int]:
+            first = (i == 0) & (j == 0) & (kk == 0)
+            return jnp.where(first, 0, jnp.minimum(i + 1, n_i - 1)), 0
+
+        x_spec = pl.BlockSpec((bm, n_k * bk), x_index)
+    elif x_resident:
         # The whole row block, fetched once per i (its block index does not change with j or kk).
         x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
     else:
@@ -565,26 +611,31 @@ def _matmul_jit(
     scratch = [pltpu.VMEM((bm, bn), jnp.int32 if int_acc else jnp.float32)]
     scratch_names = ["acc_ref"]
     if quantize_x:
-        scratch += [pltpu.VMEM((n_k, bm, bk), jnp.int8), pltpu.VMEM((bm, 1), jnp.float32)]
+        codes = [pltpu.VMEM((n_k, bm, bk), jnp.int8), pltpu.VMEM((bm, 1), jnp.float32)]
+        scratch += codes
         scratch_names += ["xq_ref", "x_scale_ref"]
+        if lookahead:  # the next row block's, quantized ahead
+            scratch += codes
+            scratch_names += ["xq_next_ref", "x_scale_next_ref"]
     if w_dequant:
         scratch.append(pltpu.VMEM((bk, bn), x.dtype))
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
-        _matmul_kernel, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
-        has_bias=bias is not None, quantize_x=quantize_x, x_resident=x_resident, w_dequant=w_dequant, int4=int4,
-        col_chunk=_col_chunk(bm, bn), precision=precision,
+        _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
+        has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, x_resident=x_resident,
+        w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(bm, bn), precision=precision,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
     kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)
     # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it.
-    semantics = ("parallel", "arbitrary" if quantize_x else "parallel", "arbitrary")
+    # lookahead: the row blocks too (each quantizes the next).
+    semantics = ("arbitrary" if lookahead else "parallel", "arbitrary" if quantize_x else "parallel", "arbitrary")
     call = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=0,
-            grid=(tiling.cdiv(m, bm), tiling.cdiv(n, bn), n_k),
+            grid=(n_i, n_j, n_k),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
             scratch_shapes=scratch,

@@ -110,17 +110,46 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
     _check(out, matmul_reference(x, wq, w_scale=s), "weight_only")
 
 
+#: (M, K, N, blocks, chip) for quantize_x's row groups and K steps:
+#: * M = 80 at bm = 96: one row block of three 32-row groups (the last partly past M), quantized at its first
+#:   step; K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two
+#:   column blocks, the second reading the codes the first step made.
+#: * M = 150 at bm = 64: three row blocks (the last 22 rows), each quantized ahead during the previous one's
+#:   2 x 3 = 6 steps (shares of cdiv(2 groups, 5) = 1 group per step) on single-core tpu-v5e.
+#: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: cdiv(4, 3) = 2 groups
+#:   per step, the last share clamped to group 3 (quantized twice).
+#: * the same on tpu-v5p (two TensorCores): no lookahead, each row block quantized at its first step.
+ROW_CASES = [
+    pytest.param((80, 300, 200, MatmulBlockSizes(bm=96, bk=128, bn=128), "tpu-v5e"), id="one-row-block"),
+    pytest.param((150, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5e"), id="lookahead-1-group"),
+    pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5e"), id="lookahead-2-groups"),
+    pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5p"), id="megacore"),
+]
+
+
+@pytest.mark.parametrize("case", ROW_CASES)
 @pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
-def test_int8_x_int8_row_groups_and_k_steps(blockwise):
-    # bm = 96: three 32-row quantization groups per row block (M = 80: the last group partly past M);
-    # K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two column
-    # blocks, the second reading the codes the first quantized.
-    m, k, n = 80, 300, 200
+def test_int8_x_int8_row_groups_and_k_steps(case, blockwise):
+    m, k, n, blocks, chip = case
+    # Rows of very different magnitudes: a scale written to the wrong rows, slot or row block shows.
     x = _x(15, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
     _, wq, s = _weights(16, k, n, blockwise)
-    blocks = MatmulBlockSizes(bm=96, bk=128, bn=128)
-    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, interpret=True)
+    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, chip=chip, interpret=True)
     _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+
+
+def test_lookahead_needs_a_next_row_block_two_steps_and_one_core():
+    from kernels import tiling
+    from kernels.matmul.kernel import _lookahead
+
+    v5e, v5p = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v5p")
+    b = MatmulBlockSizes(bm=64, bk=128, bn=128)
+    # (M, N, K) = (150, 200, 300): 3 row blocks, 2 x 3 steps each.
+    assert _lookahead(v5e, 150, 200, 300, b)
+    # M = 64: one row block, nothing to quantize ahead; N = K = 128: one step per row block; v5p: 2 cores.
+    assert not _lookahead(v5e, 64, 200, 300, b)
+    assert not _lookahead(v5e, 150, 128, 128, b)
+    assert not _lookahead(v5p, 150, 200, 300, b)
 
 
 def test_single_k_step_skips_the_accumulator():
