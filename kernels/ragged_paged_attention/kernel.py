@@ -251,8 +251,8 @@ def _check_kv_scales(kv_pages, kv_scales, chip: str) -> None:
         return
     check_dtype("kv_pages", kv_pages.dtype, QUANT_KV_DTYPES, tpu_chip(chip))
     num_pages, page_size, combined, _ = kv_pages.shape
-    if combined % 4:
-        raise ValueError(f"kv_pages: {dtype} pages need an even kv_heads (four 8-bit K/V rows share a 32-bit "
+    if combined % 4 and combined != 2:
+        raise ValueError(f"kv_pages: {dtype} pages need kv_heads 1 or even (four 8-bit K/V rows share a 32-bit "
                          f"word, split by shifts), got kv_heads={combined // 2}; pad the KV heads to "
                          f"{combined // 2 + 1}")
     per_token, per_page = [num_pages, page_size, combined], [num_pages, combined]
@@ -427,7 +427,8 @@ def block_scales(kv_scales, page_table, kv_lens, *, page_size: int, block_kv: in
     scales = scales.reshape(max_seqs, blocks, block_kv, combined)
     position = jnp.arange(blocks * block_kv, dtype=jnp.int32).reshape(1, blocks, block_kv, 1)
     scales = jnp.where(position < kv_lens.reshape(-1, 1, 1, 1), scales, 0.0)
-    return jnp.swapaxes(scales, 2, 3).reshape(max_seqs * blocks, combined, block_kv)
+    scales = jnp.swapaxes(scales, 2, 3)[..., token_order(block_kv, combined // 2)]  # the kernel's token order
+    return scales.reshape(max_seqs * blocks, combined, block_kv)
 
 
 def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num_pages: int,
@@ -525,17 +526,26 @@ def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, 
     (K) and ``2h + 1`` (V) of a token are bytes ``2 * (h % 2)`` and ``2 * (h % 2) + 1`` of word ``h // 2`` of the
     token's ``kv_heads / 2`` words: one strided load of the 32-bit view fetches both, and shifts move each byte to
     the top and back (arithmetic for int8's sign; fp8's byte is placed in the top of a 16-bit half and read as
-    its bit pattern). ``packed`` False (interpret mode, which cannot bitcast a ref in jax 0.10.2) loads the 8-bit
-    rows with a stride instead (same values)."""
+    its bit pattern). With one KV head a word holds two tokens (K, V of token 2r, then of 2r + 1): the block's
+    words load unstrided and K (V) comes out as the even tokens followed by the odd ones (:func:`token_order`;
+    the scores' positions and the scales follow the same order). ``packed`` False (interpret mode, which cannot
+    bitcast a ref in jax 0.10.2) loads the 8-bit rows with a stride instead (same values, same order)."""
     stride = 2 * kv_heads
     first = 2 * h + stride * start
     if not packed:
-        k = kv_ref[pl.ds(first, tokens, stride=stride), :]
-        v = kv_ref[pl.ds(first + 1, tokens, stride=stride), :]
+        if kv_heads == 1:  # evens then odds, as the packed path produces them
+            k, v = (jnp.concatenate([kv_ref[pl.ds(first + i + 2 * parity, tokens // 2, stride=4), :]
+                                     for parity in (0, 1)], axis=0) for i in (0, 1))
+        else:
+            k = kv_ref[pl.ds(first, tokens, stride=stride), :]
+            v = kv_ref[pl.ds(first + 1, tokens, stride=stride), :]
         if dtype == kv_ref.dtype:
             return k, v
         return k.astype(jnp.float32).astype(dtype), v.astype(jnp.float32).astype(dtype)
-    words = kv_ref.bitcast(jnp.uint32)[pl.ds(h // 2 + kv_heads // 2 * start, tokens, stride=kv_heads // 2), :]
+    if kv_heads == 1:
+        words = kv_ref.bitcast(jnp.uint32)[pl.ds(start // 2, tokens // 2), :]
+    else:
+        words = kv_ref.bitcast(jnp.uint32)[pl.ds(h // 2 + kv_heads // 2 * start, tokens, stride=kv_heads // 2), :]
     byte = 2 * (h % 2)
     if kv_ref.dtype == jnp.int8:
         def code(b):  # signed byte b, sign-extended: shift it to the top, arithmetic shift back
@@ -546,7 +556,17 @@ def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, 
             raw = lax.shift_right_logical(words << (24 - 8 * b), jnp.uint32(24)).astype(jnp.uint8)
             codes = pltpu.bitcast(raw, kv_ref.dtype)
             return codes if dtype == kv_ref.dtype else codes.astype(jnp.float32).astype(dtype)
+    if kv_heads == 1:  # bytes 0, 1: K, V of the even tokens; 2, 3: of the odd ones
+        return (jnp.concatenate([code(0), code(2)], axis=0), jnp.concatenate([code(1), code(3)], axis=0))
     return code(byte), code(byte + 1)
+
+
+def token_order(tokens: int, kv_heads: int) -> np.ndarray:
+    """Order of a KV block's tokens in the scores of an 8-bit cache: natural, or with one KV head (two tokens per
+    32-bit word) the even tokens then the odd ones."""
+    if kv_heads != 1:
+        return np.arange(tokens)
+    return np.concatenate([np.arange(0, tokens, 2), np.arange(1, tokens, 2)])
 
 
 def _ragged_paged_attention_kernel(
@@ -669,6 +689,7 @@ def _ragged_paged_attention_kernel(
         m, l, acc = m_at[...], l_at[...], acc_at[...]
         qh = qh.astype(compute_dtype)
         chunk = min(COMPUTE_TOKENS, block_kv)
+        assert not (quantized and kv_heads == 1) or chunk == block_kv  # token_order spans the whole block
         for c in range(block_kv // chunk):
             if quantized:
                 k, v = _split_quantized_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk,
@@ -683,7 +704,10 @@ def _ragged_paged_attention_kernel(
             scores = lax.dot_general(qh, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * k_scale
             if soft_cap is not None:
                 scores = soft_cap * jnp.tanh(scores * (1.0 / soft_cap))
-            kv_pos = j * block_kv + c * chunk + lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+            iota = lax.broadcasted_iota(jnp.int32, (1, chunk), 1)
+            if quantized and kv_heads == 1:  # token_order: evens, then odds
+                iota = jnp.where(iota < chunk // 2, 2 * iota, 2 * iota - (chunk - 1))
+            kv_pos = j * block_kv + c * chunk + iota
             scores = jnp.where(window_mask(q_pos, kv_pos), scores, MASK_VALUE)
             m_next = jnp.maximum(m, jnp.max(scores, axis=1, keepdims=True))
             p = jnp.exp(scores - jnp.tile(m_next, (1, chunk // STATS_LANES)))

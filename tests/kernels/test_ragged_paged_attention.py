@@ -431,6 +431,10 @@ QUANT_MATRIX = [
     pytest.param("prefill", (4, 4), jnp.float8_e4m3fn, "per-page", 16, 16, "tpu-v6e", marks=SLOW,
                  id="prefill-gqa1-fp8-per-page"),
     pytest.param("decode", (8, 2), jnp.float8_e4m3fn, "per-token", 16, 16, "tpu-v6e", id="decode-gqa4-fp8-per-token"),
+    # One KV head: a 32-bit word holds two tokens, the block is scored evens first (kernel.token_order).
+    pytest.param("mixed", (8, 1), jnp.int8, "per-token", 16, 16, "tpu-v5e", marks=SLOW, id="mixed-gqa8-kv1-int8"),
+    pytest.param("decode", (4, 1), jnp.float8_e4m3fn, "per-page", 16, 16, "tpu-v6e", marks=SLOW,
+                 id="decode-gqa4-kv1-fp8-per-page"),
 ]
 
 
@@ -455,10 +459,12 @@ def test_quantized_cache_matches_reference(case, heads, dtype, layout, page_size
 
 
 @SLOW
-def test_quantized_cache_with_window_soft_cap_and_sinks():
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_quantized_cache_with_window_soft_cap_and_sinks(kv_heads):
+    """The window masks by position: with one KV head the block's tokens are scored evens first."""
     kw = dict(sliding_window=50, soft_cap=2.0, sinks=jnp.linspace(-1.0, 2.0, 8, dtype=jnp.float32))
     q_lens, kv_lens = [1, 23, 1], [130, 140, 70]
-    batch = make_batch(31, q_lens, kv_lens, q_heads=8, kv_heads=2, page_size=16, dtype=jnp.bfloat16)
+    batch = make_batch(31, q_lens, kv_lens, q_heads=8, kv_heads=kv_heads, page_size=16, dtype=jnp.bfloat16)
     quant, scales, poisoned = quantized(batch, jnp.int8, "per-token")
     out = ragged_paged_attention(*quant.args(), kv_scales=poisoned, block_sizes=Blocks(block_q=16, block_kv=128),
                                  interpret=True, **kw)
@@ -513,8 +519,9 @@ def _int8_good() -> tuple[Batch, jax.Array]:
      "kv_pages: dtype float8_e4m3fn needs fp8 support, which tpu-v4 lacks"),
     (lambda b, s: (dataclasses.replace(b, q=b.q.astype(jnp.float16)), s, "tpu-v5e"),
      r"q: dtype float16 cannot read int8 kv_pages; use one of \('bfloat16', 'float32'\)"),
-    (lambda b, s: (dataclasses.replace(b, kv_pages=b.kv_pages[:, :, :2], q=b.q[:, :2]), s[:, :, :2], "tpu-v5e"),
-     r"kv_pages: int8 pages need an even kv_heads .* got kv_heads=1; pad the KV heads to 2"),
+    (lambda b, s: (dataclasses.replace(b, kv_pages=jnp.zeros((6, 16, 6, 128), jnp.int8), q=jnp.zeros((3, 3, 128))),
+                   jnp.ones((6, 16, 6), jnp.float32), "tpu-v5e"),
+     r"kv_pages: int8 pages need kv_heads 1 or even .* got kv_heads=3; pad the KV heads to 4"),
 ])
 def test_bad_quantized_inputs_raise(make, match):
     batch, scales, chip = make(*_int8_good())
@@ -573,6 +580,14 @@ def test_op_model_quantized_bytes_by_hand(layout, gather_read):
     # Everything else (q, out, page table) is the same: the difference is the KV bytes and the gather.
     assert (bf16.hbm_read_bytes + bf16.hbm_write_bytes) - (cost.hbm_read_bytes + cost.hbm_write_bytes) == (
         2 * 155648 - (155648 + 6144 + gather_read + 3 * 2048))
+
+
+def test_token_order_of_one_kv_head():
+    # 8 tokens, one KV head: words hold tokens (0, 1), (2, 3), ...; K comes out as tokens 0, 2, 4, 6, 1, 3, 5, 7.
+    from kernels.ragged_paged_attention.kernel import token_order
+
+    assert token_order(8, 1).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert token_order(8, 2).tolist() == list(range(8))
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype,chip,native", [
