@@ -76,7 +76,8 @@ KV_DTYPES = ("float32", "bfloat16")
 # QUANT_KV_DTYPES (blocks.py): int8 / float8_e4m3fn caches with ``kv_scales``; four 8-bit rows share a 32-bit word,
 # split by shifts. fp8 only on chips whose spec lists an fp8 matmul rate (kernels.tiling.check_dtype, the rule the
 # matmul kernel follows).
-#: Query dtypes a quantized cache takes (its codes are widened to q's dtype for the MXU).
+#: Query dtypes a quantized cache takes (its codes are widened to q's dtype for the MXU, or fed as they are where
+#: the MXU takes them: :func:`native_kv_operand`).
 QUANT_Q_DTYPES = ("bfloat16", "float32")
 #: Head dims under one vreg's 128 lanes the kernel takes: two heads share a 128-lane window of q and the output
 #: (loaded whole and split, stored as one window); K/V pages keep their 64-lane rows (Mosaic pads them in VMEM).
@@ -359,6 +360,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
         (q_heads, STATS_LANES))
 
     quantized = kv_scales is not None
+    native_codes = quantized and native_kv_operand(q.dtype, kv_pages.dtype, chip)
     scale_inputs, scale_specs, scale_scratch, scale_names = [], [], [], []
     if quantized:
         scale_inputs = [block_scales(kv_scales, page_table, kv_lens, page_size=page_size, block_kv=block_kv)]
@@ -389,8 +391,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
                                page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
                                sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs,
-                               quantized=quantized, native_codes=quantized and native_kv_operand(q.dtype, kv_pages.dtype,
-                                                                                             chip))
+                               quantized=quantized, native_codes=native_codes)
     names = ["kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks", "kv_pages"]
     names += scale_names[:1] + ["o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1", "acc1"] + scale_names[1:]
     kernel = with_ref_names(kernel, tuple(names))
