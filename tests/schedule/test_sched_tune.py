@@ -193,7 +193,7 @@ def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(s
                 assert stored["vmem_bytes"] <= scoped, (chip_name, key)
             else:
                 assert stored["vmem_limit_bytes"] <= MAX_RAISED_VMEM_FRACTION * chip.memory.vmem_bytes_per_core
-            assert stored["fastest_s"] <= stored["expected_s"]
+            assert stored["fastest_s"] <= stored["expected_s"] * (1 + 1e-12)  # float rounding of equal times
             assert 1 <= stored["within_tie_band"] <= stored["legal_candidates"]
 
 
