@@ -10,10 +10,14 @@ has no visit, so its weights are never read.
 
 The visit list is built in the jitted wrapper from ``group_sizes`` (a few jnp ops over G and the visit count) and
 passed by scalar prefetch: per visit its group, the lhs row tile, the output tile and its mode (compute; zero, for
-a tile wholly past the groups' rows, which are written as zeros; no-op). The grid has a static
-``cdiv(M, bm) + G - 1`` visits (a tile is visited once, plus once more per group boundary inside it); visits past
-the ones the sizes need are no-ops, and a zero or no-op visit's blocks are those of the step before it, so it
-copies nothing (it costs only its grid steps). Weights are read from ``rhs`` in place: no copy per call.
+a tile wholly past the groups' rows, which are written as zeros). The arrays have room for ``cdiv(M, bm) + G - 1``
+visits (every tile once, plus once more per group boundary inside a tile); the grid's visit dimension is dynamic,
+the count the sizes need, so entries past it (mode no-op) never run. A zero visit's lhs and rhs blocks are those
+of the step before it, so it copies nothing but its output tile. Weights are read from ``rhs`` in place: no copy
+per call.
+
+The body has one copy of the K step (the first K step starts the sum with a select, the last K block masks the
+columns past K with a dynamic bound), so the compiler schedules one dot region rather than one per step kind.
 
 Quantized weights (int8 with per-channel ``rhs_scale [G, N]``; fp8 where the chip has an fp8 MXU path) are
 converted to lhs's dtype tile by tile in VMEM, and the scale multiplies the f32 accumulator. Unaligned K is masked
@@ -35,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import tiling
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
-from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support, _mask_cols, _mask_rows
+from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -44,14 +48,16 @@ COMPUTE, ZERO, NOOP = 0, 1, 2
 
 
 def num_visits(m: int, groups: int, bm: int) -> int:
-    """The grid's static visit count: every row tile once, plus one per group boundary inside a tile."""
+    """Room in the visit list: every row tile once, plus one per group boundary inside a tile (the most any sizes
+    need)."""
     return tiling.cdiv(m, bm) + groups - 1
 
 
 def visit_metadata(group_sizes: jax.Array, *, m: int, bm: int) -> dict[str, jax.Array]:
     """The visit list as int32 arrays (the scalar-prefetch operands): ``group``, ``lhs_tile``, ``out_tile``,
-    ``mode`` (one entry per visit, :func:`num_visits` of them) and ``bounds`` ([G + 1]: group g owns rows
-    bounds[g]..bounds[g + 1] - 1; bounds[G] is the rows the groups hold)."""
+    ``mode`` (room for :func:`num_visits` visits), ``bounds`` ([G + 1]: group g owns rows
+    bounds[g]..bounds[g + 1] - 1; bounds[G] is the rows the groups hold) and ``used`` (a scalar: the visits the
+    sizes need, compute and zero; the grid runs these)."""
     groups = group_sizes.shape[0]
     visits = num_visits(m, groups, bm)
     sizes = group_sizes.astype(jnp.int32)
@@ -79,6 +85,8 @@ def visit_metadata(group_sizes: jax.Array, *, m: int, bm: int) -> dict[str, jax.
         "out_tile": jnp.where(compute, tile, jnp.where(zero, used_tiles + v - computed, tiling.cdiv(m, bm) - 1)),
         "mode": jnp.where(compute, COMPUTE, jnp.where(zero, ZERO, NOOP)).astype(jnp.int32),
         "bounds": jnp.concatenate([jnp.zeros((1,), jnp.int32), ends]),
+        # Visits the sizes need (compute and zero): the grid's dynamic visit count.
+        "used": (computed + tiling.cdiv(m, bm) - used_tiles).astype(jnp.int32),
     }
 
 
@@ -93,7 +101,9 @@ def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_r
     v, kk = pl.program_id(1), pl.program_id(2)
     mode = mode_ref[v]
 
-    def step(valid_k: int | None, first: bool) -> None:
+    @pl.when(mode == COMPUTE)
+    def _step() -> None:
+        # One copy of the body for every K step (no per-step variants: the compiler schedules one region).
         if lhs_resident:
             x = lhs_ref[:, pl.ds(pl.multiple_of(kk * bk, tiling.LANES), bk)]
         else:
@@ -101,22 +111,15 @@ def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_r
         w = rhs_ref[...]
         if w.dtype != x.dtype:
             w = w.astype(x.dtype)  # int8 / fp8 -> lhs dtype (exact)
-        if valid_k is not None:
-            x, w = _mask_cols(x, valid_k), _mask_rows(w, valid_k)
+        if k_tail is not None:  # columns past K in the last K block (garbage there times zero can be NaN)
+            valid = jnp.where(kk == n_k - 1, k_tail, bk)
+            x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < valid, x, jnp.zeros_like(x))
+            w = jnp.where(jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < valid, w, jnp.zeros_like(w))
         product = jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
-        if first:  # the first K step writes the accumulator (no zeroing pass)
+        if n_k == 1:
             acc_ref[...] = product
-        else:
-            acc_ref[...] += product
-
-    compute = mode == COMPUTE
-    if n_k == 1:
-        pl.when(compute)(lambda: step(k_tail, True))
-    else:
-        pl.when(compute & (kk == 0))(lambda: step(None, True))
-        if n_k > 2:
-            pl.when(compute & (kk > 0) & (kk < n_k - 1))(lambda: step(None, False))
-        pl.when(compute & (kk == n_k - 1))(lambda: step(k_tail, False))
+        else:  # the first K step starts the sum (a select, not a zeroing pass: the scratch may hold NaN)
+            acc_ref[...] = jnp.where(kk == 0, jnp.zeros_like(product), acc_ref[...]) + product
 
     @pl.when((kk == n_k - 1) & (mode != NOOP))
     def _store() -> None:
@@ -295,7 +298,7 @@ def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_sca
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=5,
-            grid=(tiling.cdiv(n, bn), num_visits(m, groups, bm), n_k),
+            grid=(tiling.cdiv(n, bn), meta["used"], n_k),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda j, v, kk, g, lt, ot, mode, b: (ot[v], j)),
             scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],

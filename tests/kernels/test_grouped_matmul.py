@@ -102,8 +102,8 @@ def test_default_blocks_clamp_to_a_tiny_problem():
 
 def test_visit_list_hand_worked():
     # Sizes 3, 0, 5, 2 over M = 16 rows of 4-row tiles: group 0 rows 0-2 (tile 0), group 2 rows 3-7 (tiles 0, 1),
-    # group 3 rows 8-9 (tile 2); tile 3 (rows 12-15) is past the groups: one zero visit. The grid has
-    # 4 tiles + 4 groups - 1 = 7 visits: 4 compute, 1 zero, 2 no-ops on the last tile.
+    # group 3 rows 8-9 (tile 2); tile 3 (rows 12-15) is past the groups: one zero visit. The list has room for
+    # 4 tiles + 4 groups - 1 = 7 visits: 4 compute, 1 zero (the 5 the grid runs), 2 no-ops on the last tile.
     meta = {k: np.asarray(v) for k, v in visit_metadata(jnp.asarray([3, 0, 5, 2], jnp.int32), m=16, bm=4).items()}
     assert num_visits(16, 4, 4) == 7
     assert meta["mode"].tolist() == [COMPUTE] * 4 + [ZERO] + [NOOP] * 2
@@ -111,6 +111,7 @@ def test_visit_list_hand_worked():
     assert meta["lhs_tile"].tolist() == [0, 0, 1, 2, 2, 2, 2]
     assert meta["out_tile"].tolist() == [0, 0, 1, 2, 3, 3, 3]
     assert meta["bounds"].tolist() == [0, 3, 3, 8, 10]
+    assert int(meta["used"]) == 5
     assert tile_visits([3, 0, 5, 2], 4) == 4  # the op model counts the same compute visits
 
 
