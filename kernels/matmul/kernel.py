@@ -54,6 +54,9 @@ QUANT_ROWS = 32
 #: ... and unrolls its pass over the K blocks when the row has at most this many chunks (else a loop over them).
 QUANT_UNROLL_CHUNKS = 16
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
+#: int4 tiles with at most this many (256 K rows x INT4_UNPACK_COLS columns) units are unpacked straight line.
+INT4_INLINE_MAX_UNITS = 64
+INT4_UNPACK_COLS = 256
 #: Up to this many K steps the epilogue runs on every step (branch-free), above it once, on the last K step.
 EAGER_EPILOGUE_MAX_K_STEPS = 2
 
@@ -128,6 +131,9 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
     out_type = jnp.int32 if quantize_x else jnp.float32
     partial_groups = blockwise and not w_dequant  # one scaled partial product per 128-row group
+    # int4: unpack each column chunk straight line before its dot (static slices, so the scheduler overlaps the
+    # next chunk's unpacking with this chunk's dot) when the tile is small enough to unroll; else one loop.
+    int4_inline = int4 and (bk // INT4_PACK_ROWS) * tiling.cdiv(bn, INT4_UNPACK_COLS) <= INT4_INLINE_MAX_UNITS
     # Few K steps: the epilogue runs on every step's running sum in the unpredicated body (the output block
     # is written back only after the last one), where it overlaps the dot instead of adding a predicated pass.
     eager = n_k <= EAGER_EPILOGUE_MAX_K_STEPS
@@ -159,10 +165,10 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         if w_dequant:  # a dequantized w tile in x's dtype: int4, and blockwise weight-only at large bm
             (w_src,) = scratch
             folded = True  # blockwise scales are in the tile; per-channel ones stay for the epilogue
-            if int4:
+            if int4 and not int4_inline:
                 _unpack_int4_tile(w_ref, w_src, scale_ref if blockwise else None, k * groups,
                                   256 if bn % 256 == 0 else 128)
-            else:
+            elif not int4:
                 for g in range(groups):
                     rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
                     wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
@@ -170,6 +176,8 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         # Column chunks keep the live [bm, chunk] partial sums small at decode-sized bm (no spills).
         for c0 in range(0, bn, col_chunk):
             cols = slice(c0, c0 + col_chunk)
+            if int4_inline:  # this chunk's columns, unpacked right before its dot
+                _unpack_int4_cols(w_ref, w_src, scale_ref if blockwise else None, k * groups, cols)
             w = w_src[:, cols]
             if not quantize_x:
                 if w.dtype != x.dtype:
@@ -261,6 +269,23 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
         return c
 
     over_k(codes, 0)
+
+
+def _unpack_int4_cols(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, cols: slice) -> None:
+    """Unpack columns ``cols`` of a [bk / 2, bn] packed int4 tile into wd_ref[:, cols] (x's dtype), unrolled over
+    the 128-byte-row groups and INT4_UNPACK_COLS-wide pieces; blockwise scales folded in as in
+    :func:`_unpack_int4_tile`."""
+    half = INT4_PACK_ROWS // 2
+    for q in range(w_ref.shape[0] // half):
+        for c0 in range(cols.start, cols.stop, INT4_UNPACK_COLS):
+            piece = slice(c0, min(c0 + INT4_UNPACK_COLS, cols.stop))
+            halves = unpack_int4_halves(w_ref[q * half:(q + 1) * half, piece])
+            for h, codes in enumerate(halves):
+                v = codes.astype(jnp.float32)
+                if scale_ref is not None:
+                    v = v * scale_ref[pl.ds(first_group + 2 * q + h, 1), piece]
+                start = q * INT4_PACK_ROWS + h * half
+                wd_ref[start:start + half, piece] = v.astype(wd_ref.dtype)
 
 
 def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, col_chunk: int) -> None:

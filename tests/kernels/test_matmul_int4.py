@@ -56,6 +56,22 @@ def test_int4_weights_match_the_reference(shape, blockwise):
     np.testing.assert_allclose(out32, ref32, **TOL)
 
 
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_int4_unpacked_in_a_loop_when_the_tile_is_large(monkeypatch, blockwise):
+    from kernels.matmul import kernel as kernel_module
+
+    # INT4_INLINE_MAX_UNITS = 0: every tile takes the looped unpacking (_unpack_int4_tile) instead of the unrolled
+    # per-chunk one. M = 24, K = 520 (three bk = 256 K blocks, the last 8 columns valid), N = 136 (a second,
+    # 8-column block): shapes no other test traces, so no cached trace of the unrolled path is reused.
+    monkeypatch.setattr(kernel_module, "INT4_INLINE_MAX_UNITS", 0)
+    m, k, n = 24, 520, 136
+    x = jax.random.normal(jax.random.key(5), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(6, k, n, blockwise)
+    out = matmul(x, wp, w_scale=s, w_dtype="int4", block_sizes=SMALL, interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, w_dtype="int4")
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)), **TOL)
+
+
 def test_int4_at_large_bm_with_two_k_blocks():
     # bm = 256, bk = 256: K = 600 -> three K blocks (the last 88 columns valid), packed rows 384 (K padded to 768).
     m, k, n = 136, 600, 128
