@@ -43,6 +43,34 @@ SCORE_TILES = 1.0
 SCORE_TILES_F32_VPU = 1.375
 #: Quantized KV cache dtypes (read with f32 ``kv_scales``; kernels.ragged_paged_attention.kernel).
 QUANT_KV_DTYPES = ("int8", "float8_e4m3fn")
+#: VMEM banks of 32-bit rows a strided vector load spreads its sublanes over (a load whose rows share a bank is
+#: split: at a stride of 8 rows, two loads with half the sublanes each plus an OR, as the compiled schedule shows).
+#: Public source for the bank count: vLLM tpu-inference's RPA v3 pads its KV buffer rows for the same reason
+#: (https://github.com/vllm-project/tpu-inference, kernels/ragged_paged_attention/v3/kernel.py, has_bank_conflicts).
+VMEM_BANKS = 32
+#: Sublanes one vector load fills.
+SUBLANES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvRowLayout:
+    """How one token's K/V rows sit in the kernel's VMEM KV buffer of a bf16 / f32 cache: ``words`` 32-bit rows
+    (``pack`` values of consecutive K/V rows in each: bf16 K and V of a head share one), padded to
+    ``stride`` rows so that a strided load of one head's rows over ``SUBLANES`` tokens hits distinct banks."""
+
+    words: int
+    stride: int
+    pack: int
+
+
+def kv_row_layout(kv_dtype, kv_heads: int) -> KvRowLayout:
+    """The VMEM row layout of a bf16 / f32 cache's KV block (quantized caches keep unpadded rows)."""
+    pack = 4 // np_dtype(kv_dtype).itemsize
+    words = 2 * kv_heads // pack
+    stride = words
+    while words > 1 and len({(i * stride) % VMEM_BANKS for i in range(SUBLANES)}) < SUBLANES:
+        stride += 1
+    return KvRowLayout(words=words, stride=stride, pack=pack)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +117,11 @@ class RaggedPagedAttentionBlockSizes:
         buf = mosaic_buffer_bytes
         q_and_out_blocks = 2 * 2 * buf((self.block_q, q_heads * head_dim), q_dtype)
         sinks = 2 * buf((q_heads, STATS_LANES), "float32")
-        kv_buffers = buf((2, self.block_kv * 2 * kv_heads, head_dim), kv_dtype)
+        if np_dtype(kv_dtype).name in QUANT_KV_DTYPES:
+            kv_buffers = buf((2, self.block_kv * 2 * kv_heads, head_dim), kv_dtype)
+        else:  # each token's rows padded to the layout's stride (bank-conflict-free strided loads)
+            layout = kv_row_layout(kv_dtype, kv_heads)
+            kv_buffers = buf((2, self.block_kv * layout.stride, head_dim), "uint32")
         state = kv_heads * (2 * buf((rows, STATS_LANES), "float32") + buf((rows, head_dim), "float32"))
         score_tiles = SCORE_TILES if chip is not None and has_bf16_vpu(chip) else SCORE_TILES_F32_VPU
         temporaries = score_tiles * rows * round_up(self.block_kv, LANES) * F32_BYTES

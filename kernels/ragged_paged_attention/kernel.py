@@ -33,9 +33,12 @@ window's first block to the last causal one). A KV block is ``block_kv // page_s
 pages, each copied HBM -> VMEM by one DMA holding K and V of every head, all on one
 semaphore; a full block is awaited by one wait sized to the block (a partial last
 block page by page). Blocks are double-buffered: the step's next (sequence, KV
-block) is fetched while the current one is scored. Per KV head (unrolled), K and V
-are strided loads of the block (bf16 rows come in K/V pairs packed in one 32-bit
-row, split by shifts), the ``G = q_heads // kv_heads`` heads of the group are
+block) is fetched while the current one is scored. In VMEM a bf16 / f32 block keeps
+each token's 32-bit rows padded to a stride whose strided loads hit distinct VMEM
+banks (9 words for 8 bf16 KV heads; blocks.kv_row_layout), the page DMAs writing
+around the padding. Per KV head (unrolled), K and V are strided loads of the block
+(bf16 K and V of a head share one 32-bit word: truncated to 16 bits, V shifted down
+first), the ``G = q_heads // kv_heads`` heads of the group are
 stacked into one ``(G * block_q, head_dim)`` LHS, and an online softmax runs in f32
 VMEM scratch. Page ids are clamped into the cache by the wrapper, so the kernel
 runs with Mosaic's bounds checks off.
@@ -61,6 +64,7 @@ from kernels.ragged_paged_attention.blocks import (
     STATS_LANES,
     RaggedPagedAttentionBlockSizes,
     default_block_sizes,
+    kv_row_layout,
     sublane_multiple,
 )
 
@@ -352,14 +356,20 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     seq_lo, seq_hi = _sequence_ranges(cu_q_lens, num_seqs, total_tokens=total_tokens, block_q=block_q)
     # Validated on the way in: every page id the kernel may copy lies inside the cache (bounds checks off).
     safe_table = jnp.clip(page_table, 0, num_pages - 1).reshape(-1)
-    # A page's tokens x (K, V of every head) as one [page_size * 2 * kv_heads, head_dim] slab (row-major view).
-    kv_flat = kv_pages.reshape(num_pages, page_size * combined, head_dim)
+    quantized = kv_scales is not None
+    if quantized:  # a page's tokens x (K, V of every head) as one [page_size * 2 * kv_heads, head_dim] slab
+        kv_hbm = kv_pages.reshape(num_pages, page_size * combined, head_dim)
+        kv_scratch = pltpu.VMEM((2, block_kv * combined, head_dim), kv_pages.dtype)
+        layout = None
+    else:  # [num_pages, page_size, words, pack, head_dim]: a token's 32-bit rows (the same bytes, a free view)
+        layout = kv_row_layout(kv_pages.dtype, kv_heads)
+        kv_hbm = kv_pages.reshape(num_pages, page_size, layout.words, layout.pack, head_dim)
+        kv_scratch = pltpu.VMEM((2, block_kv, layout.stride, layout.pack, head_dim), kv_pages.dtype)
     # Sink logits, lane-replicated: one [1, STATS_LANES] row per q head (-inf-like when off: no extra term).
     sink_rows = jnp.broadcast_to(
         (jnp.full((q_heads,), MASK_VALUE, jnp.float32) if sinks is None else sinks.astype(jnp.float32))[:, None],
         (q_heads, STATS_LANES))
 
-    quantized = kv_scales is not None
     native_codes = quantized and native_kv_operand(q.dtype, kv_pages.dtype, chip)
     scale_inputs, scale_specs, scale_scratch, scale_names = [], [], [], []
     if quantized:
@@ -376,7 +386,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
                   pl.BlockSpec(memory_space=pl.ANY), *scale_specs],
         out_specs=qo_spec,
         scratch_shapes=[
-            pltpu.VMEM((2, block_kv * combined, head_dim), kv_pages.dtype),
+            kv_scratch,
             pltpu.SemaphoreType.DMA((2,)),
             pltpu.VMEM((kv_heads, rows, STATS_LANES), jnp.float32),
             pltpu.VMEM((kv_heads, rows, STATS_LANES), jnp.float32),
@@ -391,7 +401,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
                                page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
                                sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs,
-                               quantized=quantized, native_codes=native_codes)
+                               quantized=quantized, native_codes=native_codes, layout=layout)
     names = ["kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks", "kv_pages"]
     names += scale_names[:1] + ["o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1", "acc1"] + scale_names[1:]
     kernel = with_ref_names(kernel, tuple(names))
@@ -406,7 +416,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
     )
     with jax.named_scope(f"ragged_paged_attention_bq{block_q}_bkv{block_kv}"):
         out = call(kv_lens, safe_table, cu_q_lens, seq_lo, seq_hi,
-                   q.reshape(total_tokens, q_heads * head_dim), sink_rows, kv_flat, *scale_inputs)
+                   q.reshape(total_tokens, q_heads * head_dim), sink_rows, kv_hbm, *scale_inputs)
     return out.reshape(total_tokens, q_heads, head_dim)
 
 
@@ -499,23 +509,37 @@ def _store_heads(o_ref, heads: dict, mine, head_dim: int) -> None:
         o_ref[:, cols] = jnp.where(mine(val.shape[1]), val, o_ref[:, cols])
 
 
-def _split_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, *, packed_pairs: bool):
-    """K and V of KV head ``h`` for tokens ``start .. start + tokens`` of a ``[block_kv * 2 * kv_heads, head_dim]``
-    block: two ``[tokens, head_dim]``.
+def _word_rows(kv_buf, slot: int):
+    """Slot ``slot`` of the padded ``[2, block_kv, stride, pack, head_dim]`` KV buffer as ``[block_kv * stride,
+    head_dim]`` 32-bit rows (row ``stride * t + w``: word w of token t)."""
+    _, block_kv, stride, _, head_dim = kv_buf.shape
+    return kv_buf.bitcast(jnp.uint32).at[slot].reshape(block_kv * stride, head_dim)
 
-    Rows ``2h + 2 * kv_heads * t`` (K) and ``2h + 1 + 2 * kv_heads * t`` (V), token ``t``. 32-bit caches load
-    them with a stride; bf16 rows ``2h`` and ``2h + 1`` share one packed 32-bit row (low half K, high half V),
-    so one strided load of the 32-bit view fetches both and shifts separate them (a bf16 is the top half of
-    an f32, so each half widens exactly). ``packed_pairs`` False loads bf16 rows with a stride too (interpret
-    mode, which cannot bitcast a ref in jax 0.10.2; same values)."""
-    if kv_ref.dtype == jnp.float32 or not packed_pairs:
-        stride = 2 * kv_heads
-        first = 2 * h + stride * start
-        return (kv_ref[pl.ds(first, tokens, stride=stride), :], kv_ref[pl.ds(first + 1, tokens, stride=stride), :])
-    pairs = kv_ref.bitcast(jnp.uint32)[pl.ds(h + kv_heads * start, tokens, stride=kv_heads), :]
-    k = pltpu.bitcast(pairs << 16, jnp.float32).astype(kv_ref.dtype)
-    v = pltpu.bitcast(pairs & jnp.uint32(0xFFFF0000), jnp.float32).astype(kv_ref.dtype)
-    return k, v
+
+def _split_kv(kv_buf, slot, h: int, layout, start: int, tokens: int, *, packed_pairs: bool):
+    """K and V of KV head ``h`` for tokens ``start .. start + tokens`` of slot ``slot`` of the padded KV buffer
+    (``[2, block_kv, stride, pack, head_dim]``, :class:`~kernels.ragged_paged_attention.blocks.KvRowLayout`):
+    two ``[tokens, head_dim]``.
+
+    K is row ``2h`` of a token, V row ``2h + 1``: value ``r % pack`` of 32-bit word ``r // pack``. One strided
+    load of the 32-bit view (stride: the padded token, so the loaded rows sit in distinct VMEM banks) fetches a
+    head's words for the tokens; a bf16 word holds K in its low half and V in its high half, split by a
+    truncation to 16 bits (V shifted down first) and a bitcast. ``packed_pairs`` False reads the values by
+    indexing instead (interpret mode, which cannot bitcast a ref in jax 0.10.2; same values)."""
+    if not packed_pairs:
+        return tuple(kv_buf[slot, pl.ds(start, tokens), r // layout.pack, r % layout.pack, :]
+                     for r in (2 * h, 2 * h + 1))
+    rows = _word_rows(kv_buf, slot)
+    stride = layout.stride
+
+    def words(r):
+        return rows[pl.ds(r + stride * start, tokens, stride=stride), :]
+
+    if layout.pack == 1:
+        return pltpu.bitcast(words(2 * h), kv_buf.dtype), pltpu.bitcast(words(2 * h + 1), kv_buf.dtype)
+    pairs = words(h)
+    return (pltpu.bitcast(pairs.astype(jnp.uint16), kv_buf.dtype),
+            pltpu.bitcast((pairs >> 16).astype(jnp.uint16), kv_buf.dtype))
 
 
 def _split_quantized_kv(kv_ref, h: int, kv_heads: int, start: int, tokens: int, dtype, *, packed: bool):
@@ -580,7 +604,7 @@ def _ragged_paged_attention_kernel(
     # Inputs.
     q_ref,  # VMEM [block_q, q_heads * head_dim]: every q head of the tokens of q block b
     sinks_ref,  # VMEM [q_heads, STATS_LANES] f32: sink logit per q head, lane-replicated
-    kv_hbm_ref,  # HBM [num_pages, page_size * 2 * kv_heads, head_dim]
+    kv_hbm_ref,  # HBM [num_pages, page_size, words, pack, head_dim] (layout), quantized [num_pages, page_size * 2 * kv_heads, head_dim]
     *refs,  # (quantized) scales_hbm_ref, then o_ref, the scratch below, (quantized) scale_buf, scale_sems
     sm_scale: float,
     group: int,
@@ -593,10 +617,12 @@ def _ragged_paged_attention_kernel(
     packed_pairs: bool,
     quantized: bool = False,
     native_codes: bool = False,
+    layout=None,
 ):
     # scales_hbm_ref: HBM [max_seqs * blocks_per_seq, 2 * kv_heads, block_kv] f32 (block_scales), quantized only.
     # o_ref: VMEM [block_q, q_heads * head_dim]. Scratch:
-    # kv_buf: VMEM [2, block_kv * 2 * kv_heads, head_dim]: two slots of one KV block (all heads);
+    # kv_buf: VMEM [2, block_kv, stride, pack, head_dim]: two slots of one KV block (all heads), each token's
+    # 32-bit rows padded to the layout's stride; quantized [2, block_kv * 2 * kv_heads, head_dim] (unpadded);
     # sems: DMA semaphores [2], one per slot;
     # m_ref, l_ref: VMEM [kv_heads, group * block_q, STATS_LANES] f32: running row max / sum of exp (lane-replicated);
     # acc_ref: VMEM [kv_heads, group * block_q, head_dim] f32: unnormalised output;
@@ -635,10 +661,16 @@ def _ragged_paged_attention_kernel(
         num_pages = lax.div(kv_lens_ref[s] + page_size - 1, page_size)
         return jnp.clip(num_pages - j * pages_per_block, 0, pages_per_block)
 
+    def page_slots(slot, first_token, tokens):
+        """The VMEM destination of ``tokens`` tokens of a slot's block (the padding rows left out)."""
+        if layout is None:
+            return kv_buf.at[slot, pl.ds(first_token * 2 * kv_heads, tokens * 2 * kv_heads)]
+        return kv_buf.at[slot, pl.ds(first_token, tokens), pl.ds(0, layout.words)]
+
     def page_copy(s, j, i, slot):
         page = jnp.minimum(j * pages_per_block + i, pages_per_seq - 1)
         page_id = page_table_ref[s * pages_per_seq + page]
-        return pltpu.make_async_copy(kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_rows, page_rows)],
+        return pltpu.make_async_copy(kv_hbm_ref.at[page_id], page_slots(slot, i * page_size, page_size),
                                      sems.at[slot])
 
     blocks_per_seq = -(-pages_per_seq // pages_per_block)
@@ -664,19 +696,28 @@ def _ragged_paged_attention_kernel(
 
         @pl.when(count == pages_per_block)
         def _():  # one wait sized to the whole block
-            pltpu.make_async_copy(kv_buf.at[1 - slot], kv_buf.at[slot], sems.at[slot]).wait()
+            pltpu.make_async_copy(page_slots(1 - slot, 0, block_kv), page_slots(slot, 0, block_kv),
+                                  sems.at[slot]).wait()
 
         @pl.when(count < pages_per_block)
         def _():  # a partial last block: one wait per fetched page
             def wait_page(i, carry):
-                pltpu.make_async_copy(kv_hbm_ref.at[0], kv_buf.at[slot, pl.ds(0, page_rows)], sems.at[slot]).wait()
+                pltpu.make_async_copy(kv_hbm_ref.at[0], page_slots(slot, 0, page_size), sems.at[slot]).wait()
                 return carry
 
             lax.fori_loop(0, count, wait_page, 0)
 
             def zero_page(i, carry):  # unfetched pages: zeros, never stale data (NaN in a fresh buffer)
-                kv_buf[slot, pl.ds(pl.multiple_of(i * page_rows, page_rows), page_rows), :] = jnp.zeros(
-                    (page_rows, kv_buf.shape[2]), kv_buf.dtype)
+                if layout is None:
+                    kv_buf[slot, pl.ds(pl.multiple_of(i * page_rows, page_rows), page_rows), :] = jnp.zeros(
+                        (page_rows, kv_buf.shape[2]), kv_buf.dtype)
+                elif packed_pairs:  # through the 32-bit row view
+                    rows = page_size * layout.stride
+                    _word_rows(kv_buf, slot)[pl.ds(pl.multiple_of(i * rows, rows), rows), :] = jnp.zeros(
+                        (rows, head_dim), jnp.uint32)
+                else:
+                    kv_buf[slot, pl.ds(i * page_size, page_size)] = jnp.zeros(
+                        (page_size, *kv_buf.shape[2:]), kv_buf.dtype)
                 return carry
 
             lax.fori_loop(count, pages_per_block, zero_page, 0)
@@ -700,7 +741,7 @@ def _ragged_paged_attention_kernel(
                 k_scale = scale_buf[slot, pl.ds(2 * h, 1), tokens] * sm_scale
                 v_scale = scale_buf[slot, pl.ds(2 * h + 1, 1), tokens]
             else:
-                k, v = _split_kv(kv_buf.at[slot], h, kv_heads, c * chunk, chunk, packed_pairs=packed_pairs)
+                k, v = _split_kv(kv_buf, slot, h, layout, c * chunk, chunk, packed_pairs=packed_pairs)
                 k_scale = sm_scale
             scores = lax.dot_general(qh, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * k_scale
             if soft_cap is not None:

@@ -18,6 +18,7 @@ from kernels.ragged_paged_attention import (
     ragged_paged_attention,
     ragged_paged_attention_reference,
 )
+from kernels.ragged_paged_attention.blocks import kv_row_layout
 from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
@@ -106,6 +107,8 @@ MATRIX = [
     pytest.param("decode", (2, 2), jnp.float32, 8, 8, 128, 8,  # GQA 1, 16 pages per KV block, 2 padding rows
                  id="decode-gqa1-f32-8rows"),
     pytest.param("decode", (8, 1), jnp.bfloat16, 32, 16, 128, None, id="decode-gqa8-bf16"),
+    pytest.param("decode", (16, 8), jnp.bfloat16, 16, 16, 128, None,  # 8 KV heads: padded 9-word token rows
+                 id="decode-gqa2-bf16-8kv"),
     pytest.param("prefill", (8, 1), jnp.float32, 16, 16, 256, 64,  # GQA 8, one KV block spans 16 pages
                  marks=SLOW, id="prefill-gqa8-f32-64rows"),
     pytest.param("prefill", (2, 2), jnp.bfloat16, 16, 32, 128, None, id="prefill-gqa1-bf16"),  # GQA 1
@@ -490,6 +493,29 @@ def test_quantize_kv_pages_by_hand():
     np.testing.assert_allclose(np.asarray(scales), [[4 / 127, 1 / 127]], rtol=1e-6)
     assert codes[0, 0, 0].tolist() == [32, -64, 16, 8]  # x * 31.75, rounded half to even (15.875 -> 16, 7.9375 -> 8)
     np.testing.assert_allclose(np.asarray(dequantize_kv_pages(codes, scales)), np.asarray(pages), atol=2 / 127)
+
+
+@pytest.mark.parametrize("dtype,kv_heads,words,stride", [
+    # bf16, 8 KV heads: 16 K/V rows in 8 32-bit words per token. At a stride of 8 the words of 8 tokens fall in
+    # banks 0, 8, 16, 24, 0, 8, 16, 24 of 32 (two tokens per bank); at 9: 0, 9, 18, 27, 4, 13, 22, 31 (distinct).
+    (jnp.bfloat16, 8, 8, 9),
+    (jnp.bfloat16, 4, 4, 4),  # stride 4: banks 0, 4, ..., 28, distinct already
+    (jnp.bfloat16, 1, 1, 1),  # one word per token: unstrided
+    (jnp.float32, 1, 2, 2),  # f32: one K/V row per word; banks 0, 2, ..., 14
+    (jnp.float32, 8, 16, 17),  # stride 16: banks 0, 16, 0, ... -> 17: 0, 17, 2, 19, 4, 21, 6, 23
+])
+def test_kv_row_layout_by_hand(dtype, kv_heads, words, stride):
+    layout = kv_row_layout(dtype, kv_heads)
+    assert (layout.words, layout.stride, layout.pack) == (words, stride, 4 // jnp.dtype(dtype).itemsize)
+
+
+def test_vmem_bytes_count_the_padded_kv_rows():
+    # block_kv 128, 8 KV heads, bf16: KV slots 2 * 128 tokens * 9 words (8 + 1 padding) * 128 lanes * 4 B = 1179648;
+    # an int8 cache keeps unpadded rows: 2 * (128 * 16 rows) * 128 * 1 B = 524288, plus its scale slots
+    # 2 * [16, 128] f32 = 16384. Everything else is the same: 1179648 - 524288 - 16384 = 638976.
+    blocks = Blocks(block_q=16, block_kv=128)
+    kw = dict(q_heads_per_kv_head=2, head_dim=128, q_dtype=jnp.bfloat16, kv_heads=8)
+    assert blocks.vmem_bytes(**kw, kv_dtype=jnp.bfloat16) - blocks.vmem_bytes(**kw, kv_dtype=jnp.int8) == 638976
 
 
 def test_vmem_bytes_of_a_quantized_cache_by_hand():
