@@ -21,10 +21,6 @@ from perfmodel.hw.spec import ChipSpec
 
 #: x tiles (``bm x bk``) of internal scratch Mosaic's bf16 matmul keeps when it stages the LHS.
 X_STAGING_TILES = 1.5
-#: 32-bit x tiles of internal scratch of an int8 x int8 matmul (quantize_x). Fitted loosely (an upper bound) on two
-#: 8192^3 compiles with libtpu 0.0.42.1: v5p 256x4096x256 needs just over its 16 MiB scoped limit where the bf16
-#: staging rule gives 12.7 MiB; v5e 512x1024x8192 allocates 88.9 MiB (this rule: ~91 MiB).
-INT8_X_STAGING_TILES = 2
 #: f32 x / w tiles of internal scratch of an f32 (HIGHEST precision) matmul: the operands' bf16 splits.
 F32_X_SPLIT_TILES = 4.75
 F32_W_SPLIT_TILES = 0.5
@@ -116,9 +112,11 @@ class MatmulBlockSizes:
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))
             return int(need)
         mxu = (chip.cores.mxu_dim if chip is not None else None) or 128
-        if variant.x_codes:  # int8 x int8 dot: Mosaic stages the LHS in 32-bit (v5e/v5p/v6e; see the constant)
-            need += int(INT8_X_STAGING_TILES * buf((self.bm, self.bk), "int32"))
-        elif mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20:
+        # int8 x int8 (x_codes): no LHS staging. With the codes in their own scratch and no zeroing pass Mosaic
+        # allocates at most what the terms above give (libtpu 0.0.42.1, 9 compiles: v5e 512x8192x1024 at 8192^3
+        # 44.0 MiB vs 46.6 estimated, v6e 1024x2048x1024 62.7 vs 65.2, v5p 256x2048x256 11.6 vs 11.9 and
+        # 256x4096x256 12.6 vs 12.9; 4096^3: +4% to +20%). The earlier kernel staged about two int32 x tiles.
+        if not variant.x_codes and (mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20):
             need += int(X_STAGING_TILES * buf((self.bm, self.bk), x_dtype))
         quantized = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype)
         if quantized and (chip is None or not tiling.has_bf16_vpu(chip)):

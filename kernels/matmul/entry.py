@@ -44,10 +44,15 @@ def _configs() -> tuple[TunedConfig, ...]:
     # weights with per-channel scales; chips without an int8 MXU path (v4, 7x) reject it and store nothing.
     configs.append(TunedConfig(key="int8 x int8", static={"quantize_x": True},
                                shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", f"bias={n}:f32", f"w_scale={n}:f32")))
+    # Packed int4 weights (two per byte, [K/2, N] uint8), unpacked in VMEM onto the bf16 MXU path.
+    configs.append(TunedConfig(key="bf16 x int4", static={"w_dtype": "int4"},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", f"bias={n}:f32",
+                                       f"w_scale={n}:f32")))
     return tuple(configs)
 
 
 TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(),
-    problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8 weights; \"int8 x int8\": "
-             "bf16 activations quantized in the kernel, quantize_x=True)" % TUNED_SHAPE_MNK[0]))
+    problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
+             "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
+             "w_dtype='int4')" % TUNED_SHAPE_MNK[0]))

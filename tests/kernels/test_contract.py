@@ -109,8 +109,10 @@ def _gemm(specs, static, used):
     activation = static.get("activation", "none")
     epilogue = (("bias",) if "bias" in specs else ()) + ((activation,) if activation != "none" else ())
     quantize_x = bool(static.get("quantize_x", False))
+    # w_dtype="int4": w is [K/2, N] uint8 holding two int4 codes per byte; the model reads int4 weights.
+    rhs = "int4" if static.get("w_dtype") == "int4" else _dt(w)
     return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype="int8" if quantize_x else _dt(x),
-                lhs_source_dtype=_dt(x) if quantize_x else None, rhs_dtype=_dt(w), out_dtype=_dt(x),
+                lhs_source_dtype=_dt(x) if quantize_x else None, rhs_dtype=rhs, out_dtype=_dt(x),
                 weight_scale="per-channel" if "w_scale" in specs else "none", epilogue=epilogue, chip=None)
 
 

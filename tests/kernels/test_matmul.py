@@ -15,6 +15,7 @@ import yaml
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES, MatmulVariant
 from kernels.matmul.entry import TUNED_SHAPE_MNK
+from kernels.matmul.kernel import _lookahead
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -235,16 +236,24 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         pytest.skip(f"no spec for {chip_name} yet")
     dtypes = {"bf16": jnp.bfloat16, "fp32": jnp.float32, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     stored = load_tuned_defaults("matmul")[chip_name]
+    m, n, k = TUNED_SHAPE_MNK
     for pair, blocks in default_block_table()[chip_name].items():
         x_name, w_name = pair.split(" x ")
-        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (K = 8192 as tuned).
+        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (K = 8192 as tuned;
+        # two row blocks of codes where the next one is quantized ahead). "bf16 x int4": the packed tile counted as
+        # an int8 [bk, bn] one, plus the unpacked bf16 tile.
         w8a8 = pair == "int8 x int8"
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
-        variant = MatmulVariant(x_row=TUNED_SHAPE_MNK[2], x_codes=True) if w8a8 else MatmulVariant()
+        w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
+        if w8a8:
+            slots = 2 if _lookahead(chip, m, n, k, blocks) else 1
+            variant = MatmulVariant(x_row=k, x_codes=True, code_slots=slots)
+        else:
+            variant = MatmulVariant(w_dequant=w_name == "int4")
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
-        vectors = 1 + (w_name in ("int8", "fp8"))
-        limit = blocks.check(x_dtype=x_dtype, w_dtype=dtypes[w_name], out_dtype=x_dtype, epilogue_vectors=vectors,
+        vectors = 1 + (w_name in ("int8", "fp8", "int4"))
+        limit = blocks.check(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=x_dtype, epilogue_vectors=vectors,
                              chip=chip, variant=variant)
         # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.
         assert limit == stored[pair]["vmem_limit_bytes"], (chip_name, pair)
