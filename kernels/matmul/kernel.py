@@ -1,10 +1,11 @@
 """Tiled GEMM for TPU (Pallas/Mosaic): out = act(x @ (w * w_scale) + bias).
 
 Grid (M/bm, N/bn, K/bk) with K innermost ("arbitrary") so each (i, j) output
-tile accumulates in an f32 VMEM scratch across the K steps; M and N are
-"parallel" (megacore chips split them across TensorCores). The epilogue
-(per-output-channel weight scale, bias, activation, cast) runs once, on the
-last K step.
+tile accumulates in an f32 VMEM scratch across the K steps (no zeroing pass: the
+first K step's product replaces it); M and N are "parallel" (megacore chips
+split them across TensorCores). The epilogue (per-output-channel weight scale,
+bias, activation, cast) runs on the product itself with one K step, on every
+step's running sum with two, on the last K step with more (see _matmul_kernel).
 
 Weights may be int8 (with per-output-channel f32 scales) or fp8 (e4m3fn /
 e5m2, scales optional; only on chips whose spec lists an fp8 MXU pair and
@@ -13,7 +14,7 @@ kernel converts each weight tile to the activation dtype and applies the
 scale to the f32 accumulator, which equals scaling the weights because the
 scale is per output column. int4 weights (``w_dtype="int4"``, two per byte, kernels/quant.py's nibble order)
 are unpacked tile by tile into a bf16 VMEM tile; int8 x int8 (``quantize_x``) quantizes x per token in the
-kernel and runs the int8 MXU path.
+kernel (on single-core chips the next row block during the current one's steps) and runs the int8 MXU path.
 
 Unaligned shapes: blocks are first clamped to the problem (bm to M rounded up
 to the sublane tile, bk/bn to K/N rounded up to 128). Nothing is padded or
