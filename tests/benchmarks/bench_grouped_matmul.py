@@ -30,7 +30,9 @@ EXPERTS, K, N = 8, 4096, 14336
 #: case -> M (token rows, split evenly over the experts).
 CASES = {"decode": 64, "large": 8192}
 #: variant -> (rhs dtype, per-channel scales, weight bytes per element).
-VARIANTS = {"bf16": ("bf16", False, 2), "bf16 x int8": ("int8", True, 1)}
+VARIANTS = {"bf16": ("bf16", False, 2), "bf16 x int8": ("int8", True, 1), "bf16 x fp8": ("fp8", True, 1)}
+#: Variants run by default (fp8: ``--variants "bf16 x fp8" --chips tpu-v6e``; tpu-v5e has no fp8 MXU path).
+DEFAULT_VARIANTS = ("bf16", "bf16 x int8")
 #: Decode blocks (bm, bk, bn) per chip: None = the kernel's tuned defaults (bm clamped to M).
 DECODE_BLOCKS: dict[str, tuple[int, int, int] | None] = {"tpu-v5e": (64, 2048, 1024), "tpu-v6e": (64, 2048, 1024)}
 CHIPS = ("tpu-v5e", "tpu-v6e")
@@ -73,7 +75,7 @@ def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chips", default=",".join(CHIPS))
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--blocks", default=None, help="bm,bk,bn for every row (default: per case, see DECODE_BLOCKS)")
     a = p.parse_args(argv)
