@@ -161,6 +161,16 @@ def check_positive_int(field: str, value: Any) -> None:
         raise ValueError(f"block_sizes.{field}={value!r} must be a positive int")
 
 
+def check_gemm_tile(bm: Any, bk: Any, bn: Any) -> None:
+    """A GEMM grid step's tile lhs[bm, bk] @ rhs[bk, bn] -> out[bm, bn]: bm a sublane dimension (a multiple of a
+    32-bit dtype's sublane tile), bk and bn lane dimensions (multiples of 128)."""
+    for field, value in (("bm", bm), ("bk", bk), ("bn", bn)):
+        check_positive_int(field, value)
+    check_multiple("bm", bm, SUBLANES_32BIT, "sublane tile of a 32-bit dtype")
+    check_multiple("bk", bk, LANES, "lane tile: bk is the minor dim of the lhs block")
+    check_multiple("bn", bn, LANES, "lane tile: bn is the minor dim of the rhs and out blocks")
+
+
 def tpu_chip(chip: str) -> "ChipSpec":
     """The ChipSpec for ``chip`` (name, alias or spec path); ValueError naming ``chip`` unless it is a TPU
     with VMEM figures."""

@@ -38,11 +38,7 @@ class GroupedMatmulBlockSizes:
     bn: int
 
     def __post_init__(self) -> None:
-        for field in ("bm", "bk", "bn"):
-            tiling.check_positive_int(field, getattr(self, field))
-        tiling.check_multiple("bm", self.bm, tiling.SUBLANES_32BIT, "sublane tile of a 32-bit dtype")
-        tiling.check_multiple("bk", self.bk, tiling.LANES, "lane tile: bk is the minor dim of the lhs block")
-        tiling.check_multiple("bn", self.bn, tiling.LANES, "lane tile: bn is the minor dim of the rhs and out blocks")
+        tiling.check_gemm_tile(self.bm, self.bk, self.bn)
 
     def label(self) -> str:
         return f"bm={self.bm},bk={self.bk},bn={self.bn}"
