@@ -211,21 +211,22 @@ def _attend_block(q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs, *, plan:
                   masked: bool) -> None:
     """Fold K/V block ``kb`` into the running softmax, one compute slice at a time."""
     bkc = plan.block_kv_compute
+    n_slices = plan.block_kv // bkc
     key_lo, key_hi = key_span(plan, qi, jnp)
 
     def slice_body(c, carry):
         slice_lo = kb * plan.block_kv + c * bkc
         body = functools.partial(_attend_slice, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, seg_refs,
                                  plan=plan, qi=qi, c=c, slice_lo=slice_lo, masked=masked)
-        if masked:
-            # Skip slices of an edge block that hold no visible key at all.
+        if masked and n_slices > 1:
+            # Skip slices of an edge block that hold no visible key at all (a single slice is the whole block,
+            # which holds a visible key whenever it is visited: no branch).
             visible = (slice_lo <= key_hi) & (slice_lo + bkc - 1 >= key_lo) & (slice_lo < plan.kv_len)
             pl.when(visible)(body)
         else:
             body()
         return carry
 
-    n_slices = plan.block_kv // bkc
     if n_slices == 1:
         slice_body(0, 0)
     else:
