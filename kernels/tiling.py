@@ -14,6 +14,7 @@ spans the whole array dimension.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -161,14 +162,25 @@ def check_positive_int(field: str, value: Any) -> None:
         raise ValueError(f"block_sizes.{field}={value!r} must be a positive int")
 
 
-def check_gemm_tile(bm: Any, bk: Any, bn: Any) -> None:
-    """A GEMM grid step's tile lhs[bm, bk] @ rhs[bk, bn] -> out[bm, bn]: bm a sublane dimension (a multiple of a
-    32-bit dtype's sublane tile), bk and bn lane dimensions (multiples of 128)."""
-    for field, value in (("bm", bm), ("bk", bk), ("bn", bn)):
-        check_positive_int(field, value)
-    check_multiple("bm", bm, SUBLANES_32BIT, "sublane tile of a 32-bit dtype")
-    check_multiple("bk", bk, LANES, "lane tile: bk is the minor dim of the lhs block")
-    check_multiple("bn", bn, LANES, "lane tile: bn is the minor dim of the rhs and out blocks")
+@dataclass(frozen=True, kw_only=True)
+class GemmTile:
+    """A GEMM grid step's tile lhs[bm, bk] @ rhs[bk, bn] -> out[bm, bn] (the matmul kernels' block sizes derive
+    from it): bm a sublane dimension (a multiple of a 32-bit dtype's sublane tile), bk and bn lane dimensions
+    (multiples of 128)."""
+
+    bm: int
+    bk: int
+    bn: int
+
+    def __post_init__(self) -> None:
+        for field, value in (("bm", self.bm), ("bk", self.bk), ("bn", self.bn)):
+            check_positive_int(field, value)
+        check_multiple("bm", self.bm, SUBLANES_32BIT, "sublane tile of a 32-bit dtype")
+        check_multiple("bk", self.bk, LANES, "lane tile: bk is the minor dim of the lhs block")
+        check_multiple("bn", self.bn, LANES, "lane tile: bn is the minor dim of the rhs and out blocks")
+
+    def label(self) -> str:
+        return f"bm={self.bm},bk={self.bk},bn={self.bn}"
 
 
 def tpu_chip(chip: str) -> "ChipSpec":

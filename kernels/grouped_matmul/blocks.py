@@ -26,22 +26,12 @@ LHS_EXTRA_TILES = 1.25
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupedMatmulBlockSizes:
+class GroupedMatmulBlockSizes(tiling.GemmTile):
     """Tile of one grid step: lhs[bm, bk] @ rhs[group, bk, bn] -> out[bm, bn].
 
     bm is a sublane dimension (a multiple of the lhs/out dtype's sublane tile); bk and bn are lane dimensions
     (multiples of 128). A row tile holding rows of several groups is computed once per group.
     """
-
-    bm: int
-    bk: int
-    bn: int
-
-    def __post_init__(self) -> None:
-        tiling.check_gemm_tile(self.bm, self.bk, self.bn)
-
-    def label(self) -> str:
-        return f"bm={self.bm},bk={self.bk},bn={self.bn}"
 
     def vmem_bytes(self, *, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any, scaled: bool,
                    chip: ChipSpec | None = None, lhs_row: int | None = None) -> int:

@@ -50,22 +50,12 @@ PLAIN = MatmulVariant()
 
 
 @dataclass(frozen=True, kw_only=True)
-class MatmulBlockSizes:
+class MatmulBlockSizes(tiling.GemmTile):
     """Tile of one grid step: x[bm, bk] @ w[bk, bn] -> out[bm, bn].
 
     bm is a sublane dimension (multiple of the x/out dtype's sublane tile);
     bk and bn are lane dimensions of x and w/out (multiples of 128).
     """
-
-    bm: int
-    bk: int
-    bn: int
-
-    def __post_init__(self) -> None:
-        tiling.check_gemm_tile(self.bm, self.bk, self.bn)
-
-    def label(self) -> str:
-        return f"bm={self.bm},bk={self.bk},bn={self.bn}"
 
     def vmem_bytes(self, *, x_dtype: Any, w_dtype: Any, out_dtype: Any, epilogue_vectors: int,
                    chip: ChipSpec | None = None, variant: MatmulVariant = PLAIN) -> int:

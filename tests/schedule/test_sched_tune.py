@@ -272,7 +272,8 @@ def test_ragged_decode_with_fewer_query_tokens_than_a_bf16_tile_still_has_legal_
               "page_table=8x32:int32=arange", "cu_q_lens=9:int32=arange", "num_seqs=1:int32=8"]
     result = tune("ragged_paged_attention", shapes, "tpu-v5e")
     assert result.ranked and {c.blocks["block_q"] for c in result.ranked} == {16}
-    assert not result.rejected
+    # nothing rejected for its tiling; the largest KV blocks may need a raised VMEM limit (the padded K/V rows)
+    assert not [reason for reason in result.rejected if "VMEM" not in reason]
 
 
 def _ranked(label: int, expected_s: float, hbm: int, steps: int = 4) -> Candidate:
