@@ -1,8 +1,7 @@
 """Block sizes and VMEM budgets of the paged KV-cache update kernel, and per-chip defaults.
 
-Head-major layout (the default): one grid step per token, whose block is the
-token's whole page for every kv head; nothing to tune, see
-:func:`head_major_vmem_bytes`.
+Head-major layout (the default): blocks of :data:`HEAD_MAJOR_TOKENS_PER_BLOCK` tokens in slot order, each row
+written through its row granule (:func:`row_granule`); nothing to tune, see :func:`head_major_vmem_bytes`.
 
 Token-major layout: a block is ``tokens_per_block`` new tokens, each a whole [kv_heads, head_dim]
 slab (the block spans both minor dimensions completely, so Mosaic's tile
@@ -121,43 +120,32 @@ def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
     return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES
 
 
-#: Pages per block of a head-major scale cache [kv_heads, num_pages, page_size]: the pages axis is its
-#: second-minor (sublane) dimension, so a block spans a whole f32 tile of 8 pages.
-SCALE_PAGES_PER_BLOCK = 8
+#: Sorted tokens per grid step of the head-major kernel (all of a block's DMAs are in flight together).
+HEAD_MAJOR_TOKENS_PER_BLOCK = 32
 
 
-def scale_pages_per_block(num_pages: int) -> int:
-    """8 when it divides num_pages, else all pages (a block must be a tile multiple or the whole dimension).
+def row_granule(cache_dtype: Any) -> int:
+    """Rows of a head-major cache page one DMA moves at the least: the rows that share a 32-bit sublane word
+    (1 f32, 2 bf16, 4 int8). Mosaic takes a DMA window at a sublane offset that is a multiple of this (the HBM
+    tiling is (8, 128) of packed words); a one-row window of a packed dtype is refused ("Offsets along tiled
+    dimensions must be aligned to tiles", libtpu 0.0.42.1)."""
+    return max(1, 4 // tiling.itemsize_bytes(cache_dtype))
 
-    No partial last block: Pallas' TPU interpret mode mishandles a partial block
-    of an aliased output (it returns the padded buffer), so the kernel avoids one.
-    """
-    return SCALE_PAGES_PER_BLOCK if num_pages % SCALE_PAGES_PER_BLOCK == 0 else num_pages
 
-
-def head_major_vmem_bytes(*, kv_heads: int, num_pages: int, page_size: int, head_dim: int, new_dtype: Any,
-                          cache_dtype: Any, quantize: bool, chip: ChipSpec | None = None) -> int:
-    """VMEM of the head-major kernel as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): one token's K/V slabs
-    and one page of each cache, all double-buffered, padded as :func:`kernels.tiling.mosaic_buffer_bytes`.
-
-    Per cache: an input and an output page block [kv_heads, page_size, head_dim],
-    two buffers each; the new token's [kv_heads, head_dim] K and V, two buffers
-    each; quantizing, the scale blocks [kv_heads, scale_pages_per_block, page_size]
-    the same way. The f32 row-insert temporaries stay in vregs, except on chips
-    without a bf16 VPU (``chip`` None: assumed), where Mosaic keeps a page of every
-    head in f32 (2.125 quantizing; per 128 lanes of head_dim), and when quantizing pages of 32 or more tokens
-    (1.25 f32 pages of every head). Exact for bf16 and int8 pages of 16 on v5e to 7x.
-    """
+def head_major_vmem_bytes(*, kv_heads: int, page_size: int, head_dim: int, new_dtype: Any, cache_dtype: Any,
+                          quantize: bool, num_tokens: int | None = None) -> int:
+    """VMEM of the head-major kernel's scratch as Mosaic allocates it (libtpu 0.0.42.1; exact on v5e for 8 heads x
+    128, pages of 16, bf16 and int8 caches): per token of a block (:data:`HEAD_MAJOR_TOKENS_PER_BLOCK`, or
+    ``num_tokens`` if fewer), its new K and V ``[kv_heads, head_dim]`` (padded as
+    :func:`kernels.tiling.mosaic_buffer_bytes`), the K and V row granules ``[kv_heads, row_granule, head_dim]`` and,
+    quantizing, the page scale rows ``[kv_heads, 1, page_size]`` f32. Mosaic gives the granule and scale-row buffers
+    a tiling of their own row count (no padding to the dtype's sublane multiple; lanes pad to 128). Nothing is
+    double-buffered: the caches and the new tokens stay in HBM."""
     buf = tiling.mosaic_buffer_bytes
-    buffers = 2  # double buffering
-    need = 2 * buffers * buf((kv_heads, head_dim), new_dtype)
-    need += 2 * 2 * buffers * buf((kv_heads, page_size, head_dim), cache_dtype)
-    if quantize:
-        need += 2 * 2 * buffers * buf((kv_heads, scale_pages_per_block(num_pages), page_size), "float32")
+    tokens = HEAD_MAJOR_TOKENS_PER_BLOCK if num_tokens is None else min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)
     lanes = tiling.round_up(head_dim, tiling.LANES)
-    f32_pages = kv_heads * page_size * lanes * 4
-    if chip is None or not tiling.has_bf16_vpu(chip):
-        need += int(f32_pages * (2.125 if quantize else 1) * (lanes // tiling.LANES))
-    elif quantize and page_size >= 32:
-        need += int(1.25 * f32_pages)
-    return need
+    need = 2 * buf((tokens, kv_heads, head_dim), new_dtype)
+    need += 2 * tokens * kv_heads * row_granule(cache_dtype) * lanes * tiling.itemsize_bytes(cache_dtype)
+    if quantize:
+        need += 2 * tokens * kv_heads * tiling.round_up(page_size, tiling.LANES) * 4
+    return int(need)

@@ -12,7 +12,7 @@ ENTRIES = (
         name="kv_cache_update", summary="bundled paged KV-cache write (slot mapping as scalar prefetch)",
         function="kernels.kv_cache_update:kv_cache_update",
         reference="kernels.kv_cache_update:kv_cache_update_reference",
-        arrays=_ARRAYS,
+        arrays=_ARRAYS, optional_arrays=("k_scale_cache", "v_scale_cache"),
         example=("new_k=64x8x128:bf16", "new_v=64x8x128:bf16", "k_cache=8x256x16x128:bf16",
                  "v_cache=8x256x16x128:bf16", "slot_mapping=64:int32=arange"),
         block_class="kernels.kv_cache_update:KvCacheUpdateBlockSizes",

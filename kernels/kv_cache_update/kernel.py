@@ -12,26 +12,30 @@ Head-major (default; what kernels.paged_attention and ragged_paged_attention rea
 -------------------------------------------------------------------------------
 * k_cache, v_cache: [kv_heads, num_pages, page_size, head_dim];
   scales [kv_heads, num_pages, page_size] (per token).
-* A token's row of one head is a single sublane row of a (page_size, head_dim)
-  tile, so it cannot be written by its own DMA (Mosaic DMAs start at
-  tile-aligned offsets in the two minor dimensions). Instead each grid step is
-  one token whose cache blocks are its whole page for all kv heads
-  ([kv_heads, page_size, head_dim], index map (0, page, 0, 0)), aliased
-  input->output; the body copies the fetched page to the output block at the
-  start of a run of tokens on that page and inserts each token's row with a
-  row-masked select (full-tile vector ops, no dynamic sublane slicing). The
-  scale caches are blocked the same way over 8 pages (their pages axis is the
-  sublane axis of an f32 tile), or over all pages when 8 does not divide
-  num_pages.
-* The wrapper sorts the tokens by slot (padding last) and scalar-prefetches
-  the order, the page of each step and its row (-1: skip), so each touched
-  page is one contiguous run of grid steps: Pallas fetches it once before its
-  first token and writes it back once after its last (same block index on
-  consecutive steps), and no page is fetched while an earlier write-back of it
-  is in flight. Padding tokens stay on the last written page (no extra DMA).
-  The grid axis is "arbitrary": a run split across two cores would race.
-* HBM traffic is page-granular: each touched page of K and V (and its 8-page
-  scale block) is read and written whole once per call.
+* A token's row of one head is one row of a (page_size, head_dim) page whose
+  HBM tiling is (8, 128) 32-bit words: bf16 rows pair up in a word, int8 rows
+  by four. Mosaic takes a DMA window whose sublane offset is a multiple of the
+  rows per word (the row granule: 1 f32, 2 bf16, 4 int8) and refuses a one-row
+  window of a packed dtype ("Offsets along tiled dimensions must be aligned to
+  tiles", libtpu 0.0.42.1). So each row is written through its granule: read
+  it into VMEM, insert the row (a row-masked select in f32), write it back.
+  The scale caches the same way: a token's scale is one lane of its page's
+  scale row [kv_heads, 1, page_size] (a one-sublane f32 window).
+* The wrapper sorts the tokens by slot (padding last), pads them to blocks of
+  HEAD_MAJOR_TOKENS_PER_BLOCK and scalar-prefetches per token: its index, page,
+  row (-1: skip), the block-local index of the first token of its granule in
+  the block (the "lead": that token's VMEM buffer assembles the granule, so two
+  tokens of one granule never race) and whether the block writes the whole
+  granule (then it is not read). The scale rows get their own lead/full.
+* Grid (blocks,), "arbitrary"; caches and new tokens stay in HBM (ANY). A step
+  starts every DMA of its block (new K/V slab per token, granule reads per
+  lead), waits for all, inserts the rows, starts every granule write-back and
+  waits for all. A granule split over two blocks is read by the second after
+  the first wrote it back (sequential grid).
+* HBM traffic per token (decode, each token on its own granule): the new K/V,
+  plus its K and V granules (2 bf16 / 4 int8 rows per head) read and written,
+  and quantizing, the page scale rows read and written. Granules a block fills
+  completely (prefill) are only written.
 
 Token-major (``layout="token-major"``)
 --------------------------------------
@@ -67,12 +71,12 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.kv_cache_update.blocks import (
     DEFAULT_LAYOUT,
-    SCALE_PAGES_PER_BLOCK,
+    HEAD_MAJOR_TOKENS_PER_BLOCK,
     KvCacheUpdateBlockSizes,
     check_layout,
     default_block_sizes,
     head_major_vmem_bytes,
-    scale_pages_per_block,
+    row_granule,
 )
 from kernels import tiling
 from kernels.quant import quantize_int8
@@ -83,97 +87,132 @@ PADDING_SLOT = -1
 
 
 
-# ----- head-major: one token per grid step, its page as the block -----
+# ----- head-major: blocks of tokens in slot order, each row written through its row granule -----
 
-def _head_major_kernel(order_ref: Any, pages_ref: Any, rows_ref: Any, *refs: Any, quantize: bool) -> None:
-    # Scalar prefetch (SMEM, one entry per grid step = per token in slot order): order_ref picks the token
-    # (index maps only); pages_ref: its cache page; rows_ref: its row in the page, -1 = skip.
-    del order_ref
-    n_caches = 4 if quantize else 2
-    k_ref, v_ref = refs[:2]  # [kv_heads, head_dim]: this step's new token
-    ins, outs = refs[2 : 2 + n_caches], refs[2 + n_caches : 2 + 2 * n_caches]
-    # ins/outs: K and V page blocks [kv_heads, page_size, head_dim]; (quantize) scale blocks
-    # [kv_heads, group, page_size] over the `group` pages around this one.
-    t = pl.program_id(0)
-    page, prev_page = pages_ref[t], pages_ref[jnp.maximum(t - 1, 0)]
-    _copy_at_run_start(ins[:2], outs[:2], t, page, prev_page)
-    row = rows_ref[t]
+def _head_major_kernel(order_ref: Any, pages_ref: Any, rows_ref: Any, lead_ref: Any, full_ref: Any, *refs: Any,
+                       quantize: bool, tokens_per_block: int, granule: int) -> None:
+    # Scalar prefetch (SMEM, one entry per token in slot order, padded to whole blocks): order_ref: the token's
+    # index in new_k/new_v; pages_ref / rows_ref: its cache page and row (-1 = skip); lead_ref: the block-local
+    # index of the first token of its row granule (the buffer the granule is assembled in); full_ref: 1 on a
+    # lead whose granule this call writes completely (no read). Quantizing, the same two for the scale rows.
     if quantize:
-        group = outs[2].shape[1]
-        _copy_at_run_start(ins[2:], outs[2:], t, jax.lax.div(page, group), jax.lax.div(prev_page, group))
+        scale_lead_ref, scale_full_ref = refs[:2]
+        refs = refs[2:]
+    n_caches = 4 if quantize else 2
+    new_hbm = refs[:2]  # new_k, new_v [num_tokens, kv_heads, head_dim] in HBM
+    outs = refs[2 + n_caches : 2 + 2 * n_caches]  # the aliased caches in HBM, written through these
+    scratch = refs[2 + 2 * n_caches :]
+    new_bufs = scratch[:2]  # [tokens_per_block, kv_heads, head_dim]: the block's new K/V
+    bufs = scratch[2 : 2 + n_caches]  # [tokens_per_block, kv_heads, granule, head_dim]; scales [.., kv_heads, 1, page]
+    sems = scratch[-1]  # DMA semaphores: 0 new tokens in, 1 granules in, 2 granules out
+    base = pl.program_id(0) * tokens_per_block
+    leads = ((lead_ref, full_ref),) * 2 + (((scale_lead_ref, scale_full_ref),) * 2 if quantize else ())
 
-    @pl.when(row >= 0)
-    def _() -> None:
+    def window(c: int, i: Any) -> Any:
+        if c < 2:  # rows [r0, r0 + granule) of the token's page, every kv head
+            r0 = pl.multiple_of(jax.lax.div(rows_ref[i], granule) * granule, granule)
+            return outs[c].at[:, pages_ref[i], pl.ds(r0, granule), :]
+        return outs[c].at[:, pl.ds(pages_ref[i], 1), :]  # the page's scale row, every kv head
+
+    def each_token(fn: Any) -> None:
+        def body(t: Any, carry: Any) -> Any:
+            i = base + t
+
+            @pl.when(rows_ref[i] >= 0)
+            def _() -> None:
+                fn(t, i)
+
+            return carry
+
+        jax.lax.fori_loop(0, tokens_per_block, body, 0)
+
+    def fetch(action: str) -> Any:
+        def fn(t: Any, i: Any) -> None:
+            for c in range(2):
+                getattr(pltpu.make_async_copy(new_hbm[c].at[order_ref[i]], new_bufs[c].at[t], sems.at[0]), action)()
+            for c, (lead, full) in enumerate(leads):
+                @pl.when(jnp.logical_and(lead[i] == t, full[i] == 0))
+                def _() -> None:
+                    getattr(pltpu.make_async_copy(window(c, i), bufs[c].at[t], sems.at[1]), action)()
+        return fn
+
+    def store(action: str) -> Any:
+        def fn(t: Any, i: Any) -> None:
+            for c, (lead, _) in enumerate(leads):
+                @pl.when(lead[i] == t)
+                def _() -> None:
+                    getattr(pltpu.make_async_copy(bufs[c].at[t], window(c, i), sems.at[2]), action)()
+        return fn
+
+    def insert(t: Any, i: Any) -> None:
+        row = rows_ref[i]
         if quantize:
-            (kq, ks), (vq, vs) = quantize_int8(k_ref[...], axis=-1), quantize_int8(v_ref[...], axis=-1)
+            (kq, ks), (vq, vs) = (quantize_int8(new_bufs[c][t], axis=-1) for c in range(2))
             tokens = (kq, vq)
-            for out, scale in zip(outs[2:], (ks, vs)):
-                _insert_scale(out, scale, jax.lax.rem(page, group), row)
+            for c, scale in ((2, ks), (3, vs)):  # scale [kv_heads, 1] into lane `row` of the page's scale row
+                buf = bufs[c].at[scale_lead_ref[i]]
+                kv_heads, _, page_size = buf.shape
+                at = jax.lax.broadcasted_iota(jnp.int32, (kv_heads, 1, page_size), 2) == row
+                buf[...] = jnp.where(at, jnp.broadcast_to(scale[:, :, None], buf.shape), buf[...])
         else:
-            tokens = (k_ref[...], v_ref[...])
-        for out, token in zip(outs[:2], tokens):
-            _insert_row(out, token, row)
+            tokens = (new_bufs[0][t], new_bufs[1][t])
+        for c in range(2):
+            buf = bufs[c].at[lead_ref[i]]
+            if granule == 1:
+                buf[...] = tokens[c][:, None, :].astype(buf.dtype)
+                continue
+            # row-masked select in f32 (bf16/int8 widen and narrow back exactly): no sub-word sublane store
+            at = jax.lax.broadcasted_iota(jnp.int32, buf.shape, 1) == jax.lax.rem(row, granule)
+            new = jnp.broadcast_to(tokens[c].astype(jnp.float32)[:, None, :], buf.shape)
+            buf[...] = jnp.where(at, new, buf[...].astype(jnp.float32)).astype(buf.dtype)
+
+    each_token(fetch("start"))
+    each_token(fetch("wait"))
+    each_token(insert)
+    each_token(store("start"))
+    each_token(store("wait"))
 
 
-def _copy_at_run_start(ins: Any, outs: Any, t: Any, block: Any, prev_block: Any) -> None:
-    """At the first step of a run of steps on one block, start the output block from the fetched input block.
-
-    The output block stays in VMEM for the whole run (same block index on
-    consecutive steps) and collects the run's rows; the input block is fetched
-    once per run, so copying it again mid-run would drop the rows written so far.
-    """
-
-    @pl.when(jnp.logical_or(t == 0, block != prev_block))
-    def _() -> None:
-        for src, dst in zip(ins, outs):
-            dst[...] = src[...]
-
-
-def _insert_row(page_ref: Any, token: Any, row: Any) -> None:
-    """page_ref[h, row, :] = token[h, :] for every kv head, by a row-masked select over the page.
-
-    Works in f32 (bf16 and int8 widen exactly and narrow back exactly), one head
-    at a time on whole [page_size, head_dim] tiles: no dynamic sublane slicing and
-    no select on packed types.
-    """
-    kv_heads, page_size, head_dim = page_ref.shape
-    at_row = jax.lax.broadcasted_iota(jnp.int32, (page_size, head_dim), 0) == row
-    token = token.astype(jnp.float32)
-    for h in range(kv_heads):
-        new = jnp.broadcast_to(token[h : h + 1, :], (page_size, head_dim))
-        page_ref[h] = jnp.where(at_row, new, page_ref[h].astype(jnp.float32)).astype(page_ref.dtype)
+def _granule_leads(keys: jax.Array, *, size: int, tokens_per_block: int) -> tuple[jax.Array, jax.Array]:
+    """(lead, full) per token of ``keys`` (granule ids in slot order, -1 = skipped): lead = the block-local index
+    of the first token of the token's granule in its block; full = 1 on a lead whose granule's ``size`` rows are
+    all written by tokens of that block (slots are distinct, so ``size`` tokens with one key cover it)."""
+    n = keys.shape[0]
+    t = jnp.arange(n, dtype=jnp.int32)
+    block_start = t // tokens_per_block * tokens_per_block
+    prev = jnp.concatenate([jnp.full((1,), -2, keys.dtype), keys[:-1]])
+    start = (t == block_start) | (keys != prev)
+    lead = jax.lax.cummax(jnp.where(start, t, 0))
+    last = t + size - 1
+    in_block = (last < n) & (last < block_start + tokens_per_block)
+    full = start & in_block & (keys >= 0) & (keys[jnp.minimum(last, n - 1)] == keys)
+    return (lead - block_start).astype(jnp.int32), full.astype(jnp.int32)
 
 
-def _insert_scale(scale_ref: Any, scale: Any, page_in_block: Any, row: Any) -> None:
-    """scale_ref[h, page_in_block, row] = scale[h, 0] for every kv head (scale_ref: [kv_heads, group, page_size])."""
-    kv_heads, group, page_size = scale_ref.shape
-    at = ((jax.lax.broadcasted_iota(jnp.int32, (group, page_size), 0) == page_in_block)
-          & (jax.lax.broadcasted_iota(jnp.int32, (group, page_size), 1) == row))
-    for h in range(kv_heads):
-        new = jnp.broadcast_to(scale[h : h + 1, :], (group, page_size))
-        scale_ref[h] = jnp.where(at, new, scale_ref[h])
-
-
-def _page_runs(slot_mapping: jax.Array, *, num_pages: int, page_size: int) -> tuple[jax.Array, ...]:
-    """(order, page, row) per grid step: tokens sorted by slot, skipped tokens last.
-
-    A skipped token's step keeps the last written page (so its step moves no
-    data) and row -1; with no token to write at all every step is on page 0,
-    which is fetched and written back unchanged.
-    """
-    num_slots = num_pages * page_size
-    order = jnp.argsort(jnp.where(slot_mapping >= 0, slot_mapping, num_slots), stable=True).astype(jnp.int32)
-    slots = slot_mapping[order]
+def _head_major_plan(slot_mapping: jax.Array, *, page_size: int, granule: int, tokens_per_block: int,
+                     quantize: bool) -> tuple[jax.Array, ...]:
+    """Scalar-prefetch arrays of the head-major kernel: tokens sorted by slot (skipped last), padded to whole
+    blocks with skipped entries; (order, page, row, lead, full) and, quantizing, the scale rows' (lead, full)."""
+    num_tokens = slot_mapping.shape[0]
+    padded = tiling.round_up(num_tokens, tokens_per_block)
+    big = jnp.iinfo(jnp.int32).max
+    order = jnp.argsort(jnp.where(slot_mapping >= 0, slot_mapping, big), stable=True).astype(jnp.int32)
+    slots = jnp.pad(slot_mapping[order], (0, padded - num_tokens), constant_values=PADDING_SLOT)
+    order = jnp.pad(order, (0, padded - num_tokens))
     valid = slots >= 0
     pages = jnp.where(valid, slots // page_size, 0)
-    pages = jnp.where(valid, pages, jnp.max(pages))
     rows = jnp.where(valid, slots % page_size, PADDING_SLOT)
-    return order, pages.astype(jnp.int32), rows.astype(jnp.int32)
+    granules_per_page = tiling.cdiv(page_size, granule)
+    keys = jnp.where(valid, pages * granules_per_page + rows // granule, PADDING_SLOT)
+    plan = [order, pages, rows, *_granule_leads(keys, size=granule, tokens_per_block=tokens_per_block)]
+    if quantize:
+        plan += _granule_leads(jnp.where(valid, pages, PADDING_SLOT), size=page_size, tokens_per_block=tokens_per_block)
+    return tuple(p.astype(jnp.int32) for p in plan)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("vmem_limit_bytes", "interpret"),
+    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
     donate_argnames=("k_cache", "v_cache", "k_scale_cache", "v_scale_cache"),
 )
 def _head_major_jit(
@@ -185,6 +224,7 @@ def _head_major_jit(
     k_scale_cache: jax.Array | None,
     v_scale_cache: jax.Array | None,
     *,
+    tokens_per_block: int,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> tuple[jax.Array, ...]:
@@ -192,38 +232,46 @@ def _head_major_jit(
     _, num_pages, page_size, _ = k_cache.shape
     quantize = k_scale_cache is not None
     caches = [k_cache, v_cache] + ([k_scale_cache, v_scale_cache] if quantize else [])
-    group = scale_pages_per_block(num_pages)
-    # Index maps take (grid index, *scalar prefetch refs): (t, order, pages, rows).
-    token_spec = pl.BlockSpec((None, kv_heads, head_dim), lambda t, order, pages, rows: (order[t], 0, 0))
-    page_spec = pl.BlockSpec((kv_heads, None, page_size, head_dim), lambda t, order, pages, rows: (0, pages[t], 0, 0))
-    scale_spec = pl.BlockSpec((kv_heads, group, page_size),
-                              lambda t, order, pages, rows: (0, jax.lax.div(pages[t], group), 0))
-    cache_specs = [page_spec, page_spec] + ([scale_spec, scale_spec] if quantize else [])
-    first_cache_input = 5  # operands: order, pages, rows (scalar prefetch), new_k, new_v, caches...
+    granule = row_granule(k_cache.dtype)
+    plan = _head_major_plan(slot_mapping, page_size=page_size, granule=granule, tokens_per_block=tokens_per_block,
+                            quantize=quantize)
+    hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
+    bt = tokens_per_block
+    scratch = [pltpu.VMEM((bt, kv_heads, head_dim), new_k.dtype)] * 2
+    scratch += [pltpu.VMEM((bt, kv_heads, granule, head_dim), k_cache.dtype)] * 2
+    if quantize:
+        scratch += [pltpu.VMEM((bt, kv_heads, 1, page_size), jnp.float32)] * 2
+    scratch.append(pltpu.SemaphoreType.DMA((3,)))
+    first_cache_input = len(plan) + 2  # operands: the plan (scalar prefetch), new_k, new_v, caches...
     cache_names = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if quantize else [])
-    ref_names = (["order_ref", "pages_ref", "rows_ref", "new_k_ref", "new_v_ref"]
-                 + [f"{c}_in_ref" for c in cache_names] + [f"{c}_ref" for c in cache_names])
+    plan_names = ["order_ref", "pages_ref", "rows_ref", "lead_ref", "full_ref"] + (
+        ["scale_lead_ref", "scale_full_ref"] if quantize else [])
+    ref_names = (plan_names + ["new_k_ref", "new_v_ref"] + [f"{c}_in_ref" for c in cache_names]
+                 + [f"{c}_ref" for c in cache_names] + ["new_k_buf", "new_v_buf"]
+                 + [f"{c}_rows_buf" for c in cache_names] + ["sems"])
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_head_major_kernel, quantize=quantize), ref_names),
+        with_ref_names(functools.partial(_head_major_kernel, quantize=quantize, tokens_per_block=bt,
+                                         granule=granule), ref_names),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches],
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3,
-            grid=(num_tokens,),
-            in_specs=[token_spec, token_spec] + cache_specs,
-            out_specs=cache_specs,
+            num_scalar_prefetch=len(plan),
+            grid=(tiling.cdiv(num_tokens, bt),),
+            in_specs=[hbm_spec] * (2 + len(caches)),
+            out_specs=[hbm_spec] * len(caches),
+            scratch_shapes=scratch,
         ),
         input_output_aliases={first_cache_input + c: c for c in range(len(caches))},
+        # "arbitrary": a granule split over two blocks is read by the second only after the first wrote it back.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem_limit_bytes),
         cost_estimate=cost_estimate(
             num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-            new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
+            new_dtype=new_k.dtype, cache_dtype=k_cache.dtype, layout="head-major",
         ),
         interpret=interpret_params(interpret),
         name="kv_cache_update",
     )
-    order, pages, rows = _page_runs(slot_mapping, num_pages=num_pages, page_size=page_size)
     with jax.named_scope("kv_cache_update[layout=head-major]"):
-        return tuple(call(order, pages, rows, new_k, new_v, *caches))
+        return tuple(call(*plan, new_k, new_v, *caches))
 
 
 # ----- input checks and the public wrapper -----
@@ -377,18 +425,19 @@ def kv_cache_update(
     slots = slot_mapping.astype(jnp.int32)
     if layout == "head-major":
         if block_sizes is not None:
-            raise ValueError("block_sizes: only layout='token-major' or 'combined' takes block sizes (head-major writes one token "
-                             "per grid step); drop block_sizes or pass layout='token-major'")
-        need = head_major_vmem_bytes(kv_heads=kv_heads, num_pages=shapes.num_pages, page_size=shapes.page_size,
-                                     head_dim=head_dim, new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
-                                     quantize=quantize, chip=spec)
-        what = f"layout='head-major' (pages of {shapes.page_size} tokens"
-        if quantize and scale_pages_per_block(shapes.num_pages) == shapes.num_pages > SCALE_PAGES_PER_BLOCK:
-            what += f"; scale blocks span all {shapes.num_pages} pages: use a multiple of {SCALE_PAGES_PER_BLOCK} pages"
-        vmem_limit = tiling.compile_vmem_limit_bytes(need, spec, what + ")")
-        _check_smem("order, page and row per token", 3 * 4 * num_tokens, spec, num_tokens)
+            raise ValueError("block_sizes: only layout='token-major' or 'combined' takes block sizes (head-major blocks are "
+                             f"{HEAD_MAJOR_TOKENS_PER_BLOCK} sorted tokens); drop block_sizes or pass layout='token-major'")
+        tokens_per_block = min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)
+        need = head_major_vmem_bytes(kv_heads=kv_heads, page_size=shapes.page_size, head_dim=head_dim,
+                                     new_dtype=new_k.dtype, cache_dtype=k_cache.dtype, quantize=quantize,
+                                     num_tokens=num_tokens)
+        vmem_limit = tiling.compile_vmem_limit_bytes(need, spec, f"layout='head-major' (pages of {shapes.page_size} tokens)",
+                                                     fix="split the kv heads over several calls")
+        plan_arrays = 7 if quantize else 5
+        _check_smem("the head-major plan, padded to the token block",
+                    plan_arrays * 4 * tiling.round_up(num_tokens, tokens_per_block), spec, num_tokens)
         return _head_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
-                               vmem_limit_bytes=vmem_limit, interpret=interpret)
+                               tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret)
     if block_sizes is None:
         block_sizes = default_block_sizes(spec.name)
     elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
@@ -458,12 +507,12 @@ class _AsDtype:
 
 
 def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: int, new_dtype: Any,
-                  cache_dtype: Any) -> pl.CostEstimate:
+                  cache_dtype: Any, layout: str = "token-major") -> pl.CostEstimate:
     """The kernel's CostEstimate: perfmodel's KV-cache update model, algorithmic counts (chip=None).
 
     Counts every token of the call (padding tokens included: their number is not known under jit).
-    The model counts the new rows' bytes; the head-major kernel moves whole pages
-    (see the module docstring), which this estimate does not include.
+    Token-major and combined: the new rows' bytes; head-major: plus each token's row granule and page scale
+    row read and written back (model layout "head-major", one granule per token: decode's traffic).
     """
     from perfmodel.model.core import to_cost_estimate
     from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
@@ -471,6 +520,7 @@ def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: i
     cost = kv_cache_update_model(
         num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
         kv_dtype=tiling.matmul_dtype_name(cache_dtype), src_dtype=tiling.matmul_dtype_name(new_dtype), chip=None,
+        layout="head-major" if layout == "head-major" else "rows",
     )
     return to_cost_estimate(cost)
 

@@ -28,6 +28,11 @@ QUANTIZE_EUP_OPS_PER_ROW = 1
 #: Dequantize per element: widen, multiply by the scale.
 DEQUANT_SCALE_VPU_OPS = 1
 UPDATE_SCALES = (None, "none", "per-tensor", "per-token")
+#: Cache layouts of the update: "rows" writes only the new rows (token-major / combined pages: a token's row is
+#: its own DMA); "head-major" ([kv_heads, pages, page_size, head_dim] pages) writes each row through its row
+#: granule (the rows sharing a 32-bit sublane word, :func:`row_granule_rows`), read, modified and written back,
+#: and quantized, through the page's row of per-token scales [page_size] f32 the same way.
+UPDATE_LAYOUTS = ("rows", "head-major")
 #: Share of HBM kept free for activations, compiler scratch and fragmentation when sizing the cache
 #: (vLLM's default gpu_memory_utilization is 0.9).
 DEFAULT_HBM_UTILIZATION = 0.9
@@ -42,6 +47,7 @@ def kv_cache_update(
     kv_dtype: str = "bf16",
     src_dtype: str = "bf16",
     kv_scale: str | None = None,
+    layout: str = "rows",
     chip: object | None = None,
 ) -> OpCost:
     """Write ``num_tokens`` new K and V rows (per layer) into their paged slots.
@@ -51,12 +57,17 @@ def kv_cache_update(
     None = :func:`default_kv_scale` ("per-token" scales, one f32 per token and kv
     head, for K and V, written next to the page, for a quantized cache);
     "per-tensor" uses a fixed scale (no scale bytes, no absmax).
+
+    ``layout`` (:data:`UPDATE_LAYOUTS`): "rows" moves only the new rows; "head-major" reads and writes each
+    token's row granule and (per-token scales) its page's scale row, counted per token (decode: every token on
+    its own granule; a prefill that fills whole granules moves less: an upper bound there).
     """
     tokens = sizes("num_tokens", num_tokens)
     kv_heads, head_dim, page_size = sizes("kv_heads", kv_heads), sizes("head_dim", head_dim), sizes(
         "page_size", page_size)
     kv_dt, src_dt = parse_dtype(kv_dtype, "`kv_dtype`"), parse_dtype(src_dtype, "`src_dtype`")
     choice("kv_scale", kv_scale, UPDATE_SCALES)
+    choice("layout", layout, UPDATE_LAYOUTS)
     quantize = kv_dt != src_dt and is_quantized(kv_dt)
     if kv_scale is None:
         kv_scale = default_kv_scale(kv_dt)
@@ -79,8 +90,17 @@ def kv_cache_update(
         notes.append(f"cast on write {src_dt} -> {kv_dt}")
     scale_bytes = rows * SCALE_BYTES if kv_scale == "per-token" else 0.0
     read = elems * DTYPES[src_dt].itemsize_bytes + tokens * INDEX_BYTES
-    write = elems * DTYPES[kv_dt].itemsize_bytes + scale_bytes
-    notes.append("writes only the new rows (DMA per slot); partial-tile read-modify-write not modelled")
+    written = elems * DTYPES[kv_dt].itemsize_bytes + scale_bytes
+    write = written
+    if layout == "head-major":
+        granule = elems * row_granule_rows(kv_dt) * DTYPES[kv_dt].itemsize_bytes
+        scale_rows = rows * page_size * SCALE_BYTES if kv_scale == "per-token" else 0.0
+        read = read + granule + scale_rows
+        write = granule + scale_rows
+        notes.append(f"head-major: each row through its {row_granule_rows(kv_dt)}-row granule and page scale row "
+                     "(read-modify-write, per token)")
+    else:
+        notes.append("writes only the new rows (DMA per slot)")
     return OpCost(
         name="kv-cache-update",
         launches=1,
@@ -91,8 +111,14 @@ def kv_cache_update(
         hbm_read_bytes=fval(read),
         hbm_write_bytes=fval(write),
         notes=tuple(notes),
-        metrics={"kv_bytes_written": fval(write)},
+        metrics={"kv_bytes_written": fval(written)},
     )
+
+
+def row_granule_rows(kv_dtype: str) -> int:
+    """Rows of a head-major page one DMA moves at the least: those sharing a 32-bit sublane word (1 for 32-bit,
+    2 for 16-bit, 4 for 8-bit, 8 for 4-bit dtypes)."""
+    return max(1, int(4 // DTYPES[parse_dtype(kv_dtype, "`kv_dtype`")].itemsize_bytes))
 
 
 def kv_gather(

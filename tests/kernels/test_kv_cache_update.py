@@ -197,21 +197,55 @@ def test_head_major_hand_worked_slots_revisiting_pages(quantize):
         assert int((np.asarray(outs[2]) != SCALE_SENTINEL).sum()) == len(expected) * KV_HEADS
 
 
-def test_head_major_steps_visit_each_page_in_one_run():
-    # The grid's step order. Slots [19, 42, 16, -1, 23, 43], page_size 8, sorted with the skipped token
-    # last: 16 (t2), 19 (t0), 23 (t4), 42 (t1), 43 (t5), -1 (t3) -> pages 2, 2, 2, 5, 5 and rows
-    # 0, 3, 7, 2, 3; the skipped step stays on page 5 with row -1. Each page is one run of steps, so
-    # Pallas fetches it once and writes it back once and never refetches a page whose write-back may
-    # still be in flight (a hazard of the real TPU pipeline that interpret mode does not reproduce).
-    from kernels.kv_cache_update.kernel import _page_runs
+def test_head_major_plan_hand_worked():
+    # Slots [19, 42, 16, -1, 23, 43, 17], page_size 8, bf16 (row granule 2), blocks of 4 tokens. Sorted by slot,
+    # the skipped token last: 16 (t2), 17 (t6), 19 (t0), 23 (t4) | 42 (t1), 43 (t5), -1 (t3), pad (-1).
+    # Pages 2, 2, 2, 2 | 5, 5, 0, 0; rows 0, 1, 3, 7 | 2, 3, -1, -1.
+    # Granule keys (page * 4 granules + row // 2): 8, 8, 9, 11 | 21, 21, -1, -1.
+    # lead (block-local index of the granule's first token): 0, 0, 2, 3 | 0, 0, .. ;
+    # full (a lead whose 2 rows this block writes: no read): 16+17 and 42+43 -> 1 at block positions 0 of
+    # each block, 0 elsewhere.
+    # Quantized, the scale row of a page (8 slots) is never full: 4 of page 2's rows in block 0.
+    from kernels.kv_cache_update.kernel import _head_major_plan
 
-    order, pages, rows = _page_runs(jnp.array([19, 42, 16, -1, 23, 43], jnp.int32), num_pages=11, page_size=8)
-    assert np.asarray(order).tolist() == [2, 0, 4, 1, 5, 3]
-    assert np.asarray(pages).tolist() == [2, 2, 2, 5, 5, 5]
-    assert np.asarray(rows).tolist() == [0, 3, 7, 2, 3, -1]
-    # Nothing to write: every step on page 0 (fetched and written back unchanged), no row.
-    _, pages, rows = _page_runs(jnp.full(3, -1, jnp.int32), num_pages=11, page_size=8)
-    assert np.asarray(pages).tolist() == [0, 0, 0] and np.asarray(rows).tolist() == [-1, -1, -1]
+    slots = jnp.array([19, 42, 16, -1, 23, 43, 17], jnp.int32)
+    order, pages, rows, lead, full, slead, sfull = (np.asarray(a).tolist() for a in _head_major_plan(
+        slots, page_size=8, granule=2, tokens_per_block=4, quantize=True))
+    assert order[:6] == [2, 6, 0, 4, 1, 5] and order[6] == 3
+    assert pages[:6] == [2, 2, 2, 2, 5, 5]
+    assert rows == [0, 1, 3, 7, 2, 3, -1, -1]
+    assert lead[:6] == [0, 0, 2, 3, 0, 0]
+    assert full[:6] == [1, 0, 0, 0, 1, 0]
+    assert slead[:6] == [0, 0, 0, 0, 0, 0] and sfull == [0] * 8
+    # A granule split by the block boundary: slots 6, 7 land in blocks 0 and 1, each lead of its own copy
+    # (the grid is sequential: block 1 reads the granule after block 0 wrote it back), neither full.
+    _, _, _, lead, full = (np.asarray(a).tolist() for a in _head_major_plan(
+        jnp.array([0, 2, 4, 6, 7], jnp.int32), page_size=8, granule=2, tokens_per_block=4, quantize=False))
+    assert lead[:5] == [0, 1, 2, 3, 0] and full[:5] == [0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.int8], ids=["bf16", "int8"])
+def test_head_major_granules_shared_and_split_across_blocks(dtype):
+    # 40 tokens: two blocks of 32 in slot order (HEAD_MAJOR_TOKENS_PER_BLOCK). Slots 0..39 in a shuffled call
+    # order fill pages 0-4 of 8 (whole row granules: written without a read), the pair 62, 63 shares a
+    # granule inside a block... and slot 31 | 32 straddles the block boundary at sorted position 32.
+    # Slots 41, 44 (row 1 of a pair, row 0 of a four-row int8 granule) write one row of a granule whose other
+    # rows hold sentinels: those must come back bit for bit.
+    rng = np.random.default_rng(5)
+    slots = np.concatenate([np.arange(0, 37), [41, 44, 62, 63]]).astype(np.int32)[:40]
+    slots = slots[rng.permutation(40)]
+    quantize = dtype == jnp.int8
+    new_k, new_v, _ = _new_tokens(11, 40, jnp.bfloat16, HEAD_MAJOR.pages * PAGE_SIZE)
+    caches = _caches(HEAD_MAJOR, dtype, quantize)
+    outs = _run(new_k, new_v, slots, caches, interpret=True)
+    refs = _reference(new_k, new_v, slots, caches, HEAD_MAJOR)
+    written = _written(slots, HEAD_MAJOR.pages)
+    for (name, before), out, ref in zip(caches.items(), outs, refs):
+        mask = HEAD_MAJOR.slot_mask(written, out.shape)
+        tol = SCALE_TOL if "scale" in name else TOL[jnp.dtype(dtype)]
+        np.testing.assert_allclose(np.asarray(out.astype(jnp.float32))[mask],
+                                   np.asarray(ref.astype(jnp.float32))[mask], **tol, err_msg=name)
+        np.testing.assert_array_equal(_bits(out)[~mask], _bits(before)[~mask], err_msg=name)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[la.name for la in LAYOUTS])
@@ -388,25 +422,18 @@ def test_vmem_estimate_hand_worked():
 
 
 def test_head_major_vmem_estimate_hand_worked():
-    # As Mosaic allocates it. 8 kv heads, pages of 16 x 128, bf16:
-    #   token K and V, 2 buffers each: 4 * (8 heads: one 8-row tile) 8*128*2 B = 4 * 2 KiB = 8 KiB
-    #   K and V pages, input and output, 2 buffers each: 8 * 8 heads * 16*128*2 B = 64 * 4 KiB = 256 KiB
-    #   -> 264 KiB on tpu-v5e (the row inserts stay in vregs); tpu-v4 (no bf16 VPU) keeps one f32 page
-    #   of every head, 8*16*128*4 B = 64 KiB more -> 328 KiB (Mosaic's figures on both).
-    # int8 cache, 32-row pages, 4096 pages (8-page scale blocks):
-    #   tokens 8 KiB; pages 64 * 32*128 B = 256 KiB;
-    #   scales, K and V, in and out, 2 buffers: 8 * 8 heads * (8 pages x 32 -> 8 x 128 lanes) * 4 B = 256 KiB
-    #   -> 520 KiB, + 1.25 f32 pages of every head (160 KiB) quantizing 32-row pages on tpu-v5e = 680 KiB;
-    #   tpu-v4: + 2.125 f32 pages of every head (272 KiB) = 792 KiB.
-    kw_bf16 = dict(kv_heads=8, num_pages=4096, page_size=16, head_dim=128, new_dtype=jnp.bfloat16,
-                   cache_dtype=jnp.bfloat16, quantize=False)
-    kw_int8 = dict(kv_heads=8, num_pages=4096, page_size=32, head_dim=128, new_dtype=jnp.bfloat16,
-                   cache_dtype=jnp.int8, quantize=True)
-    v5e, v4 = get_chip("tpu-v5e"), get_chip("tpu-v4")
-    assert head_major_vmem_bytes(**kw_bf16, chip=v5e) == 264 * 2**10
-    assert head_major_vmem_bytes(**kw_bf16, chip=v4) == head_major_vmem_bytes(**kw_bf16) == 328 * 2**10
-    assert head_major_vmem_bytes(**kw_int8, chip=v5e) == 680 * 2**10
-    assert head_major_vmem_bytes(**kw_int8, chip=v4) == 792 * 2**10
+    # Mosaic's figures on tpu-v5e (perfmodel inspect kv_cache_update --compile, libtpu 0.0.42.1). 8 kv heads x 128,
+    # pages of 16, 64 tokens (blocks of 32):
+    #   new K and V: 2 * 32 tokens * 8 heads * 128 * 2 B = 128 KiB
+    #   bf16 K and V row granules (2 rows, not padded to 16): 2 * 32 * 8 * 2 * 128 * 2 B = 256 KiB -> 384 KiB
+    #   int8 granules (4 rows): 2 * 32 * 8 * 4 * 128 B = 256 KiB, f32 scale rows [8, 1, 16] with lanes padded to
+    #   128: 2 * 32 * 8 * 128 * 4 B = 256 KiB -> 128 + 256 + 256 = 640 KiB.
+    kw = dict(kv_heads=8, page_size=16, head_dim=128, new_dtype=jnp.bfloat16, num_tokens=64)
+    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.bfloat16, quantize=False) == 384 * 2**10
+    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.int8, quantize=True) == 640 * 2**10
+    # One token: a block of one; new K and V [1, 8, 128] bf16 (8 rows) 2 * 8 * 128 * 2 B = 4 KiB, granules
+    # 2 * 8 * 2 * 128 * 2 B = 8 KiB.
+    assert head_major_vmem_bytes(**(kw | dict(num_tokens=1)), cache_dtype=jnp.bfloat16, quantize=False) == 12 * 2**10
 
 
 # ----- bad input -----
@@ -434,11 +461,12 @@ def _bad_call(case: str) -> None:
                                                   v_scale_cache=scales),
         "hm_block_sizes": lambda: kv_cache_update(new, new, hm, hm, slots, block_sizes=SMALL),
         "hm_slot_past_cache": lambda: kv_cache_update(new, new, hm, hm, jnp.array([0, 48, 1], jnp.int32)),
-        # 50001 pages (not a multiple of 8): each scale block is the whole [2, 50001, 8] scale cache. Traced
-        # with eval_shape: nothing allocated.
+        # 512 kv heads of 8192: a block of 32 tokens needs 2 * 32 * 512 * 8192 * 2 B = 512 MiB of new K/V and
+        # twice that of bf16 row granules: 1.5 GiB.
+        # Traced with eval_shape: nothing allocated.
         "hm_vmem": lambda: jax.eval_shape(
-            lambda kc, ks: kv_cache_update(new, new, kc, kc, slots, k_scale_cache=ks, v_scale_cache=ks),
-            S((KV_HEADS, 50_001, PAGE_SIZE, HEAD_DIM), jnp.int8), S((KV_HEADS, 50_001, PAGE_SIZE), jnp.float32)),
+            lambda nk, kc: kv_cache_update(nk, nk, kc, kc, jnp.arange(32, dtype=jnp.int32)),
+            S((32, 512, 8192), jnp.bfloat16), S((512, 4, PAGE_SIZE, 8192), jnp.bfloat16)),
         "cache_heads": lambda: tm(new, new, cache[:, :, :1], cache[:, :, :1], slots),
         "v_cache_dtype": lambda: tm(new, new, cache, cache.astype(jnp.float32), slots),
         "cache_dtype": lambda: tm(new, new, cache.astype(jnp.float32), cache.astype(jnp.float32), slots),
@@ -478,8 +506,8 @@ def _bad_call(case: str) -> None:
                            r"\(layout='head-major'\), got float32\[6, 8, 2, 1\]"),
         ("hm_block_sizes", r"block_sizes: only layout='token-major' or 'combined' takes block sizes"),
         ("hm_slot_past_cache", r"slot_mapping: token 1 has slot 48, outside the cache's 48 slots"),
-        ("hm_vmem", r"layout='head-major' \(pages of 8 tokens; scale blocks span all 50001 pages: use a multiple "
-                    r"of 8 pages\) need .* MiB of VMEM"),
+        ("hm_vmem", r"layout='head-major' \(pages of 8 tokens\) need 1.50 GiB of VMEM but tpu-v5e has 128 MiB per core; "
+                    r"split the kv heads over several calls"),
         ("cache_heads", r"k_cache: expected \[num_pages, page_size, 2, 128\] \(layout='token-major'\) to match new_k"),
         ("v_cache_dtype", r"v_cache: float32\[6, 8, 2, 128\] must match k_cache's bfloat16"),
         ("cache_dtype", r"k_cache: dtype float32 must equal new_k's \(bfloat16\) or be int8"),
@@ -513,17 +541,18 @@ def test_reference_rejects_an_unknown_layout():
 def test_too_many_tokens_for_smem_is_refused():
     # tpu-v5e SMEM is 1 MiB; half of it is 524288 B.
     # Token-major: 131073 tokens pad to the block of 4: 131076 slots * 4 B = 524304 B > 524288 B.
-    # Head-major: order, page and row per token, 12 B each: 43691 tokens * 12 B = 524292 B > 524288 B.
+    # Head-major: order, page, row, lead and full per token, 20 B each, padded to blocks of 32:
+    # 26215 tokens -> 26240 * 20 B = 524800 B > 524288 B.
     # eval_shape traces the wrapper (no arrays allocated; slot values are not checked when traced).
     new = S((131073, 1, 128), jnp.float32)
     cache = S((1024, 16, 1, 128), jnp.float32)
     with pytest.raises(ValueError, match=r"slot_mapping: 131073 tokens need 524304 B of SMEM"):
         jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s, block_sizes=SMALL, layout="token-major"),
                        new, cache, S((131073,), jnp.int32))
-    new = S((43691, 1, 128), jnp.float32)
-    cache = S((1, 1024, 16, 128), jnp.float32)
-    with pytest.raises(ValueError, match=r"slot_mapping: 43691 tokens need 524292 B of SMEM"):
-        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s), new, cache, S((43691,), jnp.int32))
+    new = S((26215, 1, 128), jnp.float32)
+    cache = S((1, 2048, 16, 128), jnp.float32)
+    with pytest.raises(ValueError, match=r"slot_mapping: 26215 tokens need 524800 B of SMEM"):
+        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s), new, cache, S((26215,), jnp.int32))
 
 
 # ----- larger cases (pytest -m slow) -----
