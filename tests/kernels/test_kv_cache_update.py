@@ -22,7 +22,7 @@ from kernels.kv_cache_update import (
     kv_cache_update_reference,
 )
 from kernels.kv_cache_update.blocks import FALLBACK_BLOCK_SIZES, default_block_sizes
-from perfmodel.errors import UnknownChipError
+from perfmodel.errors import InputError, UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
 from kernels.tuned import load_tuned_file
@@ -434,6 +434,30 @@ def test_head_major_vmem_estimate_hand_worked():
     # One token: a block of one; new K and V [1, 8, 128] bf16 (8 rows) 2 * 8 * 128 * 2 B = 4 KiB, granules
     # 2 * 8 * 2 * 128 * 2 B = 8 KiB.
     assert head_major_vmem_bytes(**(kw | dict(num_tokens=1)), cache_dtype=jnp.bfloat16, quantize=False) == 12 * 2**10
+
+
+def test_head_major_traffic_model_hand_worked():
+    # perfmodel's op model with layout="head-major" (what the kernel's CostEstimate uses). One bf16 decode token,
+    # 8 kv heads x 128, pages of 16: read the new K and V, 2 * 8 * 128 * 2 B = 4096 B, its slot, 4 B, and its K
+    # and V 2-row granules, 2 * 8 * 2 * 128 * 2 B = 8192 B -> 12292 B; write the granules back, 8192 B; the rows
+    # written are 4096 B (cache writes 2.0x the rows).
+    from perfmodel.model.kvcache import kv_cache_update as model
+    from kernels.kv_cache_update.kernel import cost_estimate
+
+    bf16 = model(num_tokens=1, kv_heads=8, head_dim=128, page_size=16, layout="head-major")
+    assert (bf16.hbm_read_bytes, bf16.hbm_write_bytes, bf16.metrics["kv_bytes_written"]) == (12292, 8192, 4096)
+    rows = model(num_tokens=1, kv_heads=8, head_dim=128, page_size=16)  # token-major / combined: the rows only
+    assert (rows.hbm_read_bytes, rows.hbm_write_bytes) == (4100, 4096)
+    # int8 with per-token scales, 3 tokens, 2 heads x 128, pages of 8: 12 rows (K and V, 3 tokens, 2 heads).
+    # Read: new 12 * 128 * 2 B = 3072, slots 12 B, 4-row granules 12 * 4 * 128 B = 6144, page scale rows
+    # 12 * 8 * 4 B = 384 -> 9612 B. Write: 6144 + 384 = 6528 B. Rows written: 12 * 128 B + 12 scales * 4 B = 1584 B.
+    int8 = model(num_tokens=3, kv_heads=2, head_dim=128, page_size=8, kv_dtype="int8", layout="head-major")
+    assert (int8.hbm_read_bytes, int8.hbm_write_bytes, int8.metrics["kv_bytes_written"]) == (9612, 6528, 1584)
+    est = cost_estimate(num_tokens=3, kv_heads=2, head_dim=128, page_size=8, new_dtype=jnp.bfloat16,
+                        cache_dtype=jnp.int8, layout="head-major")
+    assert est.bytes_accessed == 9612 + 6528
+    with pytest.raises(InputError, match=r"`layout`: got 'page'; use one of rows, head-major"):
+        model(num_tokens=1, kv_heads=8, head_dim=128, page_size=16, layout="page")
 
 
 # ----- bad input -----
