@@ -1,6 +1,6 @@
 """Block sizes and VMEM budgets of the paged KV-cache update kernel, and per-chip defaults.
 
-Head-major layout (the default): blocks of :data:`HEAD_MAJOR_TOKENS_PER_BLOCK` tokens in slot order, each row
+Head-major layout (the default): blocks of :data:`HEAD_MAJOR_TOKENS_PER_BLOCK` tokens in call order, each row
 written through its row granule (:func:`row_granule`); nothing to tune, see :func:`head_major_vmem_bytes`.
 
 Token-major layout: a block is ``tokens_per_block`` new tokens, each a whole [kv_heads, head_dim]
@@ -120,7 +120,7 @@ def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
     return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES
 
 
-#: Sorted tokens per grid step of the head-major kernel (all of a block's DMAs are in flight together).
+#: Tokens per grid step of the head-major kernel (all of a block's DMAs are in flight together).
 HEAD_MAJOR_TOKENS_PER_BLOCK = 32
 
 
@@ -134,17 +134,19 @@ def row_granule(cache_dtype: Any) -> int:
 
 def head_major_vmem_bytes(*, kv_heads: int, page_size: int, head_dim: int, new_dtype: Any, cache_dtype: Any,
                           quantize: bool, num_tokens: int | None = None) -> int:
-    """VMEM of the head-major kernel's scratch as Mosaic allocates it (libtpu 0.0.42.1; exact on v5e for 8 heads x
-    128, pages of 16, bf16 and int8 caches): per token of a block (:data:`HEAD_MAJOR_TOKENS_PER_BLOCK`, or
-    ``num_tokens`` if fewer), its new K and V ``[kv_heads, head_dim]`` (padded as
-    :func:`kernels.tiling.mosaic_buffer_bytes`), the K and V row granules ``[kv_heads, row_granule, head_dim]`` and,
-    quantizing, the page scale rows ``[kv_heads, 1, page_size]`` f32. Mosaic gives the granule and scale-row buffers
-    a tiling of their own row count (no padding to the dtype's sublane multiple; lanes pad to 128). Nothing is
-    double-buffered: the caches and the new tokens stay in HBM."""
+    """VMEM of the head-major kernel for a block of :data:`HEAD_MAJOR_TOKENS_PER_BLOCK` tokens (or ``num_tokens``
+    if fewer): the pipelined new K and V blocks ``[tokens, kv_heads, head_dim]`` (two buffers each, one when the
+    call is a single block; padded as :func:`kernels.tiling.mosaic_buffer_bytes`), plus the scratch: the K and V
+    row granules ``[tokens, kv_heads, row_granule, head_dim]`` and, quantizing, the page scale rows
+    ``[tokens, kv_heads, 1, page_size]`` f32. Mosaic tiles the granule and scale-row buffers by their own row count
+    (no padding to the dtype's sublane multiple; lanes pad to 128): the scratch is Mosaic's scoped-VMEM figure
+    exactly on v5e (libtpu 0.0.42.1; 8 heads x 128, pages of 16: 256 KiB bf16, 512 KiB int8 with scales), which
+    leaves the token blocks out."""
     buf = tiling.mosaic_buffer_bytes
     tokens = HEAD_MAJOR_TOKENS_PER_BLOCK if num_tokens is None else min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)
+    buffers = 1 if num_tokens is not None and num_tokens <= tokens else 2
     lanes = tiling.round_up(head_dim, tiling.LANES)
-    need = 2 * buf((tokens, kv_heads, head_dim), new_dtype)
+    need = 2 * buffers * buf((tokens, kv_heads, head_dim), new_dtype)
     need += 2 * tokens * kv_heads * row_granule(cache_dtype) * lanes * tiling.itemsize_bytes(cache_dtype)
     if quantize:
         need += 2 * tokens * kv_heads * tiling.round_up(page_size, tiling.LANES) * 4

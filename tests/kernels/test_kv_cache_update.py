@@ -198,41 +198,37 @@ def test_head_major_hand_worked_slots_revisiting_pages(quantize):
 
 
 def test_head_major_plan_hand_worked():
-    # Slots [19, 42, 16, -1, 23, 43, 17], page_size 8, bf16 (row granule 2), blocks of 4 tokens. Sorted by slot,
-    # the skipped token last: 16 (t2), 17 (t6), 19 (t0), 23 (t4) | 42 (t1), 43 (t5), -1 (t3), pad (-1).
-    # Pages 2, 2, 2, 2 | 5, 5, 0, 0; rows 0, 1, 3, 7 | 2, 3, -1, -1.
-    # Granule keys (page * 4 granules + row // 2): 8, 8, 9, 11 | 21, 21, -1, -1.
-    # lead (block-local index of the granule's first token): 0, 0, 2, 3 | 0, 0, .. ;
-    # full (a lead whose 2 rows this block writes: no read): 16+17 and 42+43 -> 1 at block positions 0 of
-    # each block, 0 elsewhere.
-    # Quantized, the scale row of a page (8 slots) is never full: 4 of page 2's rows in block 0.
+    # Slots [19, 42, 16, -1 | 18, 43, 17], page_size 8, bf16 (row granule 2), blocks of 4 tokens in call order
+    # (the second block padded with a skipped entry). Pages 2, 5, 2, 0 | 2, 5, 2, 0; rows 3, 2, 0, -1 | 2, 3, 1, -1.
+    # Granule keys (page * 4 granules + row // 2): 9, 22, 8, -1 | 9, 23, 8, -1.
+    # lead = the block's first token on the same granule: 0, 1, 2, 3 | 0, 1, 2, 3 (no granule twice in a block);
+    # full = a lead whose 2 rows the block writes: none.
+    # Quantized, the page scale rows (key = page): 2, 5, 2, -1 | 2, 5, 2, -1 -> lead 0, 1, 0, 3 | 0, 1, 0, 3;
+    # never full (8 rows a page).
     from kernels.kv_cache_update.kernel import _head_major_plan
 
-    slots = jnp.array([19, 42, 16, -1, 23, 43, 17], jnp.int32)
-    order, pages, rows, lead, full, slead, sfull = (np.asarray(a).tolist() for a in _head_major_plan(
+    slots = jnp.array([19, 42, 16, -1, 18, 43, 17], jnp.int32)
+    pages, rows, lead, full, slead, sfull = (np.asarray(a).tolist() for a in _head_major_plan(
         slots, page_size=8, granule=2, tokens_per_block=4, quantize=True))
-    assert order[:6] == [2, 6, 0, 4, 1, 5] and order[6] == 3
-    assert pages[:6] == [2, 2, 2, 2, 5, 5]
-    assert rows == [0, 1, 3, 7, 2, 3, -1, -1]
-    assert lead[:6] == [0, 0, 2, 3, 0, 0]
-    assert full[:6] == [1, 0, 0, 0, 1, 0]
-    assert slead[:6] == [0, 0, 0, 0, 0, 0] and sfull == [0] * 8
-    # A granule split by the block boundary: slots 6, 7 land in blocks 0 and 1, each lead of its own copy
-    # (the grid is sequential: block 1 reads the granule after block 0 wrote it back), neither full.
-    _, _, _, lead, full = (np.asarray(a).tolist() for a in _head_major_plan(
-        jnp.array([0, 2, 4, 6, 7], jnp.int32), page_size=8, granule=2, tokens_per_block=4, quantize=False))
-    assert lead[:5] == [0, 1, 2, 3, 0] and full[:5] == [0, 0, 0, 0, 0]
+    assert pages == [2, 5, 2, 0, 2, 5, 2, 0]
+    assert rows == [3, 2, 0, -1, 2, 3, 1, -1]
+    assert lead == [0, 1, 2, 3, 0, 1, 2, 3] and full == [0] * 8
+    assert slead == [0, 1, 0, 3, 0, 1, 0, 3] and sfull == [0] * 8
+    # Slots [6, 0, 7, 1, 9]: 6 and 7 share a granule in block 0 (lead 0, full: no read), so do 0 and 1 (lead 1);
+    # 9 is alone in block 1 (its neighbour 8 unwritten: read).
+    _, _, lead, full = (np.asarray(a).tolist() for a in _head_major_plan(
+        jnp.array([6, 0, 7, 1, 9], jnp.int32), page_size=8, granule=2, tokens_per_block=4, quantize=False))
+    assert lead[:5] == [0, 1, 0, 1, 0] and full[:5] == [1, 1, 0, 0, 0]
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.int8], ids=["bf16", "int8"])
 def test_head_major_granules_shared_and_split_across_blocks(dtype):
-    # 40 tokens: two blocks of 32 in slot order (HEAD_MAJOR_TOKENS_PER_BLOCK). Slots 0..39 in a shuffled call
-    # order fill pages 0-4 of 8 (whole row granules: written without a read), the pair 62, 63 shares a
-    # granule inside a block... and slot 31 | 32 straddles the block boundary at sorted position 32.
-    # Slots 41, 44 (row 1 of a pair, row 0 of a four-row int8 granule) write one row of a granule whose other
-    # rows hold sentinels: those must come back bit for bit.
+    # 40 tokens: two blocks of 32 (HEAD_MAJOR_TOKENS_PER_BLOCK) in a shuffled call order. Slots 0..34 fill
+    # granules (bf16 pairs, int8 fours), some within a block, some split over both blocks (each block
+    # reads what the other wrote); 62 and 63 share a pair. Slots 34, 36, 41, 44 write one row of a granule whose
+    # other rows hold sentinels: those must come back bit for bit.
     rng = np.random.default_rng(5)
-    slots = np.concatenate([np.arange(0, 37), [41, 44, 62, 63]]).astype(np.int32)[:40]
+    slots = np.concatenate([np.arange(0, 35), [36, 41, 44, 62, 63]]).astype(np.int32)
     slots = slots[rng.permutation(40)]
     quantize = dtype == jnp.int8
     new_k, new_v, _ = _new_tokens(11, 40, jnp.bfloat16, HEAD_MAJOR.pages * PAGE_SIZE)
@@ -422,17 +418,17 @@ def test_vmem_estimate_hand_worked():
 
 
 def test_head_major_vmem_estimate_hand_worked():
-    # Mosaic's figures on tpu-v5e (perfmodel inspect kv_cache_update --compile, libtpu 0.0.42.1). 8 kv heads x 128,
-    # pages of 16, 64 tokens (blocks of 32):
-    #   new K and V: 2 * 32 tokens * 8 heads * 128 * 2 B = 128 KiB
-    #   bf16 K and V row granules (2 rows, not padded to 16): 2 * 32 * 8 * 2 * 128 * 2 B = 256 KiB -> 384 KiB
+    # 8 kv heads x 128, pages of 16, 64 tokens (two blocks of 32):
+    #   new K and V blocks, two buffers each: 4 * 32 tokens * 8 heads * 128 * 2 B = 256 KiB
+    #   bf16 K and V row granules (2 rows, not padded to 16): 2 * 32 * 8 * 2 * 128 * 2 B = 256 KiB -> 512 KiB
     #   int8 granules (4 rows): 2 * 32 * 8 * 4 * 128 B = 256 KiB, f32 scale rows [8, 1, 16] with lanes padded to
-    #   128: 2 * 32 * 8 * 128 * 4 B = 256 KiB -> 128 + 256 + 256 = 640 KiB.
+    #   128: 2 * 32 * 8 * 128 * 4 B = 256 KiB -> 256 + 256 + 256 = 768 KiB.
+    # (The scratch, 256 and 512 KiB, is Mosaic's scoped-VMEM figure on v5e.)
     kw = dict(kv_heads=8, page_size=16, head_dim=128, new_dtype=jnp.bfloat16, num_tokens=64)
-    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.bfloat16, quantize=False) == 384 * 2**10
-    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.int8, quantize=True) == 640 * 2**10
-    # One token: a block of one; new K and V [1, 8, 128] bf16 (8 rows) 2 * 8 * 128 * 2 B = 4 KiB, granules
-    # 2 * 8 * 2 * 128 * 2 B = 8 KiB.
+    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.bfloat16, quantize=False) == 512 * 2**10
+    assert head_major_vmem_bytes(**kw, cache_dtype=jnp.int8, quantize=True) == 768 * 2**10
+    # One token: one block of one, single-buffered; new K and V [1, 8, 128] bf16 (8 rows) 2 * 8 * 128 * 2 B = 4 KiB,
+    # granules 2 * 8 * 2 * 128 * 2 B = 8 KiB.
     assert head_major_vmem_bytes(**(kw | dict(num_tokens=1)), cache_dtype=jnp.bfloat16, quantize=False) == 12 * 2**10
 
 
@@ -565,18 +561,18 @@ def test_reference_rejects_an_unknown_layout():
 def test_too_many_tokens_for_smem_is_refused():
     # tpu-v5e SMEM is 1 MiB; half of it is 524288 B.
     # Token-major: 131073 tokens pad to the block of 4: 131076 slots * 4 B = 524304 B > 524288 B.
-    # Head-major: order, page, row, lead and full per token, 20 B each, padded to blocks of 32:
-    # 26215 tokens -> 26240 * 20 B = 524800 B > 524288 B.
+    # Head-major: page, row, lead and full per token, 16 B each, padded to blocks of 32:
+    # 32769 tokens -> 32800 * 16 B = 524800 B > 524288 B.
     # eval_shape traces the wrapper (no arrays allocated; slot values are not checked when traced).
     new = S((131073, 1, 128), jnp.float32)
     cache = S((1024, 16, 1, 128), jnp.float32)
     with pytest.raises(ValueError, match=r"slot_mapping: 131073 tokens need 524304 B of SMEM"):
         jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s, block_sizes=SMALL, layout="token-major"),
                        new, cache, S((131073,), jnp.int32))
-    new = S((26215, 1, 128), jnp.float32)
-    cache = S((1, 2048, 16, 128), jnp.float32)
-    with pytest.raises(ValueError, match=r"slot_mapping: 26215 tokens need 524800 B of SMEM"):
-        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s), new, cache, S((26215,), jnp.int32))
+    new = S((32769, 1, 128), jnp.float32)
+    cache = S((1, 4096, 16, 128), jnp.float32)
+    with pytest.raises(ValueError, match=r"slot_mapping: 32769 tokens need 524800 B of SMEM"):
+        jax.eval_shape(lambda nk, kc, s: kv_cache_update(nk, nk, kc, kc, s), new, cache, S((32769,), jnp.int32))
 
 
 # ----- larger cases (pytest -m slow) -----
