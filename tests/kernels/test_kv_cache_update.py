@@ -417,6 +417,27 @@ def test_vmem_estimate_hand_worked():
     assert blocks.vmem_bytes(**kw, quantize=False, num_tokens=32) == 128 * 2**10
 
 
+def test_head_major_no_dma_races(monkeypatch):
+    # TPU interpret mode with race detection (two cores; the grid is "arbitrary", so one core runs it): granule
+    # reads, in-VMEM inserts and write-backs of tokens sharing a granule, within a block and across blocks
+    # (a shape no other test uses, so nothing compiled without race detection is reused).
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+    from jax.experimental.pallas import tpu as pltpu
+
+    import kernels.kv_cache_update.kernel as kernel_module
+
+    params = pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2)
+    monkeypatch.setattr(kernel_module, "interpret_params", lambda interpret: params if interpret else False)
+    rng = np.random.default_rng(9)
+    slots = np.concatenate([np.arange(0, 30), [33, 38, 39, 45, 46, 47, 52]]).astype(np.int32)[rng.permutation(37)]
+    new_k, new_v, _ = _new_tokens(12, 37, jnp.bfloat16, HEAD_MAJOR.pages * PAGE_SIZE)
+    caches = _caches(HEAD_MAJOR, jnp.int8, True)
+    outs = _run(new_k, new_v, slots, caches, interpret=True)
+    assert tpu_interpret.races is not None and not tpu_interpret.races.races_found
+    refs = _reference(new_k, new_v, slots, caches, HEAD_MAJOR)
+    np.testing.assert_allclose(np.asarray(outs[0], np.float32), np.asarray(refs[0], np.float32), atol=1, rtol=0)
+
+
 def test_head_major_vmem_estimate_hand_worked():
     # 8 kv heads x 128, pages of 16, 64 tokens (two blocks of 32):
     #   new K and V blocks, two buffers each: 4 * 32 tokens * 8 heads * 128 * 2 B = 256 KiB
