@@ -182,6 +182,13 @@ class GemmTile:
     def label(self) -> str:
         return f"bm={self.bm},bk={self.bk},bn={self.bn}"
 
+    def check_dtype_tiles(self, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any) -> None:
+        """bm a multiple of the lhs and out dtypes' sublane tiles, bk of the rhs dtype's (packed dtypes need more
+        rows than the 32-bit tile)."""
+        rows = max(sublane_multiple(lhs_dtype), sublane_multiple(out_dtype))
+        check_multiple("bm", self.bm, rows, "sublane tile of the lhs and out dtypes")
+        check_multiple("bk", self.bk, sublane_multiple(rhs_dtype), "sublane tile of the rhs dtype")
+
 
 def tpu_chip(chip: str) -> "ChipSpec":
     """The ChipSpec for ``chip`` (name, alias or spec path); ValueError naming ``chip`` unless it is a TPU

@@ -48,9 +48,7 @@ class GroupedMatmulBlockSizes(tiling.GemmTile):
               lhs_row: int | None = None) -> int | None:
         """Check the dtype-dependent tiling rules and the VMEM budget on chip; the ``vmem_limit_bytes`` to
         compile with (None: the default scoped limit suffices)."""
-        rows = max(tiling.sublane_multiple(lhs_dtype), tiling.sublane_multiple(out_dtype))
-        tiling.check_multiple("bm", self.bm, rows, "sublane tile of the lhs and out dtypes")
-        tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(rhs_dtype), "sublane tile of the rhs dtype")
+        self.check_dtype_tiles(lhs_dtype, rhs_dtype, out_dtype)
         need = self.vmem_bytes(lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, scaled=scaled,
                                chip=chip, lhs_row=lhs_row)
         return tiling.check_vmem(need, chip, f"block_sizes ({self.label()})", raised_limit=True)

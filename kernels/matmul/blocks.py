@@ -115,9 +115,7 @@ class MatmulBlockSizes(tiling.GemmTile):
 
         Returns the ``vmem_limit_bytes`` to compile with (None: the default scoped limit suffices).
         """
-        rows = max(tiling.sublane_multiple(x_dtype), tiling.sublane_multiple(out_dtype))
-        tiling.check_multiple("bm", self.bm, rows, "sublane tile of the x and out dtypes")
-        tiling.check_multiple("bk", self.bk, tiling.sublane_multiple(w_dtype), "sublane tile of the w dtype")
+        self.check_dtype_tiles(x_dtype, w_dtype, out_dtype)
         if variant.x_codes:
             tiling.check_multiple("bm", self.bm, tiling.sublane_multiple("int8"), "sublane tile of the int8 x codes")
         need = self.vmem_bytes(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=out_dtype, epilogue_vectors=epilogue_vectors,
