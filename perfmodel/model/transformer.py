@@ -93,15 +93,16 @@ class Step:
     #: grouped_matmul has no in-kernel quantization).
     quantize_activations: bool = False
 
-    def weight_gemm(self, high_precision: bool = False) -> dict[str, Any]:
+    def weight_gemm(self, high_precision: bool = False, *, in_kernel_quantization: bool = True) -> dict[str, Any]:
         """Keyword arguments of :func:`perfmodel.model.gemm.gemm` for a weight matrix of this step: the
-        activation and weight dtypes, the weight scales and, with ``quantize_activations``, int8 activations
-        quantized in the kernel. ``high_precision`` (router, ...): weights kept in the activation dtype."""
+        activation and weight dtypes, the weight scales and, with ``quantize_activations`` (and a kernel that
+        quantizes, ``in_kernel_quantization``), int8 activations quantized in the kernel. ``high_precision``
+        (router, ...): weights kept in the activation dtype."""
         if high_precision:
             return dict(lhs_dtype=self.act_dtype, rhs_dtype=self.act_dtype, out_dtype=self.act_dtype)
         kw: dict[str, Any] = dict(lhs_dtype=self.act_dtype, rhs_dtype=self.weight_dtype, out_dtype=self.act_dtype,
                                   weight_scale=self.weight_scale, scale_block=self.scale_block)
-        if self.quantize_activations:
+        if self.quantize_activations and in_kernel_quantization:
             kw.update(lhs_dtype="int8", lhs_source_dtype=self.act_dtype)
         return kw
 
@@ -415,10 +416,9 @@ def _expert_gemm(name: str, r: Routing, *, n: int, k: int, step: Step, chip: Any
     """Grouped GEMM over the touched experts (the bundled grouped_matmul's op model): the assignments split
     evenly over them, ``heavy`` experts of light+1 tokens, the rest of light tokens."""
     sizes = uniform_group_sizes(r.assignments, r.experts_touched)
-    kw = step.weight_gemm()
-    kw.pop("lhs_source_dtype", None)  # experts keep float activations (no in-kernel quantization in grouped_matmul)
-    kw["lhs_dtype"] = step.act_dtype
-    return _named(grouped_gemm(group_sizes=sizes, n=n, k=k, chip=chip, **kw), name)
+    # experts keep float activations: grouped_matmul has no in-kernel quantization
+    return _named(grouped_gemm(group_sizes=sizes, n=n, k=k, chip=chip,
+                               **step.weight_gemm(in_kernel_quantization=False)), name)
 
 
 # --------------------------------------------------------------------------- helpers
