@@ -42,8 +42,10 @@ def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True) -> jax.Array:
 
 #: int4 codes are two's complement nibbles in [-8, 7]; the symmetric quantizers use [-7, 7].
 INT4_QMAX = 7
-#: K rows per packing group: byte row ``g * 128 + r`` of the packed array holds K row ``g * 256 + r`` in its low
-#: nibble and K row ``g * 256 + 128 + r`` in its high nibble (each 128-row half unpacks to an aligned slab).
+#: The packed K dimension is padded to a multiple of this (so every K block of a multiple of it is whole). Byte row
+#: ``r`` of the packed array holds K row ``2r`` in its low nibble and K row ``2r + 1`` in its high nibble: the
+#: order of ``jnp.int4`` in a TPU's sublane-packed layout, so a kernel reinterprets a [R, N] byte tile as [2R, N]
+#: int4 codes (``pltpu.bitcast``) and widens them, with no shifts.
 INT4_PACK_ROWS = 256
 
 
@@ -51,25 +53,19 @@ def pack_int4(codes: jax.Array) -> jax.Array:
     """[K, N] integer codes in [-8, 7] -> [round_up(K, 256) / 2, N] uint8, two per byte (nibble order above;
     K padded with zero codes). Done once when the weights are prepared, not per call."""
     k, n = codes.shape
-    groups = -(-k // INT4_PACK_ROWS)
-    c = jnp.pad(codes.astype(jnp.int32), ((0, groups * INT4_PACK_ROWS - k), (0, 0)))
-    c = c.reshape(groups, 2, INT4_PACK_ROWS // 2, n) & 0xF
-    return (c[:, 0] | (c[:, 1] << 4)).reshape(groups * INT4_PACK_ROWS // 2, n).astype(jnp.uint8)
-
-
-def unpack_int4_halves(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(low, high) int32 codes in [-8, 7] of packed int4 bytes (uint8 or int8), each of packed's shape."""
-    # Each nibble shifted to the top of the int32 and arithmetic-shifted back (sign-extended): 2 ops per half,
-    # whatever the byte's sign extension (uint8 or int8).
-    v = packed.astype(jnp.int32)
-    return jax.lax.shift_right_arithmetic(v << 28, 28), jax.lax.shift_right_arithmetic(v << 24, 28)
+    rows = -(-k // INT4_PACK_ROWS) * INT4_PACK_ROWS
+    c = jnp.pad(codes.astype(jnp.int32), ((0, rows - k), (0, 0))).reshape(rows // 2, 2, n) & 0xF
+    return (c[:, 0] | (c[:, 1] << 4)).astype(jnp.uint8)
 
 
 def unpack_int4(packed: jax.Array, k: int) -> jax.Array:
     """[K, N] int32 codes of a :func:`pack_int4` array (the reference's unpacking; the kernel does it per tile)."""
     rows, n = packed.shape
-    lo, hi = unpack_int4_halves(packed.reshape(rows // (INT4_PACK_ROWS // 2), INT4_PACK_ROWS // 2, n))
-    return jnp.stack([lo, hi], axis=1).reshape(rows * 2, n)[:k]
+    # Each nibble shifted to the top of an int32 and arithmetic-shifted back (sign-extended), whatever the byte's
+    # own sign extension (uint8 or int8).
+    v = packed.astype(jnp.int32)
+    low, high = jax.lax.shift_right_arithmetic(v << 28, 28), jax.lax.shift_right_arithmetic(v << 24, 28)
+    return jnp.stack([low, high], axis=1).reshape(rows * 2, n)[:k]
 
 
 def quantize_int4(w: jax.Array, axis: int = 0) -> tuple[jax.Array, jax.Array]:

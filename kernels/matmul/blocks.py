@@ -143,6 +143,17 @@ def default_block_table() -> dict[str, dict[str, MatmulBlockSizes]]:
 FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 
 
-def default_block_sizes(chip: str, x_name: str, w_name: str) -> MatmulBlockSizes:
-    """The table's blocks for (chip, operand dtypes); FALLBACK_BLOCK_SIZES when not listed."""
-    return default_block_table().get(chip, {}).get(f"{x_name} x {w_name}", FALLBACK_BLOCK_SIZES)
+#: Calls with at most this many rows of x take the table's "<pair> decode" blocks where it has them (tuned on a
+#: decode GEMM, kernels/matmul/entry.py DECODE_SHAPE_MNK): few rows against the whole weight matrix want large
+#: weight tiles and few grid steps, not the square GEMM's.
+DECODE_MAX_M = 64
+
+
+def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None) -> MatmulBlockSizes:
+    """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
+    them; FALLBACK_BLOCK_SIZES when not listed."""
+    table = default_block_table().get(chip, {})
+    pair = f"{x_name} x {w_name}"
+    if m is not None and m <= DECODE_MAX_M and f"{pair} decode" in table:
+        return table[f"{pair} decode"]
+    return table.get(pair, FALLBACK_BLOCK_SIZES)

@@ -29,6 +29,11 @@ PAIRS: tuple[tuple[str, str, str, str], ...] = (
 )
 #: The problem the per-chip defaults are tuned on (a large square GEMM).
 TUNED_SHAPE_MNK = (8192, 8192, 8192)
+#: The problem the decode defaults (x with at most DECODE_MAX_M rows, kernels/matmul/blocks.py) are tuned on: one
+#: decode step of 64 sequences through a Llama-3-8B MLP up-projection (K = 4096, N = 14336).
+DECODE_SHAPE_MNK = (64, 14336, 4096)
+#: The weight dtypes with decode defaults (bf16 activations): the weight-bound GEMMs of serving.
+DECODE_W_NAMES = ("bf16", "int8", "fp8")
 
 
 def _configs() -> tuple[TunedConfig, ...]:
@@ -48,6 +53,19 @@ def _configs() -> tuple[TunedConfig, ...]:
     configs.append(TunedConfig(key="bf16 x int4", static={"w_dtype": "int4"},
                                shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", f"bias={n}:f32",
                                        f"w_scale={n}:f32")))
+    # Decode: a few rows against the whole weight matrix, HBM-bound; the "... decode" keys are what the kernel
+    # uses when x has at most DECODE_MAX_M rows.
+    m, n, k = DECODE_SHAPE_MNK
+    for w_name in DECODE_W_NAMES:
+        shapes = [f"x={m}x{k}:bf16", f"w={k}x{n}:{w_name}", f"bias={n}:f32"]
+        if w_name != "bf16":
+            shapes.append(f"w_scale={n}:f32")
+        configs.append(TunedConfig(key=f"bf16 x {w_name} decode", shapes=tuple(shapes)))
+    configs.append(TunedConfig(key="int8 x int8 decode", static={"quantize_x": True},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", f"bias={n}:f32", f"w_scale={n}:f32")))
+    configs.append(TunedConfig(key="bf16 x int4 decode", static={"w_dtype": "int4"},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", f"bias={n}:f32",
+                                       f"w_scale={n}:f32")))
     return tuple(configs)
 
 
@@ -55,4 +73,6 @@ TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(),
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
              "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
-             "w_dtype='int4')" % TUNED_SHAPE_MNK[0]))
+             "w_dtype='int4'); \"... decode\": x=%dx%d against w=%dx%d, the blocks of calls with at most %d rows"
+             % (TUNED_SHAPE_MNK[0], DECODE_SHAPE_MNK[0], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[1],
+                DECODE_SHAPE_MNK[0])))

@@ -38,7 +38,7 @@ from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
-from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale, unpack_int4_halves
+from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -272,43 +272,42 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
     over_k(codes, 0)
 
 
+def _unpack_int4_rows(w_ref: Any, wd_ref: Any, scale_ref: Any, group: Any, q: Any, cols: slice) -> None:
+    """K rows [128q, 128q + 128) of a packed int4 tile (its byte rows [64q, 64q + 64), kernels/quant.py's nibble
+    order) into wd_ref[128q:128q + 128, cols] in x's dtype: the bytes reinterpreted as int4 codes (a bitcast of
+    the sublane-packed vregs, no shifts) and widened; a blockwise scale (scale_ref row ``group``) multiplied in
+    f32, per-channel ones are left to the epilogue. ``q`` static or traced."""
+    half = SCALE_BLOCK // 2
+    src = slice(q * half, (q + 1) * half) if isinstance(q, int) else pl.ds(pl.multiple_of(q * half, half), half)
+    dst = (slice(q * SCALE_BLOCK, (q + 1) * SCALE_BLOCK) if isinstance(q, int)
+           else pl.ds(pl.multiple_of(q * SCALE_BLOCK, SCALE_BLOCK), SCALE_BLOCK))
+    codes = pltpu.bitcast(w_ref[src, cols], jnp.int4)  # [128, cols] int4
+    if scale_ref is None:
+        wd_ref[dst, cols] = codes.astype(wd_ref.dtype)  # exact: |code| <= 8
+    else:
+        wd_ref[dst, cols] = (codes.astype(jnp.float32) * scale_ref[pl.ds(group, 1), cols]).astype(wd_ref.dtype)
+
+
 def _unpack_int4_cols(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, cols: slice) -> None:
     """Unpack columns ``cols`` of a [bk / 2, bn] packed int4 tile into wd_ref[:, cols] (x's dtype), unrolled over
-    the 128-byte-row groups and INT4_UNPACK_COLS-wide pieces; blockwise scales folded in as in
-    :func:`_unpack_int4_tile`."""
-    half = INT4_PACK_ROWS // 2
-    for q in range(w_ref.shape[0] // half):
+    the 128-row scale groups and INT4_UNPACK_COLS-wide pieces (:func:`_unpack_int4_rows`)."""
+    for q in range(2 * w_ref.shape[0] // SCALE_BLOCK):
         for c0 in range(cols.start, cols.stop, INT4_UNPACK_COLS):
             piece = slice(c0, min(c0 + INT4_UNPACK_COLS, cols.stop))
-            halves = unpack_int4_halves(w_ref[q * half:(q + 1) * half, piece])
-            for h, codes in enumerate(halves):
-                v = codes.astype(jnp.float32)
-                if scale_ref is not None:
-                    v = v * scale_ref[pl.ds(first_group + 2 * q + h, 1), piece]
-                start = q * INT4_PACK_ROWS + h * half
-                wd_ref[start:start + half, piece] = v.astype(wd_ref.dtype)
+            _unpack_int4_rows(w_ref, wd_ref, scale_ref, first_group + q, q, piece)
 
 
 def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, col_chunk: int) -> None:
-    """Unpack a [bk / 2, bn] tile of packed int4 bytes into wd_ref [bk, bn] (x's dtype), 128 byte rows (two
-    128-row K slabs, kernels/quant.py's nibble order) and col_chunk columns at a time; blockwise scales folded in
-    (scale_ref rows first_group + 2q, + 2q + 1), per-channel ones are left to the epilogue."""
-    half = INT4_PACK_ROWS // 2
+    """Unpack a [bk / 2, bn] tile of packed int4 bytes into wd_ref [bk, bn] (x's dtype) in a loop over its
+    128-row scale groups, col_chunk columns at a time (:func:`_unpack_int4_rows`)."""
     bn = w_ref.shape[1]
 
     def group(q: Any, carry: Any) -> Any:
         for c0 in range(0, bn, col_chunk):
-            cols = slice(c0, c0 + col_chunk)
-            halves = unpack_int4_halves(w_ref[pl.ds(pl.multiple_of(q * half, half), half), cols])
-            for h, codes in enumerate(halves):
-                v = codes.astype(jnp.float32)
-                if scale_ref is not None:
-                    v = v * scale_ref[pl.ds(first_group + 2 * q + h, 1), cols]
-                start = pl.multiple_of(q * INT4_PACK_ROWS + h * half, half)
-                wd_ref[pl.ds(start, half), cols] = v.astype(wd_ref.dtype)
+            _unpack_int4_rows(w_ref, wd_ref, scale_ref, first_group + q, q, slice(c0, c0 + col_chunk))
         return carry
 
-    jax.lax.fori_loop(0, w_ref.shape[0] // half, group, 0)
+    jax.lax.fori_loop(0, 2 * w_ref.shape[0] // SCALE_BLOCK, group, 0)
 
 
 def _mask_cols(x: jax.Array, valid_k: int) -> jax.Array:
@@ -468,7 +467,7 @@ def matmul(
         nibble, g*256 + 128 + r in the high one); unpacked tile by tile in VMEM to x's dtype; w_scale required
         ([N] or [cdiv(K, 128), N]); bk a multiple of 256.
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
-        dtypes ("int8 x int8" with quantize_x).
+        dtypes ("int8 x int8" with quantize_x), its "... decode" entry when M <= 64 (blocks.DECODE_MAX_M).
       chip: TPU whose VMEM budget and fp8 / int8 support are checked (name, alias or spec path).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default x.dtype).
@@ -488,7 +487,7 @@ def matmul(
         _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name)
+        block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0])
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
     (m, k), n = x.shape, w.shape[1]

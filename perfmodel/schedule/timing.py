@@ -1,14 +1,15 @@
 """Expected time of a pipelined Pallas grid.
 
 Per TensorCore: prologue (its first step's block fetches, not overlapped) +
-the sum over its steps of max(step compute, step DMA, per-step overhead) +
+the sum over its steps of max(step compute, step DMA + DMA latency, per-step overhead) +
 epilogue (its last step's write-backs). Step compute is the largest of the
 MXU, VPU and EUP times (the units issue in parallel from one VLIW bundle);
 step DMA moves the next step's fetches and the previous step's write-backs
 plus any manual copies the body starts. Rates are per core (chip peak /
 cores per chip) scaled by the achievable shares of
 :data:`perfmodel.model.core.ACHIEVABLE`; the per-step overhead is the chip's
-``overheads.pallas_grid_step_overhead_s``.
+``overheads.pallas_grid_step_overhead_s`` and the DMA latency its ``overheads.dma_latency_s`` (the
+compiler-backed timing, :mod:`perfmodel.schedule.compiled`, adds the same latency to the same steps).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class CoreRates:
     eup_ops_per_s: float
     hbm_bytes_per_s: float
     step_overhead_s: float
+    #: Issue-to-completion latency a step that copies anything adds to its copies' transfer time.
+    dma_latency_s: float = 0.0
 
 
 def core_rates(chip: ChipSpec) -> CoreRates:
@@ -78,6 +81,7 @@ def core_rates(chip: ChipSpec) -> CoreRates:
         eup_ops_per_s=chip.compute.eup_ops_per_s_per_chip / cores * eff["eup"],
         hbm_bytes_per_s=chip.memory.hbm_bw_bytes_per_s_per_chip / cores * eff["hbm"],
         step_overhead_s=chip.overheads.pallas_grid_step_overhead_s or 0.0,
+        dma_latency_s=chip.overheads.dma_latency_s or 0.0,
     )
 
 
@@ -116,7 +120,10 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
     manual = np.broadcast_to(np.asarray(work.manual_dma_bytes, dtype=float), (n,))
     dma_s = (dma.overlapped_bytes + manual) / rates.hbm_bytes_per_s
     overhead = rates.step_overhead_s
-    stacked = np.stack([compute, dma_s, np.full(n, overhead)])
+    # Double buffering issues step i+1's copies when step i starts and waits for them when step i+1 does: when
+    # the copies are the longer part, each step also waits out their issue-to-completion latency.
+    dma_step = np.where(dma_s > 0, dma_s + rates.dma_latency_s, 0.0)
+    stacked = np.stack([compute, dma_step, np.full(n, overhead)])
     step = stacked.max(axis=0)
     which = stacked.argmax(axis=0)
     per_core_steps = np.bincount(seg.core, weights=step if mult is None else step * mult, minlength=seg.cores)

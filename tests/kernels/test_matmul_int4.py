@@ -30,12 +30,12 @@ def _weights(seed: int, k: int, n: int, blockwise: bool) -> tuple[jax.Array, jax
 
 
 def test_pack_int4_nibble_order():
-    # Rows 0 and 128 of one 256-row group share byte row 0: low nibble row 0 (-1 -> 0xF), high nibble row 128
-    # (3 -> 0x3): 0x3F = 63. Row 1 (-8 -> 0x8) with row 129 (7 -> 0x7): 0x78 = 120.
-    codes = jnp.zeros((256, 1), jnp.int32).at[0, 0].set(-1).at[128, 0].set(3).at[1, 0].set(-8).at[129, 0].set(7)
-    packed = pack_int4(codes)
+    # Rows 0 and 1 share byte row 0: low nibble row 0 (-1 -> 0xF), high nibble row 1 (3 -> 0x3): 0x3F = 63.
+    # Rows 2 (-8 -> 0x8) and 3 (7 -> 0x7) share byte row 1: 0x78 = 120. Row 128 goes to byte row 64's low nibble.
+    codes = jnp.zeros((256, 1), jnp.int32).at[0, 0].set(-1).at[1, 0].set(3).at[2, 0].set(-8).at[3, 0].set(7)
+    packed = pack_int4(codes.at[128, 0].set(5))
     assert packed.shape == (128, 1) and packed.dtype == jnp.uint8
-    assert (int(packed[0, 0]), int(packed[1, 0])) == (63, 120)
+    assert (int(packed[0, 0]), int(packed[1, 0]), int(packed[64, 0])) == (63, 120, 5)
     # K = 300 pads to 512 rows: 256 byte rows; unpacking gives the codes back.
     c = jnp.asarray(np.random.RandomState(0).randint(-8, 8, (300, 3)))
     assert pack_int4(c).shape == (256, 3) and bool((unpack_int4(pack_int4(c), 300) == c).all())

@@ -103,16 +103,19 @@ def test_mxu_padding_on_a_256_wide_mxu():
 
 
 def test_expected_time_is_the_per_step_maximum_plus_prologue_and_epilogue(v5e):
-    # 128^3 bf16 blocks on v5e: per step compute 2*128^3/(197e12*0.92) = 23 ns and DMA
-    # 2*32 KiB/(819e9*0.85) = 94 ns are both below the 0.35 us step overhead, so
-    # expected = prologue (first x and y blocks) + steps*0.35 us + epilogue (last output block).
+    # 128^3 bf16 blocks on v5e: per step compute 2*128^3/(197e12*0.92) = 23 ns; a step copying the next x and y
+    # blocks moves 2*32 KiB/(819e9*0.85) = 94 ns, + 0.255 us DMA latency = 0.349 us, under the 0.35 us step
+    # overhead. The 15 steps that also write back the previous (i, j) output block move 3*32 KiB: 141 ns +
+    # 0.255 us = 0.396 us, DMA-bound. expected = prologue (first x and y blocks) + 49 * 0.35 us + 15 * 0.396 us
+    # + epilogue (last output block).
     kern = _mm(512, 512, 512, 128, 128, 128, jnp.bfloat16)
     bw = 819e9 * 0.85
-    prologue = 2 * 128 * 128 * 2 / bw
-    epilogue = 128 * 128 * 2 / bw
+    block = 128 * 128 * 2 / bw
+    prologue, epilogue = 2 * block, block
     assert kern.time.limiter == "overhead"
-    assert kern.time.steps_limited_by["overhead"] == kern.steps
-    assert kern.time.expected_s == pytest.approx(prologue + kern.steps * 0.35e-6 + epilogue, rel=1e-9)
+    assert kern.time.steps_limited_by == {"compute": 0, "dma": 15, "overhead": 49}
+    steps = 49 * 0.35e-6 + 15 * (3 * block + 0.255e-6)
+    assert kern.time.expected_s == pytest.approx(prologue + steps + epilogue, rel=1e-9)
     # The op floor: 2*512^3 FLOPs at 197 TFLOP/s vs 3 arrays of 512 KiB once at 819 GB/s -> HBM-bound.
     assert kern.time.op_floor_s == pytest.approx(max(2 * 512**3 / 197e12, 3 * 512 * 512 * 2 / 819e9), rel=1e-9)
     assert kern.time.efficiency == pytest.approx(kern.time.op_floor_s / kern.time.expected_s)
