@@ -8,6 +8,9 @@ from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, Pro
 #: expert (1024 each), hidden 4096 -> expert width 14336 (Mixtral-8x7B's gate/up projection).
 EXPERTS, TOKENS, HIDDEN, WIDTH = 8, 8192, 4096, 14336
 _GROUPS = f"group_sizes={EXPERTS}:int32={TOKENS // EXPERTS}"
+#: The decode problem the "... decode" defaults are tuned on (calls with at most 64 rows,
+#: kernels/matmul/blocks.py DECODE_MAX_M): 64 token-expert rows, 8 per expert.
+DECODE_TOKENS = 64
 
 ENTRIES = (
     KernelEntry(
@@ -41,6 +44,12 @@ def _configs() -> tuple[TunedConfig, ...]:
         if scaled:
             shapes.append(f"rhs_scale={EXPERTS}x{WIDTH}:f32")
         configs.append(TunedConfig(key=key, shapes=tuple(shapes)))
+    for key, rhs, scaled in PAIRS:  # decode: a few rows per expert against every expert's weights, HBM-bound
+        shapes = [f"lhs={DECODE_TOKENS}x{HIDDEN}:bf16", f"rhs={EXPERTS}x{HIDDEN}x{WIDTH}:{rhs}",
+                  f"group_sizes={EXPERTS}:int32={DECODE_TOKENS // EXPERTS}"]
+        if scaled:
+            shapes.append(f"rhs_scale={EXPERTS}x{WIDTH}:f32")
+        configs.append(TunedConfig(key=f"{key} decode", shapes=tuple(shapes)))
     return tuple(configs)
 
 
@@ -48,4 +57,5 @@ TUNED = TunedKernel(
     kernel="grouped_matmul", entry="grouped_matmul", chips=PALLAS_CHIPS, configs=_configs(),
     problem=(f"a mixture-of-experts projection: {TOKENS} token rows sorted over {EXPERTS} experts ({TOKENS // EXPERTS} "
              f"each), K={HIDDEN}, N={WIDTH} (per-channel scales for int8/fp8 weights; fp8 only on chips with an fp8 "
-             "MXU path)"))
+             "MXU path); \"... decode\": the same experts with %d rows (%d each), the blocks of calls with at most that "
+             "many rows" % (DECODE_TOKENS, DECODE_TOKENS // EXPERTS)))

@@ -217,7 +217,8 @@ def grouped_matmul(
       group_sizes: [G] int32 rows per group (>= 0, in lhs's order, summing to at most M; rows past them come out
         as zeros). Checked when concrete.
       rhs_scale: [G, N] float per-channel scales of int8 / fp8 weights.
-      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes.
+      block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes,
+        its "... decode" entry when M <= 64.
       chip: TPU whose VMEM budget and fp8 support are checked (name, alias or spec path).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default lhs's).
@@ -236,7 +237,7 @@ def grouped_matmul(
         raise ValueError("rhs" + str(exc).removeprefix("w").replace("w_scale", "rhs_scale")) from None
     out_dtype = jnp.dtype(lhs.dtype if out_dtype is None else out_dtype)
     if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name, lhs_name, rhs_name)
+        block_sizes = default_block_sizes(spec.name, lhs_name, rhs_name, m=lhs.shape[0])
     elif not isinstance(block_sizes, GroupedMatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a GroupedMatmulBlockSizes, got {type(block_sizes).__name__}")
     rows = max(tiling.sublane_multiple(lhs.dtype), tiling.sublane_multiple(out_dtype))

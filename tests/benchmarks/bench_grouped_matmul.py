@@ -33,10 +33,6 @@ CASES = {"decode": 64, "large": 8192}
 VARIANTS = {"bf16": ("bf16", False, 2), "bf16 x int8": ("int8", True, 1), "bf16 x fp8": ("fp8", True, 1)}
 #: Variants run by default (fp8: ``--variants "bf16 x fp8" --chips tpu-v6e``; tpu-v5e has no fp8 MXU path).
 DEFAULT_VARIANTS = ("bf16", "bf16 x int8")
-#: Decode blocks (bm, bk, bn) per chip: None = the kernel's tuned defaults (bm clamped to M).
-#: Whole-K weight tiles: each expert's [K, bn] slab is one DMA per visit, so fewer, longer steps hide the per-step
-#: DMA latency (64x2048x1024: v5e 1.23x / 1.29x int8, v6e 1.28x / 1.39x int8).
-DECODE_BLOCKS: dict[str, tuple[int, int, int] | None] = {"tpu-v5e": (64, 4096, 1024), "tpu-v6e": (64, 4096, 2048)}
 CHIPS = ("tpu-v5e", "tpu-v6e")
 
 
@@ -53,8 +49,6 @@ def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int
     chip = get_chip(chip_name)
     m = CASES[case]
     _, scaled, itemsize = VARIANTS[variant]
-    if blocks is None and case == "decode":
-        blocks = DECODE_BLOCKS.get(chip.name)
     block_map = dict(zip(("bm", "bk", "bn"), blocks)) if blocks else None
     row = {"variant": variant, "case": case, "chip": chip.name}
     try:
@@ -69,7 +63,12 @@ def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int
     else:
         floor = 2 * m * N * K / chip.matmul_rate("bf16")
     t = ck.time.expected_s
-    return {**row, "blocks": "x".join(map(str, blocks)) if blocks else "defaults",
+    if blocks is None:  # the kernel's defaults (its tuned decode entry at M <= 64), clamped to the problem
+        from kernels.grouped_matmul.blocks import default_block_sizes
+
+        d = default_block_sizes(chip.name, "bf16", VARIANTS[variant][0], m=m)
+        blocks = (min(d.bm, m), min(d.bk, K), min(d.bn, N))
+    return {**row, "blocks": "x".join(map(str, blocks)),
             "step_bundles": ck.time.mean_step_bundles, "spills": loop.vector_spills, "fills": loop.vector_fills,
             "steps": ck.steps, "time_s": t, "floor_s": floor, "ratio": t / floor}
 
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chips", default=",".join(CHIPS))
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--blocks", default=None, help="bm,bk,bn for every row (default: per case, see DECODE_BLOCKS)")
+    p.add_argument("--blocks", default=None, help="bm,bk,bn for every row (default: the kernel's tuned defaults, decode ones at M <= 64)")
     a = p.parse_args(argv)
     from perfmodel.units import si
 

@@ -100,6 +100,16 @@ def test_default_blocks_clamp_to_a_tiny_problem():
     _check(out, grouped_matmul_reference(lhs, rhs, gs))
 
 
+def test_decode_rows_take_the_decode_defaults():
+    # At most 64 rows (all groups together) take the "<pair> decode" entry, more the large problem's.
+    from kernels.grouped_matmul.blocks import default_block_sizes, default_block_table
+
+    table = default_block_table()["tpu-v5e"]
+    assert default_block_sizes("tpu-v5e", "bf16", "int8", m=64) == table["bf16 x int8 decode"]
+    assert default_block_sizes("tpu-v5e", "bf16", "int8", m=65) == table["bf16 x int8"]
+    assert default_block_sizes("tpu-v5e", "bf16", "bf16") == table["bf16 x bf16"]
+
+
 def test_visit_list_hand_worked():
     # Sizes 3, 0, 5, 2 over M = 16 rows of 4-row tiles: group 0 rows 0-2 (tile 0), group 2 rows 3-7 (tiles 0, 1),
     # group 3 rows 8-9 (tile 2); tile 3 (rows 12-15) is past the groups: one zero visit. The list has room for

@@ -14,8 +14,9 @@ import yaml
 
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES, MatmulVariant
-from kernels.matmul.entry import TUNED_SHAPE_MNK
-from kernels.matmul.kernel import _lookahead
+from kernels.matmul.blocks import DECODE_MAX_M
+from kernels.matmul.entry import DECODE_SHAPE_MNK, TUNED_SHAPE_MNK
+from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _lookahead
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -221,6 +222,20 @@ def test_blocks_over_physical_vmem_raise():
         matmul(x, w, block_sizes=huge, interpret=True)
 
 
+def test_decode_rows_take_the_decode_defaults():
+    # Up to DECODE_MAX_M rows of x the "<pair> decode" entry, above it the square GEMM's; a pair without a decode
+    # entry (f32) keeps its own at any M.
+    table = default_block_table()["tpu-v5e"]
+    assert default_block_sizes("tpu-v5e", "bf16", "int8", m=DECODE_MAX_M) == table["bf16 x int8 decode"]
+    assert default_block_sizes("tpu-v5e", "bf16", "int8", m=DECODE_MAX_M + 1) == table["bf16 x int8"]
+    assert default_block_sizes("tpu-v5e", "bf16", "int8") == table["bf16 x int8"]
+    assert "fp32 x fp32 decode" not in table
+    assert default_block_sizes("tpu-v5e", "fp32", "fp32", m=8) == table["fp32 x fp32"]
+    # The decode entries fetch fewer, larger weight tiles than the square GEMM's clamped to 64 rows.
+    square, dec = table["bf16 x int8"], table["bf16 x int8 decode"]
+    assert dec.bk * dec.bn > square.bk * square.bn
+
+
 def test_chips_and_pairs_the_json_lacks_fall_back():
     # tpu-v5e has no fp8 MXU rate, so its table has no fp8 pair; a chip spec file has no entry at all.
     assert "bf16 x fp8" not in load_tuned_defaults("matmul")["tpu-v5e"]
@@ -236,20 +251,24 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         pytest.skip(f"no spec for {chip_name} yet")
     dtypes = {"bf16": jnp.bfloat16, "fp32": jnp.float32, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     stored = load_tuned_defaults("matmul")[chip_name]
-    m, n, k = TUNED_SHAPE_MNK
     for pair, blocks in default_block_table()[chip_name].items():
-        x_name, w_name = pair.split(" x ")
-        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (K = 8192 as tuned;
-        # two row blocks of codes where the next one is quantized ahead). "bf16 x int4": the packed tile counted as
-        # an int8 [bk, bn] one, plus the unpacked bf16 tile.
-        w8a8 = pair == "int8 x int8"
+        # "... decode" entries are tuned on the decode problem (64 rows against the whole weight matrix).
+        decode = pair.endswith(" decode")
+        m, n, k = DECODE_SHAPE_MNK if decode else TUNED_SHAPE_MNK
+        x_name, w_name = pair.removesuffix(" decode").split(" x ")
+        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (two row blocks of
+        # codes where the next one is quantized ahead). Decode rows stay resident across the column blocks.
+        # "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked bf16 tile.
+        w8a8 = x_name == "int8"
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
+        x_row = -(-k // blocks.bk) * blocks.bk
+        resident = w8a8 or (-(-n // blocks.bn) > 1 and min(blocks.bm, m) * x_row * 2 <= X_RESIDENT_MAX_BYTES)
         if w8a8:
             slots = 2 if _lookahead(chip, m, n, k, blocks) else 1
-            variant = MatmulVariant(x_row=k, x_codes=True, code_slots=slots)
+            variant = MatmulVariant(x_row=x_row, x_codes=True, code_slots=slots)
         else:
-            variant = MatmulVariant(w_dequant=w_name == "int4")
+            variant = MatmulVariant(x_row=x_row if decode and resident else None, w_dequant=w_name == "int4")
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
         vectors = 1 + (w_name in ("int8", "fp8", "int4"))
