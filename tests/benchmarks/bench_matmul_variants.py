@@ -37,9 +37,10 @@ VARIANTS = {
     "w8a8 blockwise": ("int8", "g", ("quantize_x=True",), "int8"),
     "bf16 x int4": ("int4", "n", (), "bf16"),
     "bf16 x int4 blockwise": ("int4", "g", (), "bf16"),
+    "bf16 x fp8": ("fp8", "n", (), "bf16"),
 }
 CHIPS = ("tpu-v5e", "tpu-v6e")
-W_BYTES = {"bf16": 2, "int8": 1, "int4": 0.5}
+W_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "int4": 0.5}
 
 
 def _shapes(case: str, variant: str) -> list[str]:
@@ -76,6 +77,8 @@ def measure(variant: str, case: str, chip_name: str) -> dict:
     w_dtype, scale, args, mxu_dtype = VARIANTS[variant]
     args = tuple(args) + (("w_dtype=int4",) if w_dtype == "int4" else ())
     row = {"variant": variant, "case": case, "chip": chip.name}
+    if w_dtype == "fp8" and "fp8" not in chip.compute.matmul_flops_per_s_per_chip:
+        return {**row, "skip": "no fp8 MXU path"}
     try:
         got = compile_inspection("matmul", _shapes(case, variant), None, args, chip.name)
     except Exception as exc:  # a benchmark reports what failed and goes on
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         for variant in a.variants.split(","):
             for chip in a.chips.split(","):
                 r = measure(variant, case, chip)
+                if "skip" in r:
+                    continue
                 if "error" in r:
                     print(f"| {variant} | {case} | {r['chip']} | FAIL: {r['error']} |||||||")
                 else:
