@@ -39,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import tiling
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
-from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support
+from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support, mxu_operand
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -108,9 +108,7 @@ def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_r
             x = lhs_ref[:, pl.ds(pl.multiple_of(kk * bk, tiling.LANES), bk)]
         else:
             x = lhs_ref[...]
-        w = rhs_ref[...]
-        if w.dtype != x.dtype:
-            w = w.astype(x.dtype)  # int8 / fp8 -> lhs dtype (exact)
+        w = mxu_operand(rhs_ref[...], x.dtype)  # int8 -> lhs dtype (exact); fp8 as is against bf16
         if k_tail is not None:  # columns past K in the last K block (garbage there times zero can be NaN)
             valid = jnp.where(kk == n_k - 1, k_tail, bk)
             x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < valid, x, jnp.zeros_like(x))
