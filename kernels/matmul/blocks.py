@@ -69,7 +69,7 @@ class MatmulBlockSizes(tiling.GemmTile):
         * bf16 x: Mosaic stages about 1.5 x tiles (``bm x bk``) when the MXU is 128
           wide (v4, v5e, v5p), and on 256-wide MXUs (v6e, 7x) when ``bk >= 1024`` or
           the x tile has 1M elements or more; otherwise the dot accumulates in place.
-        * int8 / fp8 w on chips without a bf16 VPU (v4): two converted (x-dtype) w tiles.
+        * int8 w (and fp8 against f32 x) on chips without a bf16 VPU (v4): two converted (x-dtype) w tiles.
         * f32 x (HIGHEST precision: bf16 splits of both operands, several passes): about
           4.75 f32 x tiles and half an f32 w tile (w widened to f32 counted so).
 
@@ -104,8 +104,10 @@ class MatmulBlockSizes(tiling.GemmTile):
         # 256x4096x256 12.6 vs 12.9; 4096^3: +4% to +20%). The earlier kernel staged about two int32 x tiles.
         if not variant.x_codes and (mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20):
             need += int(X_STAGING_TILES * buf((self.bm, self.bk), x_dtype))
-        quantized = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype)
-        if quantized and (chip is None or not tiling.has_bf16_vpu(chip)):
+        # Weights converted to x's dtype in VMEM (fp8 against bf16 goes to the MXU as is, kernel.mxu_operand).
+        converted = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype) and not (
+            "float8" in str(tiling.np_dtype(w_dtype)) and tiling.np_dtype(x_dtype) == tiling.np_dtype("bfloat16"))
+        if converted and (chip is None or not tiling.has_bf16_vpu(chip)):
             need += 2 * buf((self.bk, self.bn), x_dtype)
         return int(need)
 
