@@ -108,7 +108,7 @@ def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_r
             x = lhs_ref[:, pl.ds(pl.multiple_of(kk * bk, tiling.LANES), bk)]
         else:
             x = lhs_ref[...]
-        w = mxu_operand(rhs_ref[...], x.dtype)  # int8 -> lhs dtype (exact); fp8 as is against bf16
+        w = mxu_operand(rhs_ref[...], x.dtype, x.shape[0], rhs_ref.shape[-1])  # int8 -> lhs dtype (exact); fp8 maybe as is
         if k_tail is not None:  # columns past K in the last K block (garbage there times zero can be NaN)
             valid = jnp.where(kk == n_k - 1, k_tail, bk)
             x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < valid, x, jnp.zeros_like(x))

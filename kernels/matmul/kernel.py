@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
-from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes
+from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes, fp8_as_is
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale
 
@@ -181,7 +181,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
                 _unpack_int4_cols(w_ref, w_src, scale_ref if blockwise else None, k * groups, cols)
             w = w_src[:, cols]
             if not quantize_x:
-                w = mxu_operand(w, x.dtype)
+                w = mxu_operand(w, x.dtype, x.shape[0], bn)
                 if valid_k is not None:
                     w = _mask_rows(w, valid_k)  # garbage past K times a zeroed x column can be NaN
             if not blockwise or folded:
@@ -309,11 +309,10 @@ def _unpack_int4_tile(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any,
     jax.lax.fori_loop(0, 2 * w_ref.shape[0] // SCALE_BLOCK, group, 0)
 
 
-def mxu_operand(w: jax.Array, x_dtype: Any) -> jax.Array:
-    """The weight tile as the dot takes it: fp8 as is against bf16 x (the MXU's mixed bf16 x fp8 path, which
-    _check_fp8_support requires: no VPU conversion of the tile; on v6e a 64x4096x1024 decode step drops from 8,160
-    to 1,490 bundles), anything else converted to x's dtype (int8 / fp8 -> bf16 / f32 is exact)."""
-    if w.dtype == x_dtype or (_dtype_name(w.dtype) in _FP8 and jnp.dtype(x_dtype) == jnp.bfloat16):
+def mxu_operand(w: jax.Array, x_dtype: Any, bm: int, bn: int) -> jax.Array:
+    """The weight tile (of a [bm, bn] block's step) as the dot takes it: unchanged in x's dtype, fp8 as is where
+    blocks.fp8_as_is says so, else converted to x's dtype (int8 / fp8 -> bf16 / f32 is exact)."""
+    if w.dtype == x_dtype or fp8_as_is(x_dtype, w.dtype, bm, bn):
         return w
     return w.astype(x_dtype)
 
