@@ -56,6 +56,25 @@ def test_int4_weights_match_the_reference(shape, blockwise):
     np.testing.assert_allclose(out32, ref32, **TOL)
 
 
+def test_int4_blockwise_scales_in_bf16_on_chips_with_bf16_scaling():
+    # tpu-v6e multiplies blockwise scales in bf16 (kernel.BF16_SCALING_CHIPS): one more bf16 rounding of each
+    # scale (rel 2^-9) than tpu-v5e's f32 product; both stay within the bf16 tolerance of the reference, and the
+    # two differ (the bf16 path is taken).
+    from kernels.matmul.kernel import BF16_SCALING_CHIPS
+
+    assert "tpu-v6e" in BF16_SCALING_CHIPS and "tpu-v5e" not in BF16_SCALING_CHIPS
+    m, k, n = 48, 512, 256
+    x = jax.random.normal(jax.random.key(7), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(8, k, n, True)
+    s = s * (1 + jax.random.uniform(jax.random.key(9), s.shape) / 100)  # scales not exact in bf16
+    ref = np.asarray(matmul_reference(x, wp, w_scale=s, w_dtype="int4").astype(jnp.float32))
+    outs = {chip: np.asarray(matmul(x, wp, w_scale=s, w_dtype="int4", block_sizes=SMALL, chip=chip,
+                                    interpret=True).astype(jnp.float32)) for chip in ("tpu-v5e", "tpu-v6e")}
+    for out in outs.values():
+        np.testing.assert_allclose(out, ref, **TOL)
+    assert not np.array_equal(outs["tpu-v5e"], outs["tpu-v6e"])
+
+
 @pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
 def test_int4_unpacked_in_a_loop_when_the_tile_is_large(monkeypatch, blockwise):
     from kernels.matmul import kernel as kernel_module
