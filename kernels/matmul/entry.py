@@ -32,41 +32,35 @@ TUNED_SHAPE_MNK = (8192, 8192, 8192)
 #: The problem the decode defaults (x with at most DECODE_MAX_M rows, kernels/matmul/blocks.py) are tuned on: one
 #: decode step of 64 sequences through a Llama-3-8B MLP up-projection (K = 4096, N = 14336).
 DECODE_SHAPE_MNK = (64, 14336, 4096)
-#: The weight dtypes with decode defaults (bf16 activations): the weight-bound GEMMs of serving.
-DECODE_W_NAMES = ("bf16", "int8", "fp8")
+#: The operand pairs with decode defaults: bf16 activations against the weight dtypes of serving.
+DECODE_PAIRS = tuple(p for p in PAIRS if p[0] == "bf16")
+
+
+def _configs_at(mnk: tuple[int, int, int], pairs: tuple[tuple[str, str, str, str], ...],
+                suffix: str = "") -> list[TunedConfig]:
+    """The tuned configurations of one problem (M, N, K): each pair, int8 x int8 and bf16 x int4; keys end in
+    ``suffix``."""
+    m, n, k = mnk
+    bias, scale = f"bias={n}:f32", f"w_scale={n}:f32"
+    configs = []
+    for x_name, w_name, x_flag, w_flag in pairs:
+        # With a bias: the stored defaults must also fit when the epilogue is fused.
+        shapes = [f"x={m}x{k}:{x_flag}", f"w={k}x{n}:{w_flag}", bias] + ([scale] if w_name in ("int8", "fp8") else [])
+        configs.append(TunedConfig(key=f"{x_name} x {w_name}{suffix}", shapes=tuple(shapes)))
+    # int8 x int8 on the int8 MXU: bf16 activations quantized per token in the kernel (quantize_x), int8
+    # weights with per-channel scales; chips without an int8 MXU path (v4, 7x) reject it and store nothing.
+    configs.append(TunedConfig(key=f"int8 x int8{suffix}", static={"quantize_x": True},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", bias, scale)))
+    # Packed int4 weights (two per byte, [K/2, N] uint8), unpacked in VMEM onto the bf16 MXU path.
+    configs.append(TunedConfig(key=f"bf16 x int4{suffix}", static={"w_dtype": "int4"},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", bias, scale)))
+    return configs
 
 
 def _configs() -> tuple[TunedConfig, ...]:
-    m, n, k = TUNED_SHAPE_MNK
-    configs = []
-    for x_name, w_name, x_flag, w_flag in PAIRS:
-        # With a bias: the stored defaults must also fit when the epilogue is fused.
-        shapes = [f"x={m}x{k}:{x_flag}", f"w={k}x{n}:{w_flag}", f"bias={n}:f32"]
-        if w_name in ("int8", "fp8"):
-            shapes.append(f"w_scale={n}:f32")
-        configs.append(TunedConfig(key=f"{x_name} x {w_name}", shapes=tuple(shapes)))
-    # int8 x int8 on the int8 MXU: bf16 activations quantized per token in the kernel (quantize_x), int8
-    # weights with per-channel scales; chips without an int8 MXU path (v4, 7x) reject it and store nothing.
-    configs.append(TunedConfig(key="int8 x int8", static={"quantize_x": True},
-                               shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", f"bias={n}:f32", f"w_scale={n}:f32")))
-    # Packed int4 weights (two per byte, [K/2, N] uint8), unpacked in VMEM onto the bf16 MXU path.
-    configs.append(TunedConfig(key="bf16 x int4", static={"w_dtype": "int4"},
-                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", f"bias={n}:f32",
-                                       f"w_scale={n}:f32")))
     # Decode: a few rows against the whole weight matrix, HBM-bound; the "... decode" keys are what the kernel
     # uses when x has at most DECODE_MAX_M rows.
-    m, n, k = DECODE_SHAPE_MNK
-    for w_name in DECODE_W_NAMES:
-        shapes = [f"x={m}x{k}:bf16", f"w={k}x{n}:{w_name}", f"bias={n}:f32"]
-        if w_name != "bf16":
-            shapes.append(f"w_scale={n}:f32")
-        configs.append(TunedConfig(key=f"bf16 x {w_name} decode", shapes=tuple(shapes)))
-    configs.append(TunedConfig(key="int8 x int8 decode", static={"quantize_x": True},
-                               shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", f"bias={n}:f32", f"w_scale={n}:f32")))
-    configs.append(TunedConfig(key="bf16 x int4 decode", static={"w_dtype": "int4"},
-                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", f"bias={n}:f32",
-                                       f"w_scale={n}:f32")))
-    return tuple(configs)
+    return tuple(_configs_at(TUNED_SHAPE_MNK, PAIRS) + _configs_at(DECODE_SHAPE_MNK, DECODE_PAIRS, " decode"))
 
 
 TUNED = TunedKernel(
