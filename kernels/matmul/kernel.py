@@ -481,8 +481,8 @@ def matmul(
         applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32). Needs
         int8 weights and a chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
       w_dtype: None (w's own dtype) or "int4": w holds two int4 codes per byte, [round_up(K, 256) / 2, N]
-        uint8/int8 as kernels.quant.pack_int4 lays them out (byte row g*128 + r: K row g*256 + r in the low
-        nibble, g*256 + 128 + r in the high one); unpacked tile by tile in VMEM to x's dtype; w_scale required
+        uint8/int8 as kernels.quant.pack_int4 lays them out (byte row r: K row 2r in the low nibble, 2r + 1 in
+        the high one); unpacked tile by tile in VMEM to x's dtype; w_scale required
         ([N] or [cdiv(K, 128), N]); bk a multiple of 256.
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
         dtypes ("int8 x int8" with quantize_x), its "... decode" entry when M <= 64 (blocks.DECODE_MAX_M).
@@ -516,7 +516,7 @@ def matmul(
     if int4:
         if block_sizes.bk % INT4_PACK_ROWS:
             raise ValueError(f"block_sizes: bk={block_sizes.bk} must be a multiple of {INT4_PACK_ROWS} with int4 "
-                             f"weights (one packed byte row holds two 128-row K slabs); e.g. bk=512")
+                             f"weights (the packed K dimension is padded to {INT4_PACK_ROWS} rows); e.g. bk=512")
         blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
                                   bn=blocks.bn)
     x_row = tiling.round_up(k, blocks.bk)
