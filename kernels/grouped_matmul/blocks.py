@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels import tiling
-from kernels.matmul.blocks import DECODE_MAX_M, MatmulBlockSizes, MatmulVariant
+from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, pair_blocks
 from perfmodel.hw.spec import ChipSpec
 
 
@@ -73,8 +73,4 @@ FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 def default_block_sizes(chip: str, lhs_name: str, rhs_name: str, *, m: int | None = None) -> GroupedMatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its "... decode" blocks when ``m`` (all groups' rows) is at
     most matmul's DECODE_MAX_M and it has them; FALLBACK_BLOCK_SIZES when not listed."""
-    table = default_block_table().get(chip, {})
-    pair = f"{lhs_name} x {rhs_name}"
-    if m is not None and m <= DECODE_MAX_M and f"{pair} decode" in table:
-        return table[f"{pair} decode"]
-    return table.get(pair, FALLBACK_BLOCK_SIZES)
+    return pair_blocks(default_block_table().get(chip, {}), f"{lhs_name} x {rhs_name}", m, FALLBACK_BLOCK_SIZES)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
@@ -47,6 +47,7 @@ class MatmulVariant:
 
 
 PLAIN = MatmulVariant()
+T = TypeVar("T")
 
 
 def fp8_as_is(x_dtype: Any, w_dtype: Any, bm: int, bn: int) -> bool:
@@ -161,11 +162,16 @@ FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 DECODE_MAX_M = 64
 
 
+def pair_blocks(configs: dict[str, T], pair: str, m: int | None, fallback: T) -> T:
+    """A chip's stored blocks for an operand pair ("bf16 x int8"): its "<pair> decode" entry when ``m`` (rows of
+    the left operand) is at most DECODE_MAX_M and stored, else the pair's entry, else ``fallback``. Shared with
+    grouped_matmul."""
+    if m is not None and m <= DECODE_MAX_M and f"{pair} decode" in configs:
+        return configs[f"{pair} decode"]
+    return configs.get(pair, fallback)
+
+
 def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None) -> MatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
     them; FALLBACK_BLOCK_SIZES when not listed."""
-    table = default_block_table().get(chip, {})
-    pair = f"{x_name} x {w_name}"
-    if m is not None and m <= DECODE_MAX_M and f"{pair} decode" in table:
-        return table[f"{pair} decode"]
-    return table.get(pair, FALLBACK_BLOCK_SIZES)
+    return pair_blocks(default_block_table().get(chip, {}), f"{x_name} x {w_name}", m, FALLBACK_BLOCK_SIZES)

@@ -521,8 +521,8 @@ def matmul(
                                   bn=blocks.bn)
     x_row = tiling.round_up(k, blocks.bk)
     # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
-    x_resident = quantize_x or (tiling.cdiv(n, blocks.bn) > 1
-                                and blocks.bm * x_row * x.dtype.itemsize <= X_RESIDENT_MAX_BYTES)
+    x_resident = keeps_x_resident(quantize_x=quantize_x, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row,
+                                  itemsize=x.dtype.itemsize)
     w_dequant = int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM)
     lookahead = quantize_x and _lookahead(spec, m, n, k, blocks)
     variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
@@ -539,6 +539,13 @@ def matmul(
         w_dequant=w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
         bf16_scaling=int4 and scale_kind == "per-block" and x.dtype == jnp.bfloat16 and spec.name in BF16_SCALING_CHIPS,
     )
+
+
+def keeps_x_resident(*, quantize_x: bool, n: int, bm: int, bn: int, x_row: int, itemsize: int) -> bool:
+    """Whether the x row block [bm, x_row] stays in VMEM across the column blocks (fetched once per row block):
+    always with quantize_x (its codes are made from the whole row), else when there is more than one column
+    block and the row block is at most X_RESIDENT_MAX_BYTES (decode GEMMs)."""
+    return quantize_x or (tiling.cdiv(n, bn) > 1 and bm * x_row * itemsize <= X_RESIDENT_MAX_BYTES)
 
 
 def _lookahead(chip: Any, m: int, n: int, k: int, blocks: MatmulBlockSizes) -> bool:

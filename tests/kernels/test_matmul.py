@@ -16,7 +16,7 @@ from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES, MatmulVariant
 from kernels.matmul.blocks import DECODE_MAX_M
 from kernels.matmul.entry import DECODE_SHAPE_MNK, TUNED_SHAPE_MNK
-from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _lookahead
+from kernels.matmul.kernel import _lookahead, keeps_x_resident
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -263,7 +263,7 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
         x_row = -(-k // blocks.bk) * blocks.bk
-        resident = w8a8 or (-(-n // blocks.bn) > 1 and min(blocks.bm, m) * x_row * 2 <= X_RESIDENT_MAX_BYTES)
+        resident = keeps_x_resident(quantize_x=w8a8, n=n, bm=min(blocks.bm, m), bn=blocks.bn, x_row=x_row, itemsize=2)
         if w8a8:
             slots = 2 if _lookahead(chip, m, n, k, blocks) else 1
             variant = MatmulVariant(x_row=x_row, x_codes=True, code_slots=slots)
