@@ -35,7 +35,7 @@ class MatmulVariant:
     ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
     2 when the next row block is quantized ahead); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
-    (weight-only blockwise scales at large bm).
+    (int4 weights; weight-only blockwise scales at large bm), int8 with ``x_codes``.
     """
 
     x_row: int | None = None
@@ -102,8 +102,8 @@ class MatmulBlockSizes(tiling.GemmTile):
         if variant.x_codes:  # int8 codes of the row block(s) and the per-token scales; the dot's int32 result
             codes = buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
             need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")
-        if variant.w_dequant:  # the dequantized w tile
-            need += buf((self.bk, self.bn), x_dtype)
+        if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_x's int8 x)
+            need += buf((self.bk, self.bn), "int8" if variant.x_codes else x_dtype)
         if tiling.itemsize_bytes(x_dtype) == 4:
             need += int(F32_X_SPLIT_TILES * buf((self.bm, self.bk), "float32")
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))

@@ -38,8 +38,8 @@ DECODE_PAIRS = tuple(p for p in PAIRS if p[0] == "bf16")
 
 def _configs_at(mnk: tuple[int, int, int], pairs: tuple[tuple[str, str, str, str], ...],
                 suffix: str = "") -> list[TunedConfig]:
-    """The tuned configurations of one problem (M, N, K): each pair, int8 x int8 and bf16 x int4; keys end in
-    ``suffix``."""
+    """The tuned configurations of one problem (M, N, K): each pair, int8 x int8, bf16 x int4 and int8 x int4
+    (w4a8); keys end in ``suffix``."""
     m, n, k = mnk
     bias, scale = f"bias={n}:f32", f"w_scale={n}:f32"
     configs = []
@@ -54,6 +54,10 @@ def _configs_at(mnk: tuple[int, int, int], pairs: tuple[tuple[str, str, str, str
     # Packed int4 weights (two per byte, [K/2, N] uint8), unpacked in VMEM onto the bf16 MXU path.
     configs.append(TunedConfig(key=f"bf16 x int4{suffix}", static={"w_dtype": "int4"},
                                shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", bias, scale)))
+    # w4a8: packed int4 weights unpacked to int8 codes in VMEM against the per-token int8 x codes, on the int8
+    # MXU path (v4 and 7x store nothing, as for int8 x int8).
+    configs.append(TunedConfig(key=f"int8 x int4{suffix}", static={"quantize_x": True, "w_dtype": "int4"},
+                               shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", bias, scale)))
     return configs
 
 
@@ -67,6 +71,7 @@ TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(),
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
              "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
-             "w_dtype='int4'); \"... decode\": x=%dx%d against w=%dx%d, the blocks of calls with at most %d rows"
+             "w_dtype='int4'; \"int8 x int4\": both, w4a8); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
+             "calls with at most %d rows"
              % (TUNED_SHAPE_MNK[0], DECODE_SHAPE_MNK[0], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[1],
                 DECODE_SHAPE_MNK[0])))

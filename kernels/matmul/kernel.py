@@ -68,7 +68,7 @@ EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
                    has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
-                   col_chunk: int, precision: Any, bf16_scaling: bool = False) -> None:
+                   col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
 
@@ -123,6 +123,10 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             for u in range(per_step):
                 _quantize_group(x_ref, xq_next, xs_next, jnp.minimum(share + u, n_groups - 1), n_k=n_k, bk=bk,
                                 k_tail=k_tail)
+        elif each_j:
+            # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
+            # K step quantizes the row itself (a core cannot tell which column block it runs first).
+            pl.when(k == 0)(quantize_all)
         else:
             # Per-token quantization once per row block (j is "arbitrary", so j == 0 comes first for every i).
             pl.when((j == 0) & (k == 0))(quantize_all)
@@ -135,7 +139,11 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         return x_ref[...]
 
     out_type = jnp.int32 if quantize_x else jnp.float32
-    partial_groups = blockwise and not w_dequant  # one scaled partial product per 128-row group
+    # The dequantized tile carries the blockwise scales only against float x: int8 x int4 (quantize_x) unpacks
+    # plain int8 codes and scales each 128-row group's int32 partial sum, as int8 x int8 does.
+    folds_scales = w_dequant and not quantize_x
+    tile_scales = scale_ref if blockwise and folds_scales else None
+    partial_groups = blockwise and not folds_scales  # one scaled partial product per 128-row group
     # int4: unpack each column chunk straight line before its dot (static slices, so the scheduler overlaps the
     # next chunk's unpacking with this chunk's dot) when the tile is small enough to unroll; else one loop.
     int4_inline = int4 and (bk // INT4_PACK_ROWS) * tiling.cdiv(bn, INT4_UNPACK_COLS) <= INT4_INLINE_MAX_UNITS
@@ -167,11 +175,11 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         if valid_k is not None and not quantize_x:
             x = _mask_cols(x, valid_k)  # quantize_x: codes past K are 0 already
         w_src, folded = w_ref, False
-        if w_dequant:  # a dequantized w tile in x's dtype: int4, and blockwise weight-only at large bm
-            (w_src,) = scratch
-            folded = True  # blockwise scales are in the tile; per-channel ones stay for the epilogue
+        if w_dequant:  # a dequantized w tile in x's dtype (quantize_x: int8 codes): int4, and blockwise at large bm
+            w_src = scratch[-1]
+            folded = folds_scales  # blockwise scales are in the tile; per-channel ones stay for the epilogue
             if int4 and not int4_inline:
-                _unpack_int4_tile(w_ref, w_src, scale_ref if blockwise else None, k * groups,
+                _unpack_int4_tile(w_ref, w_src, tile_scales, k * groups,
                                   256 if bn % 256 == 0 else 128, bf16_scaling)
             elif not int4:
                 for g in range(groups):
@@ -182,7 +190,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         for c0 in range(0, bn, col_chunk):
             cols = slice(c0, c0 + col_chunk)
             if int4_inline:  # this chunk's columns, unpacked right before its dot
-                _unpack_int4_cols(w_ref, w_src, scale_ref if blockwise else None, k * groups, cols, bf16_scaling)
+                _unpack_int4_cols(w_ref, w_src, tile_scales, k * groups, cols, bf16_scaling)
             w = w_src[:, cols]
             if not quantize_x:
                 w = mxu_operand(w, x.dtype, x.shape[0], bn)
@@ -365,7 +373,7 @@ def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_
         raise ValueError(f"w: expected a 2-D [K, N] array, got shape {getattr(w, 'shape', None)}")
     m, k = x.shape
     if int4:
-        _check_int4(w, w_scale, k, quantize_x)
+        _check_int4(w, w_scale, k)
     elif w.shape[0] != k:
         raise ValueError(f"w: shape {tuple(w.shape)} does not match x's K={k}; w must be [K, N] = [{k}, N]")
     n = w.shape[1]
@@ -387,7 +395,8 @@ def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_
             raise ValueError(f"w_scale: expected a float array of shape ({n},) (per channel) or ({groups}, {n}) "
                              f"(one per {SCALE_BLOCK} rows of K), got {w_scale.dtype}{list(w_scale.shape)}")
     if quantize_x and wd != "int8":
-        raise ValueError(f"quantize_x: the int8 x int8 path needs int8 weights (with w_scale); w is {wd}")
+        raise ValueError(f"quantize_x: the int8 MXU path needs int8 or packed int4 (w_dtype='int4') weights with "
+                         f"w_scale; w is {wd}")
     if bias is not None and (tuple(bias.shape) != (n,) or not jnp.issubdtype(bias.dtype, jnp.floating)):
         raise ValueError(f"bias: expected a float array of shape ({n},), got {bias.dtype}{list(bias.shape)}")
     if activation not in ACTIVATIONS:
@@ -396,7 +405,7 @@ def _check_inputs(x: Any, w: Any, bias: Any, w_scale: Any, activation: str, out_
         raise ValueError(f"out_dtype: {_dtype_name(out_dtype)} not supported; use bfloat16 or float32")
 
 
-def _check_int4(w: Any, w_scale: Any, k: int, quantize_x: bool) -> None:
+def _check_int4(w: Any, w_scale: Any, k: int) -> None:
     rows = tiling.round_up(k, INT4_PACK_ROWS) // 2
     if _dtype_name(w.dtype) not in ("uint8", "int8") or w.shape[0] != rows:
         raise ValueError(f"w: w_dtype='int4' takes two codes per byte, a uint8/int8 array of shape [{rows}, N] "
@@ -404,8 +413,6 @@ def _check_int4(w: Any, w_scale: Any, k: int, quantize_x: bool) -> None:
                          f"{list(w.shape)}; pack [K, N] codes with kernels.quant.pack_int4")
     if w_scale is None:
         raise ValueError("w_scale: int4 weights need scales, [N] per channel or [cdiv(K, 128), N] blockwise")
-    if quantize_x:
-        raise ValueError("quantize_x: int4 weights run on the bf16 path (unpacked in VMEM); use quantize_x=False")
 
 
 def _check_fp8_support(chip: Any, x_name: str, w_dtype: Any) -> None:
@@ -525,6 +532,7 @@ def matmul(
                                   itemsize=x.dtype.itemsize)
     w_dequant = int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM)
     lookahead = quantize_x and _lookahead(spec, m, n, k, blocks)
+    each_j = quantize_x and quantizes_each_column_block(spec, m, n, blocks)
     variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
                             scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
                             w_dequant=w_dequant)
@@ -535,9 +543,11 @@ def matmul(
     return _matmul_jit(
         x, w, bias, w_scale,
         blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, lookahead=lookahead,
+        each_j=each_j,
         x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
-        bf16_scaling=int4 and scale_kind == "per-block" and x.dtype == jnp.bfloat16 and spec.name in BF16_SCALING_CHIPS,
+        bf16_scaling=(int4 and not quantize_x and scale_kind == "per-block" and x.dtype == jnp.bfloat16
+                      and spec.name in BF16_SCALING_CHIPS),
     )
 
 
@@ -546,6 +556,14 @@ def keeps_x_resident(*, quantize_x: bool, n: int, bm: int, bn: int, x_row: int, 
     always with quantize_x (its codes are made from the whole row), else when there is more than one column
     block and the row block is at most X_RESIDENT_MAX_BYTES (decode GEMMs)."""
     return quantize_x or (tiling.cdiv(n, bn) > 1 and bm * x_row * itemsize <= X_RESIDENT_MAX_BYTES)
+
+
+def quantizes_each_column_block(chip: Any, m: int, n: int, blocks: MatmulBlockSizes) -> bool:
+    """quantize_x quantizes the row block at every column block's first K step, and the column blocks run
+    "parallel", when the chip has more than one TensorCore and there is one row block and several column blocks
+    (decode on megacore chips: the cores split the weight's columns instead of one core reading all of it; the
+    repeated quantization of the few rows is VPU work under the steps' weight DMAs)."""
+    return chip.cores.cores_per_chip > 1 and tiling.cdiv(m, blocks.bm) == 1 and tiling.cdiv(n, blocks.bn) > 1
 
 
 def _lookahead(chip: Any, m: int, n: int, k: int, blocks: MatmulBlockSizes) -> bool:
@@ -602,7 +620,8 @@ def cost_estimate(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "lookahead", "x_resident", "w_dequant",
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "lookahead", "each_j", "x_resident",
+                              "w_dequant",
                               "int4", "bf16_scaling", "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
@@ -616,6 +635,7 @@ def _matmul_jit(
     out_dtype: Any,
     quantize_x: bool,
     lookahead: bool,
+    each_j: bool,
     x_resident: bool,
     w_dequant: bool,
     int4: bool,
@@ -668,19 +688,21 @@ def _matmul_jit(
         if lookahead:  # the next row block's, quantized ahead
             scratch += codes
             scratch_names += ["xq_next_ref", "x_scale_next_ref"]
-    if w_dequant:
-        scratch.append(pltpu.VMEM((bk, bn), x.dtype))
+    if w_dequant:  # in x's dtype; quantize_x (int4): int8 codes
+        scratch.append(pltpu.VMEM((bk, bn), jnp.int8 if quantize_x else x.dtype))
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
         _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
-        has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, x_resident=x_resident,
+        has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(bm, bn), precision=precision, bf16_scaling=bf16_scaling,
     )
     ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
     kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)
-    # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it.
-    # lookahead: the row blocks too (each quantizes the next).
-    semantics = ("arbitrary" if lookahead else "parallel", "arbitrary" if quantize_x else "parallel", "arbitrary")
+    # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it
+    # (each_j: every column block quantizes it, j stays parallel). lookahead: the row blocks too (each quantizes
+    # the next).
+    semantics = ("arbitrary" if lookahead else "parallel", "arbitrary" if quantize_x and not each_j else "parallel",
+                 "arbitrary")
     call = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),

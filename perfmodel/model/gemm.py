@@ -48,9 +48,10 @@ def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: i
     return 2.0 * batch * round_up(m, tiles.sublanes) * round_up(n, tiles.mxu) * round_up(k, tiles.mxu) * passes
 
 
-def conversion_ops(rows: Num, cols: Num, count: Num, dtype: str, tiles: Tiles) -> tuple[np.ndarray, np.ndarray]:
-    """(padded, unpadded) VPU ops to widen ``count`` arrays of [rows, cols] from dtype."""
-    per = DTYPES[dtype].widen_ops_per_element
+def conversion_ops(rows: Num, cols: Num, count: Num, dtype: str, tiles: Tiles,
+                   to: str = "bf16") -> tuple[np.ndarray, np.ndarray]:
+    """(padded, unpadded) VPU ops to widen ``count`` arrays of [rows, cols] from dtype to MXU operand ``to``."""
+    per = DTYPES[dtype].widen_ops(to)
     return count * tiles.vreg_elements(rows, cols) * per, count * np.asarray(rows) * cols * per
 
 
@@ -125,11 +126,11 @@ def gemm(
     out_padded, out_plain = batch * tiles.vreg_elements(m, n), batch * m * n
     vpu, vpu_plain = np.zeros(()), np.zeros(())
     if path.converts_lhs:
-        p, u = conversion_ops(m, k, batch, lhs, tiles)
+        p, u = conversion_ops(m, k, batch, lhs, tiles, path.lhs_fed)
         vpu, vpu_plain = vpu + p, vpu_plain + u
     serial = np.zeros(())
     if path.converts_rhs:
-        p, u = conversion_ops(k, n, batch, rhs, tiles)
+        p, u = conversion_ops(k, n, batch, rhs, tiles, path.rhs_fed)
         vpu, vpu_plain = vpu + p, vpu_plain + u
         serial = serial + p  # weights are dequantized between their DMA and the MXU: on the critical path
     notes = list(path.notes)

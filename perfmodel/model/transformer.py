@@ -88,8 +88,8 @@ class Step:
     weight_scale: str = "none"
     #: K rows per scale with ``weight_scale`` per-block.
     scale_block: int | None = None
-    #: int8 x int8 weight GEMMs: activations read in ``act_dtype`` and quantized per token inside each GEMM (the
-    #: bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype`` activations (the bundled
+    #: int8 x int8 (w8a8) or int8 x int4 (w4a8) weight GEMMs: activations read in ``act_dtype`` and quantized per
+    #: token inside each GEMM (the bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype`` activations (the bundled
     #: grouped_matmul has no in-kernel quantization).
     quantize_activations: bool = False
 
@@ -169,10 +169,10 @@ def make_step(*, phase: str = "decode", batch: int | None = None, context: int |
             raise InputError(f"`context` must be >= 0 for prefill (tokens cached before the chunk), got {context}")
     weights, acts = parse_dtype(weight_dtype, "`weight_dtype`"), parse_dtype(act_dtype, "`act_dtype`")
     scale, block = resolve_weight_scale(weights, weight_scale, scale_block, dtype_field="weight_dtype")
-    if quantize_activations and (weights != "int8" or is_quantized(acts)):
-        raise InputError(f"`quantize_activations`: int8 x int8 GEMMs quantize float activations for int8 weights; "
-                         f"got `weight_dtype` {weights} and `act_dtype` {acts} (use --weight-dtype int8 "
-                         "--act-dtype bf16)")
+    if quantize_activations and (weights not in ("int8", "int4") or is_quantized(acts)):
+        raise InputError(f"`quantize_activations`: int8 x int8 / int8 x int4 GEMMs quantize float activations for "
+                         f"int8 or int4 weights; got `weight_dtype` {weights} and `act_dtype` {acts} (use "
+                         "--weight-dtype int8 or int4 with --act-dtype bf16)")
     return Step(phase=phase, batch=int(batch), context_tokens=int(context), chunk_tokens=int(chunk),
                 weight_dtype=weights, act_dtype=acts,
                 kv_dtype=parse_dtype(kv_dtype or act_dtype, "`kv_dtype`"), tp=int(tp), page_size=int(page_size),

@@ -84,12 +84,12 @@ def _step_line(p: Any) -> str:
 
 
 def _weights(s: Any) -> str:
-    """The weight dtype, with its scales where they are not the default, and int8 x int8 GEMMs."""
+    """The weight dtype, with its scales where they are not the default, and int8 x int8 / int8 x int4 GEMMs."""
     text = s.weight_dtype
     if s.weight_scale == "per-block":
         text += f" (scales per {s.scale_block} rows of K)"
     if s.quantize_activations:
-        text += ", GEMMs int8 x int8 (activations quantized per token in each GEMM)"
+        text += f", GEMMs int8 x {s.weight_dtype} (activations quantized per token in each GEMM)"
     return text
 
 

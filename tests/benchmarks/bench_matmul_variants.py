@@ -9,7 +9,7 @@ Prints figures; not collected by pytest. Run: ``.venv/bin/python tests/benchmark
   ``hbm_bw_bytes_per_s_per_chip``); the issue's target is 1.3x. Two ratios: "step compute / HBM" is a grid step's
   compute (its bundles at the clock) over the time its weight tile takes at that HBM rate (the kernel stays
   HBM-bound while it is under 1); "ratio" is the whole call's compiler-backed time over the floor.
-* prefill: M=K=N=8192 (the problem the square defaults are tuned on) at the tuned defaults; floor = 2*M*N*K over the peak MXU rate of the dtype the MXU runs (int8 for w8a8, bf16 for
+* prefill: M=K=N=8192 (the problem the square defaults are tuned on) at the tuned defaults; floor = 2*M*N*K over the peak MXU rate of the dtype the MXU runs (int8 for w8a8 and w4a8, bf16 for
   every weight-only variant: their weights are converted to bf16 in VMEM); the issue's target is 1.15x.
 
 Compiler-backed time: :func:`perfmodel.schedule.compiled.compiled_time` (per grid step, the larger of the
@@ -38,6 +38,8 @@ VARIANTS = {
     "bf16 x int4": ("int4", "n", (), "bf16"),
     "bf16 x int4 blockwise": ("int4", "g", (), "bf16"),
     "bf16 x fp8": ("fp8", "n", (), "bf16"),
+    "w4a8": ("int4", "n", ("quantize_x=True",), "int8"),
+    "w4a8 blockwise": ("int4", "g", ("quantize_x=True",), "int8"),
 }
 CHIPS = ("tpu-v5e", "tpu-v6e")
 W_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "int4": 0.5}

@@ -228,8 +228,8 @@ def test_weight_scale_and_quantized_activations_reach_the_model():
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--quantize-activations"], "--quantize-activations: int8 x int8 GEMMs quantize float activations for int8 "
-                                 "weights; got --weight-dtype bf16"),
+    (["--quantize-activations"], "--quantize-activations: int8 x int8 / int8 x int4 GEMMs quantize float "
+                                 "activations for int8 or int4 weights; got --weight-dtype bf16"),
     (["--weight-scale", "per-block"], "--weight-scale per-block: weights of dtype bf16 are not quantized; drop the "
                                       "flag or pick --weight-dtype int8/int4/fp8"),
     (["--weight-dtype", "int8", "--scale-block", "64"], "--scale-block applies only with --weight-scale per-block"),

@@ -258,7 +258,8 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         x_name, w_name = pair.removesuffix(" decode").split(" x ")
         # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (two row blocks of
         # codes where the next one is quantized ahead). Decode rows stay resident across the column blocks.
-        # "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked bf16 tile.
+        # "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked bf16 tile; "int8 x int4"
+        # (w4a8) both: the codes and an unpacked int8 tile.
         w8a8 = x_name == "int8"
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
@@ -266,7 +267,7 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         resident = keeps_x_resident(quantize_x=w8a8, n=n, bm=min(blocks.bm, m), bn=blocks.bn, x_row=x_row, itemsize=2)
         if w8a8:
             slots = 2 if _lookahead(chip, m, n, k, blocks) else 1
-            variant = MatmulVariant(x_row=x_row, x_codes=True, code_slots=slots)
+            variant = MatmulVariant(x_row=x_row, x_codes=True, code_slots=slots, w_dequant=w_name == "int4")
         else:
             variant = MatmulVariant(x_row=x_row if decode and resident else None, w_dequant=w_name == "int4")
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue

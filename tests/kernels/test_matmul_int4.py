@@ -1,5 +1,6 @@
-"""The matmul's packed int4 weights (w_dtype="int4") in interpret mode against matmul_reference, the packing
-helper's nibble order, input errors, and the op model's int4 weight bytes."""
+"""The matmul's packed int4 weights (w_dtype="int4") in interpret mode against matmul_reference, on the bf16 path
+and on the int8 one (w4a8: quantize_x), the packing helper's nibble order, input errors, and the op model's int4
+weight bytes."""
 
 from __future__ import annotations
 
@@ -102,10 +103,42 @@ def test_int4_at_large_bm_with_two_k_blocks():
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)), **TOL)
 
 
+#: w4a8 (quantize_x with int4 weights): exact int32 sums of the int8 x codes and int4 w codes, scales in f32, bf16 out.
+W4A8_TOL = dict(rtol=8e-3, atol=8e-3)
+
+
+@pytest.mark.parametrize("shape, blocks", [
+    pytest.param((64, 512, 256), SMALL, id="64x512x256"),
+    pytest.param((40, 300, 200), SMALL, id="40x300x200-unaligned"),
+    pytest.param((96, 1100, 136), MatmulBlockSizes(bm=32, bk=512, bn=128), id="96x1100x136-3-k-blocks"),
+])
+@pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
+def test_w4a8_int4_weights_on_the_int8_path_match_the_reference(shape, blocks, blockwise):
+    m, k, n = shape
+    x = jax.random.normal(jax.random.key(11), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(12, k, n, blockwise)
+    bias = jax.random.normal(jax.random.key(13), (n,), jnp.float32)
+    out = matmul(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_x=True, block_sizes=blocks, interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_x=True)
+    assert out.shape == (m, n) and out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)),
+                               **W4A8_TOL)
+
+
+def test_w4a8_hand_worked():
+    # x = [127, -63.5]: max |x| = 127, scale 1, codes [127, -64] (round half to even); w codes [3, -2], channel
+    # scale 0.5: (127 * 3 + (-64) * (-2)) * 1 * 0.5 = (381 + 128) / 2 = 254.5 (f32 out, exact).
+    x = jnp.zeros((16, 2), jnp.bfloat16).at[0].set(jnp.array([127.0, -63.5], jnp.bfloat16))
+    wp = pack_int4(jnp.array([[3], [-2]], jnp.int32))
+    out = matmul(x, wp, w_scale=jnp.array([0.5], jnp.float32), w_dtype="int4", quantize_x=True,
+                 out_dtype=jnp.float32, interpret=True)
+    assert float(out[0, 0]) == 254.5 and float(jnp.abs(out[1:]).max()) == 0.0
+
+
 @pytest.mark.parametrize("case, match", [
     ("shape", r"w: w_dtype='int4' takes two codes per byte.*\[256, N\].*pack_int4"),
     ("no-scale", r"w_scale: int4 weights need scales"),
-    ("quantize_x", r"quantize_x: int4 weights run on the bf16 path"),
+    ("quantize_x-v4", r"quantize_x: tpu-v4 has no int8 x int8 MXU path"),
     ("bk", r"block_sizes: bk=128 must be a multiple of 256"),
     ("w_dtype", r"w_dtype='int2' is not known"),
 ])
@@ -118,8 +151,8 @@ def test_bad_int4_input_names_it(case, match):
         w = jnp.zeros((150, 128), jnp.uint8)
     elif case == "no-scale":
         kwargs.pop("w_scale")
-    elif case == "quantize_x":
-        kwargs["quantize_x"] = True
+    elif case == "quantize_x-v4":  # int4 weights go to the int8 MXU with quantize_x; v4 has none
+        kwargs.update(quantize_x=True, chip="tpu-v4")
     elif case == "bk":
         kwargs["block_sizes"] = MatmulBlockSizes(bm=16, bk=128, bn=128)
     elif case == "w_dtype":

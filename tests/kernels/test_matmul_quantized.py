@@ -119,11 +119,14 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
 #: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: cdiv(4, 3) = 2 groups
 #:   per step, the last share clamped to group 3 (quantized twice).
 #: * the same on tpu-v5p (two TensorCores): no lookahead, each row block quantized at its first step.
+#: * M = 40 at bm = 64 on tpu-v5p: one row block, N = 200 at bn = 128: two column blocks run "parallel", each
+#:   quantizing the row at its first of the three K steps (quantizes_each_column_block).
 ROW_CASES = [
     pytest.param((80, 300, 200, MatmulBlockSizes(bm=96, bk=128, bn=128), "tpu-v5e"), id="one-row-block"),
     pytest.param((150, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5e"), id="lookahead-1-group"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5e"), id="lookahead-2-groups"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5p"), id="megacore"),
+    pytest.param((40, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5p"), id="megacore-each-column-block"),
 ]
 
 
@@ -150,6 +153,21 @@ def test_lookahead_needs_a_next_row_block_two_steps_and_one_core():
     assert not _lookahead(v5e, 64, 200, 300, b)
     assert not _lookahead(v5e, 150, 128, 128, b)
     assert not _lookahead(v5p, 150, 200, 300, b)
+
+
+def test_megacore_decode_quantizes_at_each_column_block():
+    from kernels import tiling
+    from kernels.matmul.kernel import quantizes_each_column_block as each_j
+
+    v5e, v5p = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v5p")
+    b = MatmulBlockSizes(bm=64, bk=128, bn=128)
+    # (M, N) = (64, 200): one row block, two column blocks, two TensorCores on v5p: each column block quantizes.
+    assert each_j(v5p, 64, 200, b)
+    # v5e: one core (j == 0 quantizes, j sequential); M = 65: two row blocks (the cores split rows); N = 128: one
+    # column block.
+    assert not each_j(v5e, 64, 200, b)
+    assert not each_j(v5p, 65, 200, b)
+    assert not each_j(v5p, 64, 128, b)
 
 
 def test_single_k_step_skips_the_accumulator():
@@ -211,7 +229,7 @@ def test_quantize_x_refused_without_an_int8_mxu(chip):
 
 
 @pytest.mark.parametrize("case, match", [
-    ("bf16_weights", r"quantize_x: the int8 x int8 path needs int8 weights"),
+    ("bf16_weights", r"quantize_x: the int8 MXU path needs int8 or packed int4 \(w_dtype=.int4.\) weights"),
     ("scale_shape", r"w_scale: expected a float array of shape \(128,\) \(per channel\) or \(2, 128\)"),
     ("bm_not_32", r"block_sizes.bm=16 must be a multiple of 32"),
 ])

@@ -116,9 +116,26 @@ def test_quantized_activations_run_prefill_gemms_at_the_int8_rate():
         _op(prefill(weight_dtype="int8"), "qkv_proj").floor_s
 
 
+def test_w4a8_runs_int4_weight_gemms_at_the_int8_rate_reading_int4_bytes():
+    def step(phase, **kw):
+        extra = dict(prefill_len=2048) if phase == "prefill" else dict(batch=64)
+        return predict_step(get_model("llama-3.1-8b"), make_step(phase=phase, weight_dtype="int4", **extra, **kw),
+                            V5E)
+
+    w4, w4a8 = _op(step("prefill"), "gate_up"), _op(step("prefill", quantize_activations=True), "gate_up")
+    # prefill: bf16 x int4 widens the codes to bf16 (197 TFLOP/s on v5e); w4a8 feeds int8 codes to the int8 MXU
+    # (394 TOP/s), reading the same int4 weight bytes and the bf16 activations
+    assert w4a8.floor_s < w4.floor_s
+    assert w4a8.cost.hbm_read_bytes == pytest.approx(w4.cost.hbm_read_bytes, abs=2048 * 4 + 1)
+    # decode at 64 sequences: both read 4096 x 28672 / 2 B of gate_up weights once, HBM-bound at the same floor
+    d4, d4a8 = _op(step("decode"), "gate_up"), _op(step("decode", quantize_activations=True), "gate_up")
+    assert d4.bound == d4a8.bound == "HBM-bound" and d4a8.floor_s == pytest.approx(d4.floor_s, rel=0.01)
+
+
 @pytest.mark.parametrize("kw, match", [
-    (dict(quantize_activations=True), "`quantize_activations`: int8 x int8 GEMMs quantize float activations .* "
-                                      "`weight_dtype` bf16"),
+    (dict(quantize_activations=True), "`quantize_activations`: int8 x int8 / int8 x int4 GEMMs quantize float "
+                                      "activations .* `weight_dtype` bf16"),
+    (dict(weight_dtype="fp8", quantize_activations=True), "for int8 or int4 weights; got `weight_dtype` fp8"),
     (dict(weight_dtype="int8", act_dtype="int8", quantize_activations=True), "`act_dtype` int8"),
     (dict(weight_scale="per-block"), "weights of dtype bf16 are not quantized; drop the flag or pick `weight_dtype`"),
     (dict(weight_dtype="int8", scale_block=64), "`scale_block` applies only with `weight_scale` per-block"),
