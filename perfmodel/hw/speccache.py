@@ -259,16 +259,40 @@ def load_cached(file: Path, cls: type, load: Callable[[str | None], Any], code: 
         stamp = _code_stamp(cls, code)
     except (OSError, UnicodeDecodeError):
         return load(None)
+    return _through_cache(file, text, stamp, lambda: load(text), to_plain, lambda v: from_plain(cls, v))
+
+
+def load_data_cached(file: Path, load: Callable[[str], Any]) -> Any:
+    """``load(text)`` of a data file (plain dicts, lists and scalars, e.g. a calibration table parsed by
+    yaml.safe_load) through the same cache, keyed by the file's text; data JSON would not give back as it
+    was (non-string keys) is returned uncached. A file that cannot be read raises as reading it would."""
+    text = file.read_text(encoding="utf-8")
+    return _through_cache(file, text, [], lambda: load(text), _json_exact, lambda v: v)
+
+
+def _json_exact(value: Any) -> Any:
+    if json.loads(json.dumps(value)) != value:
+        raise ValueError("not JSON data")
+    return value
+
+
+def _through_cache(file: Path, text: str, stamp: list[list[Any]], load: Callable[[], Any],
+                   encode: Callable[[Any], Any], decode: Callable[[Any], Any]) -> Any:
+    """The entry for ``file`` when it was made from this text and code stamp, else ``load()``, written back."""
     entry_path = _entry_path(file)
     try:
         entry = json.loads(entry_path.read_text(encoding="utf-8"))
         if (entry["format"] == FORMAT and entry["source"] == str(file) and entry["code"] == stamp
                 and entry["text"] == text):
-            return from_plain(cls, entry["value"])
+            return decode(entry["value"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no entry, or one made from another text or version: load and rewrite it
-    value = load(text)
-    entry = {"format": FORMAT, "source": str(file), "code": stamp, "text": text, "value": to_plain(value)}
+    value = load()
+    try:
+        plain = encode(value)
+    except (ValueError, TypeError):
+        return value
+    entry = {"format": FORMAT, "source": str(file), "code": stamp, "text": text, "value": plain}
     tmp = entry_path.with_name(f"{entry_path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     try:
         entry_path.parent.mkdir(parents=True, exist_ok=True)

@@ -275,3 +275,36 @@ def test_warm_lookup_imports_no_yaml(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
     assert [r.stdout.strip() for r in runs] == ["True", "False"]
+
+
+def test_data_files_are_cached_by_text_and_non_json_data_is_not(fresh, tmp_path):
+    from perfmodel.hw.speccache import load_data_cached
+
+    f = tmp_path / "table.yaml"
+    f.write_text("chips:\n  a: {share: 0.5}\n")
+    calls: list = []
+
+    def parse(text):
+        calls.append(text)
+        return yaml.safe_load(text)
+
+    assert load_data_cached(f, parse) == {"chips": {"a": {"share": 0.5}}}
+    assert load_data_cached(f, parse) == {"chips": {"a": {"share": 0.5}}}
+    assert len(calls) == 1
+    f.write_text("chips:\n  a: {share: 0.7}\n")  # another text: parsed again
+    assert load_data_cached(f, parse)["chips"]["a"]["share"] == 0.7 and len(calls) == 2
+    # integer keys do not survive JSON: parsed every time, never cached wrong
+    g = tmp_path / "ints.yaml"
+    g.write_text("1: one\n")
+    assert load_data_cached(g, parse) == {1: "one"} and load_data_cached(g, parse) == {1: "one"}
+    assert len(calls) == 4 and not list(fresh.glob("ints-*.json"))
+
+
+def test_a_warm_predict_reads_the_efficiency_table_without_yaml(fresh):
+    code = ("import sys; from perfmodel.model.efficiency import _table; t = _table(); "
+            "print('yaml' in sys.modules, sorted(t))")
+    env = {**os.environ, "PERFMODEL_CACHE_DIR": str(fresh.parent)}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.startswith("True") and warm.stdout.startswith("False")
+    assert first.stdout.split(" ", 1)[1] == warm.stdout.split(" ", 1)[1]
