@@ -68,7 +68,7 @@ def _configs() -> tuple[TunedConfig, ...]:
 
 
 TUNED = TunedKernel(
-    kernel="matmul", entry="matmul", configs=_configs(),
+    kernel="matmul", entry="matmul", configs=_configs(), compile_raised=1,
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
              "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
              "w_dtype='int4'; \"int8 x int4\": both, w4a8); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "

@@ -220,6 +220,11 @@ class TunedKernel:
     derived: Callable[[Mapping[str, int], Mapping[str, Any]], dict[str, Any]] | None = None
     #: A sentence about how to read the choice (goes into the JSON's "about").
     note: str = ""
+    #: With ``--compile``: also compile this many of the model's fastest candidates outside robust_choice's pool
+    #: (raised VMEM limits within MAX_RAISED_VMEM_FRACTION of the physical VMEM) where the pool kept only
+    #: candidates within the default scoped limit, so the compiler-backed time, not the model's, decides
+    #: whether raising the limit pays (0: the pool only).
+    compile_raised: int = 0
 
 
 def load(target: str, flag: str) -> Any:

@@ -76,6 +76,20 @@ def preference_order(result: TuneResult) -> list[Candidate]:
     return [choice] + [c for c in _pool(result) if c is not choice]
 
 
+def raised_candidates(result: TuneResult, n: int) -> list[Candidate]:
+    """The model's ``n`` fastest candidates outside robust_choice's pool that need a raised VMEM limit within
+    MAX_RAISED_VMEM_FRACTION of the physical VMEM (none when the pool already admits raised limits)."""
+    from perfmodel.schedule.analyze import resolve_chip
+
+    pool = _pool(result)
+    if n <= 0 or any(c.vmem_limit_bytes is not None for c in pool):
+        return []
+    physical = resolve_chip(result.chip).memory.vmem_bytes_per_core
+    cap = MAX_RAISED_VMEM_FRACTION * physical if physical else math.inf
+    return [c for c in result.ranked if c.vmem_limit_bytes is not None
+            and max(c.vmem_limit_bytes, c.vmem_bytes) <= cap][:n]
+
+
 def compiled_choice(compiled: Sequence[Any]) -> Any:
     """Of compiled candidates (:class:`perfmodel.schedule.compiled.CompiledCandidate`), the one to store: among
     those Mosaic accepted, within DEFAULT_TIE_BAND of the fastest compiler-backed time, the fewest HBM bytes, grid
@@ -133,7 +147,7 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
 
                 if progress is not None:
                     progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
-                order = preference_order(result)[:compile_top]
+                order = preference_order(result)[:compile_top] + raised_candidates(result, spec.compile_raised)
                 reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
                                            top=len(order), extra=static)
                 try:
@@ -150,11 +164,15 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
 
 
 def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
+    raised = ("" if not spec.compile_raised else
+              f" (plus, where the pool kept only candidates within the default scoped VMEM limit, the model's "
+              f"{spec.compile_raised} fastest with a raised limit within {MAX_RAISED_VMEM_FRACTION:.0%} of the "
+              f"physical VMEM: the compiler-backed time decides whether raising the limit pays)")
     compiled = ("" if compile_top is None else
                 f" With --compile {compile_top}: the first {compile_top} candidates of that order (the choice, then the "
-                f"rest of its pool fastest first) compiled with libtpu on each chip it targets, and the fastest by the "
-                f"compiler-backed time among those Mosaic accepts stored (within {DEFAULT_TIE_BAND:.0%}: the same "
-                f"tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
+                f"rest of its pool fastest first){raised} compiled with libtpu on each chip it targets, and the fastest "
+                f"by the compiler-backed time among those Mosaic accepts stored (within {DEFAULT_TIE_BAND:.0%}: the "
+                f"same tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
     return (f"Per-chip default block sizes of kernels/{spec.kernel}, chosen by `perfmodel tune {spec.entry}` (the "
             f"schedule model) on {spec.problem}; 'shapes' lists the --shape flags per configuration. The choice: "
             f"among candidates within {SCOPED_VMEM_BAND:.0%} of the fastest, only those within the chip's default "
@@ -181,6 +199,8 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
 
         tools = toolchain()  # one line when libtpu is missing, before any tuning
         compiler = {"compile_top": compile_top, "libtpu": tools.libtpu_version, "jax": tools.jax_version}
+        if spec.compile_raised:
+            compiler["compile_raised"] = spec.compile_raised
     data = {
         "kernel": spec.kernel,
         "about": _about(spec, compile_top),

@@ -36,6 +36,8 @@ from perfmodel.schedule.tuned import (
     DEFAULT_TIE_BAND,
     MAX_RAISED_VMEM_FRACTION,
     SCOPED_VMEM_BAND,
+    preference_order,
+    raised_candidates,
     robust_choice,
     write_tuned_defaults,
 )
@@ -183,7 +185,8 @@ def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(s
         for key, stored in configs.items():
             assert fields <= set(stored), (chip_name, key)
             if stored.get("compiled_s") is not None:  # stored by tune --write --compile: the compiler's figures
-                assert data["compiler"]["compile_top"] >= stored["candidates_compiled"] >= 1
+                most = data["compiler"]["compile_top"] + data["compiler"].get("compile_raised", 0)
+                assert most >= stored["candidates_compiled"] >= 1
                 limit = stored["vmem_limit_bytes"] or chip.memory.vmem_default_scoped_limit_bytes_per_core
                 assert stored["compiled_s"] > 0 and 0 < stored["vmem_allocated_bytes"] <= limit, (chip_name, key)
             # Within the default scoped limit (physical VMEM where the spec has none), or marked with a
@@ -241,6 +244,22 @@ def test_robust_choice_allows_a_raised_limit_only_up_to_three_quarters_of_physic
     # ... and with nothing within the scoped limit or 3/4 of the physical VMEM there is no default.
     with pytest.raises(InputError, match="no candidate fits the default scoped VMEM or 75% of the physical VMEM"):
         robust_choice(_result(too_big, _cand("120MiB", 1.01, vmem_mib=100, limit_mib=120)))
+
+
+def test_compile_raised_adds_the_fastest_raised_limits_the_scoped_pool_left_out():
+    # v6e (96 MiB cap): the pool is the scoped ones (5% behind, inside the 10% band); the raised ones within the
+    # cap, fastest first, are what compile_raised adds to the --compile order; 112 MiB is past the cap.
+    fast = _cand("raised-80", 1.00, vmem_mib=64, limit_mib=80)
+    too_big = _cand("raised-112", 0.99, vmem_mib=90, limit_mib=112)
+    second = _cand("raised-90", 1.01, vmem_mib=70, limit_mib=90)
+    ok = _cand("scoped", 1.05, vmem_mib=20)
+    result = _result(too_big, fast, second, ok)
+    assert [c.blocks["b"] for c in preference_order(result)] == ["scoped"]
+    assert [c.blocks["b"] for c in raised_candidates(result, 1)] == ["raised-80"]
+    assert [c.blocks["b"] for c in raised_candidates(result, 5)] == ["raised-80", "raised-90"]
+    assert raised_candidates(result, 0) == []
+    # a pool that already admits raised limits (no scoped candidate within 10%) adds nothing
+    assert raised_candidates(_result(fast, _cand("scoped-slow", 1.2, vmem_mib=20)), 2) == []
 
 
 def test_robust_choice_breaks_ties_by_bytes_then_steps_then_vmem():
