@@ -103,6 +103,20 @@ def compiled_choice(compiled: Sequence[Any]) -> Any:
     return min(close, key=lambda c: _tie_break(c.candidate))
 
 
+def compiled_choice_with_raised(pool: Sequence[Any], raised: Sequence[Any]) -> Any:
+    """:func:`compiled_choice` among the pool's compiled candidates; one of the raised-limit candidates
+    ``compile_raised`` added replaces it only when it compiles faster by more than DEFAULT_TIE_BAND (at a tie the
+    default scoped limit stays), or when the compiler rejected the whole pool."""
+    try:
+        pick = compiled_choice(pool)
+    except InputError:
+        if not any(c.compiled_s is not None for c in raised):
+            raise
+        return compiled_choice(raised)
+    faster = [c for c in raised if c.compiled_s is not None and c.compiled_s * (1 + DEFAULT_TIE_BAND) < pick.compiled_s]
+    return compiled_choice(faster) if faster else pick
+
+
 def _stored(choice: Candidate, result: TuneResult, derived: dict[str, Any], compiled: Any = None,
             compiled_count: int | None = None) -> dict[str, Any]:
     # How many candidates the model cannot tell from the fastest (many: the tie-break decided).
@@ -147,11 +161,14 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
 
                 if progress is not None:
                     progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
-                order = preference_order(result)[:compile_top] + raised_candidates(result, spec.compile_raised)
+                pool = preference_order(result)[:compile_top]
+                order = pool + raised_candidates(result, spec.compile_raised)
                 reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
                                            top=len(order), extra=static)
+                in_pool = {id(c) for c in pool}
                 try:
-                    compiled = compiled_choice(reranked)
+                    compiled = compiled_choice_with_raised([c for c in reranked if id(c.candidate) in in_pool],
+                                                           [c for c in reranked if id(c.candidate) not in in_pool])
                 except InputError as exc:
                     raise InputError(f"tune --write --compile {spec.kernel} ({config.key}) on {chip.name}: "
                                      f"{exc}; widen --compile") from None
@@ -167,7 +184,8 @@ def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
     raised = ("" if not spec.compile_raised else
               f" (plus, where the pool kept only candidates within the default scoped VMEM limit, the model's "
               f"{spec.compile_raised} fastest with a raised limit within {MAX_RAISED_VMEM_FRACTION:.0%} of the "
-              f"physical VMEM: the compiler-backed time decides whether raising the limit pays)")
+              f"physical VMEM, stored only when it compiles more than {DEFAULT_TIE_BAND:.0%} faster than the "
+              f"pool's pick: the compiler-backed time decides whether raising the limit pays)")
     compiled = ("" if compile_top is None else
                 f" With --compile {compile_top}: the first {compile_top} candidates of that order (the choice, then the "
                 f"rest of its pool fastest first){raised} compiled with libtpu on each chip it targets, and the fastest "
