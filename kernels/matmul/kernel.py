@@ -486,10 +486,11 @@ def matmul(
       quantize_x: int8 x int8 on the int8 MXU: x is quantized per token (symmetric, max |x| / 127) inside the
         kernel, once per row block, the dot accumulates in int32 and the per-token and per-channel scales are
         applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32). Needs
-        int8 weights and a chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
+        int8 weights, or packed int4 ones with ``w_dtype="int4"`` (w4a8: unpacked to int8 codes in VMEM), and a
+        chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
       w_dtype: None (w's own dtype) or "int4": w holds two int4 codes per byte, [round_up(K, 256) / 2, N]
         uint8/int8 as kernels.quant.pack_int4 lays them out (byte row r: K row 2r in the low nibble, 2r + 1 in
-        the high one); unpacked tile by tile in VMEM to x's dtype; w_scale required
+        the high one); unpacked tile by tile in VMEM to x's dtype (int8 with quantize_x); w_scale required
         ([N] or [cdiv(K, 128), N]); bk a multiple of 256.
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
         dtypes ("int8 x int8" with quantize_x), its "... decode" entry when M <= 64 (blocks.DECODE_MAX_M).
@@ -621,8 +622,7 @@ def cost_estimate(
 
 @functools.partial(
     jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "lookahead", "each_j", "x_resident",
-                              "w_dequant",
-                              "int4", "bf16_scaling", "vmem_limit_bytes", "interpret")
+                              "w_dequant", "int4", "bf16_scaling", "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
     x: jax.Array,

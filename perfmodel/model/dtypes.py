@@ -53,8 +53,9 @@ class DType:
 #: per element to bring a packed narrow element to a bf16 MXU operand: int8 ->
 #: bf16: unpack from the packed 32-bit lane layout, convert, repack to bf16 (3);
 #: int4: shift + mask, convert, repack (4); fp8: unpack, exponent re-bias, repack
-#: (3); int4 -> int8 (the w4a8 path): one unpack of the bitcast codes, no convert (1; the bundled matmul's
-#: v5e decode step of 64x4096x1024 compiles to 2,210 bundles against 2,265 for int8 weights). With these, an HBM-bound int8-weight GEMM on TPU v5e comes out ~1.4x of
+#: (3); int4 -> int8 (the w4a8 path): one unpack of the bitcast codes, no convert (1; the bundled
+#: matmul's v5e decode step of 64x4096x1024 compiles to 2,210 bundles against 2,265 for int8 weights).
+#: With these, an HBM-bound int8-weight GEMM on TPU v5e comes out ~1.4x of
 #: bf16, not 2x (tests/model/test_fixed_costs.py), in line with the ~1.3x
 #: quantized-serving gains the project's issue 10 cites.
 DTYPES: dict[str, DType] = {
@@ -70,8 +71,8 @@ DTYPES: dict[str, DType] = {
               aliases=("f8", "fp8_e4m3", "e4m3", "float8_e4m3fn", "fp8_e5m2", "e5m2", "float8_e5m2")),
         DType(name="int8", bits=8, kind="int", matmul_key="int8", widen_ops_per_element=3,
               aliases=("i8", "s8", "qint8")),
-        DType(name="int4", bits=4, kind="int", matmul_key="int4", widen_ops_per_element=4, int8_widen_ops_per_element=1,
-              aliases=("i4", "s4", "qint4")),
+        DType(name="int4", bits=4, kind="int", matmul_key="int4", widen_ops_per_element=4,
+              int8_widen_ops_per_element=1, aliases=("i4", "s4", "qint4")),
         DType(name="int32", bits=32, kind="int", matmul_key=None, widen_ops_per_element=1,
               aliases=("i32", "s32")),
     )

@@ -89,8 +89,8 @@ class Step:
     #: K rows per scale with ``weight_scale`` per-block.
     scale_block: int | None = None
     #: int8 x int8 (w8a8) or int8 x int4 (w4a8) weight GEMMs: activations read in ``act_dtype`` and quantized per
-    #: token inside each GEMM (the bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype`` activations (the bundled
-    #: grouped_matmul has no in-kernel quantization).
+    #: token inside each GEMM (the bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype``
+    #: activations (the bundled grouped_matmul has no in-kernel quantization).
     quantize_activations: bool = False
 
     def weight_gemm(self, high_precision: bool = False, *, in_kernel_quantization: bool = True) -> dict[str, Any]:

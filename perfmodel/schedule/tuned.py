@@ -52,18 +52,26 @@ def robust_choice(result: TuneResult) -> Candidate:
 
 def _pool(result: TuneResult) -> list[Candidate]:
     """The candidates robust_choice may store, fastest first."""
-    from perfmodel.schedule.analyze import resolve_chip
-
     fastest = result.best.expected_s
     pool = [c for c in result.ranked if c.vmem_limit_bytes is None]
     if not pool or min(c.expected_s for c in pool) > fastest * (1 + SCOPED_VMEM_BAND):
-        physical = resolve_chip(result.chip).memory.vmem_bytes_per_core
-        cap = MAX_RAISED_VMEM_FRACTION * physical if physical else math.inf
-        pool = [c for c in result.ranked if c.vmem_limit_bytes is None or max(c.vmem_limit_bytes, c.vmem_bytes) <= cap]
+        raised = {id(c) for c in _raised_within_cap(result)}
+        pool = [c for c in result.ranked if c.vmem_limit_bytes is None or id(c) in raised]
         if not pool:
             raise InputError(f"tune {result.kernel}: no candidate fits the default scoped VMEM or "
                              f"{MAX_RAISED_VMEM_FRACTION:.0%} of the physical VMEM of {result.chip}")
     return pool
+
+
+def _raised_within_cap(result: TuneResult) -> list[Candidate]:
+    """Candidates that need a raised VMEM limit, at most MAX_RAISED_VMEM_FRACTION of the physical VMEM (limit and
+    need), fastest first."""
+    from perfmodel.schedule.analyze import resolve_chip
+
+    physical = resolve_chip(result.chip).memory.vmem_bytes_per_core
+    cap = MAX_RAISED_VMEM_FRACTION * physical if physical else math.inf
+    return [c for c in result.ranked
+            if c.vmem_limit_bytes is not None and max(c.vmem_limit_bytes, c.vmem_bytes) <= cap]
 
 
 def _tie_break(c: Candidate) -> tuple[int, int, int]:
@@ -79,15 +87,9 @@ def preference_order(result: TuneResult) -> list[Candidate]:
 def raised_candidates(result: TuneResult, n: int) -> list[Candidate]:
     """The model's ``n`` fastest candidates outside robust_choice's pool that need a raised VMEM limit within
     MAX_RAISED_VMEM_FRACTION of the physical VMEM (none when the pool already admits raised limits)."""
-    from perfmodel.schedule.analyze import resolve_chip
-
-    pool = _pool(result)
-    if n <= 0 or any(c.vmem_limit_bytes is not None for c in pool):
+    if n <= 0 or any(c.vmem_limit_bytes is not None for c in _pool(result)):
         return []
-    physical = resolve_chip(result.chip).memory.vmem_bytes_per_core
-    cap = MAX_RAISED_VMEM_FRACTION * physical if physical else math.inf
-    return [c for c in result.ranked if c.vmem_limit_bytes is not None
-            and max(c.vmem_limit_bytes, c.vmem_bytes) <= cap][:n]
+    return _raised_within_cap(result)[:n]
 
 
 def compiled_choice(compiled: Sequence[Any]) -> Any:
@@ -188,9 +190,9 @@ def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
               f"pool's pick: the compiler-backed time decides whether raising the limit pays)")
     compiled = ("" if compile_top is None else
                 f" With --compile {compile_top}: the first {compile_top} candidates of that order (the choice, then the "
-                f"rest of its pool fastest first){raised} compiled with libtpu on each chip it targets, and the fastest "
-                f"by the compiler-backed time among those Mosaic accepts stored (within {DEFAULT_TIE_BAND:.0%}: the "
-                f"same tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
+                f"rest of its pool fastest first){raised} compiled with libtpu on each chip it targets, and the "
+                f"fastest by the compiler-backed time among those Mosaic accepts stored (within "
+                f"{DEFAULT_TIE_BAND:.0%}: the same tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
     return (f"Per-chip default block sizes of kernels/{spec.kernel}, chosen by `perfmodel tune {spec.entry}` (the "
             f"schedule model) on {spec.problem}; 'shapes' lists the --shape flags per configuration. The choice: "
             f"among candidates within {SCOPED_VMEM_BAND:.0%} of the fastest, only those within the chip's default "

@@ -9,8 +9,9 @@ Prints figures; not collected by pytest. Run: ``.venv/bin/python tests/benchmark
   ``hbm_bw_bytes_per_s_per_chip``); the issue's target is 1.3x. Two ratios: "step compute / HBM" is a grid step's
   compute (its bundles at the clock) over the time its weight tile takes at that HBM rate (the kernel stays
   HBM-bound while it is under 1); "ratio" is the whole call's compiler-backed time over the floor.
-* prefill: M=K=N=8192 (the problem the square defaults are tuned on) at the tuned defaults; floor = 2*M*N*K over the peak MXU rate of the dtype the MXU runs (int8 for w8a8 and w4a8, bf16 for
-  every weight-only variant: their weights are converted to bf16 in VMEM); the issue's target is 1.15x.
+* prefill: M=K=N=8192 (the problem the square defaults are tuned on) at the tuned defaults; floor = 2*M*N*K
+  over the peak MXU rate of the dtype the MXU runs (int8 for w8a8 and w4a8, bf16 for every weight-only variant:
+  their weights are converted to bf16 in VMEM); the issue's target is 1.15x.
 
 Compiler-backed time: :func:`perfmodel.schedule.compiled.compiled_time` (per grid step, the larger of the
 compiled body's bundles at the clock and the step's block DMAs at the achievable HBM rate, plus the first
