@@ -115,14 +115,19 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
                     xq_ref[t] = xq_next[t]
                 xs_ref[...] = xs_next[...]
 
-            # Every step quantizes its share of the next row block's 32-row groups, straight line in the step
-            # body (packed around the dot). Shares are per step s - 1 (step 0 repeats step 1's: at i == 0 x_ref
-            # still holds row block 0 there, which step 1 then overwrites).
-            per_step = tiling.cdiv(n_groups, n_j * n_k - 1)
-            share = jnp.maximum(s - 1, 0) * per_step
-            for u in range(per_step):
-                _quantize_group(x_ref, xq_next, xs_next, jnp.minimum(share + u, n_groups - 1), n_k=n_k, bk=bk,
-                                k_tail=k_tail)
+            # Every step s quantizes its share (groups [s * per_step, (s + 1) * per_step), clamped) of the next
+            # row block's 32-row groups, straight line in the step body (packed around the dot). At i == 0 step 0's
+            # x_ref still holds row block 0: its share is made from the wrong rows there and made again at step 1
+            # (a predicated pass that runs once per call).
+            per_step = tiling.cdiv(n_groups, n_j * n_k)
+
+            def share(first: Any) -> None:
+                for u in range(per_step):
+                    _quantize_group(x_ref, xq_next, xs_next, jnp.minimum(first + u, n_groups - 1), n_k=n_k, bk=bk,
+                                    k_tail=k_tail)
+
+            pl.when((i == 0) & (s == 1))(lambda: share(0))
+            share(s * per_step)
         elif each_j:
             # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
             # K step quantizes the row itself (a core cannot tell which column block it runs first).

@@ -115,9 +115,12 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
 #:   step; K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two
 #:   column blocks, the second reading the codes the first step made.
 #: * M = 150 at bm = 64: three row blocks (the last 22 rows), each quantized ahead during the previous one's
-#:   2 x 3 = 6 steps (shares of cdiv(2 groups, 5) = 1 group per step) on single-core tpu-v5e.
-#: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: cdiv(4, 3) = 2 groups
-#:   per step, the last share clamped to group 3 (quantized twice).
+#:   2 x 3 = 6 steps (shares of cdiv(2 groups, 6) = 1 group per step, steps 2-5 clamped to group 1) on
+#:   single-core tpu-v5e; row block 1's group 0 made again at step 1 (step 0 still holds row block 0).
+#: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: 1 group per step.
+#: * M = 600 at bm = 256, K = 300 at bk = 512 (one masked K step), N = 300 at bn = 128: three row blocks of
+#:   8 groups over 3 steps: cdiv(8, 3) = 3 groups per step, the last share (6, 7, 8) clamped to group 7
+#:   (quantized twice); row block 1's groups 0-2 made again at step 1.
 #: * the same on tpu-v5p (two TensorCores): no lookahead, each row block quantized at its first step.
 #: * M = 40 at bm = 64 on tpu-v5p: one row block, N = 200 at bn = 128: two column blocks run "parallel", each
 #:   quantizing the row at its first of the three K steps (quantizes_each_column_block).
@@ -125,6 +128,7 @@ ROW_CASES = [
     pytest.param((80, 300, 200, MatmulBlockSizes(bm=96, bk=128, bn=128), "tpu-v5e"), id="one-row-block"),
     pytest.param((150, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5e"), id="lookahead-1-group"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5e"), id="lookahead-2-groups"),
+    pytest.param((600, 300, 300, MatmulBlockSizes(bm=256, bk=512, bn=128), "tpu-v5e"), id="lookahead-3-groups"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5p"), id="megacore"),
     pytest.param((40, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5p"), id="megacore-each-column-block"),
 ]
