@@ -35,7 +35,9 @@ class MatmulVariant:
     ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
     2 when the next row block is quantized ahead); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
-    (int4 weights; weight-only blockwise scales at large bm), int8 with ``x_codes``.
+    (int4 weights; weight-only blockwise scales at large bm), int8 with ``x_codes``; ``x_share_rows``
+    (quantize_x's lookahead): the streamed x block is that many rows of the row (the share of the next row block
+    a step quantizes), plus one single-buffered [bm, x_row] block (row block 0).
     """
 
     x_row: int | None = None
@@ -44,6 +46,7 @@ class MatmulVariant:
     code_slots: int = 1
     scale_rows: int = 0
     w_dequant: bool = False
+    x_share_rows: int | None = None
 
 
 PLAIN = MatmulVariant()
@@ -91,7 +94,7 @@ class MatmulBlockSizes(tiling.GemmTile):
         buf = tiling.mosaic_buffer_bytes
         x_cols = self.bk if variant.x_row is None else variant.x_row
         streamed = (
-            buf((self.bm, x_cols), x_dtype)
+            buf((variant.x_share_rows or self.bm, x_cols), x_dtype)
             + buf((self.bk, self.bn), w_dtype)
             + buf((self.bm, self.bn), out_dtype)
             + epilogue_vectors * buf((1, self.bn), "float32")
@@ -99,6 +102,8 @@ class MatmulBlockSizes(tiling.GemmTile):
         )
         acc = buf((self.bm, self.bn), "float32")
         need = 2 * streamed + acc
+        if variant.x_share_rows:  # row block 0, single-buffered
+            need += buf((self.bm, x_cols), x_dtype)
         if variant.x_codes:  # int8 codes of the row block(s) and the per-token scales; the dot's int32 result
             codes = buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
             need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")

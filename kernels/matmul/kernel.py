@@ -77,11 +77,14 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
     the epilogue and the accumulator is never touched; with two the epilogue runs on every step's running sum
     (branch-free; the output block is written back after the last); with more, on the last K step. Unaligned K:
     the first and last K steps have their own copies (the last one masked, with the epilogue fused in)."""
-    x_ref = refs[0]  # [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i)
+    # x_ref: [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i);
+    # lookahead: [share_rows, n_k * bk], the rows of the next row block this step quantizes.
+    x_ref = refs[0]
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8); int4: [bk / 2, bn] packed bytes
     rest = list(refs[2:])
     scale_ref = rest.pop(0) if scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
     bias_ref = rest.pop(0) if has_bias else None  # [1, bn] bias dtype
+    x0_ref = rest.pop(0) if lookahead else None  # [bm, n_k * bk] x dtype: row block 0, single-buffered
     o_ref, acc_ref = rest[:2]  # o_ref: [bm, bn] out dtype; acc_ref: [bm, bn] f32 (int32: quantize_x per-channel)
     scratch = rest[2:]
     j, k = pl.program_id(1), pl.program_id(2)
@@ -94,11 +97,12 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         # block's too, separate buffers (so the scheduler can tell the quantization's stores from the dot's loads
         # and interleave them).
         xq_ref, xs_ref = scratch[:2]
-        n_groups = x_ref.shape[0] // QUANT_ROWS
+        row_ref = x0_ref if lookahead else x_ref  # the whole row block quantize_all reads
+        n_groups = row_ref.shape[0] // QUANT_ROWS
 
         def quantize_all() -> None:  # this row block, group by group
             def body(g: Any, carry: Any) -> Any:
-                _quantize_group(x_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail)
+                _quantize_group(row_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail)
                 return carry
 
             jax.lax.fori_loop(0, n_groups, body, 0)
@@ -106,8 +110,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         if lookahead:
             xq_next, xs_next = scratch[2:4]
             i, s = pl.program_id(0), j * n_k + k
-            # x_ref holds row block 0 at the very first step, row block i + 1 (the last one: itself) after.
-            pl.when((i == 0) & (s == 0))(quantize_all)
+            pl.when((i == 0) & (s == 0))(quantize_all)  # row block 0, from its own single-buffered block
 
             @pl.when((i > 0) & (s == 0))
             def _take_next() -> None:  # the codes the previous row block's steps made
@@ -115,19 +118,13 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
                     xq_ref[t] = xq_next[t]
                 xs_ref[...] = xs_next[...]
 
-            # Every step s quantizes its share (groups [s * per_step, (s + 1) * per_step), clamped) of the next
-            # row block's 32-row groups, straight line in the step body (packed around the dot). At i == 0 step 0's
-            # x_ref still holds row block 0: its share is made from the wrong rows there and made again at step 1
-            # (a predicated pass that runs once per call).
-            per_step = tiling.cdiv(n_groups, n_j * n_k)
-
-            def share(first: Any) -> None:
-                for u in range(per_step):
-                    _quantize_group(x_ref, xq_next, xs_next, jnp.minimum(first + u, n_groups - 1), n_k=n_k, bk=bk,
-                                    k_tail=k_tail)
-
-            pl.when((i == 0) & (s == 1))(lambda: share(0))
-            share(s * per_step)
+            # Every step s quantizes share min(s, shares - 1) of the next row block (x_ref, per_step 32-row
+            # groups: lookahead_share_groups), straight line in the step body (packed around the dot); steps past
+            # the last share quantize it again.
+            per_step = x_ref.shape[0] // QUANT_ROWS
+            first = jnp.minimum(s, n_groups // per_step - 1) * per_step
+            for u in range(per_step):
+                _quantize_group(x_ref, xq_next, xs_next, first + u, n_k=n_k, bk=bk, k_tail=k_tail, src_group=u)
         elif each_j:
             # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
             # K step quantizes the row itself (a core cannot tell which column block it runs first).
@@ -236,9 +233,10 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
 
 def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: int, bk: int,
-                    k_tail: int | None) -> None:
-    """Per-token int8 codes of QUANT_ROWS rows (``group``) of the resident x row block into xq_ref[:, rows, :]
-    and their scales into xs_ref[rows, :].
+                    k_tail: int | None, src_group: Any = None) -> None:
+    """Per-token int8 codes of QUANT_ROWS rows (``group``) of a row block into xq_ref[:, rows, :] and their
+    scales into xs_ref[rows, :], read from x_ref's group ``src_group`` (default ``group``: x_ref holds the whole
+    row block; lookahead: x_ref holds a share of its groups).
 
     A max |x| pass over the whole row into a lane-wide [rows, 128] running max in x's dtype (one cross-lane max
     at the end) and a codes pass, each over [rows, width] chunks of at most QUANT_CHUNK_BYTES of f32 (nothing
@@ -248,6 +246,7 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
     k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None
     unrolled = n_k * (bk // width) <= QUANT_UNROLL_CHUNKS
     r0 = pl.multiple_of(group * rows, rows)
+    src = r0 if src_group is None else src_group * rows
 
     def over_k(body: Any, init: Any) -> Any:
         if not unrolled:
@@ -260,7 +259,7 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
         start = t * bk + c0
         if not isinstance(start, int):
             start = pl.multiple_of(start, tiling.LANES)
-        v = x_ref[pl.ds(r0, rows), pl.ds(start, width)]
+        v = x_ref[pl.ds(src, rows), pl.ds(start, width)]
         if k_valid is not None:
             col = jax.lax.broadcasted_iota(jnp.int32, v.shape, 1) + start
             v = jnp.where(col < k_valid, v, jnp.zeros_like(v))
@@ -532,29 +531,44 @@ def matmul(
                              f"weights (the packed K dimension is padded to {INT4_PACK_ROWS} rows); e.g. bk=512")
         blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
                                   bn=blocks.bn)
-    x_row = tiling.round_up(k, blocks.bk)
-    # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
-    x_resident = keeps_x_resident(quantize_x=quantize_x, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row,
-                                  itemsize=x.dtype.itemsize)
-    w_dequant = int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM)
-    lookahead = quantize_x and _lookahead(spec, m, n, k, blocks)
+    variant = call_variant(spec, m, k, n, blocks, quantize_x=quantize_x, int4=int4, scale_kind=scale_kind,
+                           x_itemsize=x.dtype.itemsize)
+    x_resident = variant.x_row is not None
     each_j = quantize_x and quantizes_each_column_block(spec, m, n, blocks)
-    variant = MatmulVariant(x_row=x_row if x_resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
-                            scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
-                            w_dequant=w_dequant)
     vmem_limit = block_sizes.check(  # int4: the packed tile counted as [bk, bn] int8 (twice its bytes)
         x_dtype=x.dtype, w_dtype=jnp.int8 if int4 else w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
         epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
     )
     return _matmul_jit(
         x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x, lookahead=lookahead,
-        each_j=each_j,
+        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x,
+        share_rows=variant.x_share_rows, each_j=each_j,
         x_resident=x_resident,
-        w_dequant=w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
+        w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
         bf16_scaling=(int4 and not quantize_x and scale_kind == "per-block" and x.dtype == jnp.bfloat16
                       and spec.name in BF16_SCALING_CHIPS),
     )
+
+
+def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,
+                 scale_kind: str, x_itemsize: int) -> MatmulVariant:
+    """What a call at these (effective) blocks adds to the plain kernel's VMEM: the resident x row, quantize_x's
+    codes (two row blocks of them and the shared x fetch with lookahead), blockwise scale rows, a dequantized w
+    tile."""
+    x_row = tiling.round_up(k, blocks.bk)
+    # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
+    resident = keeps_x_resident(quantize_x=quantize_x, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row,
+                                itemsize=x_itemsize)
+    # (bm not a multiple of the 32-row group: MatmulBlockSizes.check refuses it.)
+    lookahead = quantize_x and blocks.bm % QUANT_ROWS == 0 and _lookahead(chip, m, n, k, blocks)
+    share_rows = None
+    if lookahead:
+        steps = tiling.cdiv(n, blocks.bn) * tiling.cdiv(k, blocks.bk)
+        share_rows = lookahead_share_groups(blocks.bm // QUANT_ROWS, steps) * QUANT_ROWS
+    return MatmulVariant(
+        x_row=x_row if resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
+        x_share_rows=share_rows, scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
+        w_dequant=int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM))
 
 
 def keeps_x_resident(*, quantize_x: bool, n: int, bm: int, bn: int, x_row: int, itemsize: int) -> bool:
@@ -570,6 +584,12 @@ def quantizes_each_column_block(chip: Any, m: int, n: int, blocks: MatmulBlockSi
     (decode on megacore chips: the cores split the weight's columns instead of one core reading all of it; the
     repeated quantization of the few rows is VPU work under the steps' weight DMAs)."""
     return chip.cores.cores_per_chip > 1 and tiling.cdiv(m, blocks.bm) == 1 and tiling.cdiv(n, blocks.bn) > 1
+
+
+def lookahead_share_groups(groups: int, steps: int) -> int:
+    """32-row groups of the next row block a lookahead step quantizes (and fetches): the fewest that divide the
+    row block's ``groups`` and cover them in ``steps`` steps (a divisor, so the shares tile the row block)."""
+    return next(d for d in range(tiling.cdiv(groups, steps), groups + 1) if groups % d == 0)
 
 
 def _lookahead(chip: Any, m: int, n: int, k: int, blocks: MatmulBlockSizes) -> bool:
@@ -626,7 +646,7 @@ def cost_estimate(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "lookahead", "each_j", "x_resident",
+    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "share_rows", "each_j", "x_resident",
                               "w_dequant", "int4", "bf16_scaling", "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
@@ -639,7 +659,7 @@ def _matmul_jit(
     activation: str,
     out_dtype: Any,
     quantize_x: bool,
-    lookahead: bool,
+    share_rows: int | None,
     each_j: bool,
     x_resident: bool,
     w_dequant: bool,
@@ -656,14 +676,20 @@ def _matmul_jit(
     scale_kind = scale_kind_of(w_scale)
     operands = [x, w]
     n_i, n_j = tiling.cdiv(m, bm), tiling.cdiv(n, bn)
+    lookahead = share_rows is not None  # quantize_x quantizes the next row block ahead, share_rows a step
     if lookahead:
-        # Row block 0 at the first step, then row block i + 1 (clamped): each row block is fetched once, one
-        # row block ahead of its dot, and quantized during the previous row block's steps.
-        def x_index(i: Any, j: Any, kk: Any) -> tuple[Any, int]:
-            first = (i == 0) & (j == 0) & (kk == 0)
-            return jnp.where(first, 0, jnp.minimum(i + 1, n_i - 1)), 0
+        # Row block i + 1 arrives in shares of share_rows rows, one per step of row block i (the step that
+        # quantizes it; steps past the last share keep it, and so does the last row block, which has no next
+        # one), so no step fetches a whole row block. Row block 0 is its own single-buffered operand, fetched
+        # once before the first step.
+        shares, last_share = bm // share_rows, tiling.cdiv(m, share_rows) - 1
 
-        x_spec = pl.BlockSpec((bm, n_k * bk), x_index)
+        def x_index(i: Any, j: Any, kk: Any) -> tuple[Any, int]:
+            share = jnp.where(i + 1 < n_i, jnp.minimum(j * n_k + kk, shares - 1), shares - 1)
+            return jnp.minimum(jnp.minimum(i + 1, n_i - 1) * shares + share, last_share), 0
+
+        x_spec = pl.BlockSpec((share_rows, n_k * bk), x_index)
+        x0_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (0, 0), pipeline_mode=pl.Buffered(1))
     elif x_resident:
         # The whole row block, fetched once per i (its block index does not change with j or kk).
         x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
@@ -682,6 +708,9 @@ def _matmul_jit(
     if bias is not None:
         operands.append(bias.reshape(1, n))
         in_specs.append(vector_spec)
+    if lookahead:
+        operands.append(x)
+        in_specs.append(x0_spec)
     precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
     int_acc = quantize_x and scale_kind != "per-block"
     scratch = [pltpu.VMEM((bm, bn), jnp.int32 if int_acc else jnp.float32)]
@@ -701,7 +730,8 @@ def _matmul_jit(
         has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(bm, bn), precision=precision, bf16_scaling=bf16_scaling,
     )
-    ref_names = ["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
+    ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
+                 + ["x0_ref"] * lookahead)
     kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)
     # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it
     # (each_j: every column block quantizes it, j stays parallel). lookahead: the row blocks too (each quantizes

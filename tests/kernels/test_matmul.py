@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
-from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES, MatmulVariant
+from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
 from kernels.matmul.blocks import DECODE_MAX_M
 from kernels.matmul.entry import DECODE_SHAPE_MNK, TUNED_SHAPE_MNK
-from kernels.matmul.kernel import _lookahead, keeps_x_resident
+from kernels.matmul.kernel import call_variant, effective_block_sizes
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -256,23 +256,19 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         decode = pair.endswith(" decode")
         m, n, k = DECODE_SHAPE_MNK if decode else TUNED_SHAPE_MNK
         x_name, w_name = pair.removesuffix(" decode").split(" x ")
-        # "int8 x int8" is quantize_x: bf16 activations, resident [bm, K] row and its int8 codes (two row blocks of
-        # codes where the next one is quantized ahead). Decode rows stay resident across the column blocks.
-        # "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked bf16 tile; "int8 x int4"
-        # (w4a8) both: the codes and an unpacked int8 tile.
+        # "int8 x int8" is quantize_x on bf16 activations (the wrapper's call_variant: resident row, codes, the
+        # lookahead's shares); "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked
+        # tile; "int8 x int4" (w4a8) both.
         w8a8 = x_name == "int8"
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
-        x_row = -(-k // blocks.bk) * blocks.bk
-        resident = keeps_x_resident(quantize_x=w8a8, n=n, bm=min(blocks.bm, m), bn=blocks.bn, x_row=x_row, itemsize=2)
-        if w8a8:
-            slots = 2 if _lookahead(chip, m, n, k, blocks) else 1
-            variant = MatmulVariant(x_row=x_row, x_codes=True, code_slots=slots, w_dequant=w_name == "int4")
-        else:
-            variant = MatmulVariant(x_row=x_row if decode and resident else None, w_dequant=w_name == "int4")
+        eff = effective_block_sizes(blocks, m, k, n, 32 if w8a8 else 16)
+        quantized = w_name in ("int8", "fp8", "int4")
+        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8, int4=w_name == "int4",
+                               scale_kind="per-channel" if quantized else "none", x_itemsize=jnp.dtype(x_dtype).itemsize)
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
-        vectors = 1 + (w_name in ("int8", "fp8", "int4"))
+        vectors = 1 + quantized
         limit = blocks.check(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=x_dtype, epilogue_vectors=vectors,
                              chip=chip, variant=variant)
         # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.
