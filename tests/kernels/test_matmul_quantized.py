@@ -115,12 +115,14 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
 #:   step; K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two
 #:   column blocks, the second reading the codes the first step made.
 #: * M = 150 at bm = 64: three row blocks (the last 22 rows), each quantized ahead during the previous one's
-#:   2 x 3 = 6 steps (shares of cdiv(2 groups, 6) = 1 group per step, steps 2-5 clamped to group 1) on
-#:   single-core tpu-v5e; row block 1's group 0 made again at step 1 (step 0 still holds row block 0).
-#: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: 1 group per step.
+#:   2 x 3 = 6 steps on single-core tpu-v5e: shares of 1 group (lookahead_share_groups(2, 6)), fetched 32 rows
+#:   a step, steps 2-5 keeping share 1; the last row block's second share lies wholly past M and is clamped to
+#:   the last share with rows in it (share 4, rows 128-159).
+#: * M = 300 at bm = 128, bk = 256: three row blocks of 4 groups over 2 x 2 = 4 steps: 1 group per step, the
+#:   last row block's shares 10 and 11 clamped to share 9 (rows 288-319, 12 of them valid).
 #: * M = 600 at bm = 256, K = 300 at bk = 512 (one masked K step), N = 300 at bn = 128: three row blocks of
-#:   8 groups over 3 steps: cdiv(8, 3) = 3 groups per step, the last share (6, 7, 8) clamped to group 7
-#:   (quantized twice); row block 1's groups 0-2 made again at step 1.
+#:   8 groups over 3 steps: cdiv(8, 3) = 3 groups a step rounded up to 4, the smallest divisor of 8 (so shares
+#:   tile the row block): 2 shares of 128 rows, step 2 keeping share 1.
 #: * the same on tpu-v5p (two TensorCores): no lookahead, each row block quantized at its first step.
 #: * M = 40 at bm = 64 on tpu-v5p: one row block, N = 200 at bn = 128: two column blocks run "parallel", each
 #:   quantizing the row at its first of the three K steps (quantizes_each_column_block).
@@ -143,6 +145,19 @@ def test_int8_x_int8_row_groups_and_k_steps(case, blockwise):
     _, wq, s = _weights(16, k, n, blockwise)
     out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, chip=chip, interpret=True)
     _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+
+
+@pytest.mark.parametrize("groups, steps, per_step", [
+    (32, 16, 2),  # v6e's 1024-row block over 16 steps: 2 groups (64 rows) a step
+    (8, 3, 4),  # cdiv(8, 3) = 3 does not divide 8: the next divisor, 4 (two shares, the third step keeps the 2nd)
+    (2, 6, 1),  # more steps than groups: one group a step, the later steps keep the last
+    (12, 5, 3),  # cdiv(12, 5) = 3 divides 12
+    (7, 2, 7),  # a prime count of groups and cdiv(7, 2) = 4: the whole row block at the first step
+])
+def test_lookahead_share_groups_divide_the_row_block_and_cover_it(groups, steps, per_step):
+    from kernels.matmul.kernel import lookahead_share_groups
+
+    assert lookahead_share_groups(groups, steps) == per_step
 
 
 def test_lookahead_needs_a_next_row_block_two_steps_and_one_core():
