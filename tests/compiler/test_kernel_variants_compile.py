@@ -81,13 +81,21 @@ def _grouped_call(variant: str, case: str) -> CompileCall:
 
 
 def _refusal(variant: str, chip_name: str) -> str | None:
-    """The one-line error the wrapper gives where the chip has no MXU path for the variant, else None."""
+    """The one-line error the wrapper gives where the chip has no MXU path for the variant (the rule is the
+    wrapper's own check), else None."""
+    from kernels.matmul.kernel import _check_fp8_support, _check_int8_mxu
+
     chip = get_chip(chip_name)
-    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
-    if variant.startswith(("w8a8", "w4a8")) and not (int8 is not None and (bf16 is None or int8 > bf16)):
-        return "quantize_x: .* has no int8 x int8 MXU path"
-    if "fp8" in variant and chip.matmul_rate("fp8") is None:
-        return "need an fp8 MXU path"
+    if variant.startswith(("w8a8", "w4a8")):
+        try:
+            _check_int8_mxu(chip)
+        except ValueError:
+            return "quantize_x: .* has no int8 x int8 MXU path"
+    if "fp8" in variant:
+        try:
+            _check_fp8_support(chip, "bfloat16", "float8_e4m3fn")
+        except ValueError:
+            return "need an fp8 MXU path"
     return None
 
 
