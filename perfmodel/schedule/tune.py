@@ -51,6 +51,9 @@ class Candidate:
     steps: int
     limiter: str
     reason: str
+    #: Vector-unit ops of the body over the whole grid (the model overlaps them with the MXU; the compiler hides
+    #: only part of them under a large dot, so among candidates the model ties, fewer is safer).
+    vpu_ops: float = 0.0
 
     @property
     def label(self) -> str:
@@ -150,6 +153,7 @@ def _candidate(blocks: Mapping[str, int], a: Analysis) -> Candidate:
         steps=sum(k.steps for k in a.kernels),
         limiter=main.time.limiter,
         reason=explain(a),
+        vpu_ops=sum(k.work.vpu_ops for k in a.kernels),
     )
 
 

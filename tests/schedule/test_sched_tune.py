@@ -219,11 +219,11 @@ def test_stored_matmul_defaults_raise_v6e_vmem_only_where_the_compiler_says_it_p
 # ----------------------------------------------------------------------------- the stored-default rule
 
 def _cand(name: str, expected_s: float, *, vmem_mib: float, limit_mib: float | None = None, hbm: int = 100,
-          steps: int = 10) -> Candidate:
+          steps: int = 10, vpu_ops: float = 0.0) -> Candidate:
     return Candidate(blocks={"b": name}, expected_s=expected_s, hbm_bytes=hbm, ideal_hbm_bytes=100,
                      vmem_bytes=int(vmem_mib * 2**20), vmem_status="fits",
                      vmem_limit_bytes=None if limit_mib is None else int(limit_mib * 2**20), steps=steps,
-                     limiter="compute", reason="")
+                     limiter="compute", reason="", vpu_ops=vpu_ops)
 
 
 def _result(*cands: Candidate, chip: str = "tpu-v6e") -> TuneResult:
@@ -269,6 +269,20 @@ def test_compile_raised_adds_the_fastest_raised_limits_the_scoped_pool_left_out(
     assert raised_candidates(result, 0) == []
     # a pool that already admits raised limits (no scoped candidate within 10%) adds nothing
     assert raised_candidates(_result(fast, _cand("scoped-slow", 1.2, vmem_mib=20)), 2) == []
+
+
+def test_compile_raised_orders_the_model_ties_by_the_least_vpu_work():
+    # Raised candidates within 1% of the fastest raised one (1.000, 1.004, 1.008) go least VPU work first (the
+    # compiler hides VPU work under the MXU only partly), equal VPU work fastest first; 1.02 is outside the
+    # band, so its small VPU count does not lift it ahead of the ties.
+    fast = _cand("fast-much-vpu", 1.000, vmem_mib=40, limit_mib=50, vpu_ops=4e9)
+    lean = _cand("lean-a", 1.008, vmem_mib=60, limit_mib=70, vpu_ops=1e9)
+    lean_faster = _cand("lean-b", 1.004, vmem_mib=70, limit_mib=80, vpu_ops=1e9)
+    outside = _cand("outside-band", 1.020, vmem_mib=40, limit_mib=50, vpu_ops=0.5e9)
+    result = _result(fast, lean, lean_faster, outside, _cand("scoped", 1.05, vmem_mib=20))
+    assert [c.blocks["b"] for c in raised_candidates(result, 4)] == ["lean-b", "lean-a", "fast-much-vpu",
+                                                                    "outside-band"]
+    assert [c.blocks["b"] for c in raised_candidates(result, 1)] == ["lean-b"]
 
 
 def test_a_raised_limit_is_stored_only_when_it_compiles_faster_than_the_tie_band():
