@@ -53,6 +53,12 @@ PLAIN = MatmulVariant()
 T = TypeVar("T")
 
 
+def w_dequant_dtype(x_dtype: Any, *, x_codes: bool) -> Any:
+    """The dtype of the dequantized w tile (``w_dequant``): int8 codes against quantize_x's int8 x codes, else x's
+    dtype (the kernel's scratch and the VMEM estimate both take it from here)."""
+    return "int8" if x_codes else x_dtype
+
+
 def fp8_as_is(x_dtype: Any, w_dtype: Any, bm: int, bn: int) -> bool:
     """Whether fp8 weights go to the MXU unconverted against bf16 x (its mixed bf16 x fp8 path) rather than being
     converted to bf16 tile by tile on the VPU. The mixed path repacks the x tile (bm x bk) for each dot where the
@@ -108,7 +114,7 @@ class MatmulBlockSizes(tiling.GemmTile):
             codes = buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
             need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")
         if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_x's int8 x)
-            need += buf((self.bk, self.bn), "int8" if variant.x_codes else x_dtype)
+            need += buf((self.bk, self.bn), w_dequant_dtype(x_dtype, x_codes=variant.x_codes))
         if tiling.itemsize_bytes(x_dtype) == 4:
             need += int(F32_X_SPLIT_TILES * buf((self.bm, self.bk), "float32")
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))

@@ -36,7 +36,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
-from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes, fp8_as_is
+from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes, fp8_as_is, w_dequant_dtype
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale
 
@@ -723,7 +723,7 @@ def _matmul_jit(
             scratch += codes
             scratch_names += ["xq_next_ref", "x_scale_next_ref"]
     if w_dequant:  # in x's dtype; quantize_x (int4): int8 codes
-        scratch.append(pltpu.VMEM((bk, bn), jnp.int8 if quantize_x else x.dtype))
+        scratch.append(pltpu.VMEM((bk, bn), jnp.dtype(w_dequant_dtype(x.dtype, x_codes=quantize_x))))
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
         _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
