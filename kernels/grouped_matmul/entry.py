@@ -54,7 +54,7 @@ def _configs() -> tuple[TunedConfig, ...]:
 
 
 TUNED = TunedKernel(
-    kernel="grouped_matmul", entry="grouped_matmul", chips=PALLAS_CHIPS, configs=_configs(),
+    kernel="grouped_matmul", entry="grouped_matmul", chips=PALLAS_CHIPS, configs=_configs(), compile_raised=1,
     problem=(f"a mixture-of-experts projection: {TOKENS} token rows sorted over {EXPERTS} experts ({TOKENS // EXPERTS} "
              f"each), K={HIDDEN}, N={WIDTH} (per-channel scales for int8/fp8 weights; fp8 only on chips with an fp8 "
              "MXU path); \"... decode\": the same experts with %d rows (%d each), the blocks of calls with at most that "

@@ -1,18 +1,25 @@
 """Grouped matmul for mixture of experts (Pallas/Mosaic): ``out[r] = lhs[r] @ rhs[g]`` for the rows r of group g.
 
 ``lhs [M, K]`` holds the tokens sorted by expert, ``group_sizes [G]`` how many rows each expert owns (in order),
-``rhs [G, K, N]`` one weight matrix per expert. Grid ``(N/bn, visits, K/bk)``: for each column block (the
-``"parallel"`` axis), a sequence of *visits*, each one (group, row tile) pair, then K innermost with an f32
-accumulator. A row tile whose rows all belong to one group is visited once; a tile straddling group boundaries is
-visited once per group in it, and each visit stores only its group's rows (the others are masked and kept; the
-output block stays in VMEM across the visits of its tile, since its block index does not change). An empty group
-has no visit, so its weights are never read.
+``rhs [G, K, N]`` one weight matrix per expert. A *visit* is one (group, row tile) pair: a row tile whose rows
+all belong to one group is visited once; a tile straddling group boundaries is visited once per group in it, and
+each visit stores only its group's rows (the others are masked and kept; the output block stays in VMEM across the
+visits of its tile, since its block index does not change between them). An empty group has no visit, so its
+weights are never read.
+
+Grid ``(panels, steps, K/bk)``, K innermost with an f32 accumulator. The column blocks are split into *panels* of
+``cols`` blocks each (the ``"parallel"`` axis); within a panel the steps go row tile by row tile, and for each row
+tile column by column over its visits. ``cols = 1`` (every column block a panel) is column-major: each column block
+sweeps all visits, the lhs is read once per column block and consecutive visits of one group share their weight
+block when K is one block. ``cols > 1`` is row-major within the panel: a row tile's lhs rows (resident, [bm, K])
+are read once per panel, the weights once per visit. :func:`panel_columns` picks the order with fewer HBM bytes.
 
 The visit list is built in the jitted wrapper from ``group_sizes`` (a few jnp ops over G and the visit count) and
-passed by scalar prefetch: per visit its group, the lhs row tile, the output tile and its mode (compute; zero, for
-a tile wholly past the groups' rows, which are written as zeros). The arrays have room for ``cdiv(M, bm) + G - 1``
-visits (every tile once, plus once more per group boundary inside a tile); the grid's visit dimension is dynamic,
-the count the sizes need, so entries past it (mode no-op) never run. A zero visit's lhs and rhs blocks are those
+passed by scalar prefetch: per step its group, the lhs row tile, the output tile, its column block in the panel
+and its mode (compute; zero, for a tile wholly past the groups' rows, which are written as zeros). The arrays
+have room for ``cols * (cdiv(M, bm) + G - 1)`` steps (every tile once, plus once more per group boundary inside a
+tile, per column of the panel); the grid's step dimension is dynamic, the count the sizes need, so entries past it
+(mode no-op) never run. A zero visit's lhs and rhs blocks are those
 of the step before it, so it copies nothing but its output tile. Weights are read from ``rhs`` in place: no copy
 per call.
 
@@ -28,6 +35,7 @@ writes past the array.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -90,16 +98,76 @@ def visit_metadata(group_sizes: jax.Array, *, m: int, bm: int) -> dict[str, jax.
     }
 
 
-def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_ref: Any, bounds_ref: Any,
-                    *refs: Any, n_k: int, bk: int, k_tail: int | None, groups: int, scaled: bool,
-                    lhs_resident: bool, precision: Any) -> None:
-    """One (j, visit, kk) grid step. Refs: lhs ([bm, bk], or the resident [bm, n_k * bk] row block), rhs [bk, bn]
-    of the visit's group, [rhs_scale [1, bn]], out [bm, bn], acc [bm, bn] f32."""
+def step_metadata(meta: dict[str, jax.Array], *, cols: int) -> dict[str, jax.Array]:
+    """The per-step tables of a panel of ``cols`` column blocks from :func:`visit_metadata`'s per-visit ones:
+    row tile by row tile (a run of consecutive visits with one output tile), and within a run column by column
+    over its visits; ``col`` is the step's column block within the panel and ``used`` the steps the sizes need
+    (``cols`` x the visits). ``cols = 1``: the visits themselves, in order."""
+    visits = meta["mode"].shape[0]
+    if cols == 1:
+        return {**meta, "col": jnp.zeros((visits,), jnp.int32)}
+    v = jnp.arange(visits, dtype=jnp.int32)
+    used = meta["used"]
+    tile = meta["out_tile"]
+    new_run = (v == 0) | (tile != jnp.roll(tile, 1))
+    start = jax.lax.cummax(jnp.where(new_run, v, 0))
+    run = jnp.cumsum(new_run.astype(jnp.int32)) - 1
+    length = jnp.zeros((visits,), jnp.int32).at[run].add((v < used).astype(jnp.int32))[run]
+    jl = jnp.arange(cols, dtype=jnp.int32)
+    # Step of (visit v, column jl): cols steps per visit of the runs before v's, then jl's pass over v's run.
+    step = cols * start[:, None] + jl[None, :] * length[:, None] + (v - start)[:, None]
+    size = cols * visits
+    step = jnp.where((v < used)[:, None], step, size)  # no-op visits: dropped
+    # Steps past the used ones keep the last visit (a no-op, or the last step run: no copy) and the last column.
+    source = jnp.full((size,), visits - 1, jnp.int32).at[step.ravel()].set(
+        jnp.broadcast_to(v[:, None], step.shape).ravel(), mode="drop")
+    col = jnp.full((size,), cols - 1, jnp.int32).at[step.ravel()].set(
+        jnp.broadcast_to(jl[None, :], step.shape).ravel(), mode="drop")
+    past = jnp.arange(size, dtype=jnp.int32) >= cols * used
+    return {"group": meta["group"][source], "lhs_tile": meta["lhs_tile"][source],
+            "out_tile": meta["out_tile"][source],
+            "mode": jnp.where(past, NOOP, meta["mode"][source]).astype(jnp.int32),
+            "col": col, "bounds": meta["bounds"], "used": (cols * used).astype(jnp.int32)}
+
+
+def panel_columns(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: GroupedMatmulBlockSizes,
+                  lhs_itemsize: int, rhs_itemsize: int) -> int:
+    """Column blocks per panel: 1 (column-major) unless row-major panels of ``cdiv(N/bn, cores)`` blocks (one
+    per TensorCore, so megacore chips still split the columns) read fewer HBM bytes, the M rows split evenly over
+    the groups: column-major reads the lhs once per column block and the weights once per visit (once per group
+    when K is one block: consecutive visits of a group share the block); row-major reads the lhs once per panel
+    and the weights once per visit."""
+    from perfmodel.model.gemm import tile_visits, uniform_group_sizes
+
+    n_j, n_k = tiling.cdiv(n, blocks.bn), tiling.cdiv(k, blocks.bk)
+    cols = tiling.cdiv(n_j, chip.cores.cores_per_chip)
+    if cols == 1:
+        return 1
+    sizes = uniform_group_sizes(m, groups)
+    visits = tile_visits(sizes, blocks.bm)
+    lhs, weights = m * k * lhs_itemsize, k * n * rhs_itemsize
+    column_major = n_j * lhs + (sum(1 for s in sizes if s) if n_k == 1 else visits) * weights
+    row_major = tiling.cdiv(n_j, cols) * lhs + visits * weights
+    return cols if row_major < column_major else 1
+
+
+def _step_mode(mode_ref: Any, col_ref: Any, p: Any, s: Any, *, cols: int, n_j: int) -> Any:
+    """Step s of panel p's mode: a no-op where its column is past the last column block (the last panel's tail)."""
+    if n_j % cols == 0:
+        return mode_ref[s]
+    return jnp.where(p * cols + col_ref[s] < n_j, mode_ref[s], NOOP)
+
+
+def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_ref: Any, col_ref: Any,
+                    bounds_ref: Any, *refs: Any, n_k: int, bk: int, k_tail: int | None, groups: int, scaled: bool,
+                    lhs_resident: bool, cols: int, n_j: int, precision: Any) -> None:
+    """One (panel, step, kk) grid step. Refs: lhs ([bm, bk], or the resident [bm, n_k * bk] row block), rhs
+    [bk, bn] of the step's group, [rhs_scale [1, bn]], out [bm, bn], acc [bm, bn] f32."""
     lhs_ref, rhs_ref = refs[:2]
     scale_ref = refs[2] if scaled else None
     o_ref, acc_ref = refs[-2:]
     v, kk = pl.program_id(1), pl.program_id(2)
-    mode = mode_ref[v]
+    mode = _step_mode(mode_ref, col_ref, pl.program_id(0), v, cols=cols, n_j=n_j)
 
     @pl.when(mode == COMPUTE)
     def _step() -> None:
@@ -240,13 +308,46 @@ def grouped_matmul(
         raise ValueError(f"block_sizes: expected a GroupedMatmulBlockSizes, got {type(block_sizes).__name__}")
     rows = max(tiling.sublane_multiple(lhs.dtype), tiling.sublane_multiple(out_dtype))
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
-    lhs_row = tiling.round_up(k, blocks.bk)
-    # A small row block (decode) stays resident across the K steps and a tile's visits instead of being re-read.
-    lhs_resident = tiling.cdiv(k, blocks.bk) > 1 and blocks.bm * lhs_row * lhs.dtype.itemsize <= X_RESIDENT_MAX_BYTES
-    vmem_limit = block_sizes.check(lhs_dtype=lhs.dtype, rhs_dtype=rhs.dtype, out_dtype=out_dtype,
-                                   scaled=rhs_scale is not None, chip=spec, lhs_row=lhs_row if lhs_resident else None)
+    order = call_order(spec, m=m, k=k, n=n, groups=rhs.shape[0], blocks=blocks, lhs_dtype=lhs.dtype,
+                       rhs_dtype=rhs.dtype, out_dtype=out_dtype, scaled=rhs_scale is not None)
     return _grouped_jit(lhs, rhs, group_sizes, rhs_scale, blocks=blocks, out_dtype=out_dtype,
-                        lhs_resident=lhs_resident, vmem_limit_bytes=vmem_limit, interpret=interpret)
+                        lhs_resident=order.lhs_resident, cols=order.cols, vmem_limit_bytes=order.vmem_limit_bytes,
+                        interpret=interpret)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallOrder:
+    """How a call walks its grid: column blocks per panel (:func:`panel_columns`), whether the lhs row block
+    [bm, round_up(K, bk)] stays resident across the K steps and visits, and the VMEM limit to compile with."""
+
+    cols: int
+    lhs_resident: bool
+    vmem_limit_bytes: int | None
+
+
+def call_order(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: GroupedMatmulBlockSizes, lhs_dtype: Any,
+               rhs_dtype: Any, out_dtype: Any, scaled: bool) -> CallOrder:
+    """The order of a call with (clamped) ``blocks``: row-major panels where :func:`panel_columns` says so and the
+    resident lhs row block fits the chip's VMEM, else column-major with a small row block (decode) resident; the
+    blocks' VMEM check (ValueError naming block_sizes when they do not fit)."""
+    lhs_dtype = jnp.dtype(lhs_dtype)
+    lhs_row = tiling.round_up(k, blocks.bk)
+    n_k = tiling.cdiv(k, blocks.bk)
+
+    def check(resident: bool) -> int | None:
+        return blocks.check(lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, scaled=scaled, chip=chip,
+                            lhs_row=lhs_row if resident else None)
+
+    cols = panel_columns(chip, m=m, k=k, n=n, groups=groups, blocks=blocks, lhs_itemsize=lhs_dtype.itemsize,
+                         rhs_itemsize=jnp.dtype(rhs_dtype).itemsize)
+    if cols > 1:
+        try:
+            return CallOrder(cols=cols, lhs_resident=n_k > 1, vmem_limit_bytes=check(n_k > 1))
+        except ValueError:  # the resident row block does not fit: column-major, which streams it
+            pass
+    # A small row block (decode) stays resident across the K steps and a tile's visits instead of being re-read.
+    resident = n_k > 1 and blocks.bm * lhs_row * lhs_dtype.itemsize <= X_RESIDENT_MAX_BYTES
+    return CallOrder(cols=1, lhs_resident=resident, vmem_limit_bytes=check(resident))
 
 
 def cost_estimate(*, m: int, k: int, n: int, groups: int, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any,
@@ -263,43 +364,58 @@ def cost_estimate(*, m: int, k: int, n: int, groups: int, lhs_dtype: Any, rhs_dt
     return to_cost_estimate(cost)
 
 
-@functools.partial(jax.jit, static_argnames=("blocks", "out_dtype", "lhs_resident", "vmem_limit_bytes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("blocks", "out_dtype", "lhs_resident", "cols", "vmem_limit_bytes",
+                                             "interpret"))
 def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_scale: jax.Array | None, *,
-                 blocks: GroupedMatmulBlockSizes, out_dtype: Any, lhs_resident: bool, vmem_limit_bytes: int | None,
-                 interpret: bool) -> jax.Array:
+                 blocks: GroupedMatmulBlockSizes, out_dtype: Any, lhs_resident: bool, cols: int,
+                 vmem_limit_bytes: int | None, interpret: bool) -> jax.Array:
     (m, k), (groups, _, n) = lhs.shape, rhs.shape
     bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
-    n_k = tiling.cdiv(k, bk)
+    n_k, n_j = tiling.cdiv(k, bk), tiling.cdiv(n, bn)
     k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
-    meta = visit_metadata(group_sizes, m=m, bm=bm)
+    meta = step_metadata(visit_metadata(group_sizes, m=m, bm=bm), cols=cols)
     last_k = n_k - 1
 
-    def kk_of(kk: Any, mode_ref: Any, v: Any) -> Any:
-        # Zero / no-op visits stay on the previous step's K block (no copy).
-        return jnp.where(mode_ref[v] == COMPUTE, kk, last_k)
+    def kk_of(p: Any, s: Any, kk: Any, mode_ref: Any, col_ref: Any) -> Any:
+        # Zero / no-op steps stay on the previous step's K block (no copy).
+        return jnp.where(_step_mode(mode_ref, col_ref, p, s, cols=cols, n_j=n_j) == COMPUTE, kk, last_k)
+
+    def col_of(p: Any, s: Any, col_ref: Any) -> Any:
+        # The step's column block (the last panel's steps past N stay on its last block).
+        return p * cols + col_ref[s] if n_j % cols == 0 else jnp.minimum(p * cols + col_ref[s], n_j - 1)
+
+    def rhs_col_of(p: Any, s: Any, mode_ref: Any, col_ref: Any) -> Any:
+        # Zero / no-op steps stay on the panel's last column block, the last compute step's (no copy).
+        if cols == 1:
+            return p
+        computing = _step_mode(mode_ref, col_ref, p, s, cols=cols, n_j=n_j) == COMPUTE
+        return jnp.where(computing, col_of(p, s, col_ref), jnp.minimum(p * cols + cols - 1, n_j - 1))
 
     if lhs_resident:
-        lhs_spec = pl.BlockSpec((bm, n_k * bk), lambda j, v, kk, g, lt, ot, mode, b: (lt[v], 0))
+        lhs_spec = pl.BlockSpec((bm, n_k * bk), lambda p, s, kk, g, lt, ot, mode, c, b: (lt[s], 0))
     else:
-        lhs_spec = pl.BlockSpec((bm, bk), lambda j, v, kk, g, lt, ot, mode, b: (lt[v], kk_of(kk, mode, v)))
-    rhs_spec = pl.BlockSpec((pl.Squeezed(), bk, bn), lambda j, v, kk, g, lt, ot, mode, b: (g[v], kk_of(kk, mode, v), j))
+        lhs_spec = pl.BlockSpec((bm, bk), lambda p, s, kk, g, lt, ot, mode, c, b: (lt[s], kk_of(p, s, kk, mode, c)))
+    rhs_spec = pl.BlockSpec((pl.Squeezed(), bk, bn),
+                            lambda p, s, kk, g, lt, ot, mode, c, b: (g[s], kk_of(p, s, kk, mode, c), rhs_col_of(p, s, mode, c)))
     operands, in_specs = [lhs, rhs], [lhs_spec, rhs_spec]
     if rhs_scale is not None:
         operands.append(rhs_scale.astype(jnp.float32).reshape(groups, 1, n))
-        in_specs.append(pl.BlockSpec((pl.Squeezed(), 1, bn), lambda j, v, kk, g, lt, ot, mode, b: (g[v], 0, j)))
+        in_specs.append(pl.BlockSpec((pl.Squeezed(), 1, bn),
+                                     lambda p, s, kk, g, lt, ot, mode, c, b: (g[s], 0, rhs_col_of(p, s, mode, c))))
     precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
     kernel = functools.partial(_grouped_kernel, n_k=n_k, bk=bk, k_tail=k_tail, groups=groups,
-                               scaled=rhs_scale is not None, lhs_resident=lhs_resident, precision=precision)
-    names = ["group_ref", "lhs_tile_ref", "out_tile_ref", "mode_ref", "bounds_ref", "lhs_ref", "rhs_ref"]
+                               scaled=rhs_scale is not None, lhs_resident=lhs_resident, cols=cols, n_j=n_j,
+                               precision=precision)
+    names = ["group_ref", "lhs_tile_ref", "out_tile_ref", "mode_ref", "col_ref", "bounds_ref", "lhs_ref", "rhs_ref"]
     names += ["rhs_scale_ref"] * (rhs_scale is not None) + ["o_ref", "acc_ref"]
     call = pl.pallas_call(
         with_ref_names(kernel, names),
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5,
-            grid=(tiling.cdiv(n, bn), meta["used"], n_k),
+            num_scalar_prefetch=6,
+            grid=(tiling.cdiv(n_j, cols), meta["used"], n_k),
             in_specs=in_specs,
-            out_specs=pl.BlockSpec((bm, bn), lambda j, v, kk, g, lt, ot, mode, b: (ot[v], j)),
+            out_specs=pl.BlockSpec((bm, bn), lambda p, s, kk, g, lt, ot, mode, c, b: (ot[s], col_of(p, s, c))),
             scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
@@ -310,4 +426,5 @@ def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_sca
         name="grouped_matmul",
     )
     with jax.named_scope(f"grouped_matmul[{blocks.label()}]"):
-        return call(meta["group"], meta["lhs_tile"], meta["out_tile"], meta["mode"], meta["bounds"], *operands)
+        return call(meta["group"], meta["lhs_tile"], meta["out_tile"], meta["mode"], meta["col"], meta["bounds"],
+                    *operands)

@@ -101,6 +101,19 @@ def raised_candidates(result: TuneResult, n: int) -> list[Candidate]:
     return (sorted(raised[:ties], key=lambda c: (c.vpu_ops, c.expected_s, *_tie_break(c))) + raised[ties:])[:n]
 
 
+def incumbent_candidate(result: TuneResult, stored: dict[str, Any] | None, fields: Sequence[str],
+                        exclude: Sequence[Candidate] = ()) -> list[Candidate]:
+    """The candidate with the blocks already stored for this chip and configuration (``stored``: its entry in the
+    kernel's tuned.json, None when there is none), as a one-element list, when it is still legal and not among
+    ``exclude`` (the candidates compiled anyway); else an empty list. Compiled next to the pool, a re-tune keeps a
+    default the model now ranks lower unless one of the pool compiles faster."""
+    if not stored:
+        return []
+    want = {f: stored.get(f) for f in fields}
+    taken = {id(c) for c in exclude}
+    return [c for c in result.ranked if {f: c.blocks.get(f) for f in fields} == want and id(c) not in taken][:1]
+
+
 def compiled_choice(compiled: Sequence[Any]) -> Any:
     """Of compiled candidates (:class:`perfmodel.schedule.compiled.CompiledCandidate`), the one to store: among
     those Mosaic accepted, within DEFAULT_TIE_BAND of the fastest compiler-backed time, the fewest HBM bytes, grid
@@ -154,6 +167,7 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
 
     names = list(chips or spec.chips or [c.name for c in all_chips() if c.kind == "tpu"])
     entry = get_entry(spec.entry)
+    stored, stored_shapes = _stored_defaults(spec.kernel) if compile_top is not None else ({}, {})
     extra = spec.extra() if spec.extra else None
     out: dict[str, Any] = {}
     for name in names:
@@ -174,6 +188,9 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
                     progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
                 pool = preference_order(result)[:compile_top]
                 order = pool + raised_candidates(result, spec.compile_raised)
+                if stored_shapes.get(config.key) == list(config.shapes):  # stored for this very problem
+                    order += incumbent_candidate(result, stored.get(chip.name, {}).get(config.key),
+                                                 [ax.field for ax in entry.block_axes], exclude=order)
                 reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
                                            top=len(order), extra=static)
                 in_pool = {id(c) for c in pool}
@@ -191,6 +208,16 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
     return out
 
 
+def _stored_defaults(kernel: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The kernel's stored defaults ({chip: {config: entry}}) and the --shape flags each configuration was tuned
+    on ({config: [shapes]}); both empty when it has no tuned.json yet."""
+    try:
+        data = load_tuned_file(kernel)
+    except FileNotFoundError:
+        return {}, {}
+    return data["defaults"], data.get("shapes", {})
+
+
 def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
     raised = ("" if not spec.compile_raised else
               f" (plus, where the pool kept only candidates within the default scoped VMEM limit, the model's "
@@ -202,7 +229,10 @@ def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
                 f" With --compile {compile_top}: the first {compile_top} candidates of that order (the choice, then the "
                 f"rest of its pool fastest first){raised} compiled with libtpu on each chip it targets, and the "
                 f"fastest by the compiler-backed time among those Mosaic accepts stored (within "
-                f"{DEFAULT_TIE_BAND:.0%}: the same tie-break); compiled_s and vmem_allocated_bytes are the compiler's figures.")
+                f"{DEFAULT_TIE_BAND:.0%}: the same tie-break); the blocks stored before the run are compiled too and "
+                f"kept only when they compile more than {DEFAULT_TIE_BAND:.0%} faster than that pick (a re-tune does not "
+                f"drop a default the model now ranks lower but the compiler finds faster); compiled_s and "
+                f"vmem_allocated_bytes are the compiler's figures.")
     return (f"Per-chip default block sizes of kernels/{spec.kernel}, chosen by `perfmodel tune {spec.entry}` (the "
             f"schedule model) on {spec.problem}; 'shapes' lists the --shape flags per configuration. The choice: "
             f"among candidates within {SCOPED_VMEM_BAND:.0%} of the fastest, only those within the chip's default "

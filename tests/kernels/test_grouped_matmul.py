@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kernels.grouped_matmul import GroupedMatmulBlockSizes, grouped_matmul, grouped_matmul_reference, visit_metadata
-from kernels.grouped_matmul.kernel import COMPUTE, NOOP, ZERO, num_visits
+from kernels.grouped_matmul import kernel as gmm_kernel
+from kernels.grouped_matmul.kernel import COMPUTE, NOOP, ZERO, num_visits, panel_columns, step_metadata
 from kernels.quant import quantize_int8
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import get_chip
@@ -123,6 +124,72 @@ def test_visit_list_hand_worked():
     assert meta["bounds"].tolist() == [0, 3, 3, 8, 10]
     assert int(meta["used"]) == 5
     assert tile_visits([3, 0, 5, 2], 4) == 4  # the op model counts the same compute visits
+
+
+def test_step_tables_hand_worked():
+    # The visits of test_visit_list_hand_worked in panels of 2 column blocks: row tile by row tile, column by
+    # column over the tile's visits. Tile 0 (visits 0 and 1, groups 0 and 2): (col 0: v0, v1), (col 1: v0, v1);
+    # tile 1 (v2): cols 0, 1; tile 2 (v3): cols 0, 1; tile 3 (zero visit v4): cols 0, 1 -> 10 steps run; the
+    # table has room for 2 x 7 = 14, the 4 past them no-ops on the last visit (group 3, tiles 2 / 3) and column.
+    meta = visit_metadata(jnp.asarray([3, 0, 5, 2], jnp.int32), m=16, bm=4)
+    steps = {k: np.asarray(v) for k, v in step_metadata(meta, cols=2).items()}
+    assert int(steps["used"]) == 10
+    assert steps["group"].tolist() == [0, 2, 0, 2, 2, 2, 3, 3, 3, 3] + [3] * 4
+    assert steps["col"].tolist() == [0, 0, 1, 1, 0, 1, 0, 1, 0, 1] + [1] * 4
+    assert steps["out_tile"].tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 3, 3] + [3] * 4
+    assert steps["lhs_tile"].tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2, 2] + [2] * 4
+    assert steps["mode"].tolist() == [COMPUTE] * 8 + [ZERO] * 2 + [NOOP] * 4
+    # One column block per panel: the visit list itself.
+    one = step_metadata(meta, cols=1)
+    assert all(np.array_equal(np.asarray(one[k]), np.asarray(meta[k])) for k in meta)
+    assert not np.asarray(one["col"]).any()
+
+
+@pytest.mark.parametrize("cols", [1, 2, 3])
+@pytest.mark.parametrize("sizes", [[23, 7, 31, 39], [1, 2, 3, 94], [5, 0, 20, 15], [0, 0, 0, 0]])
+def test_both_orders_match_the_reference(monkeypatch, sizes, cols):
+    # N = 300 over 128-column blocks: 3 column blocks, so panels of 2 leave the last panel a tail of one block;
+    # panels of 1 are column-major, of 3 row-major over every block. Straddled tiles, empty groups and rows past
+    # the groups in each order.
+    monkeypatch.setattr(gmm_kernel, "panel_columns", lambda *a, **kw: cols)
+    lhs, rhs, _ = _operands(100, 300, 300, 4, "float32")
+    out, ref = _run(lhs, rhs, sizes)
+    _check(out, ref)
+
+
+def test_panel_columns_pick_the_order_with_fewer_bytes():
+    # 8 groups x 1024 rows, K = 4096, N = 14336 bf16 at bm=1024, bn=2048 (7 column blocks), 8 visits. bk = 2048:
+    # column-major reads the lhs 7 x 64 MiB and the weights once per visit (8 x 112 MiB); row-major the lhs once
+    # (one core) or twice (v5p's two cores, panels of 4 blocks) and the same weights: row-major.
+    shape = dict(m=8192, k=4096, n=14336, groups=8, lhs_itemsize=2, rhs_itemsize=2)
+    blocks = GroupedMatmulBlockSizes(bm=1024, bk=2048, bn=2048)
+    assert panel_columns(get_chip("tpu-v6e"), blocks=blocks, **shape) == 7
+    assert panel_columns(get_chip("tpu-v5p"), blocks=blocks, **shape) == 4
+    # bm = 512, bk = K (16 visits): column-major reads each group's weights once (its two tiles' visits are
+    # consecutive and share the block), row-major once per visit: row-major would save 6 x 64 MiB of lhs reads
+    # and read 8 x 112 MiB more weights: column-major.
+    assert panel_columns(get_chip("tpu-v6e"), blocks=GroupedMatmulBlockSizes(bm=512, bk=4096, bn=2048), **shape) == 1
+    # One column block: nothing to order.
+    assert panel_columns(get_chip("tpu-v6e"), blocks=GroupedMatmulBlockSizes(bm=1024, bk=2048, bn=14336),
+                         **shape) == 1
+
+
+def test_row_major_reads_each_row_tile_once():
+    # M = 64 rows in 2 tiles of 32, K = 256 (2 K blocks), N = 512 (4 column blocks), groups of 32 rows: row-major
+    # keeps each tile's [32, 256] f32 rows resident and reads them once (2 x 32 KiB), where column-major would
+    # read them once per column block (4x).
+    from perfmodel.schedule.recorder import record_traffic
+
+    lhs, rhs, _ = _operands(64, 256, 512, 2, "float32")
+    gs = jnp.asarray([32, 32], jnp.int32)
+    blocks = GroupedMatmulBlockSizes(bm=32, bk=128, bn=128)
+    assert panel_columns(get_chip("tpu-v5e"), m=64, k=256, n=512, groups=2, blocks=blocks, lhs_itemsize=4,
+                         rhs_itemsize=4) == 4
+    rec = record_traffic(lambda a, b, c: grouped_matmul(lhs=a, rhs=b, group_sizes=c, block_sizes=blocks), lhs, rhs, gs)
+    lhs_reads = [t for t in rec.transfers if t.role == "input" and "lhs" in t.name]
+    assert sum(t.nbytes for t in lhs_reads) == 64 * 256 * 4
+    np.testing.assert_allclose(np.asarray(rec.outputs), np.asarray(grouped_matmul_reference(lhs, rhs, gs)),
+                               **TOL["float32"])
 
 
 @pytest.mark.parametrize("sizes", [[23, 7, 31, 39], [0, 0, 100, 0], [1, 2, 3, 94], [0, 0, 0, 5]])

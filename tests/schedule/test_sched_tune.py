@@ -37,6 +37,7 @@ from perfmodel.schedule.tuned import (
     MAX_RAISED_VMEM_FRACTION,
     SCOPED_VMEM_BAND,
     compiled_choice_with_raised,
+    incumbent_candidate,
     preference_order,
     raised_candidates,
     robust_choice,
@@ -186,7 +187,8 @@ def test_every_kernel_with_block_sizes_has_tuned_defaults_that_follow_the_rule(s
         for key, stored in configs.items():
             assert fields <= set(stored), (chip_name, key)
             if stored.get("compiled_s") is not None:  # stored by tune --write --compile: the compiler's figures
-                most = data["compiler"]["compile_top"] + data["compiler"].get("compile_raised", 0)
+                # the pool, the raised-limit candidates and the blocks stored before the run
+                most = data["compiler"]["compile_top"] + data["compiler"].get("compile_raised", 0) + 1
                 assert most >= stored["candidates_compiled"] >= 1
                 limit = stored["vmem_limit_bytes"] or chip.memory.vmem_default_scoped_limit_bytes_per_core
                 assert stored["compiled_s"] > 0 and 0 < stored["vmem_allocated_bytes"] <= limit, (chip_name, key)
@@ -283,6 +285,18 @@ def test_compile_raised_orders_the_model_ties_by_the_least_vpu_work():
     assert [c.blocks["b"] for c in raised_candidates(result, 4)] == ["lean-b", "lean-a", "fast-much-vpu",
                                                                     "outside-band"]
     assert [c.blocks["b"] for c in raised_candidates(result, 1)] == ["lean-b"]
+
+
+def test_a_retune_compiles_the_stored_blocks_next_to_the_pool():
+    # The stored entry's blocks are compiled too when the model no longer puts them in the pool, and only when
+    # they are a legal candidate of this problem and not compiled anyway.
+    pool = _cand("new", 1.00, vmem_mib=10)
+    old = _cand("old", 1.05, vmem_mib=12)
+    result = _result(pool, old, _cand("other", 1.10, vmem_mib=8))
+    assert incumbent_candidate(result, {"b": "old", "expected_s": 0.9}, ["b"]) == [old]
+    assert incumbent_candidate(result, {"b": "old"}, ["b"], exclude=[old]) == []  # in the order already
+    assert incumbent_candidate(result, {"b": "gone"}, ["b"]) == []  # no longer legal
+    assert incumbent_candidate(result, None, ["b"]) == []  # nothing stored for this chip / configuration
 
 
 def test_a_raised_limit_is_stored_only_when_it_compiles_faster_than_the_tie_band():
