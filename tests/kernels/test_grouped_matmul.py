@@ -157,6 +157,22 @@ def test_both_orders_match_the_reference(monkeypatch, sizes, cols):
     _check(out, ref)
 
 
+def test_row_major_panels_have_no_dma_races(monkeypatch):
+    # TPU interpret mode with race detection on two cores: 3 column blocks in panels of 2 (the "parallel" axis
+    # gives each core a panel; the second panel's tail steps stay on its last block), straddled tiles, an empty
+    # group and rows past the groups (a shape no other test uses, so nothing compiled without it is reused).
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+    from jax.experimental.pallas import tpu as pltpu
+
+    params = pltpu.InterpretParams(detect_races=True, num_cores_or_threads=2)
+    monkeypatch.setattr(gmm_kernel, "interpret_params", lambda interpret: params if interpret else False)
+    monkeypatch.setattr(gmm_kernel, "panel_columns", lambda *a, **kw: 2)
+    lhs, rhs, _ = _operands(72, 200, 384, 3, "float32", seed=3)
+    out, ref = _run(lhs, rhs, [20, 0, 37])
+    assert tpu_interpret.races is not None and not tpu_interpret.races.races_found
+    _check(out, ref)
+
+
 def test_panel_columns_pick_the_order_with_fewer_bytes():
     # 8 groups x 1024 rows, K = 4096, N = 14336 bf16 at bm=1024, bn=2048 (7 column blocks), 8 visits. bk = 2048:
     # column-major reads the lhs 7 x 64 MiB and the weights once per visit (8 x 112 MiB); row-major the lhs once
