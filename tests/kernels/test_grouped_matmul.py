@@ -1,7 +1,8 @@
 """The grouped matmul (mixture of experts) in interpret mode against its jnp reference: dtypes x shapes (aligned,
 unaligned M/K/N), ragged group patterns (empty groups, one group holding every row, boundaries inside a row tile,
-rows past the groups), the visit list, the weight traffic (an empty group's weights are never read), input errors,
-and the grouped GEMM op model it shares with the transformer's MoE terms."""
+rows past the groups), the visit list and the step tables of both grid orders (column-major and row-major panels),
+the traffic (an empty group's weights are never read; row-major reads each row tile once), races on two cores,
+input errors, and the grouped GEMM op model it shares with the transformer's MoE terms."""
 
 from __future__ import annotations
 
@@ -145,12 +146,12 @@ def test_step_tables_hand_worked():
     assert not np.asarray(one["col"]).any()
 
 
-@pytest.mark.parametrize("cols", [1, 2, 3])
+@pytest.mark.parametrize("cols", [1, 2])
 @pytest.mark.parametrize("sizes", [[23, 7, 31, 39], [1, 2, 3, 94], [5, 0, 20, 15], [0, 0, 0, 0]])
 def test_both_orders_match_the_reference(monkeypatch, sizes, cols):
     # N = 300 over 128-column blocks: 3 column blocks, so panels of 2 leave the last panel a tail of one block;
-    # panels of 1 are column-major, of 3 row-major over every block. Straddled tiles, empty groups and rows past
-    # the groups in each order.
+    # panels of 1 are column-major (the small shapes above go row-major: panel_columns). Straddled tiles, empty
+    # groups and rows past the groups in each order.
     monkeypatch.setattr(gmm_kernel, "panel_columns", lambda *a, **kw: cols)
     lhs, rhs, _ = _operands(100, 300, 300, 4, "float32")
     out, ref = _run(lhs, rhs, sizes)
