@@ -167,7 +167,7 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
 
     names = list(chips or spec.chips or [c.name for c in all_chips() if c.kind == "tpu"])
     entry = get_entry(spec.entry)
-    stored, stored_shapes = _stored_defaults(spec.kernel) if compile_top is not None else ({}, {})
+    stored = _stored_defaults(spec) if compile_top is not None else {}
     extra = spec.extra() if spec.extra else None
     out: dict[str, Any] = {}
     for name in names:
@@ -188,9 +188,8 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
                     progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
                 pool = preference_order(result)[:compile_top]
                 order = pool + raised_candidates(result, spec.compile_raised)
-                if stored_shapes.get(config.key) == list(config.shapes):  # stored for this very problem
-                    order += incumbent_candidate(result, stored.get(chip.name, {}).get(config.key),
-                                                 [ax.field for ax in entry.block_axes], exclude=order)
+                order += incumbent_candidate(result, stored.get(chip.name, {}).get(config.key),
+                                             [ax.field for ax in entry.block_axes], exclude=order)
                 reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
                                            top=len(order), extra=static)
                 in_pool = {id(c) for c in pool}
@@ -208,14 +207,15 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
     return out
 
 
-def _stored_defaults(kernel: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The kernel's stored defaults ({chip: {config: entry}}) and the --shape flags each configuration was tuned
-    on ({config: [shapes]}); both empty when it has no tuned.json yet."""
+def _stored_defaults(spec: TunedKernel) -> dict[str, Any]:
+    """The kernel's stored defaults ({chip: {config: entry}}) of the configurations tuned on the --shape flags
+    ``spec`` tunes them on now (an entry for another problem is no incumbent); empty without a tuned.json."""
     try:
-        data = load_tuned_file(kernel)
+        data = load_tuned_file(spec.kernel)
     except FileNotFoundError:
-        return {}, {}
-    return data["defaults"], data.get("shapes", {})
+        return {}
+    same = {c.key for c in spec.configs if data.get("shapes", {}).get(c.key) == list(c.shapes)}
+    return {chip: {k: v for k, v in configs.items() if k in same} for chip, configs in data["defaults"].items()}
 
 
 def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
