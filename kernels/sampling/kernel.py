@@ -7,22 +7,27 @@ distribution then min-p, Gumbel-max draw).
 No sort. Every filter is a *threshold* on the scaled logits ``z``: the kept
 set is ``{z >= t}``. top-k and top-p thresholds are found by bisection on the
 order-preserving int32 image of f32 (so each step halves a range of float
-values exactly and the search ends after at most 32 steps); each step is one
+values exactly and the search ends after at most 32 steps after the bracket's
+probe); each step is one
 pass over the row block that counts (top-k) or counts and sums ``exp(z - max)``
 (top-p) above the candidate. A search stops for a row as soon as its kept set
 is exact: the count equals k (top-k), or only one element lies between the
-bounds (top-p). min-p is a closed-form threshold, ``max + log(min_p)``.
+bounds (top-p). Each search's first pass probes a bracket read off phase 0's
+lane-wide maxima instead of the middle of the float range (``_thresholds``),
+which halves the passes a top-k 50 + top-p 0.9 draw makes. min-p is a
+closed-form threshold, ``max + log(min_p)``.
 
 Passes over the logits, per block of ``block_b`` rows:
 
 * phase 0, streamed from HBM in ``block_v`` blocks (1 pass): row max and argmax
-  of ``z``, and a copy of the rows into VMEM (in the logits' dtype);
-* phase 1, over the VMEM copy: top-k bisection (at most 32 passes, only while
+  of ``z``, and a copy of the rows into VMEM (z itself where the copy is f32, else the
+  logits in their dtype);
+* phase 1, over the VMEM copy: top-k bisection (at most 33 passes, only while
   some row has ``top_k < vocab``), one pass for the top-k set's mass (only
-  when a row has ``top_p < 1``), top-p bisection (at most 32 passes), then the
+  when a row has ``top_p < 1``), top-p bisection (at most 33 passes), then the
   draw (1 pass; with pre-drawn noise it streams the noise from HBM).
 
-So the logits leave HBM once; the kernel makes at most 1 + 32 + 1 + 32 + 1 = 67
+So the logits leave HBM once; the kernel makes at most 1 + 33 + 1 + 33 + 1 = 69
 passes over them in all, 2 when no row filters and 1 for a greedy-only call.
 Ties at a threshold are all kept (the sort-based reference keeps the first k).
 """
@@ -47,6 +52,8 @@ from kernels.tiling import LANES
 
 #: Bisection steps that always suffice: each halves a range of at most 2**32 int32 keys.
 MAX_BISECTION_STEPS = 32
+#: Passes a threshold search may make: the bracket's probe (see :func:`_thresholds`), then the bisection.
+MAX_SEARCH_PASSES = MAX_BISECTION_STEPS + 1
 #: Columns of the packed per-row option arrays.
 _F_INV_TEMP, _F_TOP_P, _F_MIN_P, _F_GREEDY, _F_PRESENCE, _F_FREQUENCY, _F_REPETITION = range(7)
 _I_TOP_K, _I_SEED = range(2)
@@ -293,7 +300,7 @@ def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
                           top_p=1.0 if random and filters.top_p else None,
                           min_p=0.0 if random and filters.min_p else None, penalties=filters.penalties,
                           logit_bias=filters.bias, logprobs=filters.logprobs,
-                          method="threshold", passes=MAX_BISECTION_STEPS)
+                          method="threshold", passes=MAX_SEARCH_PASSES)
     estimate = to_cost_estimate(cost)
     if mode != "noise":
         return estimate
@@ -399,9 +406,9 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
                                 token_counts=None if counts_ref is None else counts_ref[:, lanes],
                                 **(penalty if filters.penalties else {}))
             x = jnp.where(lane_iota < vocab - offset, x, -jnp.inf)
-            if phases_of(mode, n_top) == 2:  # the passes of phase 1 read the resident copy
-                rows_ref[j, :, lanes] = x.astype(rows_ref.dtype)
             z = x * inv_t
+            if phases_of(mode, n_top) == 2:  # the passes of phase 1 read the resident copy (see _resident_z)
+                rows_ref[j, :, lanes] = (z if rows_ref.dtype == jnp.float32 else x).astype(rows_ref.dtype)
             better = z > top_v  # strict: each lane keeps its first occurrence
             new_top = jnp.where(better, z, top_v)
             if with_lse:  # online sum of exp(z - running max), rescaled when the max grows
@@ -434,8 +441,8 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
 
     @pl.when((phase == 1) & (j == 0))
     def _search():
-        cut_ref[...] = _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, max_ref[...], vocab=vocab,
-                                   filters=filters, width=width)
+        cut_ref[...], _, _ = _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, max_ref[...], max_v_ref[...],
+                                         vocab=vocab, filters=filters, width=width)
         best_v_ref[...] = neg_inf
         pick_v_ref[...] = jnp.zeros_like(big)
         bestz_v_ref[...] = neg_inf
@@ -448,7 +455,7 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
         for g in range(groups):
             lanes = pl.ds(g * width, width)
             cols = cols_of(j, g)
-            z = rows_ref[j, :, lanes].astype(jnp.float32) * inv_t
+            z = _resident_z(rows_ref[j, :, lanes], inv_t)
             u = noise_ref[:, lanes] if mode == "noise" else rng.hash_uniform(seed, cols)
             score = jnp.where(z >= cut, z + rng.gumbel(u), -jnp.inf)
             better = score > best
@@ -464,6 +471,58 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
             _finish(index, cut_ref[...], z_pick)
 
 
+def search_passes(logits, *, top_k=None, top_p=None, temperature=1.0, block_b: int = 16, block_v: int = 8192,
+                  brackets: bool = True):
+    """The passes the kernel's threshold searches make on ``logits`` [batch, vocab] (a diagnostic: the same
+    ``_thresholds`` the kernel runs, in Pallas interpret mode on this host, over f32 rows with no penalties or
+    bias). Returns ``(thresholds [batch] f32, passes [row blocks, 2] int32)``: per block of ``block_b`` rows, the
+    top-k and the top-p search's passes over the resident rows (0 where the filter is off). ``brackets=False``
+    hides the lane maxima (all -inf), so every pass bisects: the searches as they were before the brackets."""
+    logits = jnp.asarray(logits, jnp.float32)
+    batch, vocab = logits.shape
+    opts = row_options(batch=batch, vocab=vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=None,
+                       random=True)
+    filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=False)
+    width = lane_group(block_v)
+    row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
+    pad_b = row_blocks * block_b - batch
+    rows = jnp.pad(logits, ((0, pad_b), (0, vocab_blocks * block_v - vocab)), constant_values=-jnp.inf)
+    opts_f = jnp.zeros((batch, N_OPTS_F), jnp.float32).at[:, _F_INV_TEMP].set(opts.inv_temperature)
+    opts_f = opts_f.at[:, _F_TOP_P].set(opts.top_p).at[:, _F_GREEDY].set(opts.greedy.astype(jnp.float32))
+    opts_f = jnp.pad(opts_f, ((0, pad_b), (0, 0)), constant_values=1.0)
+    opts_i = jnp.pad(jnp.stack([opts.top_k, jnp.zeros_like(opts.top_k)], axis=1), ((0, pad_b), (0, 0)),
+                     constant_values=vocab)
+    z = rows * opts_f[:, _F_INV_TEMP:_F_INV_TEMP + 1]  # f32 resident rows hold z (_resident_z)
+    lane_max = jnp.max(z.reshape(z.shape[0], -1, width), axis=1)  # phase 0's lane-wide maxima
+    z_max = jnp.max(lane_max, axis=1, keepdims=True)
+    if not brackets:
+        lane_max = jnp.full_like(lane_max, -jnp.inf)
+    rows = z.reshape(z.shape[0], vocab_blocks, block_v).transpose(1, 0, 2)
+
+    def kernel(rows_ref, opts_f_ref, opts_i_ref, z_max_ref, lane_max_ref, cut_ref, passes_ref):
+        # rows_ref [vocab_blocks, block_b, block_v] f32; opts [block_b, 7 / 2]; z_max [block_b, 1];
+        # lane_max [block_b, width]; cut_ref [block_b, 1] f32; passes_ref [1, 2] int32 (SMEM)
+        cut, k_passes, p_passes = _thresholds(rows_ref, opts_f_ref, opts_i_ref, _column(opts_f_ref, _F_GREEDY) > 0.5,
+                                              z_max_ref[...], lane_max_ref[...], vocab=vocab, filters=filters,
+                                              width=width)
+        cut_ref[...] = cut
+        passes_ref[0, 0], passes_ref[0, 1] = k_passes, p_passes
+
+    def row(width_):
+        return pl.BlockSpec((block_b, width_), lambda i: (i, 0))
+
+    cut, passes = pl.pallas_call(
+        kernel, grid=(row_blocks,),
+        in_specs=[pl.BlockSpec((vocab_blocks, block_b, block_v), lambda i: (0, i, 0)), row(N_OPTS_F),
+                  row(N_OPTS_I), row(1), row(width)],
+        out_specs=[row(1), pl.BlockSpec((1, 2), lambda i: (i, 0), memory_space=pltpu.SMEM)],
+        out_shape=[jax.ShapeDtypeStruct((rows.shape[1], 1), jnp.float32),
+                   jax.ShapeDtypeStruct((row_blocks, 2), jnp.int32)],
+        interpret=True,
+    )(rows, opts_f, opts_i, z_max, lane_max)
+    return np.asarray(cut[:batch, 0]), np.asarray(passes)
+
+
 def phases_of(mode: str, n_top: int) -> int:
     """Grid phases: 1 (streaming only) for a greedy call without top-n log-probabilities, else 2."""
     return 1 if mode == "greedy" and n_top == 0 else 2
@@ -473,17 +532,24 @@ def _column(ref, k: int) -> jax.Array:
     return ref[:, k:k + 1]
 
 
+def _resident_z(rows: jax.Array, inv_t: jax.Array) -> jax.Array:
+    """Scaled logits z of a block of the resident rows: f32 rows hold z itself (phase 0 stores ``x * inv_t``, so
+    no pass multiplies again); rows in the logits' narrower dtype hold x, scaled here in f32."""
+    return rows if rows.dtype == jnp.float32 else rows.astype(jnp.float32) * inv_t
+
+
 def _fold_rows(rows_ref, inv_t_col, width: int, step, init):
     """One pass over the resident rows: ``step(z, cols, acc)`` on each [block_b, width] lane group of scaled logits
-    ``z`` (vocab indices ``cols``), chunk by chunk; lane-wide accumulators, so nothing spills."""
+    ``z`` (vocab indices ``cols`` as exact f32 integers, one vector add from a scalar offset), chunk by chunk;
+    lane-wide accumulators, so nothing spills."""
     vocab_blocks, block_b, block_v = rows_ref.shape
     inv_t = jnp.broadcast_to(inv_t_col, (block_b, width))
-    lane_iota = lax.broadcasted_iota(jnp.int32, (block_b, width), 1)
+    lane_iota = lax.broadcasted_iota(jnp.int32, (block_b, width), 1).astype(jnp.float32)
 
     def chunk(c, acc):
         for g in range(block_v // width):
-            z = rows_ref[c, :, pl.ds(g * width, width)].astype(jnp.float32) * inv_t
-            acc = step(z, lane_iota + (c * block_v + g * width), acc)
+            z = _resident_z(rows_ref[c, :, pl.ds(g * width, width)], inv_t)
+            acc = step(z, lane_iota + (c * block_v + g * width).astype(jnp.float32), acc)
         return acc
 
     return lax.fori_loop(0, vocab_blocks, chunk, init)
@@ -503,10 +569,9 @@ def _top_n(rows_ref, opts_f_ref, n: int, *, vocab: int, width: int):
 
         def step(z, cols, acc):
             best, index = acc
-            colf = cols.astype(jnp.float32)
-            after = (z < prev_z_w) | ((z == prev_z_w) & (colf > prev_i_w))  # after the previous in (z desc, index)
-            better = after & (z > best) & (z > -jnp.inf)
-            return jnp.where(better, z, best), jnp.where(better, colf, index)
+            after = (z < prev_z_w) | ((z == prev_z_w) & (cols > prev_i_w))  # after the previous in (z desc, index)
+            better = after & (z > best)  # best starts at -inf, so -inf entries are never taken
+            return jnp.where(better, z, best), jnp.where(better, cols, index)
 
         best, index = _fold_rows(rows_ref, inv_t, width, step, (neg_inf, big))
         top = jnp.max(best, axis=1, keepdims=True)
@@ -519,11 +584,37 @@ def _top_n(rows_ref, opts_f_ref, n: int, *, vocab: int, width: int):
     return ids, zs
 
 
-def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, filters: Filters, width: int):
-    """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows.
+def _largest_key_reaching(values: jax.Array, weights: jax.Array, target: jax.Array) -> jax.Array:
+    """Per row, the largest int32 key ``t`` with ``sum(weights where values >= _unkey(t)) >= target`` over a small
+    lane-wide array (values / weights [block_b, width], target [block_b, 1]): 32 halvings of the key range, no
+    pass over the rows. ``_key(-inf)`` where no value reaches the target (e.g. fewer than k values)."""
+    lo = jnp.full(target.shape, _key(jnp.float32(-jnp.inf)), jnp.int32)
+    hi = _key(jnp.max(values, axis=1, keepdims=True)) + 1
+
+    def halve(_, state):
+        lo, hi = state
+        mid = _midpoint(lo, hi)
+        above = values >= jnp.broadcast_to(_unkey(mid), values.shape)
+        reached = jnp.sum(jnp.where(above, weights, 0.0), axis=1, keepdims=True) >= target
+        return jnp.where(reached, mid, lo), jnp.where(reached, hi, mid)
+
+    return lax.fori_loop(0, MAX_BISECTION_STEPS, halve, (lo, hi))[0]
+
+
+def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vocab: int, filters: Filters,
+                width: int):
+    """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows, and the passes
+    each search made (int32 scalars).
 
     Filters the call did not pass (``filters``) are not compiled at all. Each pass folds the chunks into
     lane-wide [block_b, width] count (and mass) accumulators and reduces them across lanes once.
+
+    Brackets: phase 0's lane-wide maxima ``lane_max`` [block_b, width] are ``width`` distinct elements of each
+    row, so the k-th largest of them has at least k elements at or above it, and the largest lane maximum whose
+    lane maxima at or above it (inside the top-k set) carry the top-p mass has at least that mass above it. Each
+    search's first pass probes that bracket instead of the midpoint of the whole float range; the probe is a pass
+    like any other (the search moves on the count or mass it measures), so a bracket that misses costs one pass
+    and never changes the threshold.
     """
     vocab_blocks, block_b, block_v = rows_ref.shape
     shape = (block_b, 1)
@@ -536,6 +627,7 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, 
     above_max = _key(z_max) + 1
     zero = jnp.zeros((block_b, width), jnp.float32)
     z_max_w = jnp.broadcast_to(z_max, (block_b, width))
+    key_neg_inf = _key(jnp.float32(-jnp.inf))
 
     def count_and_mass(t, with_mass: bool):
         t_w = jnp.broadcast_to(t, (block_b, width))
@@ -551,31 +643,36 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, 
         count, mass = acc if with_mass else (acc, zero)
         return jnp.sum(count, axis=1, keepdims=True), jnp.sum(mass, axis=1, keepdims=True)
 
+    def probe(it, bracket, lo, hi):
+        """The candidate of pass ``it``: the bracket first where it lies inside (lo, hi), else the midpoint."""
+        return jnp.where((it == 0) & (bracket > lo) & (bracket < hi), bracket, _midpoint(lo, hi))
+
     def top_k_search():
         """Largest key lo with count(z >= lo) >= k; a row is done when its count is exactly k."""
         use_k = jnp.logical_not(greedy) & (top_k < float(vocab))
-        lo0 = jnp.full(shape, _key(jnp.float32(-jnp.inf)), jnp.int32)
+        lo0 = jnp.full(shape, key_neg_inf, jnp.int32)
+        bracket = _largest_key_reaching(lane_max, jnp.ones_like(lane_max), top_k)
 
         def k_pending(state):
             _, lo, hi, count_lo = state
             return use_k & (count_lo != top_k) & (lo + 1 < hi)
 
         def k_cond(state):
-            return (state[0] < MAX_BISECTION_STEPS) & _any(k_pending(state))
+            return (state[0] < MAX_SEARCH_PASSES) & _any(k_pending(state))
 
         def k_body(state):
             it, lo, hi, count_lo = state
             pending = k_pending(state)
-            mid = _midpoint(lo, hi)
+            mid = probe(it, bracket, lo, hi)
             count, _ = count_and_mass(_unkey(mid), with_mass=False)
             up = pending & (count >= top_k)
             down = pending & (count < top_k)
             return it + 1, jnp.where(up, mid, lo), jnp.where(down, mid, hi), jnp.where(up, count, count_lo)
 
-        _, k_lo, _, k_count = lax.while_loop(k_cond, k_body, (jnp.int32(0), lo0, above_max, all_count))
+        passes, k_lo, _, k_count = lax.while_loop(k_cond, k_body, (jnp.int32(0), lo0, above_max, all_count))
         t_k = jnp.where(use_k, _unkey(k_lo), no_cut)
         count_k = jnp.where(use_k, k_count, all_count)
-        return t_k, count_k
+        return t_k, count_k, passes
 
     use_p = jnp.logical_not(greedy) & (top_p < 1.0)
 
@@ -584,18 +681,20 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, 
         left in [lo, hi)."""
         _, mass_k = count_and_mass(t_k, with_mass=True)
         target = top_p * mass_k
+        kept = lane_max >= jnp.broadcast_to(t_k, lane_max.shape)
+        bracket = _largest_key_reaching(lane_max, jnp.where(kept, jnp.exp(lane_max - z_max_w), 0.0), target)
 
         def p_pending(state):
             _, lo, hi, count_lo, count_hi = state
             return use_p & (count_lo - count_hi > 1.0) & (lo + 1 < hi)
 
         def p_cond(state):
-            return (state[0] < MAX_BISECTION_STEPS) & _any(p_pending(state))
+            return (state[0] < MAX_SEARCH_PASSES) & _any(p_pending(state))
 
         def p_body(state):
             it, lo, hi, count_lo, count_hi = state
             pending = p_pending(state)
-            mid = _midpoint(lo, hi)
+            mid = probe(it, bracket, lo, hi)
             count, mass = count_and_mass(_unkey(mid), with_mass=True)
             up = pending & (mass >= target)
             down = pending & (mass < target)
@@ -603,14 +702,18 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, *, vocab: int, 
                     jnp.where(down, count, count_hi))
 
         init = (jnp.int32(0), _key(t_k), above_max, count_k, jnp.zeros(shape, jnp.float32))
-        _, p_lo, _, _, _ = lax.while_loop(p_cond, p_body, init)
-        return jnp.where(use_p, _unkey(p_lo), no_cut)
+        passes, p_lo, _, _, _ = lax.while_loop(p_cond, p_body, init)
+        return jnp.where(use_p, _unkey(p_lo), no_cut), passes
 
-    cut, count = no_cut, all_count
+    cut, count, k_passes, p_passes = no_cut, all_count, jnp.int32(0), jnp.int32(0)
     if filters.top_k:
-        cut, count = top_k_search()
+        cut, count, k_passes = top_k_search()
     if filters.top_p:
-        cut = lax.cond(_any(use_p), lambda: jnp.maximum(cut, top_p_search(cut, count)), lambda: cut)
+        def with_top_p():
+            t_p, passes = top_p_search(cut, count)
+            return jnp.maximum(cut, t_p), passes
+
+        cut, p_passes = lax.cond(_any(use_p), with_top_p, lambda: (cut, jnp.int32(0)))
     if filters.min_p:
         cut = jnp.maximum(cut, jnp.where(jnp.logical_not(greedy) & (min_p > 0.0), z_max + jnp.log(min_p), no_cut))
-    return cut
+    return cut, k_passes, p_passes

@@ -12,10 +12,12 @@ number of vocabulary chunks (``vocab / block_v``); its body is one chunk of ``bl
 chunk is its bytes over the HBM bandwidth one TensorCore gets (chip rate / TensorCores sharing it), in core
 cycles. Passes are labelled in program order by the variant's known sequence of searches.
 
-Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the bisection steps, whose
-number depends on the data (12-21 top-k and 7-16 top-p passes on N(0, 2.5^2) rows, kernels/README.md), so the
-whole call against the roofline is worked out from these per-pass figures in kernels/README.md; this script does
-not count passes itself.
+Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the threshold searches,
+whose number depends on the data. For the top-k+top-p variant the script counts them with
+``kernels.sampling.kernel.search_passes`` (the kernel's own search, in interpret mode on this host) on three
+kinds of 64 x vocab rows, with and without the lane-maxima brackets, and prints the searches' cycles per row
+block (passes x chunks x bundles per chunk, plus the brackets' 32 halvings each) against the roofline (one read
+of the row block's logits from HBM).
 """
 
 from __future__ import annotations
@@ -126,6 +128,10 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
     innermost = [lp for lp in sched.loops
                  if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in sched.loops)]
     chunk_loops = [lp for lp in innermost if lp is not grid and lp.trip_count == chunks]
+    from kernels.sampling.kernel import MAX_BISECTION_STEPS
+
+    halvings = [loop_stats(sched, lp).weighted_bundles for lp in sorted(innermost, key=lambda lp: lp.start)
+                if lp is not grid and lp.trip_count == MAX_BISECTION_STEPS and lp.trip_count != chunks]
     passes = []
     for i, lp in enumerate(sorted(chunk_loops, key=lambda lp: lp.start)):
         st = loop_stats(sched, lp)
@@ -139,7 +145,7 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
         estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=True, greedy=True)
     return dict(scoped_vmem_bytes=child["scoped_vmem_bytes"], vmem_estimate_bytes=estimate, block_b=blocks.block_b, block_v=blocks.block_v, chunks=chunks, program_bundles=len(sched.bundles),
                 grid_body_bundles=body.bundles, grid_spills=body.vector_spills, grid_fills=body.vector_fills,
-                passes=passes)
+                passes=passes, bracket_halving_bundles=halvings)
 
 
 def hbm_floor_cycles(chip: str, chunk_bytes: int) -> float:
@@ -149,6 +155,44 @@ def hbm_floor_cycles(chip: str, chunk_bytes: int) -> float:
     spec = get_chip(chip)
     share = spec.memory.hbm_bw_bytes_per_s_per_chip / spec.cores.cores_per_chip
     return chunk_bytes / share * spec.compute.clock_hz
+
+
+def test_rows(kind: str, batch: int, vocab: int) -> "np.ndarray":
+    """64 x vocab f32 rows: ``normal`` N(0, 2.5^2); ``spiky`` N(0, 1) with 30 tokens at N(12, 2^2) (a confident
+    model); ``zipf`` 3 * -1.1 * log(rank) over a random permutation (a heavy-tailed one). Seeded."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if kind == "normal":
+        return rng.normal(0, 2.5, (batch, vocab)).astype(np.float32)
+    if kind == "spiky":
+        rows = rng.normal(0, 1, (batch, vocab)).astype(np.float32)
+        for r in range(batch):
+            rows[r, rng.choice(vocab, 30, replace=False)] = rng.normal(12, 2, 30)
+        return rows
+    return np.stack([-3.3 * np.log1p(rng.permutation(vocab)) for _ in range(batch)]).astype(np.float32)
+
+
+def search_cycles(r: dict, *, batch: int, vocab: int, floor: float) -> None:
+    """Print the top-k + top-p searches' cycles per row block on three kinds of rows, with and without brackets."""
+    from kernels.sampling.kernel import MAX_BISECTION_STEPS, search_passes
+
+    topk, mass, countmass = (p["bundles"] for p in r["passes"][:3])
+    halving = sum(r["bracket_halving_bundles"])  # one halving of each search's bracket
+    chunks = r["chunks"]
+    opts = VARIANTS["top-k+top-p"][0]
+    for kind in ("normal", "spiky", "zipf"):
+        rows = test_rows(kind, batch, vocab)
+        for brackets in (False, True):
+            _, passes = search_passes(rows, top_k=opts["top_k"], top_p=opts["top_p"],
+                                      temperature=opts["temperature"], block_b=r["block_b"], brackets=brackets)
+            cycles = [chunks * (k * topk + mass + p * countmass) + (MAX_BISECTION_STEPS * halving if brackets else 0)
+                      for k, p in passes.tolist()]
+            print(f"    {kind:6s} rows, {'with' if brackets else 'no  '} brackets: top-k passes "
+                  f"{passes[:, 0].min()}-{passes[:, 0].max()}, top-p {passes[:, 1].min()}-{passes[:, 1].max()}; "
+                  f"searches {min(cycles) / 1e3:.1f}k-{max(cycles) / 1e3:.1f}k cycles per row block = "
+                  f"{min(cycles) / (chunks * floor):.1f}-{max(cycles) / (chunks * floor):.1f}x one read of its "
+                  f"logits ({chunks * floor / 1e3:.1f}k)")
 
 
 def main() -> None:
@@ -177,6 +221,11 @@ def main() -> None:
                 print(f"{chip:8s} {variant:12s} {p['label']:24s} {p['bundles']:6d} bundles/chunk "
                       f"spills {p['spills']:4d} fills {p['fills']:4d}  vs HBM floor {floor:6.0f} cycles: "
                       f"{p['bundles'] / floor:.2f}x")
+            if r["bracket_halving_bundles"]:
+                print(f"{chip:8s} {variant:12s} brackets: {r['bracket_halving_bundles']} bundles per halving "
+                      f"(32 halvings each)")
+            if variant == "top-k+top-p" and len(r["passes"]) >= 3:
+                search_cycles(r, batch=args.batch, vocab=args.vocab, floor=floor)
             if variant.startswith("rejection"):  # one grid step streams a target and a draft block
                 print(f"{chip:8s} {variant:12s} grid step {r['grid_body_bundles']} bundles vs HBM floor of its 2 "
                       f"blocks {2 * floor:.0f} cycles: {r['grid_body_bundles'] / (2 * floor):.2f}x")

@@ -191,8 +191,8 @@ def _ragged_paged_attention(specs, static, used):
                                   block_kv=used["block_kv"])
 
 
-#: The kernel's worst case of bisection passes per threshold search.
-SAMPLING_PASSES = 32
+#: The kernel's worst case of passes per threshold search: the bracket's probe, then 32 halvings of the key range.
+SAMPLING_PASSES = 33
 
 
 def _sampling(specs, static, used):

@@ -553,3 +553,47 @@ def test_rejection_sampler_checks_its_vmem_by_hand():
     with pytest.raises(ValueError, match=r"block_sizes \(block_b=512, block_v=8192\) need .* of VMEM"):
         rejection_sample(jnp.zeros((4, 1), jnp.int32), jnp.zeros((1, 4, 128)), jnp.zeros((2, 4, 128)),
                          key=jax.random.key(0), block_sizes=Blocks(block_b=512, block_v=8192), interpret=True)
+
+
+# --- threshold searches: the lane-maxima brackets (kernels.sampling.kernel.search_passes runs the kernel's search)
+
+
+def _kept(rows: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    return rows >= cuts[:, None]
+
+
+@pytest.mark.parametrize("options", [dict(top_k=5), dict(top_p=0.8), dict(top_k=7, top_p=0.6)],
+                         ids=["top-k", "top-p", "top-k+top-p"])
+def test_brackets_change_the_passes_not_the_kept_sets(options):
+    from kernels.sampling.kernel import search_passes
+
+    rows = np.random.default_rng(3).normal(0, 2.5, (16, 1000)).astype(np.float32)
+    with_cuts, with_passes = search_passes(rows, block_v=512, **options)
+    bare_cuts, bare_passes = search_passes(rows, block_v=512, brackets=False, **options)
+    np.testing.assert_array_equal(_kept(rows, with_cuts), _kept(rows, bare_cuts))
+    # the kept sets are the reference's: top-k then top-p on the renormalised top-k distribution
+    order = np.argsort(-rows, axis=1)
+    k = options.get("top_k", rows.shape[1])
+    for r in range(rows.shape[0]):
+        top = rows[r, order[r, :k]]
+        probs = np.exp(top - top[0]) / np.exp(top - top[0]).sum()
+        n = int(np.searchsorted(np.cumsum(probs), options.get("top_p", 1.0) * (1 - 1e-6))) + 1
+        assert _kept(rows, with_cuts)[r].sum() == min(n, k), r
+    assert (with_passes > 0).any() and (bare_passes > 0).any()
+
+
+def test_a_top_k_in_distinct_lanes_is_found_by_the_brackets_probe_alone():
+    from kernels.sampling.kernel import search_passes
+
+    # 8 rows x 2048 (block_v 512: 256-lane groups, so lane l holds columns l, l + 256, ... l + 1792). The 3 largest
+    # values sit in lanes 0, 1 and 2 (columns 0, 257, 514), everything else is below them: the 3rd largest lane
+    # maximum (column 514's 7.0) is the 3rd largest element, so the first pass counts exactly 3 at it and the
+    # search stops after 1 pass; the bisection alone needs 7 halvings of the int32 key range here (until one lands
+    # in (1.0, 7.0], between the 4th largest value and the 3rd).
+    rows = np.random.default_rng(0).uniform(-1, 1, (8, 2048)).astype(np.float32)
+    rows[:, [0, 257, 514]] = [9.0, 8.0, 7.0]
+    cuts, passes = search_passes(rows, top_k=3, block_v=512, block_b=8)
+    np.testing.assert_array_equal(cuts, np.full(8, 7.0, np.float32))
+    assert passes.tolist() == [[1, 0]]
+    _, bare = search_passes(rows, top_k=3, block_v=512, block_b=8, brackets=False)
+    assert bare[0, 0] > 1
