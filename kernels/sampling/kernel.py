@@ -384,7 +384,9 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
         if lp_ref is not None:
             lp_ref[...] = jnp.where(greedy, max_ref[...], z_pick) - lse_ref[...]
         if n_top:
-            top_ids, top_z = _top_n(rows_ref, opts_f_ref, n_top, vocab=vocab, width=width)
+            # 128-lane groups: the top-n state (best z, its index, the previous pick) is twice a count's, and at
+            # 256 lanes it spilled (7x: 291 spills per chunk at 830 bundles, 78 at 791 at 128 lanes; v4 862 -> 551)
+            top_ids, top_z = _top_n(rows_ref, opts_f_ref, n_top, vocab=vocab, width=LANES)
             top_ids_ref[...] = jnp.where(top_z == -jnp.inf, -1, top_ids.astype(jnp.int32))
             top_lp_ref[...] = top_z - lse_ref[...]
 
