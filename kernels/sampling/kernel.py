@@ -12,22 +12,26 @@ probe); each step is one
 pass over the row block that counts (top-k) or counts and sums ``exp(z - max)``
 (top-p) above the candidate. A search stops for a row as soon as its kept set
 is exact: the count equals k (top-k), or only one element lies between the
-bounds (top-p). Each search's first pass probes a bracket read off phase 0's
-lane-wide maxima instead of the middle of the float range (``_thresholds``),
-which halves the passes a top-k 50 + top-p 0.9 draw makes. min-p is a
-closed-form threshold, ``max + log(min_p)``.
+bounds (top-p). Before any search, one *capture* pass keeps each lane's 4
+largest z: where that provably holds every top-k row's whole top-k set (each
+row's k-th largest captured value lies above every lane's 4th), both thresholds
+are read off the captured values with no further pass (``_thresholds``); else
+the searches run, each first probing a bracket read off phase 0's lane-wide
+maxima instead of the middle of the float range. min-p is a closed-form
+threshold, ``max + log(min_p)``.
 
 Passes over the logits, per block of ``block_b`` rows:
 
 * phase 0, streamed from HBM in ``block_v`` blocks (1 pass): row max and argmax
   of ``z``, and a copy of the rows into VMEM (z itself where the copy is f32, else the
   logits in their dtype);
-* phase 1, over the VMEM copy: top-k bisection (at most 33 passes, only while
+* phase 1, over the VMEM copy: the capture pass (with top-k), then, unless the
+  captured values decide, top-k bisection (at most 33 passes, only while
   some row has ``top_k < vocab``), one pass for the top-k set's mass (only
   when a row has ``top_p < 1``), top-p bisection (at most 33 passes), then the
   draw (1 pass; with pre-drawn noise it streams the noise from HBM).
 
-So the logits leave HBM once; the kernel makes at most 1 + 33 + 1 + 33 + 1 = 69
+So the logits leave HBM once; the kernel makes at most 1 + 1 + 33 + 1 + 33 + 1 = 70
 passes over them in all, 2 when no row filters and 1 for a greedy-only call.
 Ties at a threshold are all kept (the sort-based reference keeps the first k).
 """
@@ -443,7 +447,7 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
 
     @pl.when((phase == 1) & (j == 0))
     def _search():
-        cut_ref[...], _, _ = _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, max_ref[...], max_v_ref[...],
+        cut_ref[...], _, _, _ = _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, max_ref[...], max_v_ref[...],
                                          vocab=vocab, filters=filters, width=width)
         best_v_ref[...] = neg_inf
         pick_v_ref[...] = jnp.zeros_like(big)
@@ -474,12 +478,14 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
 
 
 def search_passes(logits, *, top_k=None, top_p=None, temperature=1.0, block_b: int = 16, block_v: int = 8192,
-                  brackets: bool = True):
+                  brackets: bool = True, capture: bool = True):
     """The passes the kernel's threshold searches make on ``logits`` [batch, vocab] (a diagnostic: the same
     ``_thresholds`` the kernel runs, in Pallas interpret mode on this host, over f32 rows with no penalties or
-    bias). Returns ``(thresholds [batch] f32, passes [row blocks, 2] int32)``: per block of ``block_b`` rows, the
-    top-k and the top-p search's passes over the resident rows (0 where the filter is off). ``brackets=False``
-    hides the lane maxima (all -inf), so every pass bisects: the searches as they were before the brackets."""
+    bias). Returns ``(thresholds [batch] f32, passes [row blocks, 3] int32)``: per block of ``block_b`` rows, the
+    passes over the resident rows made for top-k (the capture pass included) and for top-p (0 where the filter is
+    off), and 1 where the block's thresholds came from the captured values alone. ``brackets=False`` hides the
+    lane maxima (all -inf), so every search pass bisects; ``capture=False`` leaves the capture pass out: the
+    searches as they were before each."""
     logits = jnp.asarray(logits, jnp.float32)
     batch, vocab = logits.shape
     opts = row_options(batch=batch, vocab=vocab, temperature=temperature, top_k=top_k, top_p=top_p, min_p=None,
@@ -503,12 +509,12 @@ def search_passes(logits, *, top_k=None, top_p=None, temperature=1.0, block_b: i
 
     def kernel(rows_ref, opts_f_ref, opts_i_ref, z_max_ref, lane_max_ref, cut_ref, passes_ref):
         # rows_ref [vocab_blocks, block_b, block_v] f32; opts [block_b, 7 / 2]; z_max [block_b, 1];
-        # lane_max [block_b, width]; cut_ref [block_b, 1] f32; passes_ref [1, 2] int32 (SMEM)
-        cut, k_passes, p_passes = _thresholds(rows_ref, opts_f_ref, opts_i_ref, _column(opts_f_ref, _F_GREEDY) > 0.5,
-                                              z_max_ref[...], lane_max_ref[...], vocab=vocab, filters=filters,
-                                              width=width)
+        # lane_max [block_b, width]; cut_ref [block_b, 1] f32; passes_ref [1, 3] int32 (SMEM)
+        cut, k_passes, p_passes, captured_only = _thresholds(
+            rows_ref, opts_f_ref, opts_i_ref, _column(opts_f_ref, _F_GREEDY) > 0.5, z_max_ref[...],
+            lane_max_ref[...], vocab=vocab, filters=filters, width=width, capture=capture)
         cut_ref[...] = cut
-        passes_ref[0, 0], passes_ref[0, 1] = k_passes, p_passes
+        passes_ref[0, 0], passes_ref[0, 1], passes_ref[0, 2] = k_passes, p_passes, captured_only
 
     def row(width_):
         return pl.BlockSpec((block_b, width_), lambda i: (i, 0))
@@ -517,9 +523,9 @@ def search_passes(logits, *, top_k=None, top_p=None, temperature=1.0, block_b: i
         kernel, grid=(row_blocks,),
         in_specs=[pl.BlockSpec((vocab_blocks, block_b, block_v), lambda i: (0, i, 0)), row(N_OPTS_F),
                   row(N_OPTS_I), row(1), row(width)],
-        out_specs=[row(1), pl.BlockSpec((1, 2), lambda i: (i, 0), memory_space=pltpu.SMEM)],
+        out_specs=[row(1), pl.BlockSpec((1, 3), lambda i: (i, 0), memory_space=pltpu.SMEM)],
         out_shape=[jax.ShapeDtypeStruct((rows.shape[1], 1), jnp.float32),
-                   jax.ShapeDtypeStruct((row_blocks, 2), jnp.int32)],
+                   jax.ShapeDtypeStruct((row_blocks, 3), jnp.int32)],
         interpret=True,
     )(rows, opts_f, opts_i, z_max, lane_max)
     return np.asarray(cut[:batch, 0]), np.asarray(passes)
@@ -603,13 +609,39 @@ def _largest_key_reaching(values: jax.Array, weights: jax.Array, target: jax.Arr
     return lax.fori_loop(0, MAX_BISECTION_STEPS, halve, (lo, hi))[0]
 
 
+#: z values per lane the capture pass keeps (see :func:`_thresholds`).
+CAPTURE_SLOTS = 5
+
+
+def _lane_top(rows_ref, inv_t, width: int) -> tuple[jax.Array, ...]:
+    """One pass: each lane's CAPTURE_SLOTS largest z (duplicates kept), descending, as CAPTURE_SLOTS [block_b, width]
+    arrays; -inf in the slots of a lane with fewer finite values."""
+    _, block_b, _ = rows_ref.shape
+
+    def step(z, cols, slots):
+        out, carry = [], z
+        for slot in slots:  # insert into a sorted list: each slot keeps the larger, passes the smaller down
+            out.append(jnp.maximum(slot, carry))
+            carry = jnp.minimum(slot, carry)
+        return tuple(out)
+
+    init = tuple(jnp.full((block_b, width), -jnp.inf, jnp.float32) for _ in range(CAPTURE_SLOTS))
+    return _fold_rows(rows_ref, inv_t, width, step, init)
+
+
 def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vocab: int, filters: Filters,
-                width: int):
+                width: int, capture: bool = True):
     """Per-row threshold max(top-k, top-p, min-p) on z, by bisection passes over the resident rows, and the passes
     each search made (int32 scalars).
 
     Filters the call did not pass (``filters``) are not compiled at all. Each pass folds the chunks into
     lane-wide [block_b, width] count (and mass) accumulators and reduces them across lanes once.
+
+    Capture (with top-k, ``capture``): one pass keeps each lane's CAPTURE_SLOTS largest z. A lane's uncaptured
+    elements are at most its last slot, so where a row's k-th largest captured value t* lies above every lane's
+    last slot, the captured values >= t* are exactly the row's top-k set: t* is its threshold, and the top-p
+    threshold is found on the captured values' masses. Where every top-k row of the block is so (and no row has
+    top-p without top-k) no other pass runs; else the searches below run for the whole block.
 
     Brackets: phase 0's lane-wide maxima ``lane_max`` [block_b, width] are ``width`` distinct elements of each
     row, so the k-th largest of them has at least k elements at or above it, and the largest lane maximum whose
@@ -649,9 +681,10 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vo
         """The candidate of pass ``it``: the bracket first where it lies inside (lo, hi), else the midpoint."""
         return jnp.where((it == 0) & (bracket > lo) & (bracket < hi), bracket, _midpoint(lo, hi))
 
+    use_k = jnp.logical_not(greedy) & (top_k < float(vocab))
+
     def top_k_search():
         """Largest key lo with count(z >= lo) >= k; a row is done when its count is exactly k."""
-        use_k = jnp.logical_not(greedy) & (top_k < float(vocab))
         lo0 = jnp.full(shape, key_neg_inf, jnp.int32)
         bracket = _largest_key_reaching(lane_max, jnp.ones_like(lane_max), top_k)
 
@@ -707,15 +740,47 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vo
         passes, p_lo, _, _, _ = lax.while_loop(p_cond, p_body, init)
         return jnp.where(use_p, _unkey(p_lo), no_cut), passes
 
-    cut, count, k_passes, p_passes = no_cut, all_count, jnp.int32(0), jnp.int32(0)
-    if filters.top_k:
-        cut, count, k_passes = top_k_search()
-    if filters.top_p:
-        def with_top_p():
-            t_p, passes = top_p_search(cut, count)
-            return jnp.maximum(cut, t_p), passes
+    def searched():
+        """The pass-by-pass searches: (cut, top-k passes, top-p passes)."""
+        cut, count, k_passes, p_passes = no_cut, all_count, jnp.int32(0), jnp.int32(0)
+        if filters.top_k:
+            cut, count, k_passes = top_k_search()
+        if filters.top_p:
+            def with_top_p():
+                t_p, passes = top_p_search(cut, count)
+                return jnp.maximum(cut, t_p), passes
 
-        cut, p_passes = lax.cond(_any(use_p), with_top_p, lambda: (cut, jnp.int32(0)))
+            cut, p_passes = lax.cond(_any(use_p), with_top_p, lambda: (cut, jnp.int32(0)))
+        return cut, k_passes, p_passes
+
+    if filters.top_k and capture:
+        # One pass keeps each lane's CAPTURE_SLOTS largest z; where every top-k row's k-th largest captured value
+        # lies above every lane's last slot, the captured values hold the whole top-k set (a lane's uncaptured
+        # elements are at most its last slot), so top-k and top-p are read off [block_b, slots * width] values.
+        slots = _lane_top(rows_ref, inv_t, width)
+        captured = jnp.concatenate(slots, axis=1)
+        t_star = _unkey(_largest_key_reaching(captured, jnp.ones_like(captured), top_k))
+        exact = jnp.max(slots[-1], axis=1, keepdims=True) < t_star
+        ok = jnp.logical_not(use_k | use_p) | (use_k & exact)  # top-p without top-k: the set can be any size
+
+        def from_captured():
+            cut = jnp.where(use_k, t_star, no_cut)
+            if filters.top_p:
+                weights = jnp.where(captured >= jnp.broadcast_to(cut, captured.shape),
+                                    jnp.exp(captured - jnp.broadcast_to(z_max, captured.shape)), 0.0)
+                target = top_p * jnp.sum(weights, axis=1, keepdims=True)
+                t_p = _unkey(_largest_key_reaching(captured, weights, target))
+                cut = jnp.maximum(cut, jnp.where(use_p, t_p, no_cut))
+            return cut, jnp.int32(1), jnp.int32(0), jnp.int32(1)
+
+        def by_passes():
+            cut, k_passes, p_passes = searched()
+            return cut, k_passes + 1, p_passes, jnp.int32(0)
+
+        cut, k_passes, p_passes, captured_only = lax.cond(jnp.logical_not(_any(jnp.logical_not(ok))),
+                                                          from_captured, by_passes)
+    else:
+        (cut, k_passes, p_passes), captured_only = searched(), jnp.int32(0)
     if filters.min_p:
         cut = jnp.maximum(cut, jnp.where(jnp.logical_not(greedy) & (min_p > 0.0), z_max + jnp.log(min_p), no_cut))
-    return cut, k_passes, p_passes
+    return cut, k_passes, p_passes, captured_only

@@ -15,9 +15,9 @@ cycles. Passes are labelled in program order by the variant's known sequence of 
 Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the threshold searches,
 whose number depends on the data. For the top-k+top-p variant the script counts them with
 ``kernels.sampling.kernel.search_passes`` (the kernel's own search, in interpret mode on this host) on three
-kinds of 64 x vocab rows, with and without the lane-maxima brackets, and prints the searches' cycles per row
-block (passes x chunks x bundles per chunk, plus the brackets' 32 halvings each) against the roofline (one read
-of the row block's logits from HBM).
+kinds of 64 x vocab rows, as compiled, without the capture pass, and without the lane-maxima brackets too, and
+prints the searches' cycles per row block (passes x chunks x bundles per chunk, plus 32 halvings per small
+selection) against the roofline (one read of the row block's logits from HBM).
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 #: variant -> (keyword options of the call, labels of its chunk loops in program order).
 VARIANTS = {
-    "top-k": (dict(temperature=0.8, top_k=50), ("top-k count",)),
+    "top-k": (dict(temperature=0.8, top_k=50), ("lane top-5 capture", "top-k count")),
     "top-p": (dict(temperature=0.8, top_p=0.9), ("top-p mass of kept set", "top-p count+mass")),
     "top-k+top-p": (dict(temperature=0.8, top_k=50, top_p=0.9),
-                    ("top-k count", "top-p mass of kept set", "top-p count+mass")),
+                    ("lane top-5 capture", "top-k count", "top-p mass of kept set", "top-p count+mass")),
     "greedy": (dict(greedy=True), ()),
     "penalties+bias": (dict(temperature=0.8, top_k=50, token_counts=True, logit_bias=True, presence_penalty=0.5,
-                            frequency_penalty=0.2, repetition_penalty=1.1), ("top-k count",)),
+                            frequency_penalty=0.2, repetition_penalty=1.1), ("lane top-5 capture", "top-k count")),
     "logprobs-5": (dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=5),
-                   ("top-k count", "top-p mass of kept set", "top-p count+mass", "top-n logprob")),
+                   ("lane top-5 capture", "top-k count", "top-p mass of kept set", "top-p count+mass",
+                    "top-n logprob")),
     # Speculative decoding, 4 draft tokens: target [5, batch, vocab] and draft [4, batch, vocab] f32 probabilities.
     "rejection-k4": (dict(rejection=4), ()),
 }
@@ -174,25 +175,39 @@ def test_rows(kind: str, batch: int, vocab: int) -> "np.ndarray":
 
 
 def search_cycles(r: dict, *, batch: int, vocab: int, floor: float) -> None:
-    """Print the top-k + top-p searches' cycles per row block on three kinds of rows, with and without brackets."""
+    """Print the top-k + top-p searches' cycles per row block on three kinds of rows: as the kernel runs them, and
+    without the capture pass, and without the brackets too."""
     from kernels.sampling.kernel import MAX_BISECTION_STEPS, search_passes
 
-    topk, mass, countmass = (p["bundles"] for p in r["passes"][:3])
-    halving = sum(r["bracket_halving_bundles"])  # one halving of each search's bracket
+    capture, topk, mass, countmass = (p["bundles"] for p in r["passes"][:4])
+    # Four selections of 32 halvings on small arrays (the k-th largest captured value, top-p on the captured values,
+    # the top-k and top-p brackets), within a few bundles of each other; which loop is which is not read from the
+    # schedule, so each counts at their mean.
+    halving = sum(r["bracket_halving_bundles"]) / max(1, len(r["bracket_halving_bundles"]))
     chunks = r["chunks"]
     opts = VARIANTS["top-k+top-p"][0]
     for kind in ("normal", "spiky", "zipf"):
         rows = test_rows(kind, batch, vocab)
-        for brackets in (False, True):
+        for label, flags in (("as compiled", {}), ("no capture", dict(capture=False)),
+                             ("neither", dict(capture=False, brackets=False))):
             _, passes = search_passes(rows, top_k=opts["top_k"], top_p=opts["top_p"],
-                                      temperature=opts["temperature"], block_b=r["block_b"], brackets=brackets)
-            cycles = [chunks * (k * topk + mass + p * countmass) + (MAX_BISECTION_STEPS * halving if brackets else 0)
-                      for k, p in passes.tolist()]
-            print(f"    {kind:6s} rows, {'with' if brackets else 'no  '} brackets: top-k passes "
-                  f"{passes[:, 0].min()}-{passes[:, 0].max()}, top-p {passes[:, 1].min()}-{passes[:, 1].max()}; "
-                  f"searches {min(cycles) / 1e3:.1f}k-{max(cycles) / 1e3:.1f}k cycles per row block = "
-                  f"{min(cycles) / (chunks * floor):.1f}-{max(cycles) / (chunks * floor):.1f}x one read of its "
-                  f"logits ({chunks * floor / 1e3:.1f}k)")
+                                      temperature=opts["temperature"], block_b=r["block_b"], **flags)
+            cycles = []
+            for k, p, captured_only in passes.tolist():
+                c = 0.0
+                if flags.get("capture", True):
+                    c += chunks * capture + MAX_BISECTION_STEPS * 2 * halving
+                    k -= 1
+                if not captured_only:
+                    c += chunks * (k * topk + mass + p * countmass)
+                    if flags.get("brackets", True):
+                        c += MAX_BISECTION_STEPS * 2 * halving
+                cycles.append(c)
+            print(f"    {kind:6s} rows, {label:11s}: top-k passes {passes[:, 0].min()}-{passes[:, 0].max()}, top-p "
+                  f"{passes[:, 1].min()}-{passes[:, 1].max()}, {int(passes[:, 2].sum())}/{len(passes)} blocks from "
+                  f"the captured values; searches {min(cycles) / 1e3:.1f}k-{max(cycles) / 1e3:.1f}k cycles per "
+                  f"row block = {min(cycles) / (chunks * floor):.2f}-{max(cycles) / (chunks * floor):.2f}x one read "
+                  f"of its logits ({chunks * floor / 1e3:.1f}k)")
 
 
 def main() -> None:
@@ -222,9 +237,9 @@ def main() -> None:
                       f"spills {p['spills']:4d} fills {p['fills']:4d}  vs HBM floor {floor:6.0f} cycles: "
                       f"{p['bundles'] / floor:.2f}x")
             if r["bracket_halving_bundles"]:
-                print(f"{chip:8s} {variant:12s} brackets: {r['bracket_halving_bundles']} bundles per halving "
-                      f"(32 halvings each)")
-            if variant == "top-k+top-p" and len(r["passes"]) >= 3:
+                print(f"{chip:8s} {variant:12s} small selections (brackets, captured values): "
+                      f"{r['bracket_halving_bundles']} bundles per halving (32 halvings each)")
+            if variant == "top-k+top-p" and len(r["passes"]) >= 4:
                 search_cycles(r, batch=args.batch, vocab=args.vocab, floor=floor)
             if variant.startswith("rejection"):  # one grid step streams a target and a draft block
                 print(f"{chip:8s} {variant:12s} grid step {r['grid_body_bundles']} bundles vs HBM floor of its 2 "

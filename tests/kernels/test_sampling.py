@@ -569,8 +569,10 @@ def test_brackets_change_the_passes_not_the_kept_sets(options):
 
     rows = np.random.default_rng(3).normal(0, 2.5, (16, 1000)).astype(np.float32)
     with_cuts, with_passes = search_passes(rows, block_v=512, **options)
-    bare_cuts, bare_passes = search_passes(rows, block_v=512, brackets=False, **options)
+    searched_cuts, _ = search_passes(rows, block_v=512, capture=False, **options)
+    bare_cuts, bare_passes = search_passes(rows, block_v=512, brackets=False, capture=False, **options)
     np.testing.assert_array_equal(_kept(rows, with_cuts), _kept(rows, bare_cuts))
+    np.testing.assert_array_equal(_kept(rows, searched_cuts), _kept(rows, bare_cuts))
     # the kept sets are the reference's: top-k then top-p on the renormalised top-k distribution
     order = np.argsort(-rows, axis=1)
     k = options.get("top_k", rows.shape[1])
@@ -592,8 +594,28 @@ def test_a_top_k_in_distinct_lanes_is_found_by_the_brackets_probe_alone():
     # in (1.0, 7.0], between the 4th largest value and the 3rd).
     rows = np.random.default_rng(0).uniform(-1, 1, (8, 2048)).astype(np.float32)
     rows[:, [0, 257, 514]] = [9.0, 8.0, 7.0]
-    cuts, passes = search_passes(rows, top_k=3, block_v=512, block_b=8)
+    cuts, passes = search_passes(rows, top_k=3, block_v=512, block_b=8, capture=False)
     np.testing.assert_array_equal(cuts, np.full(8, 7.0, np.float32))
-    assert passes.tolist() == [[1, 0]]
-    _, bare = search_passes(rows, top_k=3, block_v=512, block_b=8, brackets=False)
+    assert passes.tolist() == [[1, 0, 0]]
+    _, bare = search_passes(rows, top_k=3, block_v=512, block_b=8, brackets=False, capture=False)
     assert bare[0, 0] > 1
+
+
+@pytest.mark.parametrize("top_k, captured_only", [(3, 1), (6, 0)])
+def test_the_capture_pass_holds_the_top_k_set_unless_a_lane_overflows(top_k, captured_only):
+    from kernels.sampling.kernel import CAPTURE_SLOTS, search_passes
+
+    # 8 rows x 2048 (256-lane groups): lane 0 holds columns 0, 256, ..., 1792; put 9, 8, 7, 6, 5, 4 in its first
+    # six and everything else in [-1, 1). The capture pass keeps lane 0's 5 largest (9 to 5; the 4 is not kept).
+    # top-k 3: the 3rd largest captured value is 7 > 5, lane 0's last slot, so no lane can hide an element >= 7:
+    # thresholds from the captured values alone, 1 pass. top-k 6: the 6th largest captured value is below 1, and
+    # lane 0's last slot (5) is above it, so lane 0 may hide more: the searches run over the rows and find 4.
+    assert CAPTURE_SLOTS == 5
+    rows = np.random.default_rng(1).uniform(-1, 1, (8, 2048)).astype(np.float32)
+    rows[:, [0, 256, 512, 768, 1024, 1280]] = [9.0, 8.0, 7.0, 6.0, 5.0, 4.0]
+    cuts, passes = search_passes(rows, top_k=top_k, block_v=512, block_b=8)
+    assert _kept(rows, cuts).sum(axis=1).tolist() == [top_k] * 8
+    assert passes[0, 2] == captured_only
+    assert (passes[0, 0] == 1) == bool(captured_only)
+    expected = 7.0 if top_k == 3 else 4.0
+    assert (cuts <= expected).all() and (cuts > (-1.0 if top_k == 3 else 1.0)).all()
