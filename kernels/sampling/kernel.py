@@ -7,14 +7,14 @@ distribution then min-p, Gumbel-max draw).
 No sort. Every filter is a *threshold* on the scaled logits ``z``: the kept
 set is ``{z >= t}``. top-k and top-p thresholds are found by bisection on the
 order-preserving int32 image of f32 (so each step halves a range of float
-values exactly and the search ends after at most 32 steps after the bracket's
-probe); each step is one
-pass over the row block that counts (top-k) or counts and sums ``exp(z - max)``
-(top-p) above the candidate. A search stops for a row as soon as its kept set
+values exactly and, after the bracket's probe, the search ends within 32 steps);
+each step is one pass over the row block that counts (top-k) or counts and sums
+``exp(z - max)`` (top-p) above the candidate. A search stops for a row as soon as its kept set
 is exact: the count equals k (top-k), or only one element lies between the
-bounds (top-p). Before any search, one *capture* pass keeps each lane's 4
-largest z: where that provably holds every top-k row's whole top-k set (each
-row's k-th largest captured value lies above every lane's 4th), both thresholds
+bounds (top-p). Before any search, one *capture* pass keeps each lane's
+CAPTURE_SLOTS (5) largest z: where that provably holds every top-k row's whole
+top-k set (each row's k-th largest captured value lies above every lane's last
+slot), both thresholds
 are read off the captured values with no further pass (``_thresholds``); else
 the searches run, each first probing a bracket read off phase 0's lane-wide
 maxima instead of the middle of the float range. min-p is a closed-form
@@ -211,6 +211,17 @@ def lane_group(block_v: int) -> int:
     return next(w for w in (LANE_GROUP, LANES) if block_v % w == 0)
 
 
+def _packed_options(inv_temperature, top_p, min_p, greedy, presence, frequency, repetition, top_k, seeds, *,
+                    padded: int, vocab: int) -> tuple[jax.Array, jax.Array]:
+    """The per-row options as the kernel reads them: [rows, N_OPTS_F] f32 and [rows, N_OPTS_I] int32, with
+    ``padded`` padding rows that are greedy with every filter off, so they never keep a search running."""
+    opts_f = jnp.stack([inv_temperature, top_p, min_p, greedy.astype(jnp.float32), presence, frequency, repetition],
+                       axis=1)
+    opts_f = jnp.pad(opts_f, ((0, padded), (0, 0)), constant_values=1.0)
+    opts_i = jnp.pad(jnp.stack([top_k, seeds], axis=1), ((0, padded), (0, 0)), constant_values=vocab)
+    return opts_f, opts_i
+
+
 @functools.partial(jax.jit, static_argnames=("mode", "filters", "block_sizes", "chip", "interpret"))
 def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p, min_p, presence, frequency,
               repetition, seeds, *, mode: str, filters: Filters, block_sizes: SamplingBlockSizes, chip: str,
@@ -221,11 +232,8 @@ def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p
     padded = row_blocks * block_b - batch
     width = lane_group(block_v)
     n_top = filters.logprobs or 0
-    # Padding rows are greedy with every filter off, so they never keep a search running.
-    opts_f = jnp.stack([inv_temperature, top_p, min_p, greedy.astype(jnp.float32), presence, frequency, repetition],
-                       axis=1)
-    opts_f = jnp.pad(opts_f, ((0, padded), (0, 0)), constant_values=1.0)
-    opts_i = jnp.pad(jnp.stack([top_k, seeds], axis=1), ((0, padded), (0, 0)), constant_values=vocab)
+    opts_f, opts_i = _packed_options(inv_temperature, top_p, min_p, greedy, presence, frequency, repetition, top_k,
+                                     seeds, padded=padded, vocab=vocab)
     resident = mode != "greedy" or n_top > 0
     phases = 2 if resident else 1
     last = vocab_blocks - 1
@@ -495,11 +503,9 @@ def search_passes(logits, *, top_k=None, top_p=None, temperature=1.0, block_b: i
     row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
     pad_b = row_blocks * block_b - batch
     rows = jnp.pad(logits, ((0, pad_b), (0, vocab_blocks * block_v - vocab)), constant_values=-jnp.inf)
-    opts_f = jnp.zeros((batch, N_OPTS_F), jnp.float32).at[:, _F_INV_TEMP].set(opts.inv_temperature)
-    opts_f = opts_f.at[:, _F_TOP_P].set(opts.top_p).at[:, _F_GREEDY].set(opts.greedy.astype(jnp.float32))
-    opts_f = jnp.pad(opts_f, ((0, pad_b), (0, 0)), constant_values=1.0)
-    opts_i = jnp.pad(jnp.stack([opts.top_k, jnp.zeros_like(opts.top_k)], axis=1), ((0, pad_b), (0, 0)),
-                     constant_values=vocab)
+    opts_f, opts_i = _packed_options(opts.inv_temperature, opts.top_p, opts.min_p, opts.greedy,
+                                     opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty,
+                                     opts.top_k, jnp.zeros_like(opts.top_k), padded=pad_b, vocab=vocab)
     z = rows * opts_f[:, _F_INV_TEMP:_F_INV_TEMP + 1]  # f32 resident rows hold z (_resident_z)
     lane_max = jnp.max(z.reshape(z.shape[0], -1, width), axis=1)  # phase 0's lane-wide maxima
     z_max = jnp.max(lane_max, axis=1, keepdims=True)
@@ -677,6 +683,11 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vo
         count, mass = acc if with_mass else (acc, zero)
         return jnp.sum(count, axis=1, keepdims=True), jnp.sum(mass, axis=1, keepdims=True)
 
+    def mass_weights(values, cut):
+        """exp(z - max) of the values at or above the per-row ``cut``, 0 elsewhere (the top-p mass they carry)."""
+        above = values >= jnp.broadcast_to(cut, values.shape)
+        return jnp.where(above, jnp.exp(values - jnp.broadcast_to(z_max, values.shape)), 0.0)
+
     def probe(it, bracket, lo, hi):
         """The candidate of pass ``it``: the bracket first where it lies inside (lo, hi), else the midpoint."""
         return jnp.where((it == 0) & (bracket > lo) & (bracket < hi), bracket, _midpoint(lo, hi))
@@ -716,8 +727,7 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vo
         left in [lo, hi)."""
         _, mass_k = count_and_mass(t_k, with_mass=True)
         target = top_p * mass_k
-        kept = lane_max >= jnp.broadcast_to(t_k, lane_max.shape)
-        bracket = _largest_key_reaching(lane_max, jnp.where(kept, jnp.exp(lane_max - z_max_w), 0.0), target)
+        bracket = _largest_key_reaching(lane_max, mass_weights(lane_max, t_k), target)
 
         def p_pending(state):
             _, lo, hi, count_lo, count_hi = state
@@ -766,8 +776,7 @@ def _thresholds(rows_ref, opts_f_ref, opts_i_ref, greedy, z_max, lane_max, *, vo
         def from_captured():
             cut = jnp.where(use_k, t_star, no_cut)
             if filters.top_p:
-                weights = jnp.where(captured >= jnp.broadcast_to(cut, captured.shape),
-                                    jnp.exp(captured - jnp.broadcast_to(z_max, captured.shape)), 0.0)
+                weights = mass_weights(captured, cut)
                 target = top_p * jnp.sum(weights, axis=1, keepdims=True)
                 t_p = _unkey(_largest_key_reaching(captured, weights, target))
                 cut = jnp.maximum(cut, jnp.where(use_p, t_p, no_cut))
