@@ -7,6 +7,8 @@ Rounding is half-to-even (jnp.round).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -28,8 +30,10 @@ def int8_scale(amax: jax.Array) -> tuple[jax.Array, jax.Array]:
     return inv, amax / INT8_QMAX
 
 
-def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True) -> jax.Array:
-    """int8 codes clip(round_half_even(x * inv), -127, 127) of f32 x (through int32, which Mosaic converts).
+def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True, dtype: Any = jnp.int8) -> jax.Array:
+    """int8 codes clip(round_half_even(x * inv), -127, 127) of f32 x (through int32, which Mosaic converts), or
+    the same whole numbers in a float ``dtype`` (bf16 holds every one of them exactly: a kernel feeding them to
+    the bf16 MXU).
 
     ``clip=False`` drops the clip, which changes nothing when ``inv`` comes from :func:`int8_scale` of a max
     |x| over the same slice: |x * inv| <= amax * fl(127 / amax) <= 127 * (1 + 2^-23)^2 < 127.5, so the rounded
@@ -37,6 +41,8 @@ def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True) -> jax.Array:
     q = jnp.round(x * inv)
     if clip:
         q = jnp.clip(q, -INT8_QMAX, INT8_QMAX)
+    if jnp.dtype(dtype) != jnp.int8:
+        return q.astype(dtype)
     return q.astype(jnp.int32).astype(jnp.int8)
 
 

@@ -33,9 +33,10 @@ class MatmulVariant:
     ``x_row``: the width of a resident x row block (K rounded up to bk; it replaces the x tile: quantize_x, and
     small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
     ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
-    2 when the next row block is quantized ahead); ``scale_rows``: rows of the resident
+    2 when the next row block is quantized ahead; ``float_codes``: held in bf16 for the bf16 MXU,
+    :func:`perfmodel.model.gemm.blockwise_codes_on_bf16_mxu`); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
-    (int4 weights; weight-only blockwise scales at large bm), int8 with ``x_codes``; ``x_share_rows``
+    (int4 weights; blockwise scales at large bm), int8 with ``x_codes`` (bf16 with ``float_codes``); ``x_share_rows``
     (quantize_x's lookahead): the streamed x block is that many rows of the row (the share of the next row block
     a step quantizes), plus one single-buffered [bm, x_row] block (row block 0).
     """
@@ -44,6 +45,7 @@ class MatmulVariant:
     x_codes: bool = False
     #: Row blocks of codes (and scales) held: 2 when quantize_x quantizes the next row block ahead.
     code_slots: int = 1
+    float_codes: bool = False
     scale_rows: int = 0
     w_dequant: bool = False
     x_share_rows: int | None = None
@@ -53,10 +55,18 @@ PLAIN = MatmulVariant()
 T = TypeVar("T")
 
 
-def w_dequant_dtype(x_dtype: Any, *, x_codes: bool) -> Any:
-    """The dtype of the dequantized w tile (``w_dequant``): int8 codes against quantize_x's int8 x codes, else x's
-    dtype (the kernel's scratch and the VMEM estimate both take it from here)."""
+def w_dequant_dtype(x_dtype: Any, *, x_codes: bool, float_codes: bool = False) -> Any:
+    """The dtype of the dequantized w tile (``w_dequant``): int8 codes against quantize_x's int8 x codes, bf16
+    against codes held in bf16 (``float_codes``), else x's dtype (the kernel's scratch and the VMEM estimate both
+    take it from here)."""
+    if float_codes:
+        return "bfloat16"
     return "int8" if x_codes else x_dtype
+
+
+def code_dtype(*, float_codes: bool) -> str:
+    """The dtype quantize_x's x codes are held in: int8 for the int8 MXU, bf16 (exact) for the bf16 MXU."""
+    return "bfloat16" if float_codes else "int8"
 
 
 def fp8_as_is(x_dtype: Any, w_dtype: Any, bm: int, bn: int) -> bool:
@@ -110,11 +120,13 @@ class MatmulBlockSizes(tiling.GemmTile):
         need = 2 * streamed + acc
         if variant.x_share_rows:  # row block 0, single-buffered
             need += buf((self.bm, x_cols), x_dtype)
-        if variant.x_codes:  # int8 codes of the row block(s) and the per-token scales; the dot's int32 result
-            codes = buf((self.bm, variant.x_row or self.bk), "int8") + buf((self.bm, 1), "float32")
+        if variant.x_codes:  # codes of the row block(s) and the per-token scales; the dot's int32 (f32) result
+            codes = (buf((self.bm, variant.x_row or self.bk), code_dtype(float_codes=variant.float_codes))
+                     + buf((self.bm, 1), "float32"))
             need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")
         if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_x's int8 x)
-            need += buf((self.bk, self.bn), w_dequant_dtype(x_dtype, x_codes=variant.x_codes))
+            need += buf((self.bk, self.bn), w_dequant_dtype(x_dtype, x_codes=variant.x_codes,
+                                                            float_codes=variant.float_codes))
         if tiling.itemsize_bytes(x_dtype) == 4:
             need += int(F32_X_SPLIT_TILES * buf((self.bm, self.bk), "float32")
                         + F32_W_SPLIT_TILES * buf((self.bk, self.bn), "float32"))
@@ -124,7 +136,7 @@ class MatmulBlockSizes(tiling.GemmTile):
         # allocates at most what the terms above give (libtpu 0.0.42.1, 9 compiles: v5e 512x8192x1024 at 8192^3
         # 44.0 MiB vs 46.6 estimated, v6e 1024x2048x1024 62.7 vs 65.2, v5p 256x2048x256 11.6 vs 11.9 and
         # 256x4096x256 12.6 vs 12.9; 4096^3: +4% to +20%). The earlier kernel staged about two int32 x tiles.
-        if not variant.x_codes and (mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20):
+        if (not variant.x_codes or variant.float_codes) and (mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20):
             need += int(X_STAGING_TILES * buf((self.bm, self.bk), x_dtype))
         # Weights converted to x's dtype in VMEM (fp8 may go to the MXU as is: fp8_as_is).
         converted = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype) and not fp8_as_is(
@@ -182,7 +194,12 @@ def pair_blocks(configs: dict[str, T], pair: str, m: int | None, fallback: T) ->
     return configs.get(pair, fallback)
 
 
-def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None) -> MatmulBlockSizes:
+def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None,
+                        blockwise: bool = False) -> MatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
-    them; FALLBACK_BLOCK_SIZES when not listed."""
-    return pair_blocks(default_block_table().get(chip, {}), f"{x_name} x {w_name}", m, FALLBACK_BLOCK_SIZES)
+    them, its "<pair> blockwise" blocks for blockwise weight scales above that when it has them (int8 x int8 and
+    w4a8); FALLBACK_BLOCK_SIZES when not listed."""
+    configs, pair = default_block_table().get(chip, {}), f"{x_name} x {w_name}"
+    if blockwise and (m is None or m > DECODE_MAX_M) and f"{pair} blockwise" in configs:
+        return configs[f"{pair} blockwise"]
+    return pair_blocks(configs, pair, m, FALLBACK_BLOCK_SIZES)

@@ -14,7 +14,8 @@ kernel converts each weight tile to the activation dtype and applies the
 scale to the f32 accumulator, which equals scaling the weights because the
 scale is per output column. int4 weights (``w_dtype="int4"``, two per byte, kernels/quant.py's nibble order)
 are unpacked tile by tile into a bf16 VMEM tile; int8 x int8 (``quantize_x``) quantizes x per token in the
-kernel (on single-core chips the next row block during the current one's steps) and runs the int8 MXU path.
+kernel (on single-core chips the next row block during the current one's steps) and runs the int8 MXU path
+(blockwise scales at large bm on v6e: the codes in bf16 on the bf16 MXU, see matmul's docstring).
 
 Unaligned shapes: blocks are first clamped to the problem (bm to M rounded up
 to the sublane tile, bk/bn to K/N rounded up to 128). Nothing is padded or
@@ -36,16 +37,19 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
 from kernels import tiling
-from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, default_block_sizes, fp8_as_is, w_dequant_dtype
+from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, default_block_sizes, fp8_as_is,
+                                   w_dequant_dtype)
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale
+from perfmodel.model.gemm import BLOCKWISE_PARTIAL_MAX_ROWS, blockwise_codes_on_bf16_mxu
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
 X_RESIDENT_MAX_BYTES = 2 << 20
-#: Blockwise weight-only scales: up to this bm each 128-row group's partial product is scaled (bm x bn VPU work
-#: per group); above it the w tile is dequantized once (bk x bn), which is cheaper when bm > 128.
-PARTIAL_SCALING_MAX_BM = 128
+#: Blockwise scales: up to this bm each 128-row group's partial product is scaled (bm x bn VPU work per group);
+#: above it the w tile is dequantized once (bk x bn), which is cheaper when bm > 128 (weight-only; with quantize_x
+#: on chips where the codes go to the bf16 MXU, blockwise_codes_on_bf16_mxu). One number with the op model's.
+PARTIAL_SCALING_MAX_BM = BLOCKWISE_PARTIAL_MAX_ROWS
 #: At bm <= PARTIAL_SCALING_MAX_BM the dot runs in column chunks whose f32 partial sum is at most this (16 vregs).
 ACC_CHUNK_BYTES = 64 << 10
 #: quantize_x quantizes x QUANT_ROWS rows (the int8 sublane tile) at a time, in column chunks of at most this
@@ -68,7 +72,8 @@ EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
                    has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
-                   col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False) -> None:
+                   col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False,
+                   float_codes: bool = False) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
 
@@ -140,10 +145,13 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             return x_ref[:, pl.ds(pl.multiple_of(k * bk, tiling.LANES), bk)]
         return x_ref[...]
 
-    out_type = jnp.int32 if quantize_x else jnp.float32
-    # The dequantized tile carries the blockwise scales only against float x: int8 x int4 (quantize_x) unpacks
-    # plain int8 codes and scales each 128-row group's int32 partial sum, as int8 x int8 does.
-    folds_scales = w_dequant and not quantize_x
+    # float_codes: quantize_x's codes are held in bf16 (exact) and meet a bf16 dequantized w tile on the bf16 MXU
+    # (blockwise scales at large bm on chips whose MXU is deeper than a scale group: blocks.blockwise_float_mxu).
+    int_dot = quantize_x and not float_codes
+    out_type = jnp.int32 if int_dot else jnp.float32
+    # The dequantized tile carries the blockwise scales against float x (and float codes): int8 x int4 on the
+    # int8 MXU unpacks plain int8 codes and scales each 128-row group's int32 partial sum, as int8 x int8 does.
+    folds_scales = w_dequant and not int_dot
     tile_scales = scale_ref if blockwise and folds_scales else None
     partial_groups = blockwise and not folds_scales  # one scaled partial product per 128-row group
     # int4: unpack each column chunk straight line before its dot (static slices, so the scheduler overlaps the
@@ -186,15 +194,15 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             elif not int4:
                 for g in range(groups):
                     rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
-                    wg = w_ref[rows, :].astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), :]
-                    w_src[rows, :] = wg.astype(w_src.dtype)
+                    w_src[rows, :] = _dequantized(w_ref[rows, :], scale_ref[pl.ds(k * groups + g, 1), :],
+                                                  w_src.dtype, bf16_scaling)
         # Column chunks keep the live [bm, chunk] partial sums small at decode-sized bm (no spills).
         for c0 in range(0, bn, col_chunk):
             cols = slice(c0, c0 + col_chunk)
             if int4_inline:  # this chunk's columns, unpacked right before its dot
                 _unpack_int4_cols(w_ref, w_src, tile_scales, k * groups, cols, bf16_scaling)
             w = w_src[:, cols]
-            if not quantize_x:
+            if not int_dot:
                 w = mxu_operand(w, x.dtype, x.shape[0], bn)
                 if valid_k is not None:
                     w = _mask_rows(w, valid_k)  # garbage past K times a zeroed x column can be NaN
@@ -280,7 +288,7 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
     def codes(t: Any, c: Any) -> Any:
         for c0 in range(0, bk, width):
             # inv is 127 / max|x| of these very rows: no clip needed (kernels/quant.py int8_codes).
-            q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False)
+            q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False, dtype=xq_ref.dtype)
             xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
         return c
 
@@ -302,10 +310,17 @@ def _unpack_int4_rows(w_ref: Any, wd_ref: Any, scale_ref: Any, group: Any, q: An
     codes = pltpu.bitcast(w_ref[src, cols], jnp.int4)  # [128, cols] int4
     if scale_ref is None:
         wd_ref[dst, cols] = codes.astype(wd_ref.dtype)  # exact: |code| <= 8
-    elif bf16_scaling:
-        wd_ref[dst, cols] = codes.astype(jnp.bfloat16) * scale_ref[pl.ds(group, 1), cols].astype(jnp.bfloat16)
     else:
-        wd_ref[dst, cols] = (codes.astype(jnp.float32) * scale_ref[pl.ds(group, 1), cols]).astype(wd_ref.dtype)
+        wd_ref[dst, cols] = _dequantized(codes, scale_ref[pl.ds(group, 1), cols], wd_ref.dtype, bf16_scaling)
+
+
+def _dequantized(codes: jax.Array, scale: jax.Array, dtype: Any, bf16_scaling: bool) -> jax.Array:
+    """Integer weight codes [rows, cols] times their [1, cols] f32 scale row, in ``dtype``: multiplied in f32, or
+    with ``bf16_scaling`` in bf16 on the widened codes (exact for int8 and int4) with the scale rounded to bf16
+    (one more rounding, rel 2^-9, for half the VALU work on a bf16 VPU)."""
+    if bf16_scaling:
+        return (codes.astype(jnp.bfloat16) * scale.astype(jnp.bfloat16)).astype(dtype)
+    return (codes.astype(jnp.float32) * scale).astype(dtype)
 
 
 def _unpack_int4_cols(w_ref: Any, wd_ref: Any, scale_ref: Any, first_group: Any, cols: slice,
@@ -489,7 +504,9 @@ def matmul(
         128 rows of K per output channel).
       quantize_x: int8 x int8 on the int8 MXU: x is quantized per token (symmetric, max |x| / 127) inside the
         kernel, once per row block, the dot accumulates in int32 and the per-token and per-channel scales are
-        applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32). Needs
+        applied in the epilogue (blockwise: each 128-row group's int32 partial sum is scaled in f32; at bm > 128
+        on chips whose MXU is deeper than a scale group, v6e, the codes are held in bf16, exactly, against bf16
+        weights dequantized with their scales, on the bf16 MXU: blockwise_codes_on_bf16_mxu). Needs
         int8 weights, or packed int4 ones with ``w_dtype="int4"`` (w4a8: unpacked to int8 codes in VMEM), and a
         chip with an int8 MXU path (tpu-v5e, v5p, v6e; ValueError on v4 and 7x).
       w_dtype: None (w's own dtype) or "int4": w holds two int4 codes per byte, [round_up(K, 256) / 2, N]
@@ -517,7 +534,8 @@ def matmul(
         _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
     if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0])
+        block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0],
+                                          blockwise=scale_kind_of(w_scale) == "per-block")
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
     (m, k), n = x.shape, w.shape[1]
@@ -532,6 +550,7 @@ def matmul(
         blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
                                   bn=blocks.bn)
     variant = call_variant(spec, m, k, n, blocks, quantize_x=quantize_x, int4=int4, scale_kind=scale_kind,
+                           out_dtype=out_dtype,
                            x_itemsize=x.dtype.itemsize)
     x_resident = variant.x_row is not None
     each_j = quantize_x and quantizes_each_column_block(spec, m, n, blocks)
@@ -545,13 +564,14 @@ def matmul(
         share_rows=variant.x_share_rows, each_j=each_j,
         x_resident=x_resident,
         w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
-        bf16_scaling=(int4 and not quantize_x and scale_kind == "per-block" and x.dtype == jnp.bfloat16
-                      and spec.name in BF16_SCALING_CHIPS),
+        float_codes=variant.float_codes,
+        bf16_scaling=(scale_kind == "per-block" and spec.name in BF16_SCALING_CHIPS
+                      and (variant.float_codes or (int4 and not quantize_x and x.dtype == jnp.bfloat16))),
     )
 
 
 def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,
-                 scale_kind: str, x_itemsize: int) -> MatmulVariant:
+                 scale_kind: str, out_dtype: Any, x_itemsize: int) -> MatmulVariant:
     """What a call at these (effective) blocks adds to the plain kernel's VMEM: the resident x row, quantize_x's
     codes (two row blocks of them and the shared x fetch with lookahead), blockwise scale rows, a dequantized w
     tile."""
@@ -565,10 +585,13 @@ def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *,
     if lookahead:
         steps = tiling.cdiv(n, blocks.bn) * tiling.cdiv(k, blocks.bk)
         share_rows = lookahead_share_groups(blocks.bm // QUANT_ROWS, steps) * QUANT_ROWS
+    blockwise = scale_kind == "per-block"
+    float_codes = quantize_x and blockwise and blockwise_codes_on_bf16_mxu(
+        chip, blocks.bm, out_dtype=tiling.matmul_dtype_name(out_dtype))
     return MatmulVariant(
         x_row=x_row if resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
-        x_share_rows=share_rows, scale_rows=_scale_rows(blocks.bk, k) if scale_kind == "per-block" else 0,
-        w_dequant=int4 or (scale_kind == "per-block" and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM))
+        float_codes=float_codes, x_share_rows=share_rows, scale_rows=_scale_rows(blocks.bk, k) if blockwise else 0,
+        w_dequant=int4 or float_codes or (blockwise and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM))
 
 
 def keeps_x_resident(*, quantize_x: bool, n: int, bm: int, bn: int, x_row: int, itemsize: int) -> bool:
@@ -647,7 +670,7 @@ def cost_estimate(
 
 @functools.partial(
     jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "share_rows", "each_j", "x_resident",
-                              "w_dequant", "int4", "bf16_scaling", "vmem_limit_bytes", "interpret")
+                              "w_dequant", "int4", "bf16_scaling", "float_codes", "vmem_limit_bytes", "interpret")
 )
 def _matmul_jit(
     x: jax.Array,
@@ -665,6 +688,7 @@ def _matmul_jit(
     w_dequant: bool,
     int4: bool,
     bf16_scaling: bool,
+    float_codes: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -711,24 +735,27 @@ def _matmul_jit(
     if lookahead:
         operands.append(x)
         in_specs.append(x0_spec)
-    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 and not float_codes else jax.lax.Precision.DEFAULT
     int_acc = quantize_x and scale_kind != "per-block"
     scratch = [pltpu.VMEM((bm, bn), jnp.int32 if int_acc else jnp.float32)]
     scratch_names = ["acc_ref"]
     if quantize_x:
-        codes = [pltpu.VMEM((n_k, bm, bk), jnp.int8), pltpu.VMEM((bm, 1), jnp.float32)]
+        codes = [pltpu.VMEM((n_k, bm, bk), jnp.dtype(code_dtype(float_codes=float_codes))),
+                 pltpu.VMEM((bm, 1), jnp.float32)]
         scratch += codes
         scratch_names += ["xq_ref", "x_scale_ref"]
         if lookahead:  # the next row block's, quantized ahead
             scratch += codes
             scratch_names += ["xq_next_ref", "x_scale_next_ref"]
-    if w_dequant:  # in x's dtype; quantize_x (int4): int8 codes
-        scratch.append(pltpu.VMEM((bk, bn), jnp.dtype(w_dequant_dtype(x.dtype, x_codes=quantize_x))))
+    if w_dequant:  # in x's dtype; quantize_x: int8 codes (int4), bf16 (float_codes)
+        scratch.append(pltpu.VMEM((bk, bn), jnp.dtype(w_dequant_dtype(x.dtype, x_codes=quantize_x,
+                                                                      float_codes=float_codes))))
         scratch_names.append("w_dequant_ref")
     kernel = functools.partial(
         _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
         has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(bm, bn), precision=precision, bf16_scaling=bf16_scaling,
+        float_codes=float_codes,
     )
     ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
                  + ["x0_ref"] * lookahead)

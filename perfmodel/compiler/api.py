@@ -186,7 +186,8 @@ def _digest_files(paths: Sequence[Path]) -> str:
 
 def source_digest(call: CompileCall) -> str:
     """Digest of the source a call runs: its module's top-level package when it is local code (not an
-    installed distribution, which the versions in the key cover), perfmodel's tuned data and this package."""
+    installed distribution, which the versions in the key cover), with its JSON data (a bundled kernel's
+    tuned.json sets the blocks of a call at its defaults), and this package."""
     here = Path(__file__).resolve().parent
     if call.kind == "model":  # the reference step, the model configs it is built from and the kernels it may use
         pkg = here.parent
@@ -194,7 +195,7 @@ def source_digest(call: CompileCall) -> str:
                  *(pkg / "data" / "models").glob("*.yaml"), *here.glob("*.py")]
         kernels = _module_path("kernels")
         if (call.extra or {}).get("kernels", "jnp") != "jnp" and kernels is not None:
-            files += list(kernels.parent.rglob("*.py"))
+            files += list(kernels.parent.rglob("*.py")) + list(kernels.parent.rglob("*.json"))
         return _digest_files(files)
     module = call.target.split(":", 1)[0] if call.kind == "function" else _catalog_module(call.target)
     files: list[Path] = []
@@ -202,13 +203,12 @@ def source_digest(call: CompileCall) -> str:
     if path is not None and "site-packages" not in path.parts and "dist-packages" not in path.parts:
         top = _module_path(module.split(".")[0])
         root = top.parent if top is not None and top.name == "__init__.py" else path.parent
-        files += list(root.rglob("*.py"))
+        files += list(root.rglob("*.py")) + list(root.rglob("*.json"))
     elif path is not None:
         files.append(path)
     files += list(here.glob("*.py"))
     if call.topology is not None:  # arrays placed on a slice's mesh by perfmodel.xla.build
         files += list((here.parent / "xla").glob("*.py"))
-    files += list((here.parent / "data" / "tuned").glob("*.json"))
     files += [here.parent / "schedule" / "binding.py", here.parent / "schedule" / "catalog.py"]
     return _digest_files(files)
 

@@ -41,6 +41,28 @@ DEFAULT_SCALE_BLOCK = 128
 #: x * (1/scale), round, clip (2: min and max) and the narrowing convert (5) -- ESTIMATE, a count of the jnp ops
 #: of kernels/quant.py, not a measurement.
 DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
+#: Blockwise weight scales at up to this many rows (a decode-sized row block): the bundled matmul scales each scale
+#: group's partial product (rows x N VPU work per group); above it, the weight tile once (K x N).
+BLOCKWISE_PARTIAL_MAX_ROWS = 128
+
+
+def blockwise_codes_on_bf16_mxu(chip: object | None, rows: Num, scale_block: Num = DEFAULT_SCALE_BLOCK, *,
+                                out_dtype: str = "bf16") -> bool:
+    """Whether int8 x int8 (dynamically quantized activations) with blockwise weight scales runs as the int8 codes
+    held in bf16 (exact: whole numbers up to 127) against bf16 weights dequantized with their scales, on the bf16
+    MXU, rather than one int8 partial product per scale group scaled in f32.
+
+    True for a bf16 output (its own rounding, rel 2^-9, is as coarse as the dequantized weights'; an f32 output
+    keeps the exact int32 sums) on chips whose MXU is deeper than a scale group (v6e: 256 against 128 rows), for
+    row blocks above :data:`BLOCKWISE_PARTIAL_MAX_ROWS`: a group's int8 dot fills half the array's depth there, so the int8 path
+    runs at about the bf16 rate anyway (ESTIMATE from the array shape), and scaling the partial products costs
+    about 3 VPU ops per output per group, about 3x the int8 MXU time at v6e's rates. Compiled at 8192^3 on v6e
+    (libtpu 0.0.42.1): the partial products took 2.43 ms (4.06x the int8 MXU floor); the bf16 route is
+    kernels/README.md's table. The bundled matmul and this model both take the rule from here."""
+    if chip is None or parse_dtype(out_dtype, "`out_dtype`") != "bf16":
+        return False
+    mxu = getattr(getattr(chip, "cores", None), "mxu_dim", None) or 128
+    return bool(mxu > np.max(scale_block)) and bool(np.all(np.asarray(rows) > BLOCKWISE_PARTIAL_MAX_ROWS))
 
 
 def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: int = 1) -> np.ndarray:
@@ -117,7 +139,10 @@ def gemm(
     weight_scale, block = resolve_weight_scale(rhs, weight_scale, scale_block)
     ep = parse_epilogue(epilogue)
     tiles = chip_tiles(chip)
-    path = matmul_path(chip, lhs, rhs, precision)
+    # Dynamically quantized activations against blockwise scales: the codes may go to the bf16 MXU instead.
+    float_codes = (lhs_source_dtype is not None and is_quantized(lhs) and weight_scale == "per-block"
+                   and blockwise_codes_on_bf16_mxu(chip, m, block, out_dtype=out))
+    path = matmul_path(chip, "bf16" if float_codes else lhs, rhs, precision)
 
     useful = 2.0 * batch * m * n * k
     issued = mxu_issued_flops(m, n, k, batch, tiles, path.passes)
@@ -134,6 +159,10 @@ def gemm(
         vpu, vpu_plain = vpu + p, vpu_plain + u
         serial = serial + p  # weights are dequantized between their DMA and the MXU: on the critical path
     notes = list(path.notes)
+    if float_codes:
+        notes.append(f"{chip.name}: int8 activation codes held in bf16 against weights dequantized with their "
+                     f"per-block scales, on the bf16 MXU (its {chip.cores.mxu_dim}-deep MXU is deeper than a scale "
+                     f"block)")
     scale_bytes = weight_scale_bytes(k=k, n=n, batch=batch, weight_scale=weight_scale, scale_block=block)
     if weight_scale == "per-channel":
         vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain

@@ -105,13 +105,17 @@ def incumbent_candidate(result: TuneResult, stored: dict[str, Any] | None, field
                         exclude: Sequence[Candidate] = ()) -> list[Candidate]:
     """The candidate with the blocks already stored for this chip and configuration (``stored``: its entry in the
     kernel's tuned.json, None when there is none), as a one-element list, when it is still legal and not among
-    ``exclude`` (the candidates compiled anyway); else an empty list. Compiled next to the pool, a re-tune keeps a
-    default the model now ranks lower unless one of the pool compiles faster."""
+    ``exclude`` (the candidates compiled anyway) and within the VMEM any stored choice may take (the default scoped
+    limit, or a raised one within MAX_RAISED_VMEM_FRACTION of the physical VMEM); else an empty list. Compiled
+    next to the pool, a re-tune keeps a default the model now ranks lower unless one of the pool compiles
+    faster."""
     if not stored:
         return []
     want = {f: stored.get(f) for f in fields}
     taken = {id(c) for c in exclude}
-    return [c for c in result.ranked if {f: c.blocks.get(f) for f in fields} == want and id(c) not in taken][:1]
+    capped = {id(c) for c in _raised_within_cap(result)}
+    return [c for c in result.ranked if {f: c.blocks.get(f) for f in fields} == want and id(c) not in taken
+            and (c.vmem_limit_bytes is None or id(c) in capped)][:1]
 
 
 def compiled_choice(compiled: Sequence[Any]) -> Any:

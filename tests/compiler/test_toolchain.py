@@ -60,6 +60,27 @@ def test_a_kernel_found_only_through_the_editable_install_is_in_the_source_diges
     assert _module_path("kernels.matmul") == root / "kernels" / "matmul" / "__init__.py"
 
 
+def test_the_source_digest_covers_the_kernels_tuned_defaults(tmp_path, monkeypatch):
+    # A call at its defaults compiles the blocks kernels/<name>/tuned.json stores: a re-tune must recompile it.
+    import shutil
+    from pathlib import Path
+
+    from perfmodel.compiler import api
+    from perfmodel.compiler.api import CompileCall, source_digest
+
+    root = Path(__file__).resolve().parents[2]
+    pkg = tmp_path / "kernels"
+    shutil.copytree(root / "kernels" / "rms_norm", pkg / "rms_norm")
+    (pkg / "__init__.py").write_text("")
+    paths = {"kernels": pkg / "__init__.py", "kernels.rms_norm.kernel": pkg / "rms_norm" / "kernel.py"}
+    monkeypatch.setattr(api, "_module_path", paths.get)
+    call = CompileCall(kind="function", target="kernels.rms_norm.kernel:rms_norm", shapes=("x=8x128:bf16",))
+    before = source_digest(call)
+    tuned = pkg / "rms_norm" / "tuned.json"
+    tuned.write_text(tuned.read_text().replace('"defaults"', '"defaults" ', 1))
+    assert source_digest(call) != before
+
+
 def test_a_prng_key_argument_travels_to_the_compile_worker_as_json():
     import json
 

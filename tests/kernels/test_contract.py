@@ -113,7 +113,12 @@ def _gemm(specs, static, used):
     rhs = "int4" if static.get("w_dtype") == "int4" else _dt(w)
     return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype="int8" if quantize_x else _dt(x),
                 lhs_source_dtype=_dt(x) if quantize_x else None, rhs_dtype=rhs, out_dtype=_dt(x),
-                weight_scale="per-channel" if "w_scale" in specs else "none", epilogue=epilogue, chip=None)
+                weight_scale=_scale_kind(specs.get("w_scale")), epilogue=epilogue, chip=None)
+
+
+def _scale_kind(w_scale) -> str:
+    """The op model's name for a w_scale spec: none, per-channel ([N]) or per-block ([cdiv(K, 128), N])."""
+    return "none" if w_scale is None else "per-block" if len(w_scale.shape) == 2 else "per-channel"
 
 
 def _grouped_gemm(specs, static, used):

@@ -255,7 +255,9 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         # "... decode" entries are tuned on the decode problem (64 rows against the whole weight matrix).
         decode = pair.endswith(" decode")
         m, n, k = DECODE_SHAPE_MNK if decode else TUNED_SHAPE_MNK
-        x_name, w_name = pair.removesuffix(" decode").split(" x ")
+        # "... blockwise": one scale per 128 rows of K (the codes in bf16 on v6e: call_variant's float_codes).
+        blockwise = pair.endswith(" blockwise")
+        x_name, w_name = pair.removesuffix(" decode").removesuffix(" blockwise").split(" x ")
         # "int8 x int8" is quantize_x on bf16 activations (the wrapper's call_variant: resident row, codes, the
         # lookahead's shares); "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked
         # tile; "int8 x int4" (w4a8) both.
@@ -264,11 +266,14 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
         eff = effective_block_sizes(blocks, m, k, n, 32 if w8a8 else 16)
         quantized = w_name in ("int8", "fp8", "int4")
-        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8, int4=w_name == "int4",
-                               scale_kind="per-channel" if quantized else "none", x_itemsize=jnp.dtype(x_dtype).itemsize)
+        scale_kind = "per-block" if blockwise else "per-channel" if quantized else "none"
+        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8, int4=w_name == "int4", scale_kind=scale_kind,
+                               out_dtype=x_dtype,
+                               x_itemsize=jnp.dtype(x_dtype).itemsize)
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
-        # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned).
-        vectors = 1 + quantized
+        # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned; blockwise scales are
+        # the variant's scale rows).
+        vectors = 1 + (scale_kind == "per-channel")
         limit = blocks.check(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=x_dtype, epilogue_vectors=vectors,
                              chip=chip, variant=variant)
         # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.

@@ -278,3 +278,71 @@ def test_op_model_reads_bf16_activations_and_counts_their_quantization():
     assert fused.vpu_ops - plain.vpu_ops == DYNAMIC_QUANT_OPS_PER_ELEMENT * 8 * 128
     with pytest.raises(InputError, match=r"`lhs_source_dtype` bf16: dynamic quantization .* \(got bf16\)"):
         gemm(m=8, n=128, k=128, lhs_source_dtype="bf16")
+
+
+#: (M, K, N, blocks) of the blockwise int8 x int8 route on tpu-v6e at bm > 128 (codes held in bf16 against a bf16
+#: dequantized w tile, on the bf16 MXU): M = 300 at bm = 256 (a second row block of 44 rows, quantized ahead),
+#: K = 300 at bk = 256 (a masked second K step: 44 valid rows, the third scale group); N = 200 at bn = 128.
+FLOAT_CODE_CASES = [
+    pytest.param((300, 300, 200, MatmulBlockSizes(bm=256, bk=256, bn=128)), id="300x300x200"),
+    pytest.param((512, 512, 256, MatmulBlockSizes(bm=256, bk=256, bn=256)), id="512x512x256"),
+]
+
+
+@pytest.mark.parametrize("case", FLOAT_CODE_CASES)
+@pytest.mark.parametrize("int4", [False, True], ids=["w8a8", "w4a8"])
+def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
+    from kernels.matmul.kernel import call_variant
+    from kernels.quant import pack_int4
+    from kernels import tiling
+
+    m, k, n, blocks = case
+    x = _x(19, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
+    _, wq, s = _weights(20, k, n, True)
+    if int4:  # codes in [-8, 7]: the int8 codes halved and clipped
+        wq = jnp.clip(wq // 16, -8, 7).astype(jnp.int8)
+    kw = dict(quantize_x=True, int4=int4, scale_kind="per-block", x_itemsize=2)
+    variant = call_variant(tiling.tpu_chip("tpu-v6e"), m, k, n, blocks, out_dtype=jnp.bfloat16, **kw)
+    assert variant.float_codes and variant.w_dequant
+    # An f32 output keeps the exact int32 sums (the int8 route, its partial products scaled per group).
+    assert not call_variant(tiling.tpu_chip("tpu-v6e"), m, k, n, blocks, out_dtype=jnp.float32, **kw).float_codes
+    w = pack_int4(wq) if int4 else wq
+    blocks = MatmulBlockSizes(bm=blocks.bm, bk=512, bn=blocks.bn) if int4 else blocks
+    out = matmul(x, w, w_scale=s, quantize_x=True, w_dtype="int4" if int4 else None, block_sizes=blocks,
+                 chip="tpu-v6e", interpret=True)
+    # The codes are exact in bf16; the weights times their scales are rounded to bf16 (rel 2^-9 each, the scale
+    # too: bf16 scaling on v6e), as the weight-only blockwise path does: its tolerance, the absolute part relative
+    # to the largest output (rows scaled up to 10x: a rounding error of the large rows shows on small outputs).
+    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True).astype(jnp.float32)
+    tol = TOL[("bfloat16", "weight_only")]
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref), rtol=tol["rtol"],
+                               atol=tol["atol"] * float(jnp.max(jnp.abs(ref))))
+
+
+def test_blockwise_codes_on_bf16_mxu_rule():
+    from kernels import tiling
+    from perfmodel.model.gemm import BLOCKWISE_PARTIAL_MAX_ROWS, blockwise_codes_on_bf16_mxu as rule
+
+    v5e, v6e = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v6e")
+    # v6e's MXU is 256 deep, a scale group 128 rows: above 128 rows the codes go to the bf16 MXU.
+    assert rule(v6e, BLOCKWISE_PARTIAL_MAX_ROWS + 1) and not rule(v6e, BLOCKWISE_PARTIAL_MAX_ROWS)
+    # v5e's MXU is 128 deep (a group fills it): the int8 partial products stay; 256-row groups fill v6e's too;
+    # an f32 output keeps the exact int32 sums.
+    assert not rule(v5e, 8192) and not rule(v6e, 8192, scale_block=256) and not rule(None, 8192)
+    assert not rule(v6e, 8192, out_dtype="fp32")
+
+
+def test_op_model_follows_the_blockwise_route():
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.model.gemm import gemm
+
+    v5e, v6e = get_chip("tpu-v5e"), get_chip("tpu-v6e")
+    kw = dict(n=8192, k=8192, lhs_dtype="int8", rhs_dtype="int8", lhs_source_dtype="bf16", weight_scale="per-block")
+    # Large M on v6e: the bf16 MXU, the scales folded into the weights (K x N VPU work, not 2 x groups x M x N).
+    big = gemm(m=8192, chip=v6e, **kw)
+    assert big.mxu_dtype == "bf16" and any("bf16 MXU" in note for note in big.notes)
+    # Decode-sized M on v6e and any M on v5e: the int8 MXU with the partial products scaled per group.
+    for cost in (gemm(m=64, chip=v6e, **kw), gemm(m=8192, chip=v5e, **kw)):
+        assert cost.mxu_dtype == "int8" and any("partial sums scaled per K block" in n for n in cost.notes)
+    # The bf16 route's VPU work: 64 groups x 8192^2 outputs x 2 ops on the int8 route vs 8192^2 weights folded.
+    assert big.vpu_ops < gemm(m=8192, chip=v5e, **kw).vpu_ops / 10

@@ -297,6 +297,12 @@ def test_a_retune_compiles_the_stored_blocks_next_to_the_pool():
     assert incumbent_candidate(result, {"b": "old"}, ["b"], exclude=[old]) == []  # in the order already
     assert incumbent_candidate(result, {"b": "gone"}, ["b"]) == []  # no longer legal
     assert incumbent_candidate(result, None, ["b"]) == []  # nothing stored for this chip / configuration
+    # v6e: 128 MiB of VMEM, a raised limit at most 96 MiB; an incumbent over it is not compiled (100 MiB limit).
+    big = _cand("big", 1.02, vmem_mib=80, limit_mib=100)
+    fits = _cand("fits", 1.03, vmem_mib=70, limit_mib=90)
+    result = _result(pool, big, fits)
+    assert incumbent_candidate(result, {"b": "big"}, ["b"]) == []
+    assert incumbent_candidate(result, {"b": "fits"}, ["b"]) == [fits]
 
 
 def test_a_raised_limit_is_stored_only_when_it_compiles_faster_than_the_tie_band():
