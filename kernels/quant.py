@@ -46,6 +46,17 @@ def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True, dtype: Any = 
     return q.astype(jnp.int32).astype(jnp.int8)
 
 
+def split_int8_codes(x: jax.Array, inv: jax.Array, lo_steps: int) -> tuple[jax.Array, jax.Array]:
+    """Two int8 code planes of f32 x: hi = round(x * inv) and lo = round((x * inv - hi) * lo_steps), so that
+    x = (hi + lo / lo_steps) / inv within 1 / (2 lo_steps inv). With inv from :func:`int8_scale` of max |x| over
+    the same slice, |hi| <= 127 (as :func:`int8_codes` without clip) and |lo| <= lo_steps / 2 (<= 127 for
+    lo_steps <= 254)."""
+    v = x * inv
+    hi = jnp.round(v)
+    lo = jnp.round((v - hi) * lo_steps)
+    return hi.astype(jnp.int32).astype(jnp.int8), lo.astype(jnp.int32).astype(jnp.int8)
+
+
 #: int4 codes are two's complement nibbles in [-8, 7]; the symmetric quantizers use [-7, 7].
 INT4_QMAX = 7
 #: The packed K dimension is padded to a multiple of this (so every K block of a multiple of it is whole). Byte row

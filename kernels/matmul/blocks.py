@@ -46,6 +46,9 @@ class MatmulVariant:
     #: Row blocks of codes (and scales) held: 2 when quantize_x quantizes the next row block ahead.
     code_slots: int = 1
     float_codes: bool = False
+    #: Two stacked int8 code planes of x (bf16 x int4 at decode on the int8 MXU): twice the code rows and the
+    #: accumulator's.
+    split_codes: bool = False
     scale_rows: int = 0
     w_dequant: bool = False
     x_share_rows: int | None = None
@@ -116,14 +119,15 @@ class MatmulBlockSizes(tiling.GemmTile):
             + epilogue_vectors * buf((1, self.bn), "float32")
             + (buf((variant.scale_rows, self.bn), "float32") if variant.scale_rows else 0)
         )
-        acc = buf((self.bm, self.bn), "float32")
+        acc_rows = 2 * self.bm if variant.split_codes else self.bm
+        acc = buf((acc_rows, self.bn), "float32")
         need = 2 * streamed + acc
         if variant.x_share_rows:  # row block 0, single-buffered
             need += buf((self.bm, x_cols), x_dtype)
         if variant.x_codes:  # codes of the row block(s) and the per-token scales; the dot's int32 (f32) result
-            codes = (buf((self.bm, variant.x_row or self.bk), code_dtype(float_codes=variant.float_codes))
+            codes = (buf((acc_rows, variant.x_row or self.bk), code_dtype(float_codes=variant.float_codes))
                      + buf((self.bm, 1), "float32"))
-            need += variant.code_slots * codes + buf((self.bm, self.bn), "int32")
+            need += variant.code_slots * codes + buf((acc_rows, self.bn), "int32")
         if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_x's int8 x)
             need += buf((self.bk, self.bn), w_dequant_dtype(x_dtype, x_codes=variant.x_codes,
                                                             float_codes=variant.float_codes))
@@ -197,9 +201,12 @@ def pair_blocks(configs: dict[str, T], pair: str, m: int | None, fallback: T) ->
 def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None,
                         blockwise: bool = False) -> MatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
-    them, its "<pair> blockwise" blocks for blockwise weight scales above that when it has them (int8 x int8 and
-    w4a8); FALLBACK_BLOCK_SIZES when not listed."""
+    them; with blockwise weight scales its "<pair> blockwise" or "<pair> blockwise decode" blocks first when it has
+    them (int8 x int8 and w4a8; bf16 x int4 at decode); FALLBACK_BLOCK_SIZES when not listed."""
     configs, pair = default_block_table().get(chip, {}), f"{x_name} x {w_name}"
-    if blockwise and (m is None or m > DECODE_MAX_M) and f"{pair} blockwise" in configs:
-        return configs[f"{pair} blockwise"]
+    if blockwise:
+        decode = m is not None and m <= DECODE_MAX_M
+        key = f"{pair} blockwise decode" if decode else f"{pair} blockwise"
+        if key in configs:
+            return configs[key]
     return pair_blocks(configs, pair, m, FALLBACK_BLOCK_SIZES)

@@ -61,23 +61,27 @@ def _configs_at(mnk: tuple[int, int, int], pairs: tuple[tuple[str, str, str, str
     return configs
 
 
-def _blockwise_configs(mnk: tuple[int, int, int]) -> list[TunedConfig]:
-    """int8 x int8 and w4a8 with blockwise weight scales (one per 128 rows of K), keys "... blockwise": on chips
-    whose MXU is deeper than a scale group their large-M calls run another route (the codes in bf16 on the bf16
-    MXU, perfmodel.model.gemm.blockwise_codes_on_bf16_mxu), whose VMEM and VPU work differ from the per-channel
-    configuration's."""
+def _blockwise_configs(mnk: tuple[int, int, int], decode: tuple[int, int, int]) -> list[TunedConfig]:
+    """Blockwise weight scales (one per 128 rows of K) where the call runs another route than with per-channel
+    ones, keys "... blockwise": int8 x int8 and w4a8 at large M (on chips whose MXU is deeper than a scale group
+    the codes go to the bf16 MXU, perfmodel.model.gemm.blockwise_codes_on_bf16_mxu) and bf16 x int4 at decode
+    (int4_decode_on_int8_mxu runs per-channel calls on the int8 MXU, blockwise ones on v6e stay on the bf16 MXU)."""
     m, n, k = mnk
     bias, scale = f"bias={n}:f32", f"w_scale={k // 128}x{n}:f32"
+    dm, dn, dk = decode
     return [TunedConfig(key="int8 x int8 blockwise", static={"quantize_x": True},
                         shapes=(f"x={m}x{k}:bf16", f"w={k}x{n}:int8", bias, scale)),
             TunedConfig(key="int8 x int4 blockwise", static={"quantize_x": True, "w_dtype": "int4"},
-                        shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", bias, scale))]
+                        shapes=(f"x={m}x{k}:bf16", f"w={k // 2}x{n}:uint8", bias, scale)),
+            TunedConfig(key="bf16 x int4 blockwise decode", static={"w_dtype": "int4"},
+                        shapes=(f"x={dm}x{dk}:bf16", f"w={dk // 2}x{dn}:uint8", f"bias={dn}:f32",
+                                f"w_scale={dk // 128}x{dn}:f32"))]
 
 
 def _configs() -> tuple[TunedConfig, ...]:
     # Decode: a few rows against the whole weight matrix, HBM-bound; the "... decode" keys are what the kernel
     # uses when x has at most DECODE_MAX_M rows.
-    return tuple(_configs_at(TUNED_SHAPE_MNK, PAIRS) + _blockwise_configs(TUNED_SHAPE_MNK)
+    return tuple(_configs_at(TUNED_SHAPE_MNK, PAIRS) + _blockwise_configs(TUNED_SHAPE_MNK, DECODE_SHAPE_MNK)
                  + _configs_at(DECODE_SHAPE_MNK, DECODE_PAIRS, " decode"))
 
 
@@ -85,8 +89,8 @@ TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(), compile_raised=1,
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
              "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
-             "w_dtype='int4'; \"int8 x int4\": both, w4a8; \"... blockwise\": those two with one scale per 128 rows of "
-             "K); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
+             "w_dtype='int4'; \"int8 x int4\": both, w4a8; \"... blockwise\": those two, and bf16 x int4 at decode, with "
+             "one scale per 128 rows of K); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
              "calls with at most %d rows"
              % (TUNED_SHAPE_MNK[0], DECODE_SHAPE_MNK[0], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[1],
                 DECODE_SHAPE_MNK[0])))

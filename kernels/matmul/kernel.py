@@ -40,8 +40,9 @@ from kernels import tiling
 from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, default_block_sizes, fp8_as_is,
                                    w_dequant_dtype)
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
-from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale
-from perfmodel.model.gemm import BLOCKWISE_PARTIAL_MAX_ROWS, blockwise_codes_on_bf16_mxu
+from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale, split_int8_codes
+from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
+                                  int4_decode_on_int8_mxu)
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -73,7 +74,7 @@ EAGER_EPILOGUE_MAX_K_STEPS = 2
 def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
                    has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
                    col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False,
-                   float_codes: bool = False) -> None:
+                   float_codes: bool = False, split_x: bool = False) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
 
@@ -107,7 +108,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
         def quantize_all() -> None:  # this row block, group by group
             def body(g: Any, carry: Any) -> Any:
-                _quantize_group(row_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail)
+                _quantize_group(row_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail, split=split_x)
                 return carry
 
             jax.lax.fori_loop(0, n_groups, body, 0)
@@ -129,7 +130,8 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             per_step = x_ref.shape[0] // QUANT_ROWS
             first = jnp.minimum(s, n_groups // per_step - 1) * per_step
             for u in range(per_step):
-                _quantize_group(x_ref, xq_next, xs_next, first + u, n_k=n_k, bk=bk, k_tail=k_tail, src_group=u)
+                _quantize_group(x_ref, xq_next, xs_next, first + u, n_k=n_k, bk=bk, k_tail=k_tail, src_group=u,
+                                split=split_x)
         elif each_j:
             # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
             # K step quantizes the row itself (a core cannot tell which column block it runs first).
@@ -163,6 +165,9 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
     def epilogue(cols: slice, y: jax.Array) -> None:
         y = y.astype(jnp.float32)
+        if split_x:  # [2 bm, cols]: the hi plane's rows, then the lo plane's
+            rows = y.shape[0] // 2
+            y = y[:rows] + y[rows:] * (1.0 / SPLIT_LO_STEPS)
         if quantize_x:
             y = y * xs_ref[...]  # per-token scale, [bm, 1]
         if scale_kind == "per-channel":
@@ -241,10 +246,11 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
 
 def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: int, bk: int,
-                    k_tail: int | None, src_group: Any = None) -> None:
+                    k_tail: int | None, src_group: Any = None, split: bool = False) -> None:
     """Per-token int8 codes of QUANT_ROWS rows (``group``) of a row block into xq_ref[:, rows, :] and their
     scales into xs_ref[rows, :], read from x_ref's group ``src_group`` (default ``group``: x_ref holds the whole
-    row block; lookahead: x_ref holds a share of its groups).
+    row block; lookahead: x_ref holds a share of its groups). ``split``: two code planes (kernels.quant.
+    split_int8_codes), the hi codes at those rows of xq_ref and the lo codes half its rows further down.
 
     A max |x| pass over the whole row into a lane-wide [rows, 128] running max in x's dtype (one cross-lane max
     at the end) and a codes pass, each over [rows, width] chunks of at most QUANT_CHUNK_BYTES of f32 (nothing
@@ -287,9 +293,14 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
 
     def codes(t: Any, c: Any) -> Any:
         for c0 in range(0, bk, width):
+            v = chunk(t, c0).astype(jnp.float32)
+            if split:
+                hi, lo = split_int8_codes(v, inv, SPLIT_LO_STEPS)
+                xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = hi
+                xq_ref[t, pl.ds(r0 + xq_ref.shape[1] // 2, rows), c0:c0 + width] = lo
+                continue
             # inv is 127 / max|x| of these very rows: no clip needed (kernels/quant.py int8_codes).
-            q = int8_codes(chunk(t, c0).astype(jnp.float32), inv, clip=False, dtype=xq_ref.dtype)
-            xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
+            xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = int8_codes(v, inv, clip=False, dtype=xq_ref.dtype)
         return c
 
     over_k(codes, 0)
@@ -533,6 +544,12 @@ def matmul(
     if quantize_x:
         _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
+    # bf16 x int4 at decode on an int8 MXU: x as two stacked int8 code planes (int4_decode_on_int8_mxu), run on the
+    # quantize_x machinery (codes_x) with twice the code rows.
+    split_x = int4 and not quantize_x and int4_decode_on_int8_mxu(
+        spec, x.shape[0], lhs_dtype=x_name, rhs_dtype="int4", out_dtype=tiling.matmul_dtype_name(out_dtype),
+        blockwise=scale_kind_of(w_scale) == "per-block")
+    codes_x = quantize_x or split_x
     if block_sizes is None:
         block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0],
                                           blockwise=scale_kind_of(w_scale) == "per-block")
@@ -541,7 +558,7 @@ def matmul(
     (m, k), n = x.shape, w.shape[1]
     scale_kind = scale_kind_of(w_scale)
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
-               tiling.sublane_multiple(jnp.int8) if quantize_x else 1)
+               tiling.sublane_multiple(jnp.int8) if codes_x else 1)
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
     if int4:
         if block_sizes.bk % INT4_PACK_ROWS:
@@ -549,32 +566,31 @@ def matmul(
                              f"weights (the packed K dimension is padded to {INT4_PACK_ROWS} rows); e.g. bk=512")
         blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
                                   bn=blocks.bn)
-    variant = call_variant(spec, m, k, n, blocks, quantize_x=quantize_x, int4=int4, scale_kind=scale_kind,
-                           out_dtype=out_dtype,
-                           x_itemsize=x.dtype.itemsize)
+    variant = call_variant(spec, m, k, n, blocks, quantize_x=codes_x, int4=int4, scale_kind=scale_kind,
+                           out_dtype=out_dtype, x_itemsize=x.dtype.itemsize, split_x=split_x)
     x_resident = variant.x_row is not None
-    each_j = quantize_x and quantizes_each_column_block(spec, m, n, blocks)
+    each_j = codes_x and quantizes_each_column_block(spec, m, n, blocks)
     vmem_limit = block_sizes.check(  # int4: the packed tile counted as [bk, bn] int8 (twice its bytes)
         x_dtype=x.dtype, w_dtype=jnp.int8 if int4 else w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
         epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
     )
     return _matmul_jit(
         x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=quantize_x,
+        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=codes_x, split_x=split_x,
         share_rows=variant.x_share_rows, each_j=each_j,
         x_resident=x_resident,
         w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
         float_codes=variant.float_codes,
         bf16_scaling=(scale_kind == "per-block" and spec.name in BF16_SCALING_CHIPS
-                      and (variant.float_codes or (int4 and not quantize_x and x.dtype == jnp.bfloat16))),
+                      and (variant.float_codes or (int4 and not codes_x and x.dtype == jnp.bfloat16))),
     )
 
 
 def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,
-                 scale_kind: str, out_dtype: Any, x_itemsize: int) -> MatmulVariant:
+                 scale_kind: str, out_dtype: Any, x_itemsize: int, split_x: bool = False) -> MatmulVariant:
     """What a call at these (effective) blocks adds to the plain kernel's VMEM: the resident x row, quantize_x's
     codes (two row blocks of them and the shared x fetch with lookahead), blockwise scale rows, a dequantized w
-    tile."""
+    tile. ``split_x``: bf16 x int4 as two stacked code planes of x (quantize_x then says the codes are made)."""
     x_row = tiling.round_up(k, blocks.bk)
     # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
     resident = keeps_x_resident(quantize_x=quantize_x, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row,
@@ -589,7 +605,7 @@ def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *,
     float_codes = quantize_x and blockwise and blockwise_codes_on_bf16_mxu(
         chip, blocks.bm, out_dtype=tiling.matmul_dtype_name(out_dtype))
     return MatmulVariant(
-        x_row=x_row if resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1,
+        x_row=x_row if resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1, split_codes=split_x,
         float_codes=float_codes, x_share_rows=share_rows, scale_rows=_scale_rows(blocks.bk, k) if blockwise else 0,
         w_dequant=int4 or float_codes or (blockwise and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM))
 
@@ -670,7 +686,8 @@ def cost_estimate(
 
 @functools.partial(
     jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "share_rows", "each_j", "x_resident",
-                              "w_dequant", "int4", "bf16_scaling", "float_codes", "vmem_limit_bytes", "interpret")
+                              "w_dequant", "int4", "bf16_scaling", "float_codes", "split_x", "vmem_limit_bytes",
+                              "interpret")
 )
 def _matmul_jit(
     x: jax.Array,
@@ -689,6 +706,7 @@ def _matmul_jit(
     int4: bool,
     bf16_scaling: bool,
     float_codes: bool,
+    split_x: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -737,10 +755,11 @@ def _matmul_jit(
         in_specs.append(x0_spec)
     precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 and not float_codes else jax.lax.Precision.DEFAULT
     int_acc = quantize_x and scale_kind != "per-block"
-    scratch = [pltpu.VMEM((bm, bn), jnp.int32 if int_acc else jnp.float32)]
+    code_rows = 2 * bm if split_x else bm  # split_x: the hi plane's rows, then the lo plane's
+    scratch = [pltpu.VMEM((code_rows, bn), jnp.int32 if int_acc else jnp.float32)]
     scratch_names = ["acc_ref"]
     if quantize_x:
-        codes = [pltpu.VMEM((n_k, bm, bk), jnp.dtype(code_dtype(float_codes=float_codes))),
+        codes = [pltpu.VMEM((n_k, code_rows, bk), jnp.dtype(code_dtype(float_codes=float_codes))),
                  pltpu.VMEM((bm, 1), jnp.float32)]
         scratch += codes
         scratch_names += ["xq_ref", "x_scale_ref"]
@@ -754,8 +773,8 @@ def _matmul_jit(
     kernel = functools.partial(
         _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
         has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
-        w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(bm, bn), precision=precision, bf16_scaling=bf16_scaling,
-        float_codes=float_codes,
+        w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(code_rows, bn), precision=precision,
+        bf16_scaling=bf16_scaling, float_codes=float_codes, split_x=split_x,
     )
     ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
                  + ["x0_ref"] * lookahead)
@@ -778,7 +797,7 @@ def _matmul_jit(
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
         cost_estimate=cost_estimate(
             m=m, k=k, n=n, x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, activation=activation,
-            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x, int4=int4,
+            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x and not split_x, int4=int4,
         ),
         interpret=interpret_params(interpret),
         name="matmul",

@@ -46,6 +46,38 @@ DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
 BLOCKWISE_PARTIAL_MAX_ROWS = 128
 
 
+#: bf16 activations against int4 weights at up to this many rows (decode) may run as two int8 code planes of the
+#: activations on the int8 MXU (:func:`int4_decode_on_int8_mxu`).
+SPLIT_X_MAX_ROWS = 64
+#: The second code plane's step: lo = round((x / s - hi) * SPLIT_LO_STEPS), within +-127 since |x / s - hi| <= 1/2.
+SPLIT_LO_STEPS = 254
+
+
+def int4_decode_on_int8_mxu(chip: object | None, rows: Num, *, lhs_dtype: str, rhs_dtype: str, out_dtype: str,
+                            blockwise: bool = False, scale_block: Num = DEFAULT_SCALE_BLOCK) -> bool:
+    """Whether bf16 activations x int4 weights run as two int8 code planes of the activations stacked as rows, on
+    the int8 MXU: per token s = max|x| / 127, hi = round(x / s), lo = round((x / s - hi) * 254), so
+    x = s (hi + lo / 254) within max|x| / 64516 per element (the output's own bf16 rounding, rel 2^-9, is far
+    coarser); the [2 rows, K] codes meet the int4 codes widened to int8 in one dot, out = s (top + bottom / 254).
+
+    At decode a dot is bound by loading the weight tile into the MXU, which takes int8 twice as fast as bf16, and
+    the doubled rows cost little (v5e: a 64-row bf16 x int4 step was 1.50x its packed tile's HBM time). True for
+    bf16 x int4 with a bf16 output at up to :data:`SPLIT_X_MAX_ROWS` rows on chips with an int8 x int8 MXU path
+    faster than bf16 (v5e, v5p, v6e), except with blockwise scales on an MXU deeper than a scale group (v6e):
+    there each group's int8 partial product half fills the array and is scaled on the VPU (compiled, v6e
+    64x4096x1024 blockwise steps: 2,246 bundles on the bf16 MXU, 3,799 split)."""
+    if chip is None or not bool(np.all(np.asarray(rows) <= SPLIT_X_MAX_ROWS)):
+        return False
+    mxu = getattr(getattr(chip, "cores", None), "mxu_dim", None) or 128
+    if blockwise and mxu > np.max(scale_block):
+        return False
+    if (parse_dtype(lhs_dtype, "`lhs_dtype`"), parse_dtype(rhs_dtype, "`rhs_dtype`"),
+            parse_dtype(out_dtype, "`out_dtype`")) != ("bf16", "int4", "bf16"):
+        return False
+    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
+    return bool(chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16))
+
+
 def blockwise_codes_on_bf16_mxu(chip: object | None, rows: Num, scale_block: Num = DEFAULT_SCALE_BLOCK, *,
                                 out_dtype: str = "bf16") -> bool:
     """Whether int8 x int8 (dynamically quantized activations) with blockwise weight scales runs as the int8 codes
@@ -142,10 +174,14 @@ def gemm(
     # Dynamically quantized activations against blockwise scales: the codes may go to the bf16 MXU instead.
     float_codes = (lhs_source_dtype is not None and is_quantized(lhs) and weight_scale == "per-block"
                    and blockwise_codes_on_bf16_mxu(chip, m, block, out_dtype=out))
-    path = matmul_path(chip, "bf16" if float_codes else lhs, rhs, precision)
+    # bf16 x int4 at decode: two int8 code planes of the activations on the int8 MXU (twice the rows issued).
+    split = lhs_source_dtype is None and int4_decode_on_int8_mxu(
+        chip, m, lhs_dtype=lhs, rhs_dtype=rhs, out_dtype=out, blockwise=weight_scale == "per-block",
+        scale_block=block)
+    path = matmul_path(chip, "bf16" if float_codes else "int8" if split else lhs, rhs, precision)
 
     useful = 2.0 * batch * m * n * k
-    issued = mxu_issued_flops(m, n, k, batch, tiles, path.passes)
+    issued = mxu_issued_flops(2 * m if split else m, n, k, batch, tiles, path.passes)
 
     # Vector work as (padded, unpadded) pairs; padding = difference.
     out_padded, out_plain = batch * tiles.vreg_elements(m, n), batch * m * n
@@ -159,6 +195,11 @@ def gemm(
         vpu, vpu_plain = vpu + p, vpu_plain + u
         serial = serial + p  # weights are dequantized between their DMA and the MXU: on the critical path
     notes = list(path.notes)
+    if split:  # both planes' codes (the quantization's ops and as many again for the lo plane), the recombination
+        vpu = vpu + (2 * DYNAMIC_QUANT_OPS_PER_ELEMENT * batch * tiles.vreg_elements(m, k) + 2 * out_padded)
+        vpu_plain = vpu_plain + 2 * DYNAMIC_QUANT_OPS_PER_ELEMENT * batch * m * k + 2 * out_plain
+        notes.append(f"{chip.name}: bf16 activations as two int8 code planes (hi, lo) stacked as rows on the int8 MXU "
+                     f"(decode: loading int8 weight tiles into the MXU is twice as fast as bf16)")
     if float_codes:
         notes.append(f"{chip.name}: int8 activation codes held in bf16 against weights dequantized with their "
                      f"per-block scales, on the bf16 MXU (its {chip.cores.mxu_dim}-deep MXU is deeper than a scale "

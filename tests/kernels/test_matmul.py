@@ -19,6 +19,7 @@ from kernels.matmul.entry import DECODE_SHAPE_MNK, TUNED_SHAPE_MNK
 from kernels.matmul.kernel import call_variant, effective_block_sizes
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
+from perfmodel.model.gemm import int4_decode_on_int8_mxu
 from kernels.tuned import load_tuned_defaults
 from perfmodel.schedule.tuned import MAX_RAISED_VMEM_FRACTION
 
@@ -256,20 +257,23 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         decode = pair.endswith(" decode")
         m, n, k = DECODE_SHAPE_MNK if decode else TUNED_SHAPE_MNK
         # "... blockwise": one scale per 128 rows of K (the codes in bf16 on v6e: call_variant's float_codes).
-        blockwise = pair.endswith(" blockwise")
+        blockwise = pair.removesuffix(" decode").endswith(" blockwise")
         x_name, w_name = pair.removesuffix(" decode").removesuffix(" blockwise").split(" x ")
         # "int8 x int8" is quantize_x on bf16 activations (the wrapper's call_variant: resident row, codes, the
         # lookahead's shares); "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked
         # tile; "int8 x int4" (w4a8) both.
+        # bf16 x int4 at decode on int8-MXU chips: two code planes of x (the wrapper's int4_decode_on_int8_mxu).
         w8a8 = x_name == "int8"
+        split = w_name == "int4" and not w8a8 and int4_decode_on_int8_mxu(
+            chip, m, lhs_dtype=x_name, rhs_dtype="int4", out_dtype=x_name, blockwise=blockwise)
         x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
         w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
-        eff = effective_block_sizes(blocks, m, k, n, 32 if w8a8 else 16)
+        eff = effective_block_sizes(blocks, m, k, n, 32 if w8a8 or split else 16)
         quantized = w_name in ("int8", "fp8", "int4")
         scale_kind = "per-block" if blockwise else "per-channel" if quantized else "none"
-        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8, int4=w_name == "int4", scale_kind=scale_kind,
-                               out_dtype=x_dtype,
-                               x_itemsize=jnp.dtype(x_dtype).itemsize)
+        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8 or split, int4=w_name == "int4",
+                               scale_kind=scale_kind, out_dtype=x_dtype, x_itemsize=jnp.dtype(x_dtype).itemsize,
+                               split_x=split)
         # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned; blockwise scales are
         # the variant's scale rows).

@@ -169,3 +169,77 @@ def test_op_model_int4_weight_bytes_are_half_of_int8():
     i4 = gemm(m=64, n=4096, k=4096, rhs_dtype="int4", chip=None)
     assert i8.hbm_read_bytes == 524288 + 4096 * 4096 + 4096 * 4
     assert i4.hbm_read_bytes == 524288 + 4096 * 4096 // 2 + 4096 * 4
+
+
+def test_split_int8_codes_hand_worked():
+    from kernels.quant import int8_scale, split_int8_codes
+
+    # x = [1.0, -0.3]: max|x| = 1, inv = 127. x * inv = [127, -38.1]: hi = [127, -38]; the remainders [0, -0.1]
+    # times 254 round to lo = [0, -25]. Back: (-38 - 25/254) / 127 = -0.2999875..., within
+    # 1 / (2 * 254 * 127) = 1.55e-5 of -0.3.
+    x = jnp.array([[1.0, -0.3]], jnp.float32)
+    inv, scale = int8_scale(jnp.max(jnp.abs(x), axis=1, keepdims=True))
+    hi, lo = split_int8_codes(x, inv, 254)
+    assert hi.dtype == lo.dtype == jnp.int8
+    assert hi.tolist() == [[127, -38]] and lo.tolist() == [[0, -25]]
+    back = (hi.astype(jnp.float32) + lo.astype(jnp.float32) / 254) * scale
+    np.testing.assert_allclose(np.asarray(back), [[1.0, -0.3]], atol=1 / (2 * 254 * 127))
+
+
+#: (M, K, N, chip, blockwise) of bf16 x int4 at decode on the int8 MXU (two code planes of x as rows): K = 300
+#: (one masked K step at bk = 512), N = 200 (two column blocks at bn = 128); v5p: two TensorCores, each column
+#: block quantizing the row; M = 8 pads the 32-row code group.
+SPLIT_CASES = [
+    pytest.param((64, 300, 200, "tpu-v5e", False), id="v5e-per-channel"),
+    pytest.param((40, 300, 200, "tpu-v5e", True), id="v5e-blockwise"),
+    pytest.param((8, 300, 200, "tpu-v5p", False), id="v5p-8-rows"),
+    pytest.param((64, 700, 256, "tpu-v6e", False), id="v6e-two-k-blocks"),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_bf16_x_int4_at_decode_on_the_int8_mxu(case):
+    m, k, n, chip, blockwise = case
+    # Rows of very different magnitudes: a per-token scale applied to the wrong rows shows.
+    x = (jax.random.normal(jax.random.key(3), (m, k), jnp.float32)
+         * jnp.linspace(0.05, 5.0, m)[:, None]).astype(jnp.bfloat16)
+    wp, s = _weights(4, k, n, blockwise)
+    bk = 256 if k <= 300 else 512
+    out = matmul(x, wp, w_scale=s, w_dtype="int4", block_sizes=MatmulBlockSizes(bm=64, bk=bk, bn=128), chip=chip,
+                 interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, w_dtype="int4")
+    out32, ref32 = np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32))
+    assert np.isfinite(out32).all()
+    # x = s (hi + lo / 254) within max|x| / 64516 per element: far under the bf16 output's rounding.
+    np.testing.assert_allclose(out32, ref32, **TOL)
+
+
+def test_int4_decode_on_int8_mxu_rule():
+    from kernels import tiling
+    from perfmodel.model.gemm import SPLIT_X_MAX_ROWS, int4_decode_on_int8_mxu as rule
+
+    kw = dict(lhs_dtype="bf16", rhs_dtype="int4", out_dtype="bf16")
+    v4, v5e, v6e, v7 = (tiling.tpu_chip(c) for c in ("tpu-v4", "tpu-v5e", "tpu-v6e", "tpu-7x"))
+    # Chips with an int8 MXU faster than bf16, up to 64 rows, bf16 in and out, int4 weights.
+    assert rule(v5e, SPLIT_X_MAX_ROWS, **kw) and rule(v6e, 1, **kw) and rule(v5e, 64, blockwise=True, **kw)
+    assert not rule(v5e, SPLIT_X_MAX_ROWS + 1, **kw)
+    # v4 (int8 at the bf16 rate) and 7x (no int8 rate); an f32 output; int8 weights; blockwise on v6e's 256-deep
+    # MXU (a 128-row group's partial product half fills it).
+    assert not rule(v4, 64, **kw) and not rule(v7, 64, **kw) and not rule(None, 64, **kw)
+    assert not rule(v5e, 64, lhs_dtype="bf16", rhs_dtype="int4", out_dtype="fp32")
+    assert not rule(v5e, 64, lhs_dtype="bf16", rhs_dtype="int8", out_dtype="bf16")
+    assert not rule(v6e, 64, blockwise=True, **kw)
+
+
+def test_op_model_runs_int4_decode_on_the_int8_mxu():
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.model.gemm import gemm
+
+    v5e = get_chip("tpu-v5e")
+    # 64 rows: two planes of 64 rows on the int8 MXU, 2 x 2 x 64 x 4096 x 14336 issued; 65 rows: the bf16 MXU.
+    dec = gemm(m=64, n=14336, k=4096, rhs_dtype="int4", chip=v5e)
+    big = gemm(m=65, n=14336, k=4096, rhs_dtype="int4", chip=v5e)
+    assert dec.mxu_dtype == "int8" and dec.mxu_flops == 2 * 2 * 64 * 4096 * 14336
+    assert big.mxu_dtype == "bf16" and any("two int8 code planes" in n for n in dec.notes)
+    # The same bytes either way: bf16 activations, int4 weights and their scales.
+    assert dec.hbm_read_bytes == 64 * 4096 * 2 + 4096 * 14336 / 2 + 14336 * 4
