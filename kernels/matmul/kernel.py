@@ -544,17 +544,18 @@ def matmul(
     if quantize_x:
         _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
-    # bf16 x int4 at decode on an int8 MXU: x as two stacked int8 code planes (int4_decode_on_int8_mxu), run on the
-    # quantize_x machinery (codes_x) with twice the code rows.
-    split_x = int4 and not quantize_x and int4_decode_on_int8_mxu(
-        spec, x.shape[0], lhs_dtype=x_name, rhs_dtype="int4", out_dtype=tiling.matmul_dtype_name(out_dtype),
-        blockwise=scale_kind_of(w_scale) == "per-block")
-    codes_x = quantize_x or split_x
     if block_sizes is None:
         block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0],
                                           blockwise=scale_kind_of(w_scale) == "per-block")
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
+    # bf16 x int4 at decode on an int8 MXU: x as two stacked int8 code planes (int4_decode_on_int8_mxu), run on the
+    # quantize_x machinery (codes_x) with twice the code rows; row blocks of whole 32-row code groups only (a
+    # smaller bm given for the bf16 path keeps it).
+    split_x = int4 and not quantize_x and block_sizes.bm % QUANT_ROWS == 0 and int4_decode_on_int8_mxu(
+        spec, x.shape[0], lhs_dtype=x_name, rhs_dtype="int4", out_dtype=tiling.matmul_dtype_name(out_dtype),
+        blockwise=scale_kind_of(w_scale) == "per-block")
+    codes_x = quantize_x or split_x
     (m, k), n = x.shape, w.shape[1]
     scale_kind = scale_kind_of(w_scale)
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),

@@ -214,6 +214,19 @@ def test_bf16_x_int4_at_decode_on_the_int8_mxu(case):
     np.testing.assert_allclose(out32, ref32, **TOL)
 
 
+def test_bf16_x_int4_at_decode_keeps_the_bf16_path_for_a_16_row_block():
+    # bm = 16 is not a whole 32-row group of int8 codes: the call runs the bf16 MXU path (no error about codes the
+    # caller never asked for) and still matches the reference.
+    m, k, n = 40, 300, 200
+    x = jax.random.normal(jax.random.key(5), (m, k), jnp.float32).astype(jnp.bfloat16)
+    wp, s = _weights(6, k, n, False)
+    out = matmul(x, wp, w_scale=s, w_dtype="int4", block_sizes=MatmulBlockSizes(bm=16, bk=256, bn=128),
+                 chip="tpu-v5e", interpret=True)
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)),
+                               np.asarray(matmul_reference(x, wp, w_scale=s, w_dtype="int4").astype(jnp.float32)),
+                               **TOL)
+
+
 def test_int4_decode_on_int8_mxu_rule():
     from kernels import tiling
     from perfmodel.model.gemm import SPLIT_X_MAX_ROWS, int4_decode_on_int8_mxu as rule
