@@ -43,6 +43,11 @@ def int8_codes(x: jax.Array, inv: jax.Array, *, clip: bool = True, dtype: Any = 
         q = jnp.clip(q, -INT8_QMAX, INT8_QMAX)
     if jnp.dtype(dtype) != jnp.int8:
         return q.astype(dtype)
+    return _narrow_to_int8(q)
+
+
+def _narrow_to_int8(q: jax.Array) -> jax.Array:
+    """Whole-number f32 values within +-127 as int8 (through int32, which Mosaic converts)."""
     return q.astype(jnp.int32).astype(jnp.int8)
 
 
@@ -54,7 +59,7 @@ def split_int8_codes(x: jax.Array, inv: jax.Array, lo_steps: int) -> tuple[jax.A
     v = x * inv
     hi = jnp.round(v)
     lo = jnp.round((v - hi) * lo_steps)
-    return hi.astype(jnp.int32).astype(jnp.int8), lo.astype(jnp.int32).astype(jnp.int8)
+    return _narrow_to_int8(hi), _narrow_to_int8(lo)
 
 
 #: int4 codes are two's complement nibbles in [-8, 7]; the symmetric quantizers use [-7, 7].

@@ -140,7 +140,8 @@ class MatmulBlockSizes(tiling.GemmTile):
         # allocates at most what the terms above give (libtpu 0.0.42.1, 9 compiles: v5e 512x8192x1024 at 8192^3
         # 44.0 MiB vs 46.6 estimated, v6e 1024x2048x1024 62.7 vs 65.2, v5p 256x2048x256 11.6 vs 11.9 and
         # 256x4096x256 12.6 vs 12.9; 4096^3: +4% to +20%). The earlier kernel staged about two int32 x tiles.
-        if (not variant.x_codes or variant.float_codes) and (mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20):
+        staged = mxu <= 128 or self.bk >= 1024 or self.bm * self.bk >= 1 << 20
+        if (not variant.x_codes or variant.float_codes) and staged:
             need += int(X_STAGING_TILES * buf((self.bm, self.bk), x_dtype))
         # Weights converted to x's dtype in VMEM (fp8 may go to the MXU as is: fp8_as_is).
         converted = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype) and not fp8_as_is(

@@ -89,8 +89,8 @@ TUNED = TunedKernel(
     kernel="matmul", entry="matmul", configs=_configs(), compile_raised=1,
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
              "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
-             "w_dtype='int4'; \"int8 x int4\": both, w4a8; \"... blockwise\": those two, and bf16 x int4 at decode, with "
-             "one scale per 128 rows of K); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
+             "w_dtype='int4'; \"int8 x int4\": both, w4a8; \"... blockwise\": those two, and bf16 x int4 at "
+             "decode, with one scale per 128 rows of K); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
              "calls with at most %d rows"
              % (TUNED_SHAPE_MNK[0], DECODE_SHAPE_MNK[0], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[2], DECODE_SHAPE_MNK[1],
                 DECODE_SHAPE_MNK[0])))

@@ -42,7 +42,7 @@ from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, 
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale, split_int8_codes
 from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
-                                  int4_decode_on_int8_mxu)
+                                  has_fast_int8_mxu, int4_decode_on_int8_mxu)
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -148,7 +148,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         return x_ref[...]
 
     # float_codes: quantize_x's codes are held in bf16 (exact) and meet a bf16 dequantized w tile on the bf16 MXU
-    # (blockwise scales at large bm on chips whose MXU is deeper than a scale group: blocks.blockwise_float_mxu).
+    # (blockwise scales at large bm on chips whose MXU is deeper than a scale group: blockwise_codes_on_bf16_mxu).
     int_dot = quantize_x and not float_codes
     out_type = jnp.int32 if int_dot else jnp.float32
     # The dequantized tile carries the blockwise scales against float x (and float codes): int8 x int4 on the
@@ -469,8 +469,7 @@ def _check_int8_mxu(chip: Any) -> None:
     tpu-v4 runs int8 at the bf16 rate and Mosaic takes int8 only as the right-hand operand there; tpu-7x has
     no int8 rate at all. Both are refused rather than silently run the converted path.
     """
-    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
-    if chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16):
+    if has_fast_int8_mxu(chip):
         return
     rates = ", ".join(sorted(chip.compute.matmul_flops_per_s_per_chip))
     raise ValueError(
@@ -544,9 +543,10 @@ def matmul(
     if quantize_x:
         _check_int8_mxu(spec)
     out_dtype = jnp.dtype(x.dtype if out_dtype is None else out_dtype)
+    scale_kind = scale_kind_of(w_scale)
     if block_sizes is None:
         block_sizes = default_block_sizes(spec.name, "int8" if quantize_x else x_name, w_name, m=x.shape[0],
-                                          blockwise=scale_kind_of(w_scale) == "per-block")
+                                          blockwise=scale_kind == "per-block")
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
     # bf16 x int4 at decode on an int8 MXU: x as two stacked int8 code planes (int4_decode_on_int8_mxu), run on the
@@ -554,10 +554,9 @@ def matmul(
     # smaller bm given for the bf16 path keeps it).
     split_x = int4 and not quantize_x and block_sizes.bm % QUANT_ROWS == 0 and int4_decode_on_int8_mxu(
         spec, x.shape[0], lhs_dtype=x_name, rhs_dtype="int4", out_dtype=tiling.matmul_dtype_name(out_dtype),
-        blockwise=scale_kind_of(w_scale) == "per-block")
+        blockwise=scale_kind == "per-block")
     codes_x = quantize_x or split_x
     (m, k), n = x.shape, w.shape[1]
-    scale_kind = scale_kind_of(w_scale)
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
                tiling.sublane_multiple(jnp.int8) if codes_x else 1)
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)

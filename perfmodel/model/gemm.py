@@ -46,6 +46,21 @@ DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
 BLOCKWISE_PARTIAL_MAX_ROWS = 128
 
 
+def has_fast_int8_mxu(chip: object) -> bool:
+    """Whether the chip has an int8 x int8 MXU path faster than bf16 (the spec's pair and an int8 rate above
+    bf16's): v5e, v5p, v6e; not v4 (int8 at the bf16 rate) or 7x (no int8 rate). The bundled matmul's quantize_x
+    check and :func:`int4_decode_on_int8_mxu` both ask this."""
+    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
+    return bool(chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16))
+
+
+def _mxu_deeper_than(chip: object, scale_block: Num) -> bool:
+    """Whether the chip's MXU array (cores.mxu_dim; 128 when the spec gives none) is deeper than a scale group, so
+    that a group's partial dot fills only part of it."""
+    mxu = getattr(getattr(chip, "cores", None), "mxu_dim", None) or 128
+    return bool(mxu > np.max(scale_block))
+
+
 #: bf16 activations against int4 weights at up to this many rows (decode) may run as two int8 code planes of the
 #: activations on the int8 MXU (:func:`int4_decode_on_int8_mxu`).
 SPLIT_X_MAX_ROWS = 64
@@ -68,14 +83,12 @@ def int4_decode_on_int8_mxu(chip: object | None, rows: Num, *, lhs_dtype: str, r
     64x4096x1024 blockwise steps: 2,246 bundles on the bf16 MXU, 3,799 split)."""
     if chip is None or not bool(np.all(np.asarray(rows) <= SPLIT_X_MAX_ROWS)):
         return False
-    mxu = getattr(getattr(chip, "cores", None), "mxu_dim", None) or 128
-    if blockwise and mxu > np.max(scale_block):
+    if blockwise and _mxu_deeper_than(chip, scale_block):
         return False
     if (parse_dtype(lhs_dtype, "`lhs_dtype`"), parse_dtype(rhs_dtype, "`rhs_dtype`"),
             parse_dtype(out_dtype, "`out_dtype`")) != ("bf16", "int4", "bf16"):
         return False
-    int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
-    return bool(chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16))
+    return has_fast_int8_mxu(chip)
 
 
 def blockwise_codes_on_bf16_mxu(chip: object | None, rows: Num, scale_block: Num = DEFAULT_SCALE_BLOCK, *,
@@ -86,15 +99,15 @@ def blockwise_codes_on_bf16_mxu(chip: object | None, rows: Num, scale_block: Num
 
     True for a bf16 output (its own rounding, rel 2^-9, is as coarse as the dequantized weights'; an f32 output
     keeps the exact int32 sums) on chips whose MXU is deeper than a scale group (v6e: 256 against 128 rows), for
-    row blocks above :data:`BLOCKWISE_PARTIAL_MAX_ROWS`: a group's int8 dot fills half the array's depth there, so the int8 path
-    runs at about the bf16 rate anyway (ESTIMATE from the array shape), and scaling the partial products costs
+    row blocks above :data:`BLOCKWISE_PARTIAL_MAX_ROWS`: a group's int8 dot fills half the array's depth there, so
+    the int8 path runs at about the bf16 rate anyway (ESTIMATE from the array shape), and scaling the partial
+    products costs
     about 3 VPU ops per output per group, about 3x the int8 MXU time at v6e's rates. Compiled at 8192^3 on v6e
     (libtpu 0.0.42.1): the partial products took 2.43 ms (4.06x the int8 MXU floor); the bf16 route is
     kernels/README.md's table. The bundled matmul and this model both take the rule from here."""
     if chip is None or parse_dtype(out_dtype, "`out_dtype`") != "bf16":
         return False
-    mxu = getattr(getattr(chip, "cores", None), "mxu_dim", None) or 128
-    return bool(mxu > np.max(scale_block)) and bool(np.all(np.asarray(rows) > BLOCKWISE_PARTIAL_MAX_ROWS))
+    return _mxu_deeper_than(chip, scale_block) and bool(np.all(np.asarray(rows) > BLOCKWISE_PARTIAL_MAX_ROWS))
 
 
 def mxu_issued_flops(m: Num, n: Num, k: Num, batch: Num, tiles: Tiles, passes: int = 1) -> np.ndarray:
