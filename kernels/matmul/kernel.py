@@ -40,7 +40,8 @@ from kernels import tiling
 from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, default_block_sizes, fp8_as_is,
                                    w_dequant_dtype)
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
-from kernels.quant import INT4_PACK_ROWS, int8_codes, int8_scale, split_int8_codes
+from kernels.quant import (INT4_PACK_ROWS, int8_codes, int8_codes_bf16, int8_scale, int8_scale_bf16,
+                          split_int8_codes)
 from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
                                   has_fast_int8_mxu, int4_decode_on_int8_mxu)
 
@@ -74,7 +75,7 @@ EAGER_EPILOGUE_MAX_K_STEPS = 2
 def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
                    has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
                    col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False,
-                   float_codes: bool = False, split_x: bool = False) -> None:
+                   float_codes: bool = False, split_x: bool = False, bf16_codes: bool = False) -> None:
     """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
     variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
 
@@ -105,10 +106,12 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
         xq_ref, xs_ref = scratch[:2]
         row_ref = x0_ref if lookahead else x_ref  # the whole row block quantize_all reads
         n_groups = row_ref.shape[0] // QUANT_ROWS
+        quantize = functools.partial(_quantize_group, n_k=n_k, bk=bk, k_tail=k_tail, split=split_x,
+                                     bf16_codes=bf16_codes)
 
         def quantize_all() -> None:  # this row block, group by group
             def body(g: Any, carry: Any) -> Any:
-                _quantize_group(row_ref, xq_ref, xs_ref, g, n_k=n_k, bk=bk, k_tail=k_tail, split=split_x)
+                quantize(row_ref, xq_ref, xs_ref, g)
                 return carry
 
             jax.lax.fori_loop(0, n_groups, body, 0)
@@ -130,8 +133,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             per_step = x_ref.shape[0] // QUANT_ROWS
             first = jnp.minimum(s, n_groups // per_step - 1) * per_step
             for u in range(per_step):
-                _quantize_group(x_ref, xq_next, xs_next, first + u, n_k=n_k, bk=bk, k_tail=k_tail, src_group=u,
-                                split=split_x)
+                quantize(x_ref, xq_next, xs_next, first + u, src_group=u)
         elif each_j:
             # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
             # K step quantizes the row itself (a core cannot tell which column block it runs first).
@@ -246,14 +248,17 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
 
 def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: int, bk: int,
-                    k_tail: int | None, src_group: Any = None, split: bool = False) -> None:
+                    k_tail: int | None, src_group: Any = None, split: bool = False,
+                    bf16_codes: bool = False) -> None:
     """Per-token int8 codes of QUANT_ROWS rows (``group``) of a row block into xq_ref[:, rows, :] and their
     scales into xs_ref[rows, :], read from x_ref's group ``src_group`` (default ``group``: x_ref holds the whole
     row block; lookahead: x_ref holds a share of its groups). ``split``: two code planes (kernels.quant.
     split_int8_codes), the hi codes at those rows of xq_ref and the lo codes half its rows further down.
+    ``bf16_codes``: the codes of bf16 x come from a bf16 product (kernels.quant.int8_codes_bf16; bf16 VPUs).
 
-    A max |x| pass over the whole row into a lane-wide [rows, 128] running max in x's dtype (one cross-lane max
-    at the end) and a codes pass, each over [rows, width] chunks of at most QUANT_CHUNK_BYTES of f32 (nothing
+    A max |x| pass over the whole row into a [rows, width] running max in x's dtype (folded to 128 lanes and
+    one cross-lane max at the end) and a codes pass, each over [rows, width] chunks of at most
+    QUANT_CHUNK_BYTES of f32 (nothing
     spills); the passes over the K blocks are unrolled when short (straight-line code, no nested loop)."""
     rows = QUANT_ROWS
     width = _quant_chunk(rows, bk)
@@ -280,19 +285,26 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
         return v
 
     def amax_of(t: Any, acc: jax.Array) -> jax.Array:
-        # In x's dtype (abs and max are exact in bf16): no widening pass, half the vregs on a bf16 VPU.
+        # In x's dtype (abs and max are exact in bf16): no widening pass, half the vregs on a bf16 VPU. The
+        # running max is as wide as a chunk (one max per vreg); a [rows, 128] one took a relayout per 128 lanes.
         for c0 in range(0, bk, width):
-            v = jnp.abs(chunk(t, c0))
-            for l0 in range(0, width, tiling.LANES):
-                acc = jnp.maximum(acc, v[:, l0:l0 + tiling.LANES])
+            acc = jnp.maximum(acc, jnp.abs(chunk(t, c0)))
         return acc
 
-    lanes = over_k(amax_of, jnp.zeros((rows, tiling.LANES), x_ref.dtype)).astype(jnp.float32)
-    inv, scale = int8_scale(jnp.max(lanes, axis=1, keepdims=True))
+    wide = over_k(amax_of, jnp.zeros((rows, width), x_ref.dtype))
+    lanes = wide[:, :tiling.LANES]
+    for l0 in range(tiling.LANES, width, tiling.LANES):
+        lanes = jnp.maximum(lanes, wide[:, l0:l0 + tiling.LANES])
+    lanes = lanes.astype(jnp.float32)
+    inv, scale = (int8_scale_bf16 if bf16_codes else int8_scale)(jnp.max(lanes, axis=1, keepdims=True))
     xs_ref[pl.ds(r0, rows), :] = scale
 
     def codes(t: Any, c: Any) -> Any:
         for c0 in range(0, bk, width):
+            if bf16_codes:  # |x inv| <= 127 as for f32 codes: no clip
+                q = int8_codes_bf16(chunk(t, c0), inv, dtype=xq_ref.dtype)
+                xq_ref[t, pl.ds(r0, rows), c0:c0 + width] = q
+                continue
             v = chunk(t, c0).astype(jnp.float32)
             if split:
                 hi, lo = split_int8_codes(v, inv, SPLIT_LO_STEPS)
@@ -581,9 +593,20 @@ def matmul(
         x_resident=x_resident,
         w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
         float_codes=variant.float_codes,
+        bf16_codes=quantize_x and quantizes_x_in_bf16(spec, x.dtype),
         bf16_scaling=(scale_kind == "per-block" and spec.name in BF16_SCALING_CHIPS
                       and (variant.float_codes or (int4 and not codes_x and x.dtype == jnp.bfloat16))),
     )
+
+
+def quantizes_x_in_bf16(chip: Any, x_dtype: Any) -> bool:
+    """Whether quantize_x makes bf16 x's codes from a bf16 product (kernels.quant.int8_codes_bf16): on chips with a
+    bf16 VPU (BF16_SCALING_CHIPS), where that is one multiply and one packing conversion per bf16 vreg instead of
+    widening both halves to f32, multiplying and converting each (v6e, 8192^3 w8a8: the step's share of the next row
+    block from about 1,300 to 690 bundles; 715 -> 670 us with the amax pass's change). matmul_reference(
+    bf16_codes=...) computes the same."""
+    spec = chip if hasattr(chip, "name") else tiling.tpu_chip(chip)  # a ChipSpec, or a name / alias / path
+    return spec.name in BF16_SCALING_CHIPS and jnp.dtype(x_dtype) == jnp.bfloat16
 
 
 def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,
@@ -686,7 +709,8 @@ def cost_estimate(
 
 @functools.partial(
     jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "share_rows", "each_j", "x_resident",
-                              "w_dequant", "int4", "bf16_scaling", "float_codes", "split_x", "vmem_limit_bytes",
+                              "w_dequant", "int4", "bf16_scaling", "float_codes", "split_x", "bf16_codes",
+                              "vmem_limit_bytes",
                               "interpret")
 )
 def _matmul_jit(
@@ -707,6 +731,7 @@ def _matmul_jit(
     bf16_scaling: bool,
     float_codes: bool,
     split_x: bool,
+    bf16_codes: bool,
     vmem_limit_bytes: int | None,
     interpret: bool,
 ) -> jax.Array:
@@ -774,7 +799,7 @@ def _matmul_jit(
         _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
         has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
         w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(code_rows, bn), precision=precision,
-        bf16_scaling=bf16_scaling, float_codes=float_codes, split_x=split_x,
+        bf16_scaling=bf16_scaling, float_codes=float_codes, split_x=split_x, bf16_codes=bf16_codes,
     )
     ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
                  + ["x0_ref"] * lookahead)

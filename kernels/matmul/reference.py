@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from kernels.quant import quantize_int8, unpack_int4
+from kernels.quant import quantize_int8, quantize_int8_bf16, unpack_int4
 from perfmodel.model.gemm import DEFAULT_SCALE_BLOCK
 
 #: Epilogue activations by name. gelu is the tanh approximation (jax.nn.gelu's default).
@@ -50,20 +50,28 @@ def matmul_reference(
     quantize_x: bool = False,
     w_dtype: str | None = None,
     out_dtype=None,
+    bf16_codes: bool = False,
 ) -> jax.Array:
     """activation((x @ (w * w_scale)) + bias) in f32, cast to out_dtype (default x.dtype).
 
     ``w_scale``: [N] per output channel or [cdiv(K, 128), N] per 128 rows of K. ``quantize_x``: x is first
     quantized per token to int8 (kernels/quant.py) and the product is (q @ w) * x_scale, as the kernel's
     int8 x int8 path computes it (exact integer sums). ``w_dtype="int4"``: w is packed two codes per byte
-    (kernels/quant.py's pack_int4) and is unpacked to [K, N] codes first.
+    (kernels/quant.py's pack_int4) and is unpacked to [K, N] codes first. ``bf16_codes`` (with quantize_x and
+    bf16 x): the codes come from a bf16 product (kernels/quant.py's quantize_int8_bf16), as the kernel makes
+    them on chips with a bf16 VPU (kernels.matmul.quantizes_x_in_bf16).
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if w_dtype == "int4":
         w = unpack_int4(w, x.shape[1])
     x32 = x.astype(jnp.float32)
     x_scale = None
-    if quantize_x:
+    if quantize_x and bf16_codes:
+        if x.dtype != jnp.bfloat16:
+            raise ValueError(f"bf16_codes: x must be bfloat16 (got {x.dtype}); f32 x is quantized in f32")
+        q, x_scale = quantize_int8_bf16(x, axis=-1)
+        x32 = q.astype(jnp.float32)
+    elif quantize_x:
         q, x_scale = quantize_int8(x32, axis=-1)
         x32 = q.astype(jnp.float32)
     y = jnp.dot(x32, _scaled_weights(w, w_scale), precision=jax.lax.Precision.HIGHEST)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.matmul import MatmulBlockSizes, matmul, matmul_reference
+from kernels.matmul import MatmulBlockSizes, matmul, matmul_reference, quantizes_x_in_bf16
 from kernels.quant import quantize_int8
 
 #: assert_allclose tolerances by (output dtype, variant). The int8 x int8 path sums exact integer products
@@ -133,6 +133,9 @@ ROW_CASES = [
     pytest.param((600, 300, 300, MatmulBlockSizes(bm=256, bk=512, bn=128), "tpu-v5e"), id="lookahead-3-groups"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5p"), id="megacore"),
     pytest.param((40, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5p"), id="megacore-each-column-block"),
+    # tpu-v6e: codes from a bf16 product (quantizes_x_in_bf16); three row blocks use slots 0, 1, 0.
+    pytest.param((150, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v6e"), id="v6e-lookahead-1-group"),
+    pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v6e"), id="v6e-lookahead-2-groups"),
 ]
 
 
@@ -144,7 +147,62 @@ def test_int8_x_int8_row_groups_and_k_steps(case, blockwise):
     x = _x(15, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
     _, wq, s = _weights(16, k, n, blockwise)
     out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, chip=chip, interpret=True)
-    _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=quantizes_x_in_bf16(chip, x.dtype))
+    _check(out, ref, "quantize_x")
+
+
+def test_codes_from_a_bf16_product_on_bf16_vpus():
+    """v6e's codes are those of kernels.quant.quantize_int8_bf16: its kernel matches that reference at the f32
+    tolerance (exact integer sums) and not the f32-codes one, which differs by more on the same data."""
+    assert quantizes_x_in_bf16("tpu-v6e", jnp.bfloat16)
+    assert not quantizes_x_in_bf16("tpu-v6e", jnp.float32)  # f32 x keeps f32 codes
+    assert not quantizes_x_in_bf16("tpu-v5e", jnp.bfloat16)  # no bf16 VPU
+    m, k, n = 64, 384, 256
+    x = _x(21, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
+    _, wq, s = _weights(22, k, n, False)
+    out = matmul(x, wq, w_scale=s, quantize_x=True, chip="tpu-v6e", out_dtype=jnp.float32,
+                 block_sizes=MatmulBlockSizes(bm=32, bk=128, bn=128), interpret=True)
+    bf16_ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=True, out_dtype=jnp.float32)
+    f32_ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, out_dtype=jnp.float32)
+    _check(out, bf16_ref, "quantize_x")
+    tol = TOL[("float32", "quantize_x")]
+    assert not np.allclose(np.asarray(out), np.asarray(f32_ref), **tol)
+    # Both quantizations stay close to the unquantized product (per-token int8: ~1% of each row's scale).
+    exact = matmul_reference(x, wq, w_scale=s, out_dtype=jnp.float32)
+    for ref in (bf16_ref, f32_ref):
+        err = np.abs(np.asarray(ref) - np.asarray(exact)).max(axis=1) / np.abs(np.asarray(exact)).max(axis=1)
+        assert err.max() < 0.03
+
+
+def test_bf16_codes_reference_needs_bf16_x():
+    x = jnp.ones((8, 128), jnp.float32)
+    with pytest.raises(ValueError, match="bf16_codes: x must be bfloat16"):
+        matmul_reference(x, jnp.ones((128, 128), jnp.int8), w_scale=jnp.ones((128,)), quantize_x=True,
+                         bf16_codes=True)
+
+
+def test_int8_codes_from_a_bf16_product_hand_worked():
+    from kernels.quant import int8_codes_bf16, int8_scale_bf16, quantize_int8_bf16
+
+    # amax = 100: 127 / 100 = 1.27 = 1.0100010100011...b, toward zero in bf16 (8 significant bits)
+    # 1.0100010b = 1 + 1/4 + 1/64 = 1.265625; scale = 1 / 1.265625 = 0.790123...
+    inv, scale = int8_scale_bf16(jnp.array([[100.0], [0.0]]))
+    assert inv.dtype == jnp.bfloat16 and inv.astype(jnp.float32).tolist() == [[1.265625], [0.0]]
+    np.testing.assert_allclose(np.asarray(scale), [[1 / 1.265625], [0.0]], rtol=1e-7)
+    # x = 100: 126.5625 -> bf16 126.5 (spacing 0.5 in [64, 128)) -> 126 (half to even; f32 codes: 127 at 1.27).
+    # x = -2.5: -3.1640625 is a bf16 number -> -3. x = 51: 64.546875 -> bf16 64.5 -> 64 (f32 codes: 65).
+    q = int8_codes_bf16(jnp.array([[100.0, -2.5, 51.0]], jnp.bfloat16), inv[:1])
+    assert q.dtype == jnp.int8 and q.tolist() == [[126, -3, 64]]
+    # Over many values: |q| <= 127 and |q - x inv| <= 1/2 + half the bf16 spacing (0.75 at most).
+    x = (jax.random.normal(jax.random.key(5), (64, 4096), jnp.float32)
+         * jnp.logspace(-3, 3, 64)[:, None]).astype(jnp.bfloat16)
+    q, scale = quantize_int8_bf16(x)
+    inv = int8_scale_bf16(jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1, keepdims=True))[0]
+    y = np.asarray(x.astype(jnp.float32) * inv.astype(jnp.float32))
+    err = np.abs(np.asarray(q, np.float32) - y)
+    half_spacing = np.where(np.abs(y) >= 1, 2.0 ** (np.floor(np.log2(np.maximum(np.abs(y), 1))) - 8), 2.0 ** -9)
+    assert np.abs(np.asarray(q)).max() <= 127 and np.abs(np.asarray(q)).max(axis=1).min() >= 126
+    assert (err <= 0.5 + half_spacing + 1e-6).all() and err.max() <= 0.75
 
 
 @pytest.mark.parametrize("groups, steps, per_step", [
@@ -313,7 +371,7 @@ def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
     # The codes are exact in bf16; the weights times their scales are rounded to bf16 (rel 2^-9 each, the scale
     # too: bf16 scaling on v6e), as the weight-only blockwise path does: its tolerance, the absolute part relative
     # to the largest output (rows scaled up to 10x: a rounding error of the large rows shows on small outputs).
-    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True).astype(jnp.float32)
+    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=True).astype(jnp.float32)
     tol = TOL[("bfloat16", "weight_only")]
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref), rtol=tol["rtol"],
                                atol=tol["atol"] * float(jnp.max(jnp.abs(ref))))
