@@ -42,8 +42,9 @@ from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, 
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import (INT4_PACK_ROWS, int8_codes, int8_codes_bf16, int8_scale, int8_scale_bf16,
                           split_int8_codes)
-from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
-                                  has_fast_int8_mxu, int4_decode_on_int8_mxu)
+from perfmodel.model.gemm import (BF16_VPU_CHIPS, BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS,
+                                  blockwise_codes_on_bf16_mxu, has_fast_int8_mxu, int4_decode_on_int8_mxu,
+                                  quantizes_in_bf16)
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -64,10 +65,11 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 #: int4 tiles with at most this many (256 K rows x INT4_UNPACK_COLS columns) units are unpacked straight line.
 INT4_INLINE_MAX_UNITS = 64
 INT4_UNPACK_COLS = 256
-#: Chips where int4 blockwise scales are multiplied in bf16 (on the widened codes) rather than f32: compiled at the
+#: Chips where int4 blockwise scales are multiplied in bf16 (on the widened codes) rather than f32 (those with a bf16
+#: VPU, perfmodel.model.gemm.BF16_VPU_CHIPS): compiled at the
 #: bench_matmul_variants problems, v6e's decode step drops from 4,438 to 2,246 bundles and its 8192^3 prefill from
 #: 1.34 to 1.31 ms; v5e's decode step grows (3,411 -> 4,272) though its prefill shrinks, so it keeps f32.
-BF16_SCALING_CHIPS = ("tpu-v6e", "tpu-7x")
+BF16_SCALING_CHIPS = BF16_VPU_CHIPS
 #: Up to this many K steps the epilogue runs on every step (branch-free), above it once, on the last K step.
 EAGER_EPILOGUE_MAX_K_STEPS = 2
 
@@ -601,12 +603,13 @@ def matmul(
 
 def quantizes_x_in_bf16(chip: Any, x_dtype: Any) -> bool:
     """Whether quantize_x makes bf16 x's codes from a bf16 product (kernels.quant.int8_codes_bf16): on chips with a
-    bf16 VPU (BF16_SCALING_CHIPS), where that is one multiply and one packing conversion per bf16 vreg instead of
+    bf16 VPU (perfmodel.model.gemm.quantizes_in_bf16, which the op model's count of the quantization's VPU ops asks
+    too), where that is one multiply and one packing conversion per bf16 vreg instead of
     widening both halves to f32, multiplying and converting each (v6e, 8192^3 w8a8: the step's share of the next row
     block from about 1,300 to 690 bundles; 715 -> 670 us with the amax pass's change). matmul_reference(
     bf16_codes=...) computes the same."""
     spec = chip if hasattr(chip, "name") else tiling.tpu_chip(chip)  # a ChipSpec, or a name / alias / path
-    return spec.name in BF16_SCALING_CHIPS and jnp.dtype(x_dtype) == jnp.bfloat16
+    return quantizes_in_bf16(spec, tiling.matmul_dtype_name(x_dtype))
 
 
 def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,

@@ -41,9 +41,24 @@ DEFAULT_SCALE_BLOCK = 128
 #: x * (1/scale), round, clip (2: min and max) and the narrowing convert (5) -- ESTIMATE, a count of the jnp ops
 #: of kernels/quant.py, not a measurement.
 DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
+#: The same with codes from a bf16 product on a bf16 VPU (:func:`quantizes_in_bf16`): |x| and the running max (2),
+#: the bf16 multiply and the rounding, narrowing conversion (2) -- ESTIMATE from the compiled v6e loop (one 32 x 8192
+#: group: 140 vmax + 128 vand + 128 vmul.bf16 + 64 vpack.c.bf16.s8 + 128 vcombine per 128 bf16 vregs), which runs
+#: in about half the bundles of the f32 codes' (212 against 354).
+DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16 = 4
+#: Chips whose VPU computes in bf16 (the compiler emits vmul.bf16 / vmax.bf16 for bf16 operands on them; on v4-v5p
+#: bf16 elementwise math is widened to f32): the deviceless compiles of the bundled matmul, libtpu 0.0.42.1.
+BF16_VPU_CHIPS = ("tpu-v6e", "tpu-7x")
 #: Blockwise weight scales at up to this many rows (a decode-sized row block): the bundled matmul scales each scale
 #: group's partial product (rows x N VPU work per group); above it, the weight tile once (K x N).
 BLOCKWISE_PARTIAL_MAX_ROWS = 128
+
+
+def quantizes_in_bf16(chip: object | None, source_dtype: str) -> bool:
+    """Whether dynamic per-token int8 quantization of ``source_dtype`` activations makes its codes from a bf16
+    product (bf16 activations on a chip with a bf16 VPU, :data:`BF16_VPU_CHIPS`): the bundled matmul's
+    quantize_x (kernels.quant.int8_codes_bf16) and the op model's count of its VPU ops both ask this."""
+    return getattr(chip, "name", None) in BF16_VPU_CHIPS and parse_dtype(source_dtype, "`lhs_source_dtype`") == "bf16"
 
 
 def has_fast_int8_mxu(chip: object) -> bool:
@@ -234,9 +249,11 @@ def gemm(
         if not is_quantized(lhs) or is_quantized(lhs_read):
             raise InputError(f"`lhs_source_dtype` {lhs_read}: dynamic quantization reads float activations "
                              f"into a quantized `lhs_dtype` (got {lhs}); e.g. lhs_dtype int8, lhs_source_dtype bf16")
-        ops = DYNAMIC_QUANT_OPS_PER_ELEMENT
+        in_bf16 = quantizes_in_bf16(chip, lhs_read)
+        ops = DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16 if in_bf16 else DYNAMIC_QUANT_OPS_PER_ELEMENT
         vpu, vpu_plain = vpu + ops * batch * tiles.vreg_elements(m, k), vpu_plain + ops * batch * m * k
-        notes.append("activations quantized per token in the kernel (max|x|, scale, round, clip)")
+        notes.append("activations quantized per token in the kernel (max|x|, scale, round, clip)"
+                     + (f"; {chip.name}: codes from a bf16 product on its bf16 VPU" if in_bf16 else ""))
     if is_quantized(lhs):
         if lhs_source_dtype is None:
             scale_bytes = scale_bytes + batch * m * SCALE_BYTES

@@ -338,6 +338,27 @@ def test_op_model_reads_bf16_activations_and_counts_their_quantization():
         gemm(m=8, n=128, k=128, lhs_source_dtype="bf16")
 
 
+def test_op_model_counts_the_bf16_codes_on_a_bf16_vpu():
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.model.gemm import (DYNAMIC_QUANT_OPS_PER_ELEMENT, DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16, gemm,
+                                      quantizes_in_bf16)
+
+    v5e, v6e = get_chip("tpu-v5e"), get_chip("tpu-v6e")
+    assert quantizes_in_bf16(v6e, "bf16") and not quantizes_in_bf16(v6e, "fp32")
+    assert not quantizes_in_bf16(v5e, "bf16") and not quantizes_in_bf16(None, "bf16")
+    # The kernel asks the same rule.
+    assert quantizes_x_in_bf16("tpu-v6e", jnp.bfloat16) and not quantizes_x_in_bf16("tpu-v6e", jnp.float32)
+    # M=256, K=N=1024 (whole vregs on both chips): the quantization's VPU ops are 7 (f32 codes) or 4 (bf16
+    # codes) per activation element, 256 * 1024 of them; nothing else differs between the two reads.
+    kw = dict(m=256, n=1024, k=1024, lhs_dtype="int8", rhs_dtype="int8")
+    for chip, ops in ((v5e, DYNAMIC_QUANT_OPS_PER_ELEMENT), (v6e, DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16)):
+        fused = gemm(**kw, lhs_source_dtype="bf16", chip=chip)
+        f32_source = gemm(**kw, lhs_source_dtype="fp32", chip=chip)
+        plain = gemm(**kw, chip=chip)
+        assert fused.vpu_ops - plain.vpu_ops == ops * 256 * 1024
+        assert f32_source.vpu_ops - fused.vpu_ops == (DYNAMIC_QUANT_OPS_PER_ELEMENT - ops) * 256 * 1024
+
+
 #: (M, K, N, blocks) of the blockwise int8 x int8 route on tpu-v6e at bm > 128 (codes held in bf16 against a bf16
 #: dequantized w tile, on the bf16 MXU): M = 300 at bm = 256 (a second row block of 44 rows, quantized ahead),
 #: K = 300 at bk = 256 (a masked second K step: 44 valid rows, the third scale group); N = 200 at bn = 128.
