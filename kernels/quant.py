@@ -19,9 +19,13 @@ INT8_QMAX = 127
 def quantize_int8(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
     """(q int8 like x, scale f32 with ``axis`` kept as size 1) such that x ~= q * scale."""
     x = x.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
-    inv, scale = int8_scale(amax)
+    inv, scale = int8_scale(_amax(x, axis))
     return int8_codes(x, inv), scale
+
+
+def _amax(x: jax.Array, axis: int) -> jax.Array:
+    """f32 max |x| along ``axis`` (kept as size 1)."""
+    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis, keepdims=True)
 
 
 def int8_scale(amax: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -74,8 +78,7 @@ def int8_codes_bf16(x: jax.Array, inv: jax.Array, *, dtype: Any = jnp.int8) -> j
 def quantize_int8_bf16(x: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
     """:func:`quantize_int8` with codes from a bf16 product (:func:`int8_scale_bf16`, :func:`int8_codes_bf16`);
     x bf16 (max |x| is exact in bf16)."""
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis, keepdims=True)
-    inv, scale = int8_scale_bf16(amax)
+    inv, scale = int8_scale_bf16(_amax(x, axis))
     return int8_codes_bf16(x, inv), scale
 
 

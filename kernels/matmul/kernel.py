@@ -260,8 +260,8 @@ def _quantize_group(x_ref: Any, xq_ref: Any, xs_ref: Any, group: Any, *, n_k: in
 
     A max |x| pass over the whole row into a [rows, width] running max in x's dtype (folded to 128 lanes and
     one cross-lane max at the end) and a codes pass, each over [rows, width] chunks of at most
-    QUANT_CHUNK_BYTES of f32 (nothing
-    spills); the passes over the K blocks are unrolled when short (straight-line code, no nested loop)."""
+    QUANT_CHUNK_BYTES of f32 (nothing spills); the passes over the K blocks are unrolled when short
+    (straight-line code, no nested loop)."""
     rows = QUANT_ROWS
     width = _quant_chunk(rows, bk)
     k_valid = (n_k - 1) * bk + k_tail if k_tail is not None else None

@@ -66,13 +66,10 @@ def matmul_reference(
         w = unpack_int4(w, x.shape[1])
     x32 = x.astype(jnp.float32)
     x_scale = None
-    if quantize_x and bf16_codes:
-        if x.dtype != jnp.bfloat16:
+    if quantize_x:
+        if bf16_codes and x.dtype != jnp.bfloat16:
             raise ValueError(f"bf16_codes: x must be bfloat16 (got {x.dtype}); f32 x is quantized in f32")
-        q, x_scale = quantize_int8_bf16(x, axis=-1)
-        x32 = q.astype(jnp.float32)
-    elif quantize_x:
-        q, x_scale = quantize_int8(x32, axis=-1)
+        q, x_scale = quantize_int8_bf16(x, axis=-1) if bf16_codes else quantize_int8(x32, axis=-1)
         x32 = q.astype(jnp.float32)
     y = jnp.dot(x32, _scaled_weights(w, w_scale), precision=jax.lax.Precision.HIGHEST)
     if x_scale is not None:

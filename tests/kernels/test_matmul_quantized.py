@@ -133,7 +133,7 @@ ROW_CASES = [
     pytest.param((600, 300, 300, MatmulBlockSizes(bm=256, bk=512, bn=128), "tpu-v5e"), id="lookahead-3-groups"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v5p"), id="megacore"),
     pytest.param((40, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v5p"), id="megacore-each-column-block"),
-    # tpu-v6e: codes from a bf16 product (quantizes_x_in_bf16); three row blocks use slots 0, 1, 0.
+    # tpu-v6e: codes from a bf16 product (quantizes_x_in_bf16), quantized ahead as on v5e.
     pytest.param((150, 300, 200, MatmulBlockSizes(bm=64, bk=128, bn=128), "tpu-v6e"), id="v6e-lookahead-1-group"),
     pytest.param((300, 300, 200, MatmulBlockSizes(bm=128, bk=256, bn=128), "tpu-v6e"), id="v6e-lookahead-2-groups"),
 ]
