@@ -18,14 +18,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 _CHILD_XLA_FLAGS = os.environ["XLA_FLAGS"]
 if "xla_backend_optimization_level" not in _CHILD_XLA_FLAGS:
     os.environ["XLA_FLAGS"] = f"{_CHILD_XLA_FLAGS} --xla_backend_optimization_level=0"
-# Compile reports are cached on disk; the tests use a cache of their own so that every run compiles for real
-# (PERFMODEL_TEST_CACHE_DIR reuses one between runs while developing).
-if "PERFMODEL_TEST_CACHE_DIR" in os.environ:
-    os.environ["PERFMODEL_CACHE_DIR"] = os.environ["PERFMODEL_TEST_CACHE_DIR"]
-else:
-    import tempfile
-
-    os.environ["PERFMODEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfmodel-test-cache-")
+# Compile reports are cached on disk, in the user cache ($PERFMODEL_CACHE_DIR, default ~/.cache/perfmodel) that
+# the tool uses too: an entry is served only while every file its compile read is unchanged
+# (perfmodel/compiler/cache.py), so a second run compiles only what changed. A cold run:
+# PERFMODEL_CACHE_DIR=$(mktemp -d) make test.
 
 
 def pytest_collection_finish(session):

@@ -1,17 +1,23 @@
-"""Compile reports: run the TPU compiler in a child process, cache the answer on disk.
+"""Compile reports: run the TPU compiler in a forked compile process, cache the answer on disk.
 
 ``compile_report(call, chip)`` returns a :class:`CompileReport` for one call
 (a ``MODULE:FUNCTION`` with ``--shape``/``--arg`` texts, or a catalog kernel
-with block sizes). The first time, it starts ``python -m
-perfmodel.compiler.worker`` (libtpu, deviceless) and keeps only what it reads
-back (the report and each kernel's loop-body bundles); afterwards the same
-request is answered from the cache in milliseconds. The cache key covers the
-request, the chip, the jax/jaxlib/libtpu versions and a digest of the source
-files the call runs (the kernel's package, perfmodel's tuned defaults and this
-package), so editing a kernel recompiles it.
+with block sizes). The first time, a compile server (:mod:`perfmodel.compiler
+.client`, one per concurrent compile, living as long as the caller) forks a
+process that compiles it with libtpu, deviceless, and keeps only what it reads
+back (the report, each kernel's loop-body bundles, the optimized HLO) with the
+record of every local file the compile imported or read. Afterwards the same
+request is answered from the cache in milliseconds while each of those files
+still hashes the same (:mod:`perfmodel.compiler.cache`): editing a kernel, its
+tuned.json, perfmodel's gemm rules or a chip's hwspec recompiles exactly the
+calls that read it. The key also covers the chip, the topology, the
+jax/jaxlib/libtpu versions and libtpu's, XLA's and JAX's settings from the
+environment.
 
 The cache lives in ``$PERFMODEL_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/perfmodel`` or ``~/.cache/perfmodel``), under ``compile/``.
+``$XDG_CACHE_HOME/perfmodel`` or ``~/.cache/perfmodel``), under ``compile/``,
+one sub-cache per libtpu version, least recently used entries evicted past
+``$PERFMODEL_CACHE_MAX_MB``; ``perfmodel cache info|clear``.
 """
 
 from __future__ import annotations
@@ -20,26 +26,23 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from perfmodel.compiler import cache
 from perfmodel.compiler.bundles import LoopStats
 from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, check_topology, toolchain, worker_environment
 from perfmodel.errors import InputError, PerfmodelError, ToolFailure
 
 #: Bump when the report's JSON layout or the worker's reading of the dumps changes.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Seconds one compile may take before it is abandoned.
 DEFAULT_TIMEOUT_S = 600.0
-_MARK = "@@PERFMODEL-RESULT@@"
 #: File of the optimized HLO text in a cache entry.
-HLO_FILE = "program.hlo.txt"
+HLO_FILE = cache.HLO_FILE
 
 
 class CompileFailed(ToolFailure):
@@ -149,9 +152,8 @@ class CompileReport:
 
 
 def cache_root() -> Path:
-    from perfmodel.cachedir import cache_dir
-
-    return cache_dir("compile")
+    """The compile cache's folder (all libtpu versions)."""
+    return cache.root()
 
 
 def _module_path(module: str) -> Path | None:
@@ -173,56 +175,30 @@ def _module_path(module: str) -> Path | None:
     return Path(origin) if origin and Path(origin).is_file() else None
 
 
-def _digest_files(paths: Sequence[Path]) -> str:
-    h = hashlib.sha256()
-    for p in sorted(set(paths)):
-        try:
-            h.update(str(p).encode())
-            h.update(p.read_bytes())
-        except OSError:
-            continue
-    return h.hexdigest()
+#: Environment variables that change what a compile produces (besides the request): libtpu's and XLA's flags
+#: and JAX's configuration (JAX_PLATFORMS excepted: the compile process always runs on the CPU).
+def compile_environment() -> dict[str, str]:
+    env = worker_environment(None)
+    keep = {k: v for k, v in env.items() if k.startswith("JAX_") and k != "JAX_PLATFORMS"}
+    keep.update({k: env.get(k, "") for k in ("LIBTPU_INIT_ARGS", "XLA_FLAGS")})
+    return dict(sorted(keep.items()))
 
 
-def source_digest(call: CompileCall) -> str:
-    """Digest of the source a call runs: its module's top-level package when it is local code (not an
-    installed distribution, which the versions in the key cover), with its JSON data (a bundled kernel's
-    tuned.json sets the blocks of a call at its defaults), and this package."""
-    here = Path(__file__).resolve().parent
-    if call.kind == "model":  # the reference step, the model configs it is built from and the kernels it may use
-        pkg = here.parent
-        files = [*(pkg / "xla").glob("*.py"), pkg / "model" / "configs.py", pkg / "model" / "transformer.py",
-                 *(pkg / "data" / "models").glob("*.yaml"), *here.glob("*.py")]
-        kernels = _module_path("kernels")
-        if (call.extra or {}).get("kernels", "jnp") != "jnp" and kernels is not None:
-            files += list(kernels.parent.rglob("*.py")) + list(kernels.parent.rglob("*.json"))
-        return _digest_files(files)
-    module = call.target.split(":", 1)[0] if call.kind == "function" else _catalog_module(call.target)
-    files: list[Path] = []
-    path = _module_path(module) if module else None
-    if path is not None and "site-packages" not in path.parts and "dist-packages" not in path.parts:
-        top = _module_path(module.split(".")[0])
-        root = top.parent if top is not None and top.name == "__init__.py" else path.parent
-        files += list(root.rglob("*.py")) + list(root.rglob("*.json"))
-    elif path is not None:
-        files.append(path)
-    files += list(here.glob("*.py"))
-    if call.topology is not None:  # arrays placed on a slice's mesh by perfmodel.xla.build
-        files += list((here.parent / "xla").glob("*.py"))
-    files += [here.parent / "schedule" / "binding.py", here.parent / "schedule" / "catalog.py"]
-    return _digest_files(files)
+def cache_key(call: CompileCall, chip: str, tools: Toolchain, topology: str | None = None) -> str:
+    """The request's key: the call, chip, topology, tool versions, the environment that matters and, for a
+    ``MODULE:FUNCTION``, where the module resolves from here. What the compile read is checked apart, per
+    variant (:mod:`perfmodel.compiler.cache`)."""
+    from perfmodel import __version__
+    from perfmodel.compiler.deps import project_root, relative_name
 
-
-def _catalog_module(kernel: str) -> str:
-    from perfmodel.schedule.catalog import get_entry
-
-    return get_entry(kernel).function.split(":", 1)[0]
-
-
-def cache_key(call: CompileCall, chip: str, tools: Toolchain) -> str:
-    blob = json.dumps({"schema": SCHEMA_VERSION, "call": call.to_request(), "chip": chip,
+    target = None
+    if call.kind == "function":
+        path = _module_path(call.target.split(":", 1)[0])
+        target = relative_name(str(path), project_root()) if path is not None else None
+    blob = json.dumps({"schema": SCHEMA_VERSION, "call": call.to_request(), "chip": chip, "topology": topology,
                        "jax": tools.jax_version, "jaxlib": tools.jaxlib_version, "libtpu": tools.libtpu_version,
-                       "source": source_digest(call)}, sort_keys=True)
+                       "perfmodel": __version__, "python": list(sys.version_info[:2]), "target_file": target,
+                       "env": compile_environment()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -255,7 +231,8 @@ def _from_json(data: dict[str, Any], *, from_cache: bool, cache_dir: Path) -> Co
 
 def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S,
                    progress: Callable[[str], None] | None = None) -> CompileReport:
-    """Compile ``call`` for ``chip`` (a ChipSpec or name) with libtpu in a child process; cached on disk."""
+    """Compile ``call`` for ``chip`` (a ChipSpec or name) with libtpu in a forked compile process; cached on
+    disk while every file the compile read is unchanged."""
     from perfmodel.hw.registry import get_chip
 
     spec = get_chip(chip) if isinstance(chip, str) else chip
@@ -263,14 +240,14 @@ def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, time
         raise InputError(f"--hw: {spec.name} is not a TPU; the TPU compiler compiles for TPUs only")
     topology = check_topology(spec.name, call.topology)
     tools = toolchain()
-    key = cache_key(call, spec.name, tools)
-    cdir = cache_root() / key
-    report_path = cdir / "report.json"
-    if use_cache and report_path.is_file():
-        try:
-            return _from_json(json.loads(report_path.read_text()), from_cache=True, cache_dir=cdir)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged entry is recompiled
+    key_dir = cache.sub_cache(tools.libtpu_version) / cache_key(call, spec.name, tools, topology)
+    if use_cache:
+        hit = cache.lookup(key_dir)
+        if hit is not None:
+            try:
+                return _from_json(hit[1], from_cache=True, cache_dir=hit[0])
+            except (KeyError, TypeError, ValueError):
+                pass  # a damaged entry is recompiled
     if progress:
         progress(f"compiling {call.label} for {spec.name} ({topology}) with libtpu {tools.libtpu_version} ...")
     data = _run_worker(call, spec.name, topology, timeout_s)
@@ -278,9 +255,10 @@ def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, time
         raise InputError(data["error"])
     if data.get("error_kind") == "internal":
         raise CompileFailed(f"compiling {call.label} for {spec.name} failed inside perfmodel: {data['error']}")
+    record = data.pop("deps")
     data.update(call_label=call.label, chip=spec.name, topology=topology, jax_version=tools.jax_version,
                 libtpu_version=tools.libtpu_version)
-    _store(cdir, data)
+    cdir = cache.store(key_dir, data, record)
     if progress:
         progress(f"compiled in {data.get('compile_s', 0.0):.1f} s" if data.get("compiled")
                  else "the compiler rejected it")
@@ -288,43 +266,22 @@ def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, time
 
 
 def _run_worker(call: CompileCall, chip: str, topology: str, timeout_s: float) -> dict[str, Any]:
-    dump = tempfile.mkdtemp(prefix="perfmodel-jf-")
-    try:
-        request = {"chip": chip, "topology": topology, "call": call.to_request(), "dump_dir": dump}
-        try:
-            proc = subprocess.run([sys.executable, "-m", "perfmodel.compiler.worker"], input=json.dumps(request),
-                                  capture_output=True, text=True, env=worker_environment(dump), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CompileFailed(f"compiling {call.label} for {chip} took over {timeout_s:.0f} s; gave up "
-                                "(use smaller shapes or fewer grid steps)") from None
-        out = proc.stdout
-        if _MARK not in out:
-            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-            raise CompileFailed(f"the compile process for {call.label} on {chip} exited with code "
-                                f"{proc.returncode}: {tail[0][:300]}")
-        return json.loads(out.rsplit(_MARK, 1)[1].strip().splitlines()[0])
-    finally:
-        shutil.rmtree(dump, ignore_errors=True)
+    """The compile server's answer for one call (a compile process forked for it)."""
+    from perfmodel.compiler.client import ServerFailed, ask
 
-
-def _store(cdir: Path, data: dict[str, Any]) -> None:
-    """Write the entry atomically: a reader sees a whole entry or none."""
-    cdir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=cdir.name + ".", dir=cdir.parent))
-    for i, k in enumerate(data.get("kernels", [])):
-        body = k.pop("body_text", None)
-        if body:
-            (tmp / f"kernel{i}_{k['hlo_name']}.bundles.txt").write_text(body)
-    hlo = data.pop("hlo_text", None)
-    if hlo:
-        (tmp / HLO_FILE).write_text(hlo)
-    (tmp / "report.json").write_text(json.dumps(data, indent=1))
-    if cdir.exists():
-        shutil.rmtree(cdir, ignore_errors=True)
+    request = {"chip": chip, "topology": topology, "call": call.to_request(),
+               "exclude_reads": [str(cache.root().parent)]}
     try:
-        os.replace(tmp, cdir)
-    except OSError:  # another process stored the same entry first
-        shutil.rmtree(tmp, ignore_errors=True)
+        data = ask(request, worker_environment(None), timeout_s)
+    except ServerFailed as exc:
+        raise CompileFailed(f"compiling {call.label} for {chip}: {exc}") from None
+    if data.get("server_error") == "timeout":
+        raise CompileFailed(f"compiling {call.label} for {chip} took over {timeout_s:.0f} s; gave up "
+                            "(use smaller shapes or fewer grid steps)")
+    if data.get("server_error"):
+        raise CompileFailed(f"the compile process for {call.label} on {chip} exited with code "
+                            f"{data.get('returncode')}: {data.get('stderr', 'no output')}")
+    return data
 
 
 def compile_many(calls: Sequence[CompileCall], chip: Any, *, jobs: int | None = None, use_cache: bool = True,

@@ -65,3 +65,19 @@ def render_report(report: Any, paired: Sequence[Any] = ()) -> str:
         ops = ", ".join(f"{o['hlo_name']} ({o['program_bundles']:,} bundles)" for o in report.other_ops[:6])
         lines += ["", f"other ops in the program: {ops}"]
     return "\n".join(lines)
+
+
+def render_cache_info(info: Any, *, cleared: bool = False) -> str:
+    """Text of :func:`perfmodel.compiler.cache.info` (``cleared``: what :func:`~perfmodel.compiler.cache.clear`
+    removed)."""
+    from perfmodel.units import binary
+
+    verb = "removed" if cleared else "holds"
+    lines = [f"compile cache {info.path}: {verb} {info.variants:,} compiles, {binary(info.size_bytes)}"
+             + ("" if cleared else f" of {binary(info.max_bytes)} (PERFMODEL_CACHE_MAX_MB; least recently used "
+                                   "evicted past it)")]
+    for sub in info.sub_caches:
+        lines.append(f"  libtpu {sub.libtpu_version}: {sub.entries:,} requests, {sub.variants:,} compiles, "
+                     f"{binary(sub.size_bytes)}")
+    lines.append(f"spec cache {info.spec_cache_path}: {binary(info.spec_cache_bytes)}")
+    return "\n".join(lines)

@@ -1,9 +1,8 @@
-"""Child process that compiles one function for a TPU with libtpu (deviceless) and reads back the result.
+"""Compile one function for a TPU with libtpu (deviceless) and read back the result.
 
-Run as ``python -m perfmodel.compiler.worker`` with a JSON request on stdin
-(see :func:`perfmodel.compiler.api.compile_report`); it prints one JSON
-object on stdout. It is the only place perfmodel imports libtpu, so libtpu's
-flags, lockfile and environment stay in this process.
+Runs in a process forked for the compile by :mod:`perfmodel.compiler.server`
+(see :func:`perfmodel.compiler.api.compile_report`), the only place perfmodel
+starts libtpu, so libtpu's flags, lockfile and environment stay there.
 
 Request: ``{"chip", "topology", "call": {...}, "dump_dir"}`` where ``call`` is
 ``{"kind": "function", "target": "MODULE:FUNCTION", "shapes": [...], "args": [...]}``
@@ -17,10 +16,8 @@ first device.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
-import sys
 import time
 from typing import Any
 
@@ -174,19 +171,13 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.read())
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run` with its failures as answers: a user error in binding (``error_kind`` "input") or an
+    unexpected failure ("internal"), each one line."""
     try:
-        result = run(request)
-    except Exception as exc:  # a user error in binding, or an unexpected failure: report it as one line
+        return run(request)
+    except Exception as exc:  # reported to the caller, which raises InputError or CompileFailed
         from perfmodel.errors import PerfmodelError
 
         kind = "input" if isinstance(exc, PerfmodelError) else "internal"
-        result = {"compiled": False, "error": _first_line(exc), "error_kind": kind, "kernels": [], "other_ops": []}
-    sys.stdout.write("\n@@PERFMODEL-RESULT@@" + json.dumps(result) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        return {"compiled": False, "error": _first_line(exc), "error_kind": kind, "kernels": [], "other_ops": []}

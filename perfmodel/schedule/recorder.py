@@ -170,9 +170,11 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
 
     Every pallas_call the function makes runs in interpret mode (the forced
     mode overrides a kernel's own ``interpret=``). Use it on functions with a
-    single pallas_call: the log is not split per call. JAX's compilation
-    caches are cleared before and after so the instrumented copy functions
-    are the ones traced in.
+    single pallas_call: the log is not split per call. The process's jit
+    caches are left alone: the forced interpret mode is part of every jit
+    key, and its parameters hold this run's own grid-point recorder, so the
+    run is traced afresh with the instrumented copy functions and no earlier
+    or later call reuses its programs.
     """
     import jax
     from jax.experimental.pallas import tpu as pltpu
@@ -188,11 +190,7 @@ def record_traffic(fn: Callable, *args: Any, **kwargs: Any) -> Recording:
         return token
 
     params = pltpu.InterpretParams(grid_point_recorder=on_grid_point)
-    jax.clear_caches()
-    try:
-        with _instrumented(rec, shapes), pltpu.force_tpu_interpret_mode(params):
-            out = fn(*args, **kwargs)
-            rec.outputs = jax.block_until_ready(out)
-    finally:
-        jax.clear_caches()
+    with _instrumented(rec, shapes), pltpu.force_tpu_interpret_mode(params):
+        out = fn(*args, **kwargs)
+        rec.outputs = jax.block_until_ready(out)
     return rec

@@ -4,7 +4,7 @@ against the HBM floor of its K/V.
 Prints figures; not collected by pytest. Run: ``.venv/bin/python tests/benchmarks/bench_paged_attention.py
 [--chips tpu-v5e,tpu-v6e] [--page-sizes 16,64] [--blocks 0,8]`` (block 0: the kernel's default).
 
-How it measures: one compile child per (chip, page size, block) through :mod:`perfmodel.compiler.worker` with
+How it measures: one compile per (chip, page size, block) through the compile server (:mod:`perfmodel.compiler.client`) with
 libtpu's schedule dumps on (:func:`perfmodel.compiler.toolchain.worker_environment`); the kernel's dump is read
 with :mod:`perfmodel.compiler.bundles`. The compute-block loop runs a data-dependent number of trips (one per
 block of the sequence), which the compile report counts once; here its body's ``weighted_bundles`` (the
@@ -17,12 +17,9 @@ The problem: decode of 8 sequences x 2048 tokens, 32 q / 8 kv heads of 128, bf16
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,6 +29,7 @@ BATCH, CONTEXT, Q_HEADS, KV_HEADS, HEAD_DIM, BF16_BYTES = 8, 2048, 32, 8, 128, 2
 
 def measure(chip: str, page_size: int, pages_per_block: int) -> dict:
     from perfmodel.compiler.bundles import grid_loop, loop_stats
+    from perfmodel.compiler.client import ask
     from perfmodel.compiler.toolchain import topology_for, worker_environment
     from perfmodel.compiler.worker import _op_files, read_schedule
     from perfmodel.hw.registry import get_chip
@@ -46,12 +44,9 @@ def measure(chip: str, page_size: int, pages_per_block: int) -> dict:
     dump = tempfile.mkdtemp(prefix="perfmodel-bench-paged-")
     try:
         request = {"chip": chip, "topology": topology_for(chip), "call": call, "dump_dir": dump}
-        proc = subprocess.run([sys.executable, "-m", "perfmodel.compiler.worker"], input=json.dumps(request),
-                              capture_output=True, text=True, env=worker_environment(dump), timeout=900)
-        marker = "@@PERFMODEL-RESULT@@"
-        if marker not in proc.stdout:
-            return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-        result = json.loads(proc.stdout.rsplit(marker, 1)[1].strip().splitlines()[0])
+        result = ask(request, worker_environment(None), 900)
+        if result.get("server_error"):
+            return {"error": result.get("stderr") or result["server_error"]}
         if not result["compiled"]:
             return {"error": result["error"]}
         files = {name: f for name, f in _op_files(dump).items() if name.startswith("paged_attention")}

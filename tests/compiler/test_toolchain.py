@@ -45,9 +45,10 @@ def test_compiler_modules_import_neither_jax_nor_libtpu():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_a_kernel_found_only_through_the_editable_install_is_in_the_source_digest(monkeypatch):
+def test_a_kernel_found_only_through_the_editable_install_resolves_for_the_cache_key(monkeypatch):
     # The `perfmodel` command runs without the repository root on sys.path: kernels/ is found through the
-    # editable install's finder, and its files still key the compile cache (a kernel edit must recompile).
+    # editable install's finder, and the compile cache's key still names the file a MODULE:FUNCTION target
+    # resolves to (the same module name could be another file from another working directory).
     import os
     import sys
     from pathlib import Path
@@ -60,25 +61,18 @@ def test_a_kernel_found_only_through_the_editable_install_is_in_the_source_diges
     assert _module_path("kernels.matmul") == root / "kernels" / "matmul" / "__init__.py"
 
 
-def test_the_source_digest_covers_the_kernels_tuned_defaults(tmp_path, monkeypatch):
-    # A call at its defaults compiles the blocks kernels/<name>/tuned.json stores: a re-tune must recompile it.
-    import shutil
-    from pathlib import Path
-
+def test_a_function_target_resolving_elsewhere_is_another_key(tmp_path, monkeypatch):
     from perfmodel.compiler import api
-    from perfmodel.compiler.api import CompileCall, source_digest
+    from perfmodel.compiler.api import CompileCall, cache_key
+    from perfmodel.compiler.toolchain import Toolchain
 
-    root = Path(__file__).resolve().parents[2]
-    pkg = tmp_path / "kernels"
-    shutil.copytree(root / "kernels" / "rms_norm", pkg / "rms_norm")
-    (pkg / "__init__.py").write_text("")
-    paths = {"kernels": pkg / "__init__.py", "kernels.rms_norm.kernel": pkg / "rms_norm" / "kernel.py"}
-    monkeypatch.setattr(api, "_module_path", paths.get)
-    call = CompileCall(kind="function", target="kernels.rms_norm.kernel:rms_norm", shapes=("x=8x128:bf16",))
-    before = source_digest(call)
-    tuned = pkg / "rms_norm" / "tuned.json"
-    tuned.write_text(tuned.read_text().replace('"defaults"', '"defaults" ', 1))
-    assert source_digest(call) != before
+    tools = Toolchain(jax_version="j", jaxlib_version="jl", libtpu_version="t")
+    call = CompileCall(kind="function", target="mykernels.mm:matmul", shapes=("x=8x128:bf16",))
+    first, second = tmp_path / "a" / "mm.py", tmp_path / "b" / "mm.py"
+    monkeypatch.setattr(api, "_module_path", lambda module: first)
+    key = cache_key(call, "tpu-v5e", tools)
+    monkeypatch.setattr(api, "_module_path", lambda module: second)
+    assert cache_key(call, "tpu-v5e", tools) != key
 
 
 def test_a_prng_key_argument_travels_to_the_compile_worker_as_json():

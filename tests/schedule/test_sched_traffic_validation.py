@@ -91,3 +91,25 @@ def test_row_major_order_matches_the_interpreter_when_nothing_is_parallel(v5e):
     default = analyze_call(call, v5e)
     for o in default.operands:
         assert (o.transfers, o.hbm_bytes) == rec.count(o.role, o.name)
+
+
+def test_recording_keeps_the_jit_caches_and_records_every_run(v5e):
+    # record_traffic must not flush the process's compiled programs (it did: jax.clear_caches around each run),
+    # and a second recording of the same function must not reuse the first run's program: each run's forced
+    # interpret parameters carry its own recorder, so both log the same copies.
+    import jax
+
+    entry = get_entry("rms_norm")
+    specs = entry.specs(["x=64x256:f32=random", "residual=64x256:f32=random", "weight=256:f32=random"])
+    args = entry.arguments(specs)
+    fn = entry.make_function(specs, {"block_tokens": 16}, v5e)
+    unrelated = jax.jit(lambda a: a * 2 + 1)
+    unrelated(np.ones(3, np.float32))
+    before = unrelated._cache_size()
+    first, second = record_traffic(fn, *args), record_traffic(fn, *args)
+    assert unrelated._cache_size() == before == 1
+    # 64 rows in blocks of 16: 4 steps, each fetching x and residual and writing both outputs.
+    assert len(first.grid_points) == len(second.grid_points) == 4
+    assert len(first.transfers) == len(second.transfers) > 0
+    assert [(t.role, t.name, t.block_indices) for t in first.transfers] == \
+        [(t.role, t.name, t.block_indices) for t in second.transfers]
