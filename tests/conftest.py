@@ -10,6 +10,9 @@ import sys
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tables fit the terminal (at most 120 columns): the tests read them at 120 whatever runs them (a terminal, a
+# pipe, or a pytest-xdist worker, which is given COLUMNS=80).
+os.environ["COLUMNS"] = "120"
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 # The interpret-mode kernel tests spend most of their time in XLA:CPU compiling the interpreted kernels, which
 # compile about a third faster without LLVM optimization (a kernel and its reference run under the same compiler).
@@ -18,6 +21,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 _CHILD_XLA_FLAGS = os.environ["XLA_FLAGS"]
 if "xla_backend_optimization_level" not in _CHILD_XLA_FLAGS:
     os.environ["XLA_FLAGS"] = f"{_CHILD_XLA_FLAGS} --xla_backend_optimization_level=0"
+# XLA:CPU programs (the interpret-mode kernels and their references) are kept between runs in JAX's persistent
+# compilation cache, under the same cache folder (its key is the program, the compile options and flags, and the
+# jaxlib version, so it never serves a stale program); about a third of the interpret tests' time on a warm run.
+from perfmodel.cachedir import cache_dir  # noqa: E402 - stdlib only
+
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir("jax-cpu")))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
 # Compile reports are cached on disk, in the user cache ($PERFMODEL_CACHE_DIR, default ~/.cache/perfmodel) that
 # the tool uses too: an entry is served only while every file its compile read is unchanged
 # (perfmodel/compiler/cache.py), so a second run compiles only what changed. A cold run:

@@ -8,7 +8,8 @@ from perfmodel.cli.common import echo_json, echo_text, json_option, user_errors
 
 
 @click.group(help="The on-disk caches: compile reports ($PERFMODEL_CACHE_DIR/compile, one sub-cache per libtpu "
-             "version) and checked spec loads ($PERFMODEL_CACHE_DIR/specs).")
+             "version), checked spec loads ($PERFMODEL_CACHE_DIR/specs) and the test suite's XLA:CPU programs "
+             "($PERFMODEL_CACHE_DIR/jax-cpu).")
 def cache() -> None:
     pass
 
@@ -27,7 +28,7 @@ def info_cmd(as_json: bool) -> None:
         echo_text(render_cache_info(info))
 
 
-@cache.command("clear", help="Remove every cached compile report and spec load (the next compiles run cold).")
+@cache.command("clear", help="Remove every cached compile report, spec load and XLA:CPU program (the next run is cold).")
 @json_option
 @user_errors
 def clear_cmd(as_json: bool) -> None:

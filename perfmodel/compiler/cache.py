@@ -175,6 +175,9 @@ class CacheInfo:
     sub_caches: tuple[SubCacheInfo, ...]
     spec_cache_path: str
     spec_cache_bytes: int
+    #: JAX's persistent cache of XLA:CPU programs (the test suite's interpret-mode kernels).
+    jax_cache_path: str
+    jax_cache_bytes: int
 
 
 def info() -> CacheInfo:
@@ -190,18 +193,22 @@ def info() -> CacheInfo:
         subs.append(SubCacheInfo(libtpu_version=sub.name.removeprefix("libtpu-"),
                                  entries=len({v.path.parent for v in mine}), variants=len(mine),
                                  size_bytes=sum(v.size_bytes for v in mine)))
-    specs = cache_dir("specs")
-    spec_bytes = sum(f.stat().st_size for f in specs.rglob("*") if f.is_file()) if specs.is_dir() else 0
+    specs, jax_cpu = cache_dir("specs"), cache_dir("jax-cpu")
     return CacheInfo(path=str(base), max_bytes=max_bytes(), size_bytes=sum(v.size_bytes for v in variants),
                      variants=len(variants), sub_caches=tuple(subs), spec_cache_path=str(specs),
-                     spec_cache_bytes=spec_bytes)
+                     spec_cache_bytes=_folder_bytes(specs), jax_cache_path=str(jax_cpu),
+                     jax_cache_bytes=_folder_bytes(jax_cpu))
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
 def clear() -> CacheInfo:
-    """Remove the compile cache and the spec cache; what was there before."""
+    """Remove the compile cache, the spec cache and the XLA:CPU program cache; what was there before."""
     from perfmodel.cachedir import cache_dir
 
     before = info()
-    for path in (root(), cache_dir("specs")):
+    for path in (root(), cache_dir("specs"), cache_dir("jax-cpu")):
         shutil.rmtree(path, ignore_errors=True)
     return before

@@ -80,4 +80,5 @@ def render_cache_info(info: Any, *, cleared: bool = False) -> str:
         lines.append(f"  libtpu {sub.libtpu_version}: {sub.entries:,} requests, {sub.variants:,} compiles, "
                      f"{binary(sub.size_bytes)}")
     lines.append(f"spec cache {info.spec_cache_path}: {binary(info.spec_cache_bytes)}")
+    lines.append(f"XLA:CPU program cache {info.jax_cache_path}: {binary(info.jax_cache_bytes)} (the test suite's)")
     return "\n".join(lines)

@@ -102,9 +102,15 @@ def topology_chips(topology: str) -> int:
     return n
 
 
+#: JAX's persistent compilation cache settings (the test suite caches XLA:CPU programs with them): never passed to a
+#: compile process, whose compiles must run for their dumps, nor part of a compile's cache key.
+JAX_CACHE_VARIABLES = ("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION_CACHE")
+
+
 def worker_environment(dump_dir: str | None) -> dict[str, str]:
     """Environment of a compile child: the caller's, plus what libtpu needs on a host without a TPU."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(JAX_CACHE_VARIABLES)}
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # every compile runs, so that libtpu dumps its schedules
     env.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server on a CPU host
     env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # compiles may run side by side

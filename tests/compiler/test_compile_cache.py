@@ -135,6 +135,7 @@ def test_cache_info_and_clear_cli(cache_dir, tmp_path):
     assert info["path"] == str(cache_dir / "compile")
     r = CliRunner().invoke(main, ["cache", "info"])
     assert "holds 1 compiles" in r.output and "libtpu 0.0.test: 1 requests" in r.output
+    assert f"XLA:CPU program cache {cache_dir / 'jax-cpu'}" in r.output
     r = CliRunner().invoke(main, ["cache", "clear"])
     assert r.exit_code == 0 and "removed 1 compiles" in r.output
     assert not (cache_dir / "compile").exists()
@@ -161,6 +162,12 @@ def test_the_key_follows_the_compilers_settings_not_the_dump_folder(monkeypatch)
     assert cache_key(call, "tpu-v5e", tools) == base  # where the dumps go changes no compile
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
     assert cache_key(call, "tpu-v5e", tools) == base  # the compile process always runs on the CPU
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")  # the test suite's XLA:CPU program cache
+    assert cache_key(call, "tpu-v5e", tools) == base
+    from perfmodel.compiler.toolchain import worker_environment
+
+    env = worker_environment(None)  # never reaches a compile process: its compiles must run to dump schedules
+    assert "JAX_COMPILATION_CACHE_DIR" not in env and env["JAX_ENABLE_COMPILATION_CACHE"] == "false"
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_some_flag=true")
     assert cache_key(call, "tpu-v5e", tools) != base
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
