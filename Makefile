@@ -21,10 +21,11 @@ demo: $(STAMP)
 	mkdir -p out
 	$(BIN)/perfmodel predict model llama-3.1-8b --hw v6e --batch 16 --context 2048 --json | $(BIN)/perfmodel report - --out out/demo-report.md --force
 
-# The suite runs on every core (pytest-xdist), a test file per worker at a time (its module fixtures and per-chip
-# compile batches run once). Compiles and XLA:CPU programs are cached between runs in $PERFMODEL_CACHE_DIR
-# (default ~/.cache/perfmodel); a cold run: PERFMODEL_CACHE_DIR=$(mktemp -d) make test.
-PARALLEL ?= -n auto --dist loadfile
+# The suite runs on every core (pytest-xdist): each test wherever a worker is free, except the files listed in
+# tests/conftest.py SHARE_A_WORKER (module fixtures, per-chip compile batches), each on one worker. Compiles and
+# XLA:CPU programs are cached between runs in $PERFMODEL_CACHE_DIR (default ~/.cache/perfmodel); a cold run:
+# PERFMODEL_CACHE_DIR=$(mktemp -d) make test.
+PARALLEL ?= -n auto --dist loadgroup
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PARALLEL) -m "not slow"

@@ -23,13 +23,15 @@ if "xla_backend_optimization_level" not in _CHILD_XLA_FLAGS:
     os.environ["XLA_FLAGS"] = f"{_CHILD_XLA_FLAGS} --xla_backend_optimization_level=0"
 # XLA:CPU programs (the interpret-mode kernels and their references) are kept between runs in JAX's persistent
 # compilation cache, under the same cache folder (its key is the program, the compile options and flags, and the
-# jaxlib version, so it never serves a stale program); about a third of the interpret tests' time on a warm run.
+# jaxlib version, so it never serves a stale program). Every program is kept, however quick its compile: the
+# interpret-mode runs compile many small ones (tests/kernels/test_paged_attention.py: 50 -> 34 s warm; with a
+# 0.2 s floor nothing was kept). No size cap: JAX's cap locks and scans the folder on every write, which
+# stalled two workers for minutes; `perfmodel cache clear` empties it.
 from perfmodel.cachedir import cache_dir  # noqa: E402 - stdlib only
 
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir("jax-cpu")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2**30))
 # Compile reports are cached on disk, in the user cache ($PERFMODEL_CACHE_DIR, default ~/.cache/perfmodel) that
 # the tool uses too: an entry is served only while every file its compile read is unchanged
 # (perfmodel/compiler/cache.py), so a second run compiles only what changed. A cold run:
@@ -63,3 +65,27 @@ def v6e():
     from perfmodel.hw import get_chip
 
     return get_chip("tpu-v6e")
+
+
+#: Test files whose tests share work that runs once per process: a module-scoped fixture (a whole `validate` run,
+#: a measured results file, a written report) or a per-chip batch of compiles (functools.cache). Under
+#: pytest-xdist (`make test`: --dist loadgroup) each of them runs on one worker; every other test goes wherever a
+#: worker is free.
+SHARE_A_WORKER = (
+    "tests/compiler/test_compile_matrix.py",
+    "tests/compiler/test_kernel_variants_compile.py",
+    "tests/compiler/test_compiled_validation.py",
+    "tests/cli/test_validate_cli.py",
+    "tests/cli/test_measure_cli.py",
+    "tests/test_html_report_browser.py",
+    "tests/test_fuzz_inputs.py",
+    "tests/kernels/test_matmul.py",
+    "tests/schedule/test_sched_artifacts.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path in SHARE_A_WORKER:
+            item.add_marker(pytest.mark.xdist_group(path))

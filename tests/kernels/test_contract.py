@@ -738,15 +738,43 @@ def _small_cases() -> list:
     return cases
 
 
+def _assert_traffic_is_the_models(kernel: Callable, arrays: list[Any], chip: str, rec: Any) -> None:
+    """The schedule model's block transfers and manual-DMA bytes, given the grid order the interpreter used, are
+    the ones the interpreter performed (what tests/schedule/test_sched_traffic_validation.py checks for other
+    kernels)."""
+    from perfmodel.schedule.analyze import analyze_call
+    from perfmodel.schedule.extract import find_pallas_calls, trace
+
+    (call,) = find_pallas_calls(trace(kernel, *arrays), arrays)
+    kern = analyze_call(call, get_chip(chip), order=np.array(rec.grid_points))
+    assert kern.steps == len(rec.grid_points)
+    moved = 0
+    for o in kern.operands:
+        count, nbytes = rec.count(o.role, o.name)
+        if o.pipelined:
+            assert (o.transfers, o.hbm_bytes) == (count, nbytes), o.name
+            moved += count
+        else:  # left in HBM: the interpreter copies nothing for it at step boundaries
+            assert count == 0, o.name
+    assert moved == len(rec.transfers)  # every logged copy belongs to a modelled operand
+    assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes
+
+
 @pytest.mark.parametrize("entry, case", _small_cases())
 def test_matches_the_reference_in_interpret_mode(entry, case):
+    # One interpret run serves two checks: its outputs against the reference, and its logged block copies
+    # against the schedule model's prediction (record_traffic runs the kernel in TPU interpret mode, as
+    # interpret=True does, with the copies instrumented).
+    from perfmodel.schedule.recorder import record_traffic
+
     contract = CONTRACTS[entry.name]
     specs, keyword = _specs(entry, case)
     static = _static(case.static)
     kernel = _function(entry, specs, keyword, case.blocks, case.chip, {**static, "interpret": True})
     reference = _function(entry, specs, keyword, None, case.chip, static, reference=True)
     # Fresh arrays for each call: kernels that update in place donate (consume) their inputs.
-    outs = jax.tree.leaves(kernel(*_concrete(entry, specs, keyword, case.scale)))
+    rec = record_traffic(kernel, *_concrete(entry, specs, keyword, case.scale))
+    outs = jax.tree.leaves(rec.outputs)
     refs = jax.tree.leaves(reference(*_concrete(entry, specs, keyword, case.scale)))
     assert len(outs) == len(refs)
     for i, (out, ref) in enumerate(zip(outs, refs)):
@@ -756,6 +784,7 @@ def test_matches_the_reference_in_interpret_mode(entry, case):
         # Interpret mode fills fresh buffers with NaN: a skipped write shows up here.
         assert np.isfinite(out32).all(), f"output {i}: {np.isnan(out32).sum()} elements never written"
         np.testing.assert_allclose(out32, ref32, **contract.tol[jnp.dtype(out.dtype).name], err_msg=f"output {i}")
+    _assert_traffic_is_the_models(kernel, _concrete(entry, specs, keyword, case.scale), case.chip, rec)
 
 
 # ----------------------------------------------------------------------------- ragged paged attention traffic

@@ -20,35 +20,39 @@ from perfmodel.schedule.extract import find_pallas_calls, trace
 from perfmodel.schedule.recorder import record_traffic
 
 slow = pytest.mark.slow
+#: The bundled kernels' block copies are also checked, on the same interpret run as their reference match, by
+#: tests/kernels/test_contract.py (every contract case, unaligned shapes included): their cases here run with
+#: -m slow (make test-all); the default run keeps JAX's own matmul (not a bundled kernel).
+covered = slow
 
 # (kernel, --shape texts with random data, blocks or None for the kernel's default)
 CASES = [
     pytest.param("matmul", ["x=200x384:bf16=random", "w=384x300:bf16=random"], {"bm": 128, "bk": 128, "bn": 128},
-                 id="matmul-bf16-unaligned"),
+                 id="matmul-bf16-unaligned", marks=covered),
     pytest.param("matmul", ["x=256x256:f32=random", "w=256x384:f32=random", "bias=384:f32=random"],
                  {"bm": 128, "bk": 128, "bn": 128}, id="matmul-f32-bias", marks=slow),
     pytest.param("matmul", ["x=128x512:bf16=random", "w=512x256:int8=random", "w_scale=256:f32=random"],
                  {"bm": 64, "bk": 256, "bn": 128}, id="matmul-int8", marks=slow),
     pytest.param("rms_norm", ["x=100x256:bf16=random", "residual=100x256:bf16=random", "weight=256:f32=random"],
-                 {"block_tokens": 32}, id="rms_norm-partial-last-block"),
+                 {"block_tokens": 32}, id="rms_norm-partial-last-block", marks=covered),
     pytest.param("flash_attention", ["q=1x4x256x128:bf16=random", "k=1x2x256x128:bf16=random",
                                      "v=1x2x256x128:bf16=random"], {"block_q": 128, "block_kv": 128},
-                 id="flash-gqa2-causal"),
+                 id="flash-gqa2-causal", marks=covered),
     pytest.param("flash_attention", ["q=2x8x256x128:f32=random", "k=2x1x384x128:f32=random",
                                      "v=2x1x384x128:f32=random"], {"block_q": 128, "block_kv": 128},
                  id="flash-gqa8-f32", marks=slow),
     # Caches [kv_heads, num_pages, page_size, head_dim] (the kernel's default head-major layout).
     pytest.param("kv_cache_update", ["new_k=8x2x128:bf16=random", "new_v=8x2x128:bf16=random",
                                      "k_cache=2x16x16x128:bf16=random", "v_cache=2x16x16x128:bf16=random",
-                                     "slot_mapping=8:int32=arange"], None, id="kv_cache_update"),
+                                     "slot_mapping=8:int32=arange"], None, id="kv_cache_update", marks=covered),
     pytest.param("paged_attention", ["q=2x8x128:bf16=random", "k_pages=2x32x16x128:bf16=random",
                                      "v_pages=2x32x16x128:bf16=random", "page_table=2x8:int32=arange",
-                                     "lengths=2:int32=100"], None, id="paged_attention-partial-page"),
+                                     "lengths=2:int32=100"], None, id="paged_attention-partial-page", marks=covered),
     pytest.param("ragged_paged_attention", ["q=16x8x128:bf16=random", "kv_pages=32x16x4x128:bf16=random",
                                             "kv_lens=2:int32=64",
                                             "page_table=2x8:int32=arange", "cu_q_lens=3:int32=arange",
                                             "num_seqs=1:int32=2"], None, id="ragged", marks=slow),
-    pytest.param("sampling", ["logits=8x1024:f32=random"], None, id="sampling"),
+    pytest.param("sampling", ["logits=8x1024:f32=random"], None, id="sampling", marks=covered),
     pytest.param("jax-matmul", ["x=256x384:bf16=random", "y=384x256:bf16=random"], {"bm": 128, "bk": 128, "bn": 128},
                  id="jax-matmul"),
 ]
