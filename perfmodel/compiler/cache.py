@@ -117,24 +117,23 @@ class Variant:
     last_used_s: float
 
 
+def _folders(path: Path) -> list[Path]:
+    """Sub-folders of ``path``; none when it is gone (another process may evict while this one reads)."""
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
+
+
 def _variants(base: Path) -> list[Variant]:
+    """Every stored variant (libtpu sub-cache / key / variant), with its size and last use."""
     out = []
-    if not base.is_dir():
-        return out
-    for sub in base.iterdir():
-        if not sub.is_dir():
+    for var in (v for sub in _folders(base) for key_dir in _folders(sub) for v in _folders(key_dir)):
+        try:
+            size = sum(f.stat().st_size for f in var.iterdir())
+            out.append(Variant(path=var, size_bytes=size, last_used_s=var.stat().st_mtime))
+        except OSError:
             continue
-        for key_dir in sub.iterdir():
-            if not key_dir.is_dir():
-                continue
-            for var in key_dir.iterdir():
-                if not var.is_dir() or var.name.startswith("."):
-                    continue
-                try:
-                    size = sum(f.stat().st_size for f in var.iterdir())
-                    out.append(Variant(path=var, size_bytes=size, last_used_s=var.stat().st_mtime))
-                except OSError:
-                    continue
     return out
 
 
@@ -186,9 +185,7 @@ def info() -> CacheInfo:
     base = root()
     subs = []
     variants = _variants(base)
-    for sub in sorted(base.iterdir()) if base.is_dir() else []:
-        if not sub.is_dir():
-            continue
+    for sub in sorted(_folders(base)):
         mine = [v for v in variants if v.path.parent.parent == sub]
         subs.append(SubCacheInfo(libtpu_version=sub.name.removeprefix("libtpu-"),
                                  entries=len({v.path.parent for v in mine}), variants=len(mine),

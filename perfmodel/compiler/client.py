@@ -115,12 +115,32 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
+#: Environment variables a server's compiles depend on (flags, module search, perfmodel's own settings); the rest
+#: (pytest's PYTEST_CURRENT_TEST, ...) changes between calls and must not start a new server each time.
+_SERVER_ENV_PREFIXES = ("JAX_", "XLA_", "LIBTPU", "TPU_", "PERFMODEL_", "PYTHON", "ALLOW_MULTIPLE_LIBTPU_LOAD")
+
+
+def _fingerprint(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return (("cwd", os.getcwd()), ("python", sys.executable),
+            *sorted((k, v) for k, v in env.items() if k.startswith(_SERVER_ENV_PREFIXES)))
+
+
 def ask(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """One request answered by an idle server of this environment (started when none is idle)."""
-    fingerprint = (("cwd", os.getcwd()), *sorted(env.items()))
+    """One request answered by an idle server of this environment (started when none is idle; idle servers of
+    another environment are closed then, so a caller that changes its environment keeps no stale servers)."""
+    fingerprint = _fingerprint(env)
+    stale: list[_Server] = []
     with _LOCK:
         idle = _IDLE.setdefault(fingerprint, [])
         server = idle.pop() if idle else None
+        if server is None:
+            for other in [f for f in _IDLE if f != fingerprint]:
+                stale += _IDLE.pop(other)
+    for old in stale:
+        old.close()
+    if stale:
+        with _LOCK:
+            _ALL[:] = [s for s in _ALL if s.alive()]
     if server is None or not server.alive():
         server = _Server(env)
         with _LOCK:
@@ -129,6 +149,11 @@ def ask(request: dict[str, Any], env: dict[str, str], timeout_s: float) -> dict[
     with _LOCK:
         _IDLE.setdefault(fingerprint, []).append(server)
     return answer
+
+
+def servers_running() -> int:
+    """Servers of this process still running (tests: one per concurrent compile, not one per compile or test)."""
+    return sum(1 for s in _ALL if s.alive())
 
 
 def servers_started() -> int:

@@ -29,6 +29,9 @@ from typing import Any, Iterable, Mapping
 RECORD_VERSION = 1
 #: Source and bytecode files are recorded as modules (from sys.modules), not as data reads.
 _CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".so", ".pyd")
+#: Kernel and device files: what a library reads there (/proc/cpuinfo, ...) is the machine, not an input, and
+#: changes between reads.
+_PSEUDO_FILESYSTEMS = ("/proc/", "/sys/", "/dev/", "/run/")
 
 
 def project_root() -> Path:
@@ -107,7 +110,7 @@ class ReadRecorder:
         path, mode = args[0], args[1] if len(args) > 1 else "r"
         if isinstance(path, bytes):
             path = os.fsdecode(path)
-        if not isinstance(path, str) or path.endswith(_CODE_SUFFIXES):
+        if not isinstance(path, str) or path.endswith(_CODE_SUFFIXES) or path.startswith(_PSEUDO_FILESYSTEMS):
             return
         if isinstance(mode, str) and any(c in mode for c in "wax+"):
             return

@@ -81,6 +81,7 @@ def test_the_read_recorder_keeps_local_data_reads_only(tmp_path):
     rec.audit("open", (str(out), "w", 0))  # written, not read
     rec.audit("open", (str(skip / "x.txt"), "rb", 0))  # the compiler's dump folder
     rec.audit("open", (os.path.join(sys.base_prefix, "lib", "x.json"), "r", 0))  # the Python installation
+    rec.audit("open", ("/proc/cpuinfo", "r", 0))  # the machine, not an input (and it changes between reads)
     rec.audit("import", ("json",))
     assert rec.data_files() == [str(data)]
 
@@ -184,16 +185,30 @@ RMS = ("x=256x1024:bf16", "residual=256x1024:bf16", "weight=1024:f32")
 MM = ("x=256x512:bf16", "w=512x512:bf16")
 
 
+def test_a_server_serves_every_call_of_its_environment(monkeypatch):
+    from perfmodel.compiler.client import _fingerprint
+
+    env = {"LIBTPU_INIT_ARGS": "", "PATH": "/bin", "PYTEST_CURRENT_TEST": "a (call)"}
+    base = _fingerprint(env)
+    # pytest sets PYTEST_CURRENT_TEST for every test: one server per test was started (and kept) before
+    assert _fingerprint({**env, "PYTEST_CURRENT_TEST": "b (call)", "PATH": "/usr/bin"}) == base
+    for var in ("LIBTPU_INIT_ARGS", "XLA_FLAGS", "JAX_ENABLE_X64", "PYTHONPATH", "PERFMODEL_HW_PATH"):
+        assert _fingerprint({**env, var: "changed"}) != base, var
+    monkeypatch.chdir("/")  # MODULE:FUNCTION targets resolve from the working directory
+    assert _fingerprint(env) != base
+
+
 @pytest.mark.needs_libtpu
-def test_a_compile_records_what_it_imported_and_read(cache_dir):
+def test_a_compile_records_what_it_imported_and_read(cache_dir, monkeypatch):
     from perfmodel.compiler import client
     from perfmodel.compiler.api import CompileCall, compile_report
 
-    started = client.servers_started()
     rms = compile_report(CompileCall(kind="catalog", target="rms_norm", shapes=RMS), "tpu-v5e")
+    running = client.servers_running()
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # what pytest changes between tests
     mm = compile_report(CompileCall(kind="catalog", target="matmul", shapes=MM), "tpu-v5e")
     assert rms.compiled and mm.compiled and not rms.from_cache
-    assert client.servers_started() - started <= 1  # one server for both (one compile at a time here)
+    assert client.servers_running() == running  # the same server (one compile at a time here)
     rms_files = set(json.loads((Path(rms.cache_dir) / "deps.json").read_text())["files"])
     mm_files = set(json.loads((Path(mm.cache_dir) / "deps.json").read_text())["files"])
     for f in ("kernels/rms_norm/kernel.py", "kernels/rms_norm/tuned.json", "hwspecs/tpu-v5e.yaml",

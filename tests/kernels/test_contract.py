@@ -35,6 +35,7 @@ from perfmodel.hw.registry import get_chip
 from perfmodel.schedule import catalog
 from perfmodel.schedule.shapes import ShapeSpec, materialize, parse_shape
 from tests.kernels.lowering import MOSAIC_CUSTOM_CALL, cost_estimates, export_for_tpu
+from tests.schedule.traffic import assert_traffic_is_the_models
 
 # ----------------------------------------------------------------------------- lowering for TPU on the host
 
@@ -738,28 +739,6 @@ def _small_cases() -> list:
     return cases
 
 
-def _assert_traffic_is_the_models(kernel: Callable, arrays: list[Any], chip: str, rec: Any) -> None:
-    """The schedule model's block transfers and manual-DMA bytes, given the grid order the interpreter used, are
-    the ones the interpreter performed (what tests/schedule/test_sched_traffic_validation.py checks for other
-    kernels)."""
-    from perfmodel.schedule.analyze import analyze_call
-    from perfmodel.schedule.extract import find_pallas_calls, trace
-
-    (call,) = find_pallas_calls(trace(kernel, *arrays), arrays)
-    kern = analyze_call(call, get_chip(chip), order=np.array(rec.grid_points))
-    assert kern.steps == len(rec.grid_points)
-    moved = 0
-    for o in kern.operands:
-        count, nbytes = rec.count(o.role, o.name)
-        if o.pipelined:
-            assert (o.transfers, o.hbm_bytes) == (count, nbytes), o.name
-            moved += count
-        else:  # left in HBM: the interpreter copies nothing for it at step boundaries
-            assert count == 0, o.name
-    assert moved == len(rec.transfers)  # every logged copy belongs to a modelled operand
-    assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes
-
-
 @pytest.mark.parametrize("entry, case", _small_cases())
 def test_matches_the_reference_in_interpret_mode(entry, case):
     # One interpret run serves two checks: its outputs against the reference, and its logged block copies
@@ -784,7 +763,8 @@ def test_matches_the_reference_in_interpret_mode(entry, case):
         # Interpret mode fills fresh buffers with NaN: a skipped write shows up here.
         assert np.isfinite(out32).all(), f"output {i}: {np.isnan(out32).sum()} elements never written"
         np.testing.assert_allclose(out32, ref32, **contract.tol[jnp.dtype(out.dtype).name], err_msg=f"output {i}")
-    _assert_traffic_is_the_models(kernel, _concrete(entry, specs, keyword, case.scale), case.chip, rec)
+    # the schedule model's block copies are the ones this run made (as test_sched_traffic_validation checks)
+    assert_traffic_is_the_models(kernel, _concrete(entry, specs, keyword, case.scale), get_chip(case.chip), rec)
 
 
 # ----------------------------------------------------------------------------- ragged paged attention traffic

@@ -18,6 +18,7 @@ from perfmodel.schedule.analyze import analyze_call
 from perfmodel.schedule.catalog import get_entry
 from perfmodel.schedule.extract import find_pallas_calls, trace
 from perfmodel.schedule.recorder import record_traffic
+from tests.schedule.traffic import assert_traffic_is_the_models
 
 slow = pytest.mark.slow
 #: The bundled kernels' block copies are also checked, on the same interpret run as their reference match, by
@@ -65,21 +66,7 @@ def test_predicted_transfers_equal_the_interpreter_run(v5e, kernel, shapes, bloc
     args = entry.arguments(specs)
     fn = entry.make_function(specs, blocks, v5e)
     rec = record_traffic(fn, *args)
-    calls = find_pallas_calls(trace(fn, *args), args)
-    assert len(calls) == 1
-    kern = analyze_call(calls[0], v5e, order=np.array(rec.grid_points))
-    assert kern.steps == len(rec.grid_points)
-    moved = 0
-    for o in kern.operands:
-        count, nbytes = rec.count(o.role, o.name)
-        if o.pipelined:
-            assert (o.transfers, o.hbm_bytes) == (count, nbytes), o.name
-            moved += count
-        else:  # left in HBM: the interpreter copies nothing for it at step boundaries
-            assert count == 0, o.name
-    assert moved == len(rec.transfers)  # every logged copy belongs to a modelled operand
-    # Manual DMA (operands in HBM copied by the body): same bytes as the interpreter's DMA engine moved.
-    assert kern.work.manual_dma_bytes == rec.manual_hbm_bytes
+    kern = assert_traffic_is_the_models(fn, args, v5e, rec)
     assert kern.manual_dma == (rec.manual_hbm_bytes > 0 or any(not o.pipelined for o in kern.operands))
 
 
