@@ -564,8 +564,11 @@ def ragged_paged_attention(
                                                                         kv_dtype, q_dtype)
     scale = _resolve_kv_scale(kv_dt, kv_scale)
     bq = sizes("block_q", block_q if block_q is not None else tuned_block("ragged_paged_attention", "block_q", chip))
-    bkv = sizes("block_kv", block_kv if block_kv is not None
-                else tuned_block("ragged_paged_attention", "block_kv", chip))
+    if block_kv is None:  # the tuned block, rounded up to whole pages (tpu-inference uses pages up to 256 tokens)
+        tuned = tuned_block("ragged_paged_attention", "block_kv", chip)
+        bkv = np.maximum(-(-tuned // np.asarray(page_size, dtype=np.int64)), 1) * page_size
+    else:
+        bkv = sizes("block_kv", block_kv)
     if np.any(bkv % page_size):
         raise InputError(f"`block_kv` {bkv} must be a multiple of `page_size` {page_size} (whole pages per KV block)")
     table = _page_table_width(lens, page_size, pages_per_seq, per_seq_axis=True)

@@ -293,6 +293,20 @@ def _achievable_times(cost: OpCost, chip: ChipSpec, times: dict[str, np.ndarray]
     return out
 
 
+def additive_times(cost: OpCost, chip: ChipSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parts of :func:`evaluate`'s expected time that add when pieces of work join one kernel: (achievable
+    seconds per unit, stacked in :data:`UNITS` order on a new first axis; serial-VPU plus the op's own fixed
+    seconds; launch plus exposed-DMA seconds). For costs c_i of one launch each, the expected time of their sum
+    as one launch is ``max_u(sum_i a_i[u]) + sum_i s_i + l`` (``l`` of any one of them): how a serving simulator
+    adds the sequences of a ragged step without re-evaluating the op model each step."""
+    times = unit_times(cost, chip)
+    ach = _achievable_times(cost, chip, times)
+    launch_s, dma_s = _launch_costs(cost, chip)
+    stacked = np.stack(np.broadcast_arrays(*(np.asarray(ach[u], dtype=float) for u in UNITS)))
+    own = np.asarray(ach["serial_vpu"], dtype=float) + np.asarray(cost.fixed_s, dtype=float)
+    return stacked, own, np.asarray(launch_s, dtype=float) + np.asarray(dma_s, dtype=float)
+
+
 def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Roofline:
     """Evaluate cost on chip: per-unit times, floor, expected and no-overlap bounds.
 

@@ -48,6 +48,9 @@ from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, default_kv_scale, is_qua
 from perfmodel.model.gemm import gemm, grouped_gemm, resolve_weight_scale, uniform_group_sizes
 
 PHASES: tuple[str, ...] = ("prefill", "decode")
+#: A ragged step of a serving engine: prefill chunks and decode tokens of many sequences at once
+#: (:func:`mixed_step`; the CLI's phases stay prefill and decode).
+MIXED = "mixed"
 DEFAULT_PAGE_SIZE = 16
 #: Logits are upcast to f32 before sampling (as vLLM's samplers do).
 LOGITS_DTYPE = "fp32"
@@ -65,7 +68,8 @@ MOE_COMBINE_VPU_OPS = 2
 class Step:
     """What one step processes, on how many chips, in which dtypes."""
 
-    #: "prefill" (a chunk of new tokens per sequence) or "decode" (one new token per sequence).
+    #: "prefill" (a chunk of new tokens per sequence), "decode" (one new token per sequence) or "mixed" (a
+    #: ragged step: ``query_lens[i]`` new tokens of sequence i over its ``context_lens[i]``, see :func:`mixed_step`).
     phase: str
     #: Sequences in the step.
     batch: int
@@ -92,6 +96,9 @@ class Step:
     #: token inside each GEMM (the bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype``
     #: activations (the bundled grouped_matmul has no in-kernel quantization).
     quantize_activations: bool = False
+    #: Mixed only: new tokens of each sequence in this step (prefill chunks > 1, decode tokens 1; a speculative
+    #: verification k + 1); ``context_lens`` then holds each sequence's KV tokens after the step.
+    query_lens: tuple[int, ...] | None = None
 
     def weight_gemm(self, high_precision: bool = False, *, in_kernel_quantization: bool = True) -> dict[str, Any]:
         """Keyword arguments of :func:`perfmodel.model.gemm.gemm` for a weight matrix of this step: the
@@ -109,12 +116,14 @@ class Step:
     @property
     def tokens(self) -> int:
         """Tokens the step pushes through the layers."""
+        if self.query_lens is not None:
+            return sum(self.query_lens)
         return self.batch * self.chunk_tokens
 
     @property
     def kv_tokens(self) -> int:
-        """KV tokens per sequence after the step (what attention reads and the cache holds)."""
-        return self.context_tokens if self.phase == "decode" else self.context_tokens + self.chunk_tokens
+        """KV tokens per sequence after the step (what attention reads and the cache holds; mixed: the longest)."""
+        return self.context_tokens if self.phase in ("decode", MIXED) else self.context_tokens + self.chunk_tokens
 
     def sequence_kv_tokens(self) -> np.ndarray:
         """KV tokens of each sequence after the step (length ``batch``)."""
@@ -178,6 +187,30 @@ def make_step(*, phase: str = "decode", batch: int | None = None, context: int |
                 kv_dtype=parse_dtype(kv_dtype or act_dtype, "`kv_dtype`"), tp=int(tp), page_size=int(page_size),
                 context_lens=lens, weight_scale=scale, scale_block=int(block) if scale == "per-block" else None,
                 quantize_activations=bool(quantize_activations))
+
+
+def mixed_step(*, query_lens: Any, context_lens: Any, weight_dtype: str = "bf16", act_dtype: str = "bf16",
+               kv_dtype: str | None = None, tp: int = 1, page_size: int = DEFAULT_PAGE_SIZE,
+               weight_scale: str | None = None, scale_block: int | None = None,
+               quantize_activations: bool = False) -> Step:
+    """Validated ragged :class:`Step` of a serving engine (vLLM TPU's unified step): sequence i pushes
+    ``query_lens[i]`` new tokens (a prefill chunk, a decode token, a speculative verification) and attends over
+    ``context_lens[i]`` KV tokens, the new ones included. Attention is one ragged paged-attention kernel over all
+    of them; every other op sees the step's ``sum(query_lens)`` tokens, the LM head one row per sequence."""
+    q = np.atleast_1d(np.asarray(query_lens))
+    c = np.atleast_1d(np.asarray(context_lens))
+    for name, arr in (("query_lens", q), ("context_lens", c)):
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu" or np.any(arr < 1):
+            raise InputError(f"`{name}`: give whole numbers >= 1, one per sequence")
+    if q.size != c.size:
+        raise InputError(f"`query_lens` has {q.size} sequences but `context_lens` has {c.size}; give one of each")
+    if np.any(q > c):
+        raise InputError("`query_lens` exceeds `context_lens`: the context includes the step's new tokens")
+    base = make_step(phase="decode", batch=int(q.size), context=int(c.max()), weight_dtype=weight_dtype,
+                     act_dtype=act_dtype, kv_dtype=kv_dtype, tp=tp, page_size=page_size, weight_scale=weight_scale,
+                     scale_block=scale_block, quantize_activations=quantize_activations)
+    return dataclasses.replace(base, phase=MIXED, query_lens=tuple(int(x) for x in q),
+                               context_lens=tuple(int(x) for x in c))
 
 
 def _positive(flag: str, value: Any) -> None:
@@ -510,7 +543,13 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[t
             num_tokens=T, kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size,
             kv_dtype=step.kv_dtype, src_dtype=act, kv_scale=kv_scale, chip=chip)))
         for label, layers, window in _attention_kinds(cfg):
-            if step.phase == "decode":
+            if step.phase == MIXED:
+                q_lens, lens = ragged_lens(step, window)
+                cost = attention.ragged_paged_attention(
+                    query_lens=q_lens, context_lens=lens, q_heads=sh.q_heads, kv_heads=sh.kv_heads,
+                    head_dim=cfg.head_dim, page_size=step.page_size, kv_dtype=step.kv_dtype, q_dtype=act,
+                    kv_scale=kv_scale, chip=chip)
+            elif step.phase == "decode":
                 lens, batch = _decode_lens(step, window)
                 cost = attention.paged_decode_attention(
                     context_lens=lens, batch=batch, q_heads=sh.q_heads, kv_heads=sh.kv_heads, head_dim=cfg.head_dim,
@@ -528,6 +567,50 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[t
         ops.append(("all_reduce(attn)", L, collectives.all_reduce(bytes_per_chip=T * h * DTYPES[act].itemsize_bytes,
                                                                   num_chips=sh.tp, chip=chip)))
     return ops
+
+
+def ragged_lens(step: Step, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(query_lens, context_lens) of a mixed step as a window layer sees them: a sliding window of ``window``
+    tokens keeps at most ``window + query_len - 1`` of a sequence's KV tokens in play (its first new token sees
+    the window, its last one the window shifted by the chunk)."""
+    q = np.asarray(step.query_lens, dtype=np.int64)
+    c = np.asarray(step.context_lens, dtype=np.int64)
+    return q, (np.minimum(c, window + q - 1) if window else c)
+
+
+def context_op_names(cfg: ModelConfig) -> frozenset[str]:
+    """Names of the step's ops whose work follows each sequence's own context (the attention kernels; MLA's
+    prefill also expands the cached latents with kv_up): :func:`sequence_attention_ops` prices them per
+    sequence, every other op follows the step's token and sequence counts only."""
+    if cfg.mla is not None:
+        return frozenset({"mla_attention", "kv_up", "attention"})
+    return frozenset(label for label, _, _ in _attention_kinds(cfg))
+
+
+def sequence_attention_ops(cfg: ModelConfig, step: Step, chip: Any, query_lens: np.ndarray,
+                           context_lens: np.ndarray) -> list[tuple[str, int, OpCost]]:
+    """(name, layers, cost) of the :func:`context_op_names` ops for N sequences, each priced alone: array costs
+    over N (sequence i pushes ``query_lens[i]`` tokens over ``context_lens[i]``), in ``step``'s dtypes and
+    sharding. A serving simulator sums them over a step's sequences (perfmodel.serve.steptime). Query lengths
+    must be all 1 (decode) or all above 1 (prefill chunks, verifications) for MLA, whose two forms differ."""
+    sh = shard(cfg, step.tp)
+    q = np.asarray(query_lens, dtype=np.int64)[:, None]
+    c = np.asarray(context_lens, dtype=np.int64)[:, None]
+    act, kv_scale = step.act_dtype, default_kv_scale(step.kv_dtype)
+    if cfg.mla is None:
+        return [(label, layers, attention.ragged_paged_attention(
+            query_lens=q, context_lens=np.minimum(c, window + q - 1) if window else c, q_heads=sh.q_heads,
+            kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size, kv_dtype=step.kv_dtype,
+            q_dtype=act, kv_scale=kv_scale, chip=chip)) for label, layers, window in _attention_kinds(cfg)]
+    m, L = cfg.mla, cfg.num_layers
+    if np.all(q == 1):
+        return [("mla_attention", L, attention.mla_decode(
+            context_lens=c, batch=None, q_heads=sh.q_heads, page_size=step.page_size, kv_lora_rank=m.kv_lora_rank,
+            rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act, chip=chip))]
+    if np.any(q == 1):
+        raise InputError("`query_lens`: MLA prices decode tokens and prefill chunks in two calls; give all 1 or "
+                         "all above 1")
+    return _mla_expanded(cfg, sh, step, chip, batch=1, q_len=q[:, 0], kv_len=c[:, 0])
 
 
 def _decode_lens(step: Step, window: int | None = None) -> tuple[Any, int | None]:
@@ -571,29 +654,51 @@ def _mla_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[s
         num_tokens=T, kv_heads=1, head_dim=max(latent // 2, 1), page_size=step.page_size, kv_dtype=step.kv_dtype,
         src_dtype=act, kv_scale=kv_scale, chip=chip)))
     kv_up = _matrix(cfg, sh, "kv_up")
-    if step.phase == "decode":
-        # Absorbed form: q_nope x W_UK per head into latent space, attention over the latent cache,
-        # latent output x W_UV per head (W_UK and W_UV are the two halves of kv_up).
-        ops.append(("q_absorb", L, _named(gemm(m=T, n=m.kv_lora_rank, k=m.qk_nope_head_dim, batch=sh.q_heads,
-                                               lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip),
-                                          "q_absorb")))
+    if step.phase == MIXED:
+        # Decode tokens (query length 1) take the absorbed form, prefill chunks the expanded one, as vLLM's MLA
+        # backends split a mixed batch.
+        q_lens, lens = ragged_lens(step)
+        dec = q_lens == 1
+        if dec.any():
+            ops += _mla_absorbed(cfg, sh, step, chip, tokens=int(dec.sum()), context_lens=lens[dec], batch=None)
+        for q, c in zip(q_lens[~dec], lens[~dec]):
+            ops += _mla_expanded(cfg, sh, step, chip, batch=1, q_len=int(q), kv_len=int(c))
+    elif step.phase == "decode":
         lens, batch = _decode_lens(step)
-        ops.append(("mla_attention", L, attention.mla_decode(
-            context_lens=lens, batch=batch, q_heads=sh.q_heads, page_size=step.page_size,
-            kv_lora_rank=m.kv_lora_rank, rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act,
-            chip=chip)))
-        ops.append(("v_absorb", L, _named(gemm(m=T, n=m.v_head_dim, k=m.kv_lora_rank, batch=sh.q_heads,
-                                               lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip),
-                                          "v_absorb")))
+        ops += _mla_absorbed(cfg, sh, step, chip, tokens=T, context_lens=lens, batch=batch)
     else:
-        # Prefill: expand every cached and new latent to per-head K_nope and V, then flash attention with
-        # the 192-wide query/key heads (V is 128 wide: the PV product is over-counted by 192/128).
-        ops.append(("kv_up", L, _proj("kv_up", kv_up, step.batch * step.kv_tokens, step, chip)))
-        ops.append(("attention", L, attention.flash_attention(
-            batch=step.batch, q_len=step.chunk_tokens, kv_len=step.kv_tokens, q_heads=sh.q_heads,
-            kv_heads=sh.q_heads, head_dim=cfg.head_dim, causal=True, dtype=act, chip=chip)))
+        ops += _mla_expanded(cfg, sh, step, chip, batch=step.batch, q_len=step.chunk_tokens, kv_len=step.kv_tokens)
     ops.append(("o_proj", L, _proj("o_proj", _matrix(cfg, sh, "o_proj"), T, step, chip)))
     return ops
+
+
+def _mla_absorbed(cfg: ModelConfig, sh: Shard, step: Step, chip: Any, *, tokens: int, context_lens: Any,
+                  batch: int | None) -> list[tuple[str, int, OpCost]]:
+    """MLA decode, absorbed form: q_nope x W_UK per head into latent space, attention over the latent cache,
+    latent output x W_UV per head (W_UK and W_UV are the two halves of kv_up)."""
+    m, L, act = cfg.mla, cfg.num_layers, step.act_dtype
+    absorb = dict(batch=sh.q_heads, lhs_dtype=act, rhs_dtype=step.weight_dtype, out_dtype=act, chip=chip)
+    return [
+        ("q_absorb", L, _named(gemm(m=tokens, n=m.kv_lora_rank, k=m.qk_nope_head_dim, **absorb), "q_absorb")),
+        ("mla_attention", L, attention.mla_decode(
+            context_lens=context_lens, batch=batch, q_heads=sh.q_heads, page_size=step.page_size,
+            kv_lora_rank=m.kv_lora_rank, rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act,
+            chip=chip)),
+        ("v_absorb", L, _named(gemm(m=tokens, n=m.v_head_dim, k=m.kv_lora_rank, **absorb), "v_absorb")),
+    ]
+
+
+def _mla_expanded(cfg: ModelConfig, sh: Shard, step: Step, chip: Any, *, batch: int, q_len: int,
+                  kv_len: int) -> list[tuple[str, int, OpCost]]:
+    """MLA prefill: expand every cached and new latent to per-head K_nope and V, then flash attention with the
+    192-wide query/key heads (V is 128 wide: the PV product is over-counted by 192/128)."""
+    L = cfg.num_layers
+    return [
+        ("kv_up", L, _proj("kv_up", _matrix(cfg, sh, "kv_up"), batch * kv_len, step, chip)),
+        ("attention", L, attention.flash_attention(
+            batch=batch, q_len=q_len, kv_len=kv_len, q_heads=sh.q_heads, kv_heads=sh.q_heads, head_dim=cfg.head_dim,
+            causal=True, dtype=step.act_dtype, chip=chip)),
+    ]
 
 
 def _mlp_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[tuple[str, str, int, OpCost]]:

@@ -1,0 +1,93 @@
+"""The benchmark client's side of a simulated run: when each request is sent, and what it sees come back.
+
+:class:`Client` holds the stream in send order. Without ``max_concurrency`` a request is sent at its arrival
+time; with it, at the later of its arrival and the moment one of the ``max_concurrency`` slots frees (the end
+of the step that finished a request), as ``vllm bench serve``'s semaphore does. :class:`Recorder` keeps each
+request's token times as the client would read them from the stream: the first chunk gives the TTFT, every
+later chunk one ITL gap, the last one the end-to-end latency.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from perfmodel.serve.records import RequestRecord
+from perfmodel.serve.workload import Request
+
+
+class Client:
+    def __init__(self, requests: tuple[Request, ...] | list[Request], max_concurrency: int | None):
+        self._pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.index)))
+        self.limit = max_concurrency
+        self.in_flight = 0
+        #: Times at which a slot freed and no request was waiting to take it.
+        self._free_at: deque[float] = deque()
+
+    @property
+    def done(self) -> bool:
+        return not self._pending
+
+    def next_send_s(self) -> float | None:
+        """When the next request will be sent, if no slot frees before then (None: none left, or every slot
+        is taken)."""
+        if not self._pending:
+            return None
+        if self.limit is not None and self.in_flight >= self.limit:
+            return None
+        return self._pending[0].arrival_s
+
+    def send_until(self, now: float) -> list[tuple[Request, float]]:
+        """Requests sent at or before ``now``, with their send times."""
+        out = []
+        while self._pending:
+            if self.limit is not None and self.in_flight >= self.limit:
+                break
+            req = self._pending[0]
+            if req.arrival_s > now:
+                break
+            self._pending.popleft()
+            self.in_flight += 1
+            send = max(req.arrival_s, self._free_at.popleft()) if self._free_at else req.arrival_s
+            out.append((req, send))
+        return out
+
+    def finished(self, now: float, n: int = 1) -> None:
+        """``n`` requests finished at ``now``: their slots free."""
+        self.in_flight -= n
+        if self.limit is not None:
+            self._free_at.extend([now] * n)
+            while len(self._free_at) > self.limit:
+                self._free_at.popleft()
+
+
+class Recorder:
+    """Token times of every request; ITL gaps kept as (value, count) pairs so equal gaps of one step cost one
+    entry."""
+
+    def __init__(self, replica: int = 0):
+        self.replica = replica
+        self.records: list[RequestRecord] = []
+        self._gap_values: list[np.ndarray] = []
+        self._gap_counts: list[np.ndarray] = []
+        #: Single gaps (one request's), appended as floats: cheaper than an array each.
+        self.single_gaps: list[float] = []
+        #: Step ends and the chunks (requests emitting tokens) in each: the peak-throughput buckets.
+        self.chunk_times: list[float] = []
+        self.chunk_counts: list[int] = []
+
+    def gaps(self, values: np.ndarray | float, counts: np.ndarray | int = 1) -> None:
+        v = np.atleast_1d(np.asarray(values, dtype=float))
+        self._gap_values.append(v)
+        self._gap_counts.append(np.broadcast_to(np.asarray(counts, dtype=np.int64), v.shape))
+
+    def chunks(self, t: float, n: int) -> None:
+        if n:
+            self.chunk_times.append(t)
+            self.chunk_counts.append(n)
+
+    def itl_s(self) -> np.ndarray:
+        values = np.concatenate(self._gap_values + [np.asarray(self.single_gaps, dtype=float)])
+        counts = np.concatenate(self._gap_counts + [np.ones(len(self.single_gaps), dtype=np.int64)])
+        return np.repeat(values, counts)
