@@ -23,6 +23,7 @@ _COMMANDS = {
     "report": "perfmodel.cli.report:report",
     "validate": "perfmodel.cli.validate:validate",
     "xla": "perfmodel.cli.xla:xla",
+    "serve": "perfmodel.cli.serve:serve",
 }
 
 _HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?
@@ -34,6 +35,7 @@ Examples:
   perfmodel hw compare tpu-v5e tpu-v6e tpu-7x
   perfmodel predict gemm --hw v5e -m 8192 -n 8192 -k 8192
   perfmodel predict model llama-3.1-8b --hw v6e --batch 32 --context 4096
+  perfmodel serve llama-3.1-8b --hw v6e --max-concurrency 64 --num-prompts 500
 """
 
 

@@ -10,6 +10,7 @@ later chunk one ITL gap, the last one the end-to-end latency.
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -66,8 +67,9 @@ class Recorder:
     """Token times of every request; ITL gaps kept as (value, count) pairs so equal gaps of one step cost one
     entry."""
 
-    def __init__(self, replica: int = 0):
+    def __init__(self, replica: int = 0, sink: "Callable[[RequestRecord], None] | None" = None):
         self.replica = replica
+        self.sink = sink
         self.records: list[RequestRecord] = []
         self._gap_values: list[np.ndarray] = []
         self._gap_counts: list[np.ndarray] = []
@@ -76,6 +78,12 @@ class Recorder:
         #: Step ends and the chunks (requests emitting tokens) in each: the peak-throughput buckets.
         self.chunk_times: list[float] = []
         self.chunk_counts: list[int] = []
+
+    def add(self, record: RequestRecord) -> None:
+        """A finished request (handed to ``sink`` at once: the --save-requests writer)."""
+        self.records.append(record)
+        if self.sink is not None:
+            self.sink(record)
 
     def gaps(self, values: np.ndarray | float, counts: np.ndarray | int = 1) -> None:
         v = np.atleast_1d(np.asarray(values, dtype=float))

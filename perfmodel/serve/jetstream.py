@@ -12,6 +12,7 @@ prefill per free slot while requests wait), then runs one generate step. KV live
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -24,11 +25,12 @@ from perfmodel.serve.workload import Request
 
 
 class JetstreamEngine:
-    def __init__(self, cfg: EngineConfig, times: StepTimes, *, replica: int = 0):
+    def __init__(self, cfg: EngineConfig, times: StepTimes, *, replica: int = 0,
+                 sink: Callable[[RequestRecord], None] | None = None):
         self.cfg = cfg
         self.times = times
         self.slots = cfg.max_num_seqs
-        self.rec = Recorder(replica)
+        self.rec = Recorder(replica, sink)
         self.now = 0.0
         self.steps = 0
         self.sum_running = 0
@@ -93,7 +95,7 @@ class JetstreamEngine:
 
     def _finish(self, s: list, client: Client) -> None:
         req = s[0]
-        self.rec.records.append(RequestRecord(
+        self.rec.add(RequestRecord(
             index=req.index, send_s=s[1], first_token_s=s[2], finish_s=self.now, input_tokens=req.input_tokens,
             output_tokens=s[5], chunks=s[6], cached_tokens=0, preemptions=0, replica=self.rec.replica))
         client.finished(self.now)

@@ -53,14 +53,15 @@ class ServeSweep:
     points: tuple[ServeComparison, ...]
 
 
-def _replica_engine(cfg: EngineConfig, capacity: KVCapacity, replica: int, seed: int) -> Any:
+def _replica_engine(cfg: EngineConfig, capacity: KVCapacity, replica: int, seed: int,
+                    sink: Callable[[RequestRecord], None] | None) -> Any:
     from perfmodel.serve.steptime import StepTimes
 
     times = StepTimes(cfg)
     if cfg.engine == "jetstream":
         from perfmodel.serve.jetstream import JetstreamEngine
 
-        return JetstreamEngine(cfg, times, replica=replica)
+        return JetstreamEngine(cfg, times, replica=replica, sink=sink)
     from perfmodel.serve.scheduler import DraftCost, VllmEngine
 
     draft = None
@@ -72,7 +73,7 @@ def _replica_engine(cfg: EngineConfig, capacity: KVCapacity, replica: int, seed:
             with_model = get_model(cfg.speculative.draft_model)
             draft_times = StepTimes(cfg, model=with_model)
         draft = DraftCost(cfg, times, draft_times)
-    return VllmEngine(cfg, times, capacity.num_blocks, seed=seed, replica=replica, draft=draft)
+    return VllmEngine(cfg, times, capacity.num_blocks, seed=seed, replica=replica, draft=draft, sink=sink)
 
 
 def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] | None = None, *,
@@ -96,11 +97,8 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
         conc = workload.max_concurrency
         if conc is not None:
             conc = max(conc // cfg.dp + (1 if r < conc % cfg.dp else 0), 1)
-        eng = _replica_engine(cfg, capacity, r, workload.seed)
+        eng = _replica_engine(cfg, capacity, r, workload.seed, on_record)
         eng.run(share, conc)
-        if on_record is not None:
-            for rec in eng.rec.records:
-                on_record(rec)
         engines.append(eng)
     run = _merge(engines)
     metrics = bench_metrics(run, percentile_metrics=percentile_metrics, percentiles=percentiles,

@@ -26,6 +26,7 @@ the KV pool running short), with the same step times as one step at a time.
 from __future__ import annotations
 
 from collections import deque
+from typing import Callable
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class VllmEngine:
     """One replica; :meth:`run` simulates a stream through it."""
 
     def __init__(self, cfg: EngineConfig, times: StepTimes, num_blocks: int, *, seed: int = 0, replica: int = 0,
-                 draft: "DraftCost | None" = None):
+                 draft: "DraftCost | None" = None, sink: Callable[[RequestRecord], None] | None = None):
         self.cfg = cfg
         self.times = times
         self.pool = BlockPool(num_blocks, cfg.block_size, prefix_caching=cfg.enable_prefix_caching)
@@ -89,7 +90,7 @@ class VllmEngine:
         self._accept = np.asarray(self.spec.acceptance) if self.spec else np.zeros(0)
         self.rng = np.random.default_rng(seed + 7919 * replica)
         self.draft = draft
-        self.rec = Recorder(replica)
+        self.rec = Recorder(replica, sink)
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self._order = 0
@@ -250,7 +251,7 @@ class VllmEngine:
         self.running.remove(s)
         s.active = False
         self._free(s)
-        self.rec.records.append(RequestRecord(
+        self.rec.add(RequestRecord(
             index=s.req.index, send_s=s.send_s, first_token_s=s.first_s, finish_s=self.now,
             input_tokens=s.prompt, output_tokens=s.out, chunks=s.chunks, cached_tokens=s.cached,
             preemptions=s.preemptions, replica=self.rec.replica))
