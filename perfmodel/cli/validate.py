@@ -10,7 +10,9 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--group", "groups", multiple=True, metavar="NAME",
-              help="Only this group (repeatable): xla-matmul, xla-memops, gpu-gemm, collective, serving, pallas-kernel.")
+              help="Only this group (repeatable): xla-matmul, xla-memops, gpu-gemm, collective, serving, pallas-kernel, "
+                   "serving-sim (the serving simulator against published TPU serving benchmarks; only when asked: "
+                   "it simulates about 70 runs).")
 @click.option("--no-kernels", is_flag=True, help="Skip the Pallas kernel points (they trace with jax).")
 @json_option
 @user_errors
@@ -29,6 +31,16 @@ def validate(groups: tuple[str, ...], no_kernels: bool, as_json: bool) -> None:
     """
     from perfmodel.harness.published_validation import report_records, report_text, run_validation
 
+    if "serving-sim" in groups:
+        from perfmodel.serve import validation
+
+        with Progress("validate serving-sim") as bar:
+            sim = validation.run_serving_validation(progress=bar)
+        emit(output_format(as_json), text=lambda: validation.report_text(sim),
+             json=lambda: validation.report_records(sim))
+        groups = tuple(g for g in groups if g != "serving-sim")
+        if not groups:
+            return
     with Progress("validate") as bar:
         report = run_validation(groups=groups, kernels=not no_kernels, progress=bar)
     emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))

@@ -1,0 +1,188 @@
+"""The serving simulator against published real-TPU serving benchmarks (perfmodel/data/validation/serving.yaml).
+
+Each point is a published run (engine, model, chips, TP, limits, dataset, lengths, prompts, rate or
+concurrency) and what it measured. :func:`run_serving_validation` simulates each vLLM / SGLang-JAX point with the
+vLLM v1 engine (SGLang-JAX's scheduler is also continuous batching with chunked prefill under a token budget:
+``--chunked-prefill-size`` is the budget, ``--max-running-requests`` max-num-seqs) and compares three metrics:
+output throughput, the per-token latency (mean TPOT; the sweep tables' ITL column where that is all there is)
+and TTFT (median, else mean; not the sweep tables' TTFT, measured in a separate run). JetStream points publish
+one throughput of ShareGPT runs whose lengths are not given, so they stay out until a tokenizer-free length
+model exists.
+
+Roles: every third point (sorted by id) is a **fit** point: the host overhead per step
+(perfmodel/data/calibration/serving.yaml) is the value that minimizes the median |error| of the per-token
+latency over them (:func:`fit_host_overhead`); the rest are **held out**. Both errors are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "validation" / "serving.yaml"
+#: Hugging Face ids -> perfmodel presets with the same architecture.
+PRESETS = {"meta-llama/Llama-3.3-70B-Instruct": "llama-3.1-70b", "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+           "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b"}
+SIMULATED_ENGINES = ("vllm", "sglang-jax")
+METRIC_KEYS = {"output_throughput": ("output_throughput",), "tpot": ("mean_tpot_ms", "itl_ms"),
+               "ttft": ("median_ttft_ms", "mean_ttft_ms")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingPoint:
+    id: str
+    source: str
+    role: str
+    raw: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingRow:
+    point: ServingPoint
+    #: metric -> (measured, simulated)
+    values: dict[str, tuple[float, float]]
+
+    def error(self, metric: str) -> float | None:
+        v = self.values.get(metric)
+        return None if v is None else v[1] / v[0] - 1.0
+
+
+@lru_cache(maxsize=None)
+def _data() -> dict:
+    import yaml
+
+    with open(DATA, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def load_points() -> list[ServingPoint]:
+    data = _data()
+    usable = sorted((p for p in data["points"] if p["engine"] in SIMULATED_ENGINES and p.get("input_len")
+                     and p.get("output_len") and (p["model"] in PRESETS or p.get("arch"))),
+                    key=lambda p: p["id"])
+    return [ServingPoint(id=p["id"], source=data["sources"][p["source"]],
+                         role="fit" if i % 3 == 0 else "held-out", raw=p) for i, p in enumerate(usable)]
+
+
+_DIRS: dict[str, Any] = {}
+
+
+def _model(p: dict) -> Any:
+    from perfmodel.model.configs import get_model, load_hf_config
+
+    if p["model"] in PRESETS:
+        return get_model(PRESETS[p["model"]])
+    a = p["arch"]
+    hf = {"model_type": "qwen3" if "qwen3" in p["model"].lower() else "llama", "hidden_size": a["hidden"],
+          "num_hidden_layers": a["layers"], "num_attention_heads": a["heads"], "num_key_value_heads": a["kv_heads"],
+          "head_dim": a["head_dim"], "intermediate_size": a["intermediate"], "vocab_size": a["vocab"],
+          "hidden_act": "silu", "tie_word_embeddings": bool(a.get("tie_embeddings", False))}
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+        if key in a:
+            hf[key] = a[key]
+    name = p["model"].split("/")[-1].lower()
+    if name not in _DIRS:
+        _DIRS[name] = tempfile.TemporaryDirectory(prefix="perfmodel-serving-")
+    file = Path(_DIRS[name].name) / "config.json"
+    file.write_text(json.dumps(hf))
+    return load_hf_config(file)
+
+
+def simulate_point(pt: ServingPoint, *, host_overhead_s: float | None = None) -> ServingRow:
+    from perfmodel.hw import get_chip
+    from perfmodel.serve.config import engine_config
+    from perfmodel.serve.run import simulate
+    from perfmodel.serve.workload import Workload
+
+    p = pt.raw
+    rate = p.get("request_rate")
+    workload = Workload(num_prompts=int(p["num_prompts"]), random_input_len=int(p["input_len"]),
+                        random_output_len=int(p["output_len"]),
+                        request_rate=math.inf if rate in (None, "inf") else float(rate),
+                        max_concurrency=p.get("max_concurrency"))
+    longest = int(p["input_len"]) + int(p["output_len"])
+    cfg = engine_config(model=_model(p), chip=get_chip(p["chip"]), tp=int(p["tp"]), dp=int(p.get("dp") or 1),
+                        max_num_seqs=p.get("max_num_seqs"), max_num_batched_tokens=p.get("max_num_batched_tokens"),
+                        max_model_len=max(int(p.get("max_model_len") or 0), longest),
+                        weight_dtype=p.get("weight_dtype") or "bf16", kv_cache_dtype=p.get("kv_dtype"),
+                        host_overhead_s=host_overhead_s)
+    r = simulate(cfg, workload).metrics
+    sim = {"output_throughput": r.output_throughput, "tpot": r.distributions["tpot"].mean_ms,
+           "ttft": r.distributions["ttft"].median_ms if "median_ttft_ms" in p["metrics"] else
+           r.distributions["ttft"].mean_ms}
+    values = {}
+    for metric, keys in METRIC_KEYS.items():
+        measured = next((p["metrics"][k] for k in keys if p["metrics"].get(k) is not None), None)
+        if measured is not None:
+            values[metric] = (float(measured), float(sim[metric]))
+    return ServingRow(point=pt, values=values)
+
+
+def fit_host_overhead(points: Sequence[ServingPoint], grid_ms: Sequence[float] = tuple(np.arange(0.0, 12.5, 0.5))
+                      ) -> tuple[float, float]:
+    """(host overhead in ms, median |TPOT error|) minimizing the median |error| of the per-token latency over
+    ``points`` (the fit points)."""
+    best = (math.nan, math.inf)
+    for ms in grid_ms:
+        errs = [abs(e) for p in points if (e := simulate_point(p, host_overhead_s=ms * 1e-3).error("tpot"))
+                is not None]
+        med = float(np.median(errs)) if errs else math.inf
+        if med < best[1]:
+            best = (float(ms), med)
+    return best
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingReport:
+    rows: tuple[ServingRow, ...]
+
+    def summary(self, role: str, metric: str) -> tuple[int, float | None]:
+        errs = [abs(e) for r in self.rows if r.point.role == role and (e := r.error(metric)) is not None]
+        return len(errs), (float(np.median(errs)) if errs else None)
+
+
+def run_serving_validation(progress: Callable[..., None] | None = None) -> ServingReport:
+    pts = load_points()
+    rows = []
+    for i, p in enumerate(pts):
+        if progress is not None:
+            progress(p.id, done=i, total=len(pts))
+        rows.append(simulate_point(p))
+    return ServingReport(rows=tuple(rows))
+
+
+def report_text(rep: ServingReport) -> str:
+    from perfmodel.units import table
+
+    def cell(r: ServingRow, m: str) -> str:
+        v = r.values.get(m)
+        return "" if v is None else f"{v[0]:.4g} / {v[1]:.4g} ({v[1] / v[0] - 1:+.0%})"
+
+    rows = [[r.point.id, r.point.raw["engine"], r.point.raw["chip"], r.point.role, cell(r, "output_throughput"),
+             cell(r, "tpot"), cell(r, "ttft")] for r in rep.rows]
+    out = [table(["point", "engine", "chip", "role", "output tok/s meas / sim", "TPOT ms meas / sim",
+                  "TTFT ms meas / sim"], rows)]
+    summ = []
+    for m, target in (("output_throughput", 0.15), ("tpot", 0.15), ("ttft", 0.25)):
+        n_h, med_h = rep.summary("held-out", m)
+        n_f, med_f = rep.summary("fit", m)
+        summ.append([m, f"{n_h}", "-" if med_h is None else f"{med_h:.1%}", f"{target:.0%}",
+                     "met" if med_h is not None and med_h <= target else "missed", f"{n_f}",
+                     "-" if med_f is None else f"{med_f:.1%}"])
+    out.append(table(["metric", "held-out points", "median |err|", "target", "", "fit points", "median |err|"],
+                     summ))
+    return "\n".join(out)
+
+
+def report_records(rep: ServingReport) -> list[dict]:
+    return [{"id": r.point.id, "role": r.point.role, "engine": r.point.raw["engine"], "chip": r.point.raw["chip"],
+             "values": {m: {"measured": a, "simulated": b, "error": b / a - 1.0} for m, (a, b) in r.values.items()},
+             "source": r.point.source} for r in rep.rows]
