@@ -76,3 +76,14 @@ def test_kernel_engineer_walk(tmp_path):
     assert got["floor_s"] <= got["best_s"] < got["base_s"]
     assert got["again_s"] == pytest.approx(got["best_s"])  # analyze with the tuned blocks agrees with tune
     assert got["n_real"] == 9 and 0.95 < got["mo_e"][0] <= got["mo_e"][1] < 1.05
+
+
+def test_serving_tradeoffs_story(tmp_path):
+    got, outputs = _run("serving_tradeoffs.ipynb", "{'rows': rows, 'gain': gain}", tmp_path)
+    assert _inline_images(outputs) >= 1
+    rows = {int(k): v for k, v in got["rows"].items()}
+    # chunking: TPOT grows with the token budget; power-of-two padding of 2048-token prefills past a 2048 budget
+    assert rows[512]["tpot_ms"] < rows[2048]["tpot_ms"] < rows[8192]["tpot_ms"]
+    assert rows[4096]["ttft_ms"] > 5 * rows[2048]["ttft_ms"]
+    low, sat = got["gain"]["low load, 1 req/s"], got["gain"]["saturation, 128 in flight"]
+    assert sat["tok_s"] > 0.05 and abs(low["tok_s"]) < 0.01

@@ -22,6 +22,7 @@ the roofline and, for measurements, measured vs predicted as inline SVG, and the
 \b
 INPUT is one of:
   - the output of `perfmodel predict model ... --json` (a file, or - for stdin);
+  - the output of `perfmodel serve ... --json` (a run or a --sweep; a file, or - for stdin);
   - a results file of `perfmodel measure` (.jsonl);
   - a published-measurement YAML (perfmodel/data/validation/tpu_v5e_matmul.yaml).
 

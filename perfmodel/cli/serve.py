@@ -99,6 +99,8 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str) -> float:
                    "attention = every attention kernel).")
 @click.option("--host-overhead-ms", type=float, default=None,
               help="Host time per engine step (default: perfmodel/data/calibration/serving.yaml).")
+@click.option("--host-overhead-per-request-ms", type=float, default=None,
+              help="Host time per request in each step (default: perfmodel/data/calibration/serving.yaml).")
 @click.option("--no-padding", is_flag=True, help="Run each step at its own size (no precompiled-shape padding).")
 @click.option("--sweep", "sweep_text", default=None, metavar="NAME=V1,...",
               help="request-rate=1,2,4,inf or max-concurrency=1,8,64: one run per value.")
@@ -119,7 +121,7 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
           prefix_repetition_num_prefixes: int, prefix_repetition_output_len: int, request_rate: float,
           burstiness: float, max_concurrency: int | None, seed: int, goodput: tuple[str, ...],
           percentile_metrics: str | None, metric_percentiles: str | None, op_speedup: tuple[str, ...],
-          host_overhead_ms: float | None, no_padding: bool, sweep_text: str | None, save_requests: str | None,
+          host_overhead_ms: float | None, host_overhead_per_request_ms: float | None, no_padding: bool, sweep_text: str | None, save_requests: str | None,
           plot_dir: str | None, force: bool, as_json: bool) -> None:
     from perfmodel.hw import get_chip
     from perfmodel.model.configs import get_model
@@ -157,7 +159,9 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
         enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
         weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
         speculative=parse_speculative_config(speculative_config, acceptance_rate), padding=not no_padding,
-        host_overhead_s=None if host_overhead_ms is None else host_overhead_ms * 1e-3, op_speedups=speedups)
+        host_overhead_s=None if host_overhead_ms is None else host_overhead_ms * 1e-3,
+        host_overhead_per_seq_s=None if host_overhead_per_request_ms is None else host_overhead_per_request_ms * 1e-3,
+        op_speedups=speedups)
     kw = dict(percentile_metrics=parse_percentile_metrics(percentile_metrics),
               percentiles=parse_percentiles(metric_percentiles), goodput_ms=parse_goodput(goodput))
     writer = RequestWriter(save_requests, force=force) if save_requests else None

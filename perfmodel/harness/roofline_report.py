@@ -305,7 +305,7 @@ def _step_summary(raw: Mapping[str, Any], where: str) -> tuple[tuple[tuple[str, 
         out.append(f"MBU at floor {percent(totals['mbu_at_floor'])}, MFU at floor {percent(totals['mfu_at_floor'])}")
     if "tokens_per_s_per_chip" in raw:
         totals["tokens_per_s_per_chip"] = number("tokens_per_s_per_chip")
-        out.append(f"{si(totals['tokens_per_s_per_chip'], 'tok/s')} per chip at the floor")
+        out.append(f"{si(totals['tokens_per_s_per_chip'], 'tok/s')} per chip at the expected step time")
     return tuple(totals.items()), tuple(out)
 
 
@@ -450,8 +450,13 @@ def build_report(input_path: str, *, stdin_text: str | None = None) -> Report:
         data = None
     if _is_step(data):
         return step_report(data, source="stdin" if input_path == "-" else input_path)
+    from perfmodel.serve.report import is_serve, serve_report
+
+    if is_serve(data):
+        return serve_report(data, source="stdin" if input_path == "-" else input_path)
     if input_path == "-":
-        raise InputError("`input_path` -: not `perfmodel predict model --json` output; report reads that (also from "
+        raise InputError("`input_path` -: not `perfmodel predict model --json` or `perfmodel serve --json` output; "
+                         "report reads those (also from "
                          "stdin), or a measure results file or the published results YAML given by path",
                          fields=("input_path",))
     loaded = load_results([input_path])

@@ -866,16 +866,21 @@ class StepPrediction:
 
     @property
     def tokens_per_s(self) -> float:
-        """System throughput at the floor (all tp chips together)."""
-        return self.tokens_per_step / self.floor_s
+        """System throughput at the expected step time (all tp chips together)."""
+        return self.tokens_per_step / self.expected_s
 
     @property
     def tokens_per_s_per_chip(self) -> float:
         return self.tokens_per_s / self.step.tp
 
     @property
-    def tokens_per_s_expected(self) -> float:
-        return self.tokens_per_step / self.expected_s
+    def tokens_per_s_at_floor(self) -> float:
+        """System throughput at the floor: the bound the expected throughput stays under."""
+        return self.tokens_per_step / self.floor_s
+
+    @property
+    def tokens_per_s_per_chip_at_floor(self) -> float:
+        return self.tokens_per_s_at_floor / self.step.tp
 
     @property
     def compute_dtype(self) -> str:
@@ -922,7 +927,8 @@ def prediction_record(p: StepPrediction) -> dict[str, Any]:
         "tokens_per_step": p.tokens_per_step,
         "tokens_per_s": p.tokens_per_s,
         "tokens_per_s_per_chip": p.tokens_per_s_per_chip,
-        "tokens_per_s_expected": p.tokens_per_s_expected,
+        "tokens_per_s_at_floor": p.tokens_per_s_at_floor,
+        "tokens_per_s_per_chip_at_floor": p.tokens_per_s_per_chip_at_floor,
         "compute_dtype": p.compute_dtype,
         "mbu_at_floor": p.mbu_at_floor,
         "mfu_at_floor": p.mfu_at_floor,

@@ -140,10 +140,10 @@ def _summary_rows(preds: list) -> list[list[str]]:
         row("if all ops overlapped", lambda p: seconds(p.overlapped_floor_s)),
         row("bound (share of floor)", lambda p: ", ".join(f"{b} {percent(s)}" for b, s in p.bound_shares.items()
                                                           if s >= 0.005)),
-        row("tokens/s per chip at floor", lambda p: si(p.tokens_per_s_per_chip, "tok/s")),
-        row("tokens/s system at floor", lambda p: f"{si(p.tokens_per_s, 'tok/s')} ({p.step.tp} chip"
+        row("tokens/s per chip expected", lambda p: si(p.tokens_per_s_per_chip, "tok/s")),
+        row("tokens/s system expected", lambda p: f"{si(p.tokens_per_s, 'tok/s')} ({p.step.tp} chip"
             f"{'s' if p.step.tp > 1 else ''})"),
-        row("tokens/s system expected", lambda p: si(p.tokens_per_s_expected, "tok/s")),
+        row("tokens/s system at floor (bound)", lambda p: si(p.tokens_per_s_at_floor, "tok/s")),
         row("MBU at floor", lambda p: percent(p.mbu_at_floor)),
         row("MFU at floor", lambda p: f"{percent(p.mfu_at_floor)} of {p.compute_dtype} peak"),
         row("HBM traffic per chip", lambda p: nbytes(p.hbm_bytes)),
@@ -224,18 +224,19 @@ def _notes(p: Any) -> list[str]:
 def _sweep_table(cfg: Any, preds: list[tuple[dict, Any]], swept: list[str]) -> str:
     multi = len({p.chip.name for _, p in preds}) > 1
     headers = (["chip"] if multi else []) + [k.replace("_", "-") for k in swept]
-    headers += ["floor", "expected", "tok/s/chip", "tok/s system", "MBU", "MFU", "bound", "fits", "max batch", ""]
+    headers += ["floor", "expected", "tok/s/chip", "tok/s system", "(floor)", "MBU", "MFU", "bound", "fits",
+                "max batch", ""]
     rows, last = [], {}
     for point, p in preds:
         mark = BOUND_CHANGE_MARK if p.chip.name in last and last[p.chip.name] != p.bound else ""
         last[p.chip.name] = p.bound
         row = ([p.chip.name] if multi else []) + [str(point[k]) for k in swept]
         row += [seconds(p.floor_s), seconds(p.expected_s), si(p.tokens_per_s_per_chip, "tok/s"),
-                si(p.tokens_per_s, "tok/s"), percent(p.mbu_at_floor), percent(p.mfu_at_floor), p.bound,
+                si(p.tokens_per_s, "tok/s"), f"<= {si(p.tokens_per_s_at_floor, 'tok/s')}", percent(p.mbu_at_floor), percent(p.mfu_at_floor), p.bound,
                 "yes" if p.memory.fits else f"no (-{binary(p.memory.shortfall_bytes)})", str(p.memory.max_batch), mark]
         rows.append(row)
     title = f"{cfg.display_name}: {_fixed_line(preds[0][1], swept)}"
-    return "\n".join([title, "", table(headers, rows, align="l" * (len(headers) - 10) + "r" * 6 + "llrl")])
+    return "\n".join([title, "", table(headers, rows, align="l" * (len(headers) - 11) + "r" * 7 + "llrl")])
 
 
 # --------------------------------------------------------------------------- CSV
@@ -250,7 +251,7 @@ def _csv(preds: list[tuple[dict, Any]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "chip", "phase", "batch", "context", "prefill_len", "tp", "weight_dtype", "act_dtype",
-                "kv_dtype", *CSV_FIELDS, "tokens_per_s", "tokens_per_s_per_chip", "mbu_at_floor", "mfu_at_floor",
+                "kv_dtype", *CSV_FIELDS, "tokens_per_s", "tokens_per_s_per_chip", "tokens_per_s_at_floor", "mbu_at_floor", "mfu_at_floor",
                 "fits", "max_batch"])
     for _, p in preds:
         s = p.step
@@ -260,6 +261,6 @@ def _csv(preds: list[tuple[dict, Any]]) -> str:
             w.writerow(head + [op.name, op.block, op.count, op.floor_s, op.expected_s, op.bound, p.share(op),
                                op.hbm_bytes, op.useful_flops, op.ici_bytes] + [""] * 6)
         w.writerow(head + ["step", "", 1, p.floor_s, p.expected_s, p.bound, 1.0, p.hbm_bytes, p.useful_flops,
-                           p.ici_bytes, p.tokens_per_s, p.tokens_per_s_per_chip, p.mbu_at_floor, p.mfu_at_floor,
+                           p.ici_bytes, p.tokens_per_s, p.tokens_per_s_per_chip, p.tokens_per_s_at_floor, p.mbu_at_floor, p.mfu_at_floor,
                            p.memory.fits, p.memory.max_batch])
     return buf.getvalue()

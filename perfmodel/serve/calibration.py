@@ -18,9 +18,9 @@ def _table() -> dict:
         return yaml.safe_load(fh)
 
 
-def host_overhead(engine: str) -> tuple[float, str]:
-    """(seconds per engine step, source) of ``engine``'s host overhead."""
-    entry = _table()["host_overhead_ms"].get(engine)
+def host_overhead(engine: str) -> tuple[float, float, str]:
+    """(seconds per engine step, seconds per request in the step, source) of ``engine``'s host overhead."""
+    entry = _table()["host_overhead"].get(engine)
     if entry is None:
-        raise InputError(f"{DATA}: no host_overhead_ms for engine '{engine}'")
-    return float(entry["value"]) * 1e-3, str(entry["source"])
+        raise InputError(f"{DATA}: no host_overhead for engine '{engine}'")
+    return float(entry["per_step_ms"]) * 1e-3, float(entry["per_request_ms"]) * 1e-3, str(entry["source"])

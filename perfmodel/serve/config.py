@@ -134,8 +134,10 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     #: Pad each step to tpu-inference's precompiled shapes (perfmodel.serve.padding).
     padding: bool = True
-    #: Host time per engine step (scheduling, input preparation, the sampler's sync), seconds.
+    #: Host time per engine step (scheduling, input preparation, the sampler's sync), seconds: this much per
+    #: step plus ``host_overhead_per_seq_s`` per request in the step.
     host_overhead_s: float
+    host_overhead_per_seq_s: float = 0.0
     #: Where host_overhead_s comes from.
     host_overhead_source: str = ""
     #: (op name, speedup) pairs: that op of every step runs this many times faster (--op-speedup).
@@ -143,6 +145,10 @@ class EngineConfig:
     #: Decode slots' prompt bucket cap for JetStream (its max_prefill_length).
     jetstream_max_prefill_length: int = 8192
     notes: tuple[str, ...] = field(default=())
+
+    def host_s(self, seqs: int | float) -> float:
+        """Host seconds of a step of ``seqs`` requests."""
+        return self.host_overhead_s + self.host_overhead_per_seq_s * seqs
 
 
 def default_limits(chip: Any) -> tuple[int, int]:
@@ -172,7 +178,7 @@ def engine_config(*, model: Any, chip: Any, engine: str = "vllm", tp: int = 1, d
                   weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_cache_dtype: str | None = None,
                   quantization: str | None = None, speculative: SpeculativeConfig | None = None,
                   padding: bool = True, host_overhead_s: float | None = None,
-                  op_speedups: tuple[tuple[str, float], ...] = ()) -> EngineConfig:
+                  host_overhead_per_seq_s: float | None = None, op_speedups: tuple[tuple[str, float], ...] = ()) -> EngineConfig:
     """A checked :class:`EngineConfig` with vLLM's defaults filled in (module docstring); one-line InputError
     naming the flag for anything wrong."""
     from perfmodel.model.dtypes import parse_dtype
@@ -219,16 +225,20 @@ def engine_config(*, model: Any, chip: Any, engine: str = "vllm", tp: int = 1, d
     for name, factor in op_speedups:
         if not (factor > 0 and math.isfinite(factor)):
             raise InputError(f"`op_speedup` {name}={factor}: the speedup must be a finite number > 0")
-    if host_overhead_s is None:
-        host_overhead_s, source = calibration.host_overhead(engine)
-    else:
-        if not (host_overhead_s >= 0 and math.isfinite(host_overhead_s)):
-            raise InputError(f"`host_overhead_ms` must be a finite number >= 0, got {host_overhead_s * 1e3}")
-        source = "given (--host-overhead-ms)"
+    fitted_step, fitted_seq, source = calibration.host_overhead(engine)
+    for name, value in (("host_overhead_ms", host_overhead_s), ("host_overhead_per_request_ms",
+                                                                 host_overhead_per_seq_s)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"`{name}` must be a finite number >= 0, got {value * 1e3}")
+    if host_overhead_s is not None or host_overhead_per_seq_s is not None:
+        source = "given (--host-overhead-ms / --host-overhead-per-request-ms)"
+    host_overhead_s = fitted_step if host_overhead_s is None else host_overhead_s
+    host_overhead_per_seq_s = fitted_seq if host_overhead_per_seq_s is None else host_overhead_per_seq_s
     return EngineConfig(engine=engine, model=model, chip=chip, tp=tp, dp=dp, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                         enable_prefix_caching=enable_prefix_caching, enable_chunked_prefill=enable_chunked_prefill,
                         weight_dtype=weights, act_dtype=acts, kv_cache_dtype=kv, speculative=speculative,
-                        padding=padding, host_overhead_s=float(host_overhead_s), host_overhead_source=source,
+                        padding=padding, host_overhead_s=float(host_overhead_s),
+                        host_overhead_per_seq_s=float(host_overhead_per_seq_s), host_overhead_source=source,
                         op_speedups=tuple(op_speedups), jetstream_max_prefill_length=max(max_model_len, 16))

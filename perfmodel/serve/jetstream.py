@@ -57,7 +57,7 @@ class JetstreamEngine:
                 t_pad, b_pad = bucket, 1
                 dt = (self.times.dense_s(t_pad, b_pad)
                       + self.times.attention_s(np.zeros(0, dtype=np.int64), [(bucket, bucket)] if bucket > 1 else [])
-                      + self.cfg.host_overhead_s)
+                      + self.cfg.host_s(1))
                 self._advance(dt, 1, bucket, len(active), len(waiting))
                 self.rec.chunks(self.now, 1)
                 slot = [req, send, self.now, self.now, req.input_tokens, 1, 0]
@@ -70,7 +70,7 @@ class JetstreamEngine:
                 continue
             ctx = np.asarray([s[4] + s[5] for s in active], dtype=np.int64)
             dt = (self.times.dense_s(self.slots, self.slots) + self.times.attention_s(ctx)
-                  + self.cfg.host_overhead_s)
+                  + self.cfg.host_s(self.slots))
             self._advance(dt, len(active), self.slots, len(active), len(waiting))
             self.rec.chunks(self.now, len(active))
             done = []

@@ -62,8 +62,7 @@ class BlockPool:
 
     def lookup(self, group: str | None, prefix_blocks: int, total_tokens: int) -> list:
         """Keys of the longest run of ``group``'s leading cached blocks usable for a request of ``total_tokens``
-        (at most ``(total_tokens - 1) // block_size`` blocks); counts the query. Touches nothing."""
-        self.query_tokens += total_tokens
+        (at most ``(total_tokens - 1) // block_size`` blocks). Touches and counts nothing."""
         if not self.prefix_caching or group is None:
             return []
         cap = min(prefix_blocks, (total_tokens - 1) // self.block_size)
@@ -75,13 +74,17 @@ class BlockPool:
             keys.append(key)
         return keys
 
+    def admitted(self, total_tokens: int, keys: list) -> None:
+        """Count an admitted request's query (its tokens) and hit (its cached blocks) for the hit rate."""
+        self.query_tokens += total_tokens
+        self.hit_tokens += len(keys) * self.block_size
+
     def touch(self, keys: list) -> None:
         """Take a reference on each cached block of a hit (removing it from the evictable queue)."""
         for key in keys:
             if self.refs[key] == 0:
                 del self.evictable[key]
             self.refs[key] += 1
-        self.hit_tokens += len(keys) * self.block_size
 
     def untouch(self, keys: list) -> None:
         """Undo :meth:`touch` of a request that could not be scheduled after all."""
@@ -89,7 +92,6 @@ class BlockPool:
             self.refs[key] -= 1
             if self.refs[key] == 0:
                 self.evictable[key] = None
-        self.hit_tokens -= len(keys) * self.block_size
 
     def publish(self, key: Hashable) -> bool:
         """Make a full private block of a prefix cacheable under ``key`` (its holder keeps one reference);

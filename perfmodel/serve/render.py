@@ -36,7 +36,8 @@ def engine_lines(r: ServeResult) -> list[str]:
         f"engine: {s.steps} steps of {si(s.mean_step_s, 's')} on average, {s.mean_running:.1f} requests and "
         f"{s.mean_step_tokens:.0f} tokens per step; KV use {percent(s.mean_kv_usage)} mean, "
         f"{percent(s.peak_kv_usage)} peak; {s.preemptions} preemptions; prefix-cache hit rate "
-        f"{percent(s.prefix_cache_hit_rate)}; host overhead {si(c.host_overhead_s, 's')} per step",
+        f"{percent(s.prefix_cache_hit_rate)}; host overhead {si(c.host_overhead_s, 's')} per step + "
+        f"{si(c.host_overhead_per_seq_s, 's')} per request",
     ]
     return lines + list(r.run.notes)
 
@@ -96,7 +97,7 @@ def result_record(r: ServeResult) -> dict[str, Any]:
         "block_size": c.block_size, "weight_dtype": c.weight_dtype, "kv_cache_dtype": c.kv_cache_dtype,
         "enable_prefix_caching": c.enable_prefix_caching, "enable_chunked_prefill": c.enable_chunked_prefill,
         "speculative": to_jsonable(c.speculative), "op_speedups": dict(c.op_speedups),
-        "host_overhead_s": c.host_overhead_s, "host_overhead_source": c.host_overhead_source,
+        "host_overhead_s": c.host_overhead_s, "host_overhead_per_seq_s": c.host_overhead_per_seq_s, "host_overhead_source": c.host_overhead_source,
         "kv_capacity": to_jsonable(r.capacity), "kv_tokens": r.capacity.tokens,
         "stats": to_jsonable(r.run.stats), "prefix_cache_hit_rate": r.run.stats.prefix_cache_hit_rate,
         "notes": list(r.run.notes),
@@ -130,4 +131,4 @@ def sweep_text(sw: ServeSweep) -> str:
 
 
 def sweep_records(sw: ServeSweep) -> list[dict[str, Any]]:
-    return [{sw.swept: v, **comparison_record(p)} for v, p in zip(sw.values, sw.points)]
+    return [{**comparison_record(p), "swept": sw.swept, sw.swept: v} for v, p in zip(sw.values, sw.points)]

@@ -46,7 +46,7 @@ class _Seq:
     """One request inside the engine."""
 
     __slots__ = ("req", "send_s", "prompt", "target", "out", "computed", "private", "shared", "first_s", "last_s",
-                 "chunks", "cached", "preemptions", "order", "published", "active")
+                 "chunks", "cached", "preemptions", "order", "published", "active", "tokens", "group")
 
     def __init__(self, req: Request, send_s: float):
         self.req = req
@@ -65,11 +65,8 @@ class _Seq:
         self.order = 0
         self.published = 0  # leading prefix blocks already made cacheable
         self.active = False  # in the running list
-
-    @property
-    def tokens(self) -> int:
-        """Tokens the request has (prompt + emitted output)."""
-        return self.prompt + self.out
+        self.tokens = req.input_tokens  # prompt + emitted output
+        self.group = req.prefix_group if req.prefix_tokens else None
 
     @property
     def blocks(self) -> int:
@@ -125,7 +122,7 @@ class VllmEngine:
 
     def _publish(self, s: _Seq) -> None:
         """Make the full blocks of the request's group prefix it has computed cacheable."""
-        if s.req.prefix_group is None or not self.pool.prefix_caching:
+        if s.group is None or not self.pool.prefix_caching:
             return
         full = min(s.req.prefix_tokens, s.computed) // self.ps
         while s.published < full:
@@ -137,22 +134,26 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ scheduling
 
-    def _schedule(self) -> list[tuple[_Seq, int]]:
+    def _schedule(self) -> list[tuple[_Seq, int, bool]]:
+        """(request, tokens scheduled, is a decode / verification) of this step."""
         budget = self.cfg.max_num_batched_tokens
-        out: list[tuple[_Seq, int]] = []
+        out: list[tuple[_Seq, int, bool]] = []
         preempted = False
+        ps, k, pool = self.ps, self.k, self.pool
         for s in list(self.running):
             if budget <= 0:
                 break
             if not s.active:  # preempted while serving an earlier request
                 continue
             decoding = s.out > 0 and s.computed == s.tokens - 1
-            ahead = self.k if decoding else 0
-            n = min(s.tokens - s.computed + ahead, budget)
+            n = s.tokens - s.computed + (k if decoding else 0)
+            if n > budget:
+                n = budget
             while True:
-                need = self._need(s, s.computed + n)
-                if self.pool.take(need):
-                    s.private += need
+                need = -(-(s.computed + n) // ps) - s.private - len(s.shared)
+                if need <= 0 or pool.take(need):
+                    if need > 0:
+                        s.private += need
                     break
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -161,7 +162,7 @@ class VllmEngine:
                     break
             if not s.active:
                 continue
-            out.append((s, n))
+            out.append((s, n, decoding))
             budget -= n
         if preempted:
             return out
@@ -182,6 +183,7 @@ class VllmEngine:
                 self.pool.untouch(hit)
                 break
             self.waiting.popleft()
+            self.pool.admitted(s.tokens, hit)
             s.shared, s.private, s.computed = list(hit), need, start
             s.published = len(hit)
             s.cached += start
@@ -189,45 +191,57 @@ class VllmEngine:
             s.order = self._order
             self.running.append(s)
             s.active = True
-            out.append((s, n))
+            out.append((s, n, False))
             budget -= n
         return out
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, client: Client, batch: list[tuple[_Seq, int]]) -> None:
+    def _step(self, client: Client, batch: list[tuple[_Seq, int, bool]]) -> None:
         dec_ctx, chunks, verify = [], [], []
-        for s, n in batch:
-            if n == 1 and s.out > 0 and s.computed == s.tokens - 1:
+        tokens = 0
+        for s, n, decoding in batch:
+            tokens += n
+            if decoding and n == 1:
                 dec_ctx.append(s.computed + 1)
-            elif s.out > 0 and self.k and s.computed == s.tokens - 1:
+            elif decoding:
                 verify.append((n, s.computed + n))
             else:
                 chunks.append((n, s.computed + n))
-        tokens = sum(n for _, n in batch)
         t_pad, b_pad = self.times.padded(tokens, len(batch))
         dt = (self.times.dense_s(t_pad, b_pad) + self.times.attention_s(np.asarray(dec_ctx, dtype=np.int64),
                                                                          chunks + verify)
-              + self.cfg.host_overhead_s)
+              + self.cfg.host_s(len(batch)))
         if self.draft is not None and verify:
             dt += self.draft.step_s(len(verify), [c for _, c in verify])
         self.now += dt
         self._account(dt, len(batch), tokens)
         emitting = 0
         finished = []
-        for s, n in batch:
-            decoding = s.out > 0 and s.computed == s.tokens - 1
+        now, gaps = self.now, self.rec.single_gaps
+        for s, n, decoding in batch:
             s.computed += n
             if s.computed < s.tokens:  # a prefill chunk that is not the last
-                self._publish(s)
+                if s.group is not None:
+                    self._publish(s)
                 continue
             if decoding and self.k:  # a verification: the pending token plus the accepted drafts
                 accepted = int(np.count_nonzero(self.rng.random() < self._accept[:n - 1]))
                 emit = min(1 + accepted, s.target - s.out)
             else:
                 emit = 1
-            self._publish(s)
-            self._emit(s, emit)
+            if s.group is not None:
+                self._publish(s)
+            # the client reads a chunk: the first token, or one more gap
+            if s.out == 0 and s.first_s < 0:
+                s.first_s = now
+            else:
+                gaps.append(now - s.last_s)
+                s.chunks += 1
+            s.out += emit
+            s.tokens += emit
+            s.last_s = now
+            s.computed = s.tokens - 1  # the newest token's KV is written by the next step
             emitting += 1
             if s.out >= s.target:
                 finished.append(s)
@@ -236,16 +250,6 @@ class VllmEngine:
             self._finish(s)
         if finished:
             client.finished(self.now, len(finished))
-
-    def _emit(self, s: _Seq, n: int) -> None:
-        if s.out == 0 and s.first_s < 0:
-            s.first_s = self.now
-        else:
-            self.rec.single_gaps.append(self.now - s.last_s)
-            s.chunks += 1
-        s.out += n
-        s.last_s = self.now
-        s.computed = s.tokens - 1  # the newest token's KV is written by the next step
 
     def _finish(self, s: _Seq) -> None:
         self.running.remove(s)
@@ -283,6 +287,22 @@ class VllmEngine:
         n = min(n, budget)
         return max(-(-(start + n) // self.ps) - hit, 0) <= self.pool.free_blocks
 
+    def _preempt_for_decodes(self, need: np.ndarray, held: np.ndarray) -> bool:
+        """The preemptions of a decode-only step whose blocks do not all fit, as vLLM makes them: running requests
+        take blocks in order and each shortfall preempts the last running one, so the survivors are the longest
+        prefix whose needs fit in the free blocks plus what the preempted suffix held. False (nothing done) when
+        not even the first request would survive (the step-by-step path handles that)."""
+        free = self.pool.free_blocks
+        # prefix p survives iff sum(need[:p]) <= free + sum(held[p:])
+        lhs = np.concatenate(([0], np.cumsum(need)))
+        rhs = free + np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
+        p = int(np.flatnonzero(lhs <= rhs).max())
+        if p == 0:
+            return False
+        for victim in reversed(self.running[p:]):
+            self._preempt(victim)
+        return True
+
     def _decode_run(self, client: Client) -> bool:
         """Run a block of pure-decode steps up to the next event; False when the state does not allow one."""
         if self.k or not self.running:
@@ -306,13 +326,13 @@ class VllmEngine:
         new_blocks = np.maximum(pages - held[None, :], 0).sum(axis=1)  # cumulative: blocks held after step j
         ok = new_blocks <= self.pool.free_blocks
         if not ok[0]:
-            return False
+            return self._preempt_for_decodes(np.maximum(pages[0] - held, 0), held) and self._decode_run(client)
         if not ok.all():
             k = int(np.argmin(ok))
         pages = pages[:k]
         parts = self.times.decode_rows(pages).sum(axis=1)  # [steps, kernel, unit + 1]
         t_pad, b_pad = self.times.padded(B, B)
-        dts = self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad) + self.cfg.host_overhead_s
+        dts = self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad) + self.cfg.host_s(B)
         ends = self.now + np.cumsum(dts)
         if nxt is not None and can_admit:
             starts = ends - dts
@@ -332,6 +352,7 @@ class VllmEngine:
         for s, extra in zip(self.running, need_final):
             s.private += int(extra)
             s.out += k
+            s.tokens += k
             s.computed += k
             s.chunks += k
             s.last_s = end

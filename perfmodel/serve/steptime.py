@@ -259,7 +259,7 @@ class StepTimes:
             att = self.attention_s(np.zeros(0, dtype=np.int64), list(chunks) + verify)
         else:
             att = self.attention_s(dec_ctx, chunks)
-        return self.dense_s(t_pad, b_pad) + att + self.cfg.host_overhead_s
+        return self.dense_s(t_pad, b_pad) + att + self.cfg.host_s(seqs)
 
     def layer_and_head_s(self, tokens: int, seqs: int) -> tuple[float, float]:
         """(one layer's dense seconds, the head's seconds) at a padded (tokens, seqs): a draft head's cost."""

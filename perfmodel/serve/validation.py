@@ -96,8 +96,11 @@ def _model(p: dict) -> Any:
     return load_hf_config(file)
 
 
-def simulate_point(pt: ServingPoint, *, host_overhead_s: float | None = None) -> ServingRow:
+def simulate_point(pt: ServingPoint, *, host: tuple[float, float] | None = None) -> ServingRow:
+    """Simulate one published run; ``host`` = (seconds per step, seconds per request) overrides the engine's
+    calibrated host overhead (the fit's trial values)."""
     from perfmodel.hw import get_chip
+    from perfmodel.serve import calibration
     from perfmodel.serve.config import engine_config
     from perfmodel.serve.run import simulate
     from perfmodel.serve.workload import Workload
@@ -109,11 +112,14 @@ def simulate_point(pt: ServingPoint, *, host_overhead_s: float | None = None) ->
                         request_rate=math.inf if rate in (None, "inf") else float(rate),
                         max_concurrency=p.get("max_concurrency"))
     longest = int(p["input_len"]) + int(p["output_len"])
+    per_step, per_seq, _ = calibration.host_overhead(p["engine"])
+    if host is not None:
+        per_step, per_seq = host
     cfg = engine_config(model=_model(p), chip=get_chip(p["chip"]), tp=int(p["tp"]), dp=int(p.get("dp") or 1),
                         max_num_seqs=p.get("max_num_seqs"), max_num_batched_tokens=p.get("max_num_batched_tokens"),
                         max_model_len=max(int(p.get("max_model_len") or 0), longest),
                         weight_dtype=p.get("weight_dtype") or "bf16", kv_cache_dtype=p.get("kv_dtype"),
-                        host_overhead_s=host_overhead_s)
+                        host_overhead_s=per_step, host_overhead_per_seq_s=per_seq)
     r = simulate(cfg, workload).metrics
     sim = {"output_throughput": r.output_throughput, "tpot": r.distributions["tpot"].mean_ms,
            "ttft": r.distributions["ttft"].median_ms if "median_ttft_ms" in p["metrics"] else
@@ -126,17 +132,30 @@ def simulate_point(pt: ServingPoint, *, host_overhead_s: float | None = None) ->
     return ServingRow(point=pt, values=values)
 
 
-def fit_host_overhead(points: Sequence[ServingPoint], grid_ms: Sequence[float] = tuple(np.arange(0.0, 12.5, 0.5))
-                      ) -> tuple[float, float]:
-    """(host overhead in ms, median |TPOT error|) minimizing the median |error| of the per-token latency over
-    ``points`` (the fit points)."""
-    best = (math.nan, math.inf)
-    for ms in grid_ms:
-        errs = [abs(e) for p in points if (e := simulate_point(p, host_overhead_s=ms * 1e-3).error("tpot"))
-                is not None]
-        med = float(np.median(errs)) if errs else math.inf
-        if med < best[1]:
-            best = (float(ms), med)
+#: The fit's grid: host ms per step x host ms per request.
+FIT_STEP_MS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
+FIT_REQUEST_MS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2)
+
+
+def fit_host_overhead(engine: str, progress: Callable[..., None] | None = None) -> dict[str, Any]:
+    """The (per-step, per-request) host overhead of ``engine`` on the grid that minimizes, over its fit points,
+    the mean of the median |error| of output throughput and of the per-token latency."""
+    pts = [p for p in load_points() if p.role == "fit" and p.raw["engine"] == engine]
+    best: dict[str, Any] = {"objective": math.inf}
+    combos = [(a, b) for a in FIT_STEP_MS for b in FIT_REQUEST_MS]
+    for i, (a, b) in enumerate(combos):
+        if progress is not None:
+            progress(f"{a} ms + {b} ms/request", done=i, total=len(combos))
+        rows = [simulate_point(p, host=(a * 1e-3, b * 1e-3)) for p in pts]
+        meds = []
+        for m in ("output_throughput", "tpot"):
+            errs = [abs(e) for r in rows if (e := r.error(m)) is not None]
+            if errs:
+                meds.append(float(np.median(errs)))
+        obj = float(np.mean(meds))
+        if obj < best["objective"]:
+            best = {"engine": engine, "per_step_ms": a, "per_request_ms": b, "objective": obj,
+                    "fit_points": [p.id for p in pts]}
     return best
 
 
@@ -182,7 +201,22 @@ def report_text(rep: ServingReport) -> str:
     return "\n".join(out)
 
 
+def main() -> None:
+    """``python -m perfmodel.serve.validation --fit ENGINE``: print the fitted host overhead (to copy into
+    perfmodel/data/calibration/serving.yaml with its fit points)."""
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--fit":
+        print(json.dumps(fit_host_overhead(sys.argv[2]), indent=1))
+    else:
+        print(report_text(run_serving_validation()))
+
+
 def report_records(rep: ServingReport) -> list[dict]:
     return [{"id": r.point.id, "role": r.point.role, "engine": r.point.raw["engine"], "chip": r.point.raw["chip"],
              "values": {m: {"measured": a, "simulated": b, "error": b / a - 1.0} for m, (a, b) in r.values.items()},
              "source": r.point.source} for r in rep.rows]
+
+
+if __name__ == "__main__":
+    main()

@@ -57,7 +57,9 @@ def test_llama_8b_decode_batch1_v5e_hand_worked():
     assert p.mfu_at_floor == pytest.approx(p.useful_flops / (p.floor_s * V5E_BF16))
     assert p.useful_flops == pytest.approx(2 * 7_504_658_432 + 4 * 128 * 1024 * 32 * 32, rel=1e-3)
     # one token per step, one chip
-    assert p.tokens_per_s == pytest.approx(1 / p.floor_s) == p.tokens_per_s_per_chip
+    assert p.tokens_per_s == pytest.approx(1 / p.expected_s) == p.tokens_per_s_per_chip
+    assert p.tokens_per_s_at_floor == pytest.approx(1 / p.floor_s)
+    assert p.tokens_per_s_at_floor >= p.tokens_per_s
 
 
 def test_llama_8b_weight_footprint_is_2_bytes_per_param():

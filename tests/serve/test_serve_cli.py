@@ -101,3 +101,16 @@ def test_step_table_matches_the_step_model(model, chip, tp):
     step = mixed_step(query_lens=[1] * 40 + [700, 300], context_lens=list(dec) + [1900, 300], tp=tp,
                       page_size=cfg.block_size)
     assert got == pytest.approx(predict_step(get_model(model), step, get_chip(chip)).expected_s, rel=0.02)
+
+
+def test_report_takes_serve_results(tmp_path):
+    src = tmp_path / "sweep.json"
+    r = run(*SMALL, "--sweep", "max-concurrency=1,8", "--json")
+    assert r.exit_code == 0, r.output
+    src.write_text(r.output)
+    for out in ("rep.md", "rep.html"):
+        w = CliRunner().invoke(main, ["report", str(src), "--out", str(tmp_path / out)])
+        assert w.exit_code == 0, w.output
+    md = (tmp_path / "rep.md").read_text()
+    assert "| metric | max-concurrency 1 | max-concurrency 8 |" in md and "mean TTFT" in md
+    assert "Serving benchmark (simulated)" in (tmp_path / "rep.html").read_text()
