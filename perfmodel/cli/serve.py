@@ -102,6 +102,9 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--host-overhead-per-request-ms", type=float, default=None,
               help="Host time per request in each step (default: perfmodel/data/calibration/serving.yaml).")
 @click.option("--no-padding", is_flag=True, help="Run each step at its own size (no precompiled-shape padding).")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="Scale the step model by the TPU compiler's times of a decode step and a prefill chunk of this "
+                   "model (libtpu, deviceless; minutes the first time, then cached).")
 @click.option("--sweep", "sweep_text", default=None, metavar="NAME=V1,...",
               help="request-rate=1,2,4,inf or max-concurrency=1,8,64: one run per value.")
 @click.option("--save-requests", default=None, metavar="FILE.jsonl",
@@ -121,7 +124,8 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
           prefix_repetition_num_prefixes: int, prefix_repetition_output_len: int, request_rate: float,
           burstiness: float, max_concurrency: int | None, seed: int, goodput: tuple[str, ...],
           percentile_metrics: str | None, metric_percentiles: str | None, op_speedup: tuple[str, ...],
-          host_overhead_ms: float | None, host_overhead_per_request_ms: float | None, no_padding: bool, sweep_text: str | None, save_requests: str | None,
+          host_overhead_ms: float | None, host_overhead_per_request_ms: float | None, no_padding: bool,
+          with_compile: bool, sweep_text: str | None, save_requests: str | None,
           plot_dir: str | None, force: bool, as_json: bool) -> None:
     from perfmodel.hw import get_chip
     from perfmodel.model.configs import get_model
@@ -162,6 +166,17 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
         host_overhead_s=None if host_overhead_ms is None else host_overhead_ms * 1e-3,
         host_overhead_per_seq_s=None if host_overhead_per_request_ms is None else host_overhead_per_request_ms * 1e-3,
         op_speedups=speedups)
+    if with_compile:
+        import dataclasses
+
+        from perfmodel.serve.compiled import compiled_scales
+
+        typical = min(max_concurrency or cfg.max_num_seqs, cfg.max_num_seqs, len(requests))
+        mean_ctx = int(sum(r.input_tokens + r.output_tokens / 2 for r in requests) / len(requests))
+        with Progress("compile") as bar:
+            cfg = dataclasses.replace(cfg, compiled=compiled_scales(config_path or names[0], cfg,
+                                                                    decode_batch=typical, decode_context=mean_ctx,
+                                                                    progress=bar))
     kw = dict(percentile_metrics=parse_percentile_metrics(percentile_metrics),
               percentiles=parse_percentiles(metric_percentiles), goodput_ms=parse_goodput(goodput))
     writer = RequestWriter(save_requests, force=force) if save_requests else None

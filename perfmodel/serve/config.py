@@ -144,7 +144,15 @@ class EngineConfig:
     op_speedups: tuple[tuple[str, float], ...] = ()
     #: Decode slots' prompt bucket cap for JetStream (its max_prefill_length).
     jetstream_max_prefill_length: int = 8192
+    #: With --compile: perfmodel.serve.compiled.CompiledScales (compiled / analytic step ratios); None: analytic.
+    compiled: Any = None
     notes: tuple[str, ...] = field(default=())
+
+    def device_factor(self, decode_tokens: int, prefill_tokens: int) -> float:
+        """Factor on a step's device time (1 without --compile)."""
+        from perfmodel.serve.compiled import scale_factor
+
+        return scale_factor(self.compiled, decode_tokens, prefill_tokens)
 
     def host_s(self, seqs: int | float) -> float:
         """Host seconds of a step of ``seqs`` requests."""

@@ -55,9 +55,9 @@ class JetstreamEngine:
                 req, send = waiting.popleft()
                 bucket = jetstream_prefill_bucket(req.input_tokens, self.cfg.jetstream_max_prefill_length)
                 t_pad, b_pad = bucket, 1
-                dt = (self.times.dense_s(t_pad, b_pad)
-                      + self.times.attention_s(np.zeros(0, dtype=np.int64), [(bucket, bucket)] if bucket > 1 else [])
-                      + self.cfg.host_s(1))
+                device = (self.times.dense_s(t_pad, b_pad) + self.times.attention_s(
+                    np.zeros(0, dtype=np.int64), [(bucket, bucket)] if bucket > 1 else []))
+                dt = device * self.cfg.device_factor(0, bucket) + self.cfg.host_s(1)
                 self._advance(dt, 1, bucket, len(active), len(waiting))
                 self.rec.chunks(self.now, 1)
                 slot = [req, send, self.now, self.now, req.input_tokens, 1, 0]
@@ -69,8 +69,8 @@ class JetstreamEngine:
             if not active:
                 continue
             ctx = np.asarray([s[4] + s[5] for s in active], dtype=np.int64)
-            dt = (self.times.dense_s(self.slots, self.slots) + self.times.attention_s(ctx)
-                  + self.cfg.host_s(self.slots))
+            device = self.times.dense_s(self.slots, self.slots) + self.times.attention_s(ctx)
+            dt = device * self.cfg.device_factor(self.slots, 0) + self.cfg.host_s(self.slots)
             self._advance(dt, len(active), self.slots, len(active), len(waiting))
             self.rec.chunks(self.now, len(active))
             done = []

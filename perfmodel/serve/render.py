@@ -39,6 +39,10 @@ def engine_lines(r: ServeResult) -> list[str]:
         f"{percent(s.prefix_cache_hit_rate)}; host overhead {si(c.host_overhead_s, 's')} per step + "
         f"{si(c.host_overhead_per_seq_s, 's')} per request",
     ]
+    if c.compiled is not None:
+        lines.append("compiled (--compile): " + "; ".join(
+            f"{ph} batch {b} x {n} tokens: analytic {si(a, 's')}, compiled {si(cs, 's')} ({cs / a:.2f}x)"
+            for ph, b, n, a, cs in c.compiled.shapes) + "; device time scaled by these ratios")
     return lines + list(r.run.notes)
 
 
@@ -96,7 +100,7 @@ def result_record(r: ServeResult) -> dict[str, Any]:
         "max_num_batched_tokens": c.max_num_batched_tokens, "max_model_len": c.max_model_len,
         "block_size": c.block_size, "weight_dtype": c.weight_dtype, "kv_cache_dtype": c.kv_cache_dtype,
         "enable_prefix_caching": c.enable_prefix_caching, "enable_chunked_prefill": c.enable_chunked_prefill,
-        "speculative": to_jsonable(c.speculative), "op_speedups": dict(c.op_speedups),
+        "speculative": to_jsonable(c.speculative), "compiled": to_jsonable(c.compiled), "op_speedups": dict(c.op_speedups),
         "host_overhead_s": c.host_overhead_s, "host_overhead_per_seq_s": c.host_overhead_per_seq_s, "host_overhead_source": c.host_overhead_source,
         "kv_capacity": to_jsonable(r.capacity), "kv_tokens": r.capacity.tokens,
         "stats": to_jsonable(r.run.stats), "prefix_cache_hit_rate": r.run.stats.prefix_cache_hit_rate,

@@ -199,9 +199,10 @@ class VllmEngine:
 
     def _step(self, client: Client, batch: list[tuple[_Seq, int, bool]]) -> None:
         dec_ctx, chunks, verify = [], [], []
-        tokens = 0
+        tokens = dec_tokens = 0
         for s, n, decoding in batch:
             tokens += n
+            dec_tokens += n if decoding else 0
             if decoding and n == 1:
                 dec_ctx.append(s.computed + 1)
             elif decoding:
@@ -209,9 +210,9 @@ class VllmEngine:
             else:
                 chunks.append((n, s.computed + n))
         t_pad, b_pad = self.times.padded(tokens, len(batch))
-        dt = (self.times.dense_s(t_pad, b_pad) + self.times.attention_s(np.asarray(dec_ctx, dtype=np.int64),
-                                                                         chunks + verify)
-              + self.cfg.host_s(len(batch)))
+        device = self.times.dense_s(t_pad, b_pad) + self.times.attention_s(np.asarray(dec_ctx, dtype=np.int64),
+                                                                            chunks + verify)
+        dt = device * self.cfg.device_factor(dec_tokens, tokens - dec_tokens) + self.cfg.host_s(len(batch))
         if self.draft is not None and verify:
             dt += self.draft.step_s(len(verify), [c for _, c in verify])
         self.now += dt
@@ -332,7 +333,8 @@ class VllmEngine:
         pages = pages[:k]
         parts = self.times.decode_rows(pages).sum(axis=1)  # [steps, kernel, unit + 1]
         t_pad, b_pad = self.times.padded(B, B)
-        dts = self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad) + self.cfg.host_s(B)
+        dts = ((self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad)) * self.cfg.device_factor(B, 0)
+               + self.cfg.host_s(B))
         ends = self.now + np.cumsum(dts)
         if nxt is not None and can_admit:
             starts = ends - dts
