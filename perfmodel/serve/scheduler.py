@@ -46,7 +46,7 @@ class _Seq:
     """One request inside the engine."""
 
     __slots__ = ("req", "send_s", "prompt", "target", "out", "computed", "private", "shared", "first_s", "last_s",
-                 "chunks", "cached", "preemptions", "order", "published", "active", "tokens", "group")
+                 "chunks", "cached", "preemptions", "order", "published", "active", "tokens", "group", "decoding")
 
     def __init__(self, req: Request, send_s: float):
         self.req = req
@@ -67,6 +67,8 @@ class _Seq:
         self.active = False  # in the running list
         self.tokens = req.input_tokens  # prompt + emitted output
         self.group = req.prefix_group if req.prefix_tokens else None
+        #: Past its (re)computed prompt: each step it decodes (or verifies drafts).
+        self.decoding = False
 
     @property
     def blocks(self) -> int:
@@ -91,6 +93,8 @@ class VllmEngine:
         self.running: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self._order = 0
+        #: Running requests still prefilling (not yet at their first token, or recomputing after preemption).
+        self._prefilling = 0
         self.now = 0.0
         # statistics
         self.steps = 0
@@ -104,14 +108,14 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ blocks
 
-    def _need(self, s: _Seq, tokens: int) -> int:
-        return max(-(-tokens // self.ps) - s.blocks, 0)
-
     def _free(self, s: _Seq) -> None:
         self.pool.give_back(s.private, s.shared)
         s.private, s.shared, s.published = 0, [], 0
 
     def _preempt(self, victim: _Seq) -> None:
+        if not victim.decoding:
+            self._prefilling -= 1
+        victim.decoding = False
         self.running.remove(victim)
         victim.active = False
         self._free(victim)
@@ -145,7 +149,7 @@ class VllmEngine:
                 break
             if not s.active:  # preempted while serving an earlier request
                 continue
-            decoding = s.out > 0 and s.computed == s.tokens - 1
+            decoding = s.decoding
             n = s.tokens - s.computed + (k if decoding else 0)
             if n > budget:
                 n = budget
@@ -190,6 +194,7 @@ class VllmEngine:
             self._order += 1
             s.order = self._order
             self.running.append(s)
+            self._prefilling += 1
             s.active = True
             out.append((s, n, False))
             budget -= n
@@ -233,6 +238,9 @@ class VllmEngine:
                 emit = 1
             if s.group is not None:
                 self._publish(s)
+            if not decoding:
+                self._prefilling -= 1
+                s.decoding = True
             # the client reads a chunk: the first token, or one more gap
             if s.out == 0 and s.first_s < 0:
                 s.first_s = now
@@ -308,7 +316,7 @@ class VllmEngine:
         """Run a block of pure-decode steps up to the next event; False when the state does not allow one."""
         if self.k or not self.running:
             return False
-        if any(s.computed != s.tokens - 1 or s.out == 0 for s in self.running):
+        if self._prefilling:
             return False
         nxt = client.next_send_s()
         B = len(self.running)

@@ -9,9 +9,11 @@ and TTFT (median, else mean; not the sweep tables' TTFT, measured in a separate 
 one throughput of ShareGPT runs whose lengths are not given, so they stay out until a tokenizer-free length
 model exists.
 
-Roles: every third point (sorted by id) is a **fit** point: the host overhead per step
-(perfmodel/data/calibration/serving.yaml) is the value that minimizes the median |error| of the per-token
-latency over them (:func:`fit_host_overhead`); the rest are **held out**. Both errors are reported.
+Roles: within each engine build (a point's ``engine_build``, else its engine), every third point by id is a **fit**
+point: the build's host overhead (perfmodel/data/calibration/serving.yaml: ms per step + ms per request in the
+step) is the grid value that minimizes the mean of the median |error| of output throughput and of the per-token
+latency over them (:func:`fit_host_overhead`; a build with fewer than 3 fit points fits the per-step term only);
+the rest are **held out**. Both errors are reported.
 """
 
 from __future__ import annotations
@@ -63,13 +65,22 @@ def _data() -> dict:
         return yaml.safe_load(fh)
 
 
+def build_of(p: dict) -> str:
+    """The calibration key of a published point: its engine build, else its engine."""
+    return p.get("engine_build") or p["engine"]
+
+
 def load_points() -> list[ServingPoint]:
     data = _data()
     usable = sorted((p for p in data["points"] if p["engine"] in SIMULATED_ENGINES and p.get("input_len")
                      and p.get("output_len") and (p["model"] in PRESETS or p.get("arch"))),
-                    key=lambda p: p["id"])
-    return [ServingPoint(id=p["id"], source=data["sources"][p["source"]],
-                         role="fit" if i % 3 == 0 else "held-out", raw=p) for i, p in enumerate(usable)]
+                    key=lambda p: (build_of(p), p["id"]))
+    out, seen = [], {}
+    for p in usable:
+        i = seen[build_of(p)] = seen.get(build_of(p), -1) + 1
+        out.append(ServingPoint(id=p["id"], source=data["sources"][p["source"]],
+                                role="fit" if i % 3 == 0 else "held-out", raw=p))
+    return out
 
 
 _DIRS: dict[str, Any] = {}
@@ -112,7 +123,7 @@ def simulate_point(pt: ServingPoint, *, host: tuple[float, float] | None = None)
                         request_rate=math.inf if rate in (None, "inf") else float(rate),
                         max_concurrency=p.get("max_concurrency"))
     longest = int(p["input_len"]) + int(p["output_len"])
-    per_step, per_seq, _ = calibration.host_overhead(p["engine"])
+    per_step, per_seq, _ = calibration.host_overhead(build_of(p))
     if host is not None:
         per_step, per_seq = host
     cfg = engine_config(model=_model(p), chip=get_chip(p["chip"]), tp=int(p["tp"]), dp=int(p.get("dp") or 1),
@@ -133,16 +144,16 @@ def simulate_point(pt: ServingPoint, *, host: tuple[float, float] | None = None)
 
 
 #: The fit's grid: host ms per step x host ms per request.
-FIT_STEP_MS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
-FIT_REQUEST_MS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2)
+FIT_STEP_MS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0)
+FIT_REQUEST_MS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6)
 
 
-def fit_host_overhead(engine: str, progress: Callable[..., None] | None = None) -> dict[str, Any]:
-    """The (per-step, per-request) host overhead of ``engine`` on the grid that minimizes, over its fit points,
+def fit_host_overhead(build: str, progress: Callable[..., None] | None = None) -> dict[str, Any]:
+    """The (per-step, per-request) host overhead of ``build`` on the grid that minimizes, over its fit points,
     the mean of the median |error| of output throughput and of the per-token latency."""
-    pts = [p for p in load_points() if p.role == "fit" and p.raw["engine"] == engine]
+    pts = [p for p in load_points() if p.role == "fit" and build_of(p.raw) == build]
     best: dict[str, Any] = {"objective": math.inf}
-    combos = [(a, b) for a in FIT_STEP_MS for b in FIT_REQUEST_MS]
+    combos = [(a, b) for a in FIT_STEP_MS for b in (FIT_REQUEST_MS if len(pts) >= 3 else (0.0,))]
     for i, (a, b) in enumerate(combos):
         if progress is not None:
             progress(f"{a} ms + {b} ms/request", done=i, total=len(combos))
@@ -154,7 +165,7 @@ def fit_host_overhead(engine: str, progress: Callable[..., None] | None = None) 
                 meds.append(float(np.median(errs)))
         obj = float(np.mean(meds))
         if obj < best["objective"]:
-            best = {"engine": engine, "per_step_ms": a, "per_request_ms": b, "objective": obj,
+            best = {"build": build, "per_step_ms": a, "per_request_ms": b, "objective": obj,
                     "fit_points": [p.id for p in pts]}
     return best
 
