@@ -86,19 +86,32 @@ def load_points() -> list[ServingPoint]:
 _DIRS: dict[str, Any] = {}
 
 
+def hf_config(p: dict) -> dict:
+    """The Hugging Face config.json fields of a point's ``arch`` (numbers from the model's HF config, as the
+    validation file records them): dense Llama-style (Qwen(1) 7B is one too: MHA, SwiGLU), Qwen3, Qwen3-MoE
+    (``type: moe``) and Gemma-2 (``sliding_window``: alternating local / global layers)."""
+    a, name = p["arch"], p["model"].lower()
+    hf = {"hidden_size": a["hidden"], "num_hidden_layers": a["layers"], "num_attention_heads": a["heads"],
+          "num_key_value_heads": a["kv_heads"], "head_dim": a["head_dim"], "vocab_size": a["vocab"],
+          "hidden_act": "silu", "tie_word_embeddings": False}
+    if a.get("type") == "moe":
+        hf.update(model_type="qwen3_moe", num_experts=a["experts"], num_experts_per_tok=a["experts_per_token"],
+                  moe_intermediate_size=a["moe_intermediate"], intermediate_size=a["moe_intermediate"])
+    elif a.get("sliding_window"):  # Gemma-2: sliding-window and global layers alternate, the first local
+        hf.update(model_type="gemma2", intermediate_size=a["intermediate"], hidden_act="gelu_pytorch_tanh",
+                  hidden_activation="gelu_pytorch_tanh", sliding_window=a["sliding_window"],
+                  layer_types=["sliding_attention", "full_attention"] * (a["layers"] // 2), tie_word_embeddings=True)
+    else:
+        hf.update(model_type="qwen3" if "qwen3" in name else "llama", intermediate_size=a["intermediate"])
+    return hf
+
+
 def _model(p: dict) -> Any:
     from perfmodel.model.configs import get_model, load_hf_config
 
     if p["model"] in PRESETS:
         return get_model(PRESETS[p["model"]])
-    a = p["arch"]
-    hf = {"model_type": "qwen3" if "qwen3" in p["model"].lower() else "llama", "hidden_size": a["hidden"],
-          "num_hidden_layers": a["layers"], "num_attention_heads": a["heads"], "num_key_value_heads": a["kv_heads"],
-          "head_dim": a["head_dim"], "intermediate_size": a["intermediate"], "vocab_size": a["vocab"],
-          "hidden_act": "silu", "tie_word_embeddings": bool(a.get("tie_embeddings", False))}
-    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
-        if key in a:
-            hf[key] = a[key]
+    hf = hf_config(p)
     name = p["model"].split("/")[-1].lower()
     if name not in _DIRS:
         _DIRS[name] = tempfile.TemporaryDirectory(prefix="perfmodel-serving-")
