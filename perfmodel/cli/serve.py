@@ -193,7 +193,8 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
                             force=force)
             emit(fmt, text=lambda: render.sweep_text(result), json=lambda: render.sweep_records(result))
             return
-        cmp = run_serve(cfg, workload, on_record=writer.write if writer else None, **kw)
+        with Progress("serve") as bar:
+            cmp = run_serve(cfg, workload, on_record=writer.write if writer else None, progress=bar, **kw)
     finally:
         if writer:
             writer.close()

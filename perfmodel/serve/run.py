@@ -79,10 +79,14 @@ def _replica_engine(cfg: EngineConfig, capacity: KVCapacity, replica: int, seed:
 def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] | None = None, *,
              percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl"), percentiles: tuple[float, ...] = (99.0,),
              goodput_ms: dict[str, float] | None = None,
-             on_record: Callable[[RequestRecord], None] | None = None) -> ServeResult:
+             on_record: Callable[[RequestRecord], None] | None = None,
+             progress: Callable[..., None] | None = None) -> ServeResult:
     """One simulated benchmark run (module docstring). ``on_record`` sees every finished request (in finish order
-    per replica) -- the ``--save-requests`` writer."""
+    per replica) -- the ``--save-requests`` writer; ``progress(message, done=, total=)`` about every 1% of the
+    requests."""
     reqs = list(requests) if requests is not None else list(build_requests(workload))
+    if progress is not None:
+        on_record = _with_progress(on_record, progress, len(reqs))
     capacity = kv_capacity(cfg)
     if cfg.engine == "jetstream" and capacity.tokens < cfg.max_num_seqs * cfg.max_model_len:
         slots = capacity.tokens // cfg.max_model_len
@@ -104,6 +108,22 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
     metrics = bench_metrics(run, percentile_metrics=percentile_metrics, percentiles=percentiles,
                             goodput_ms=goodput_ms)
     return ServeResult(engine=cfg, workload=workload, capacity=capacity, run=run, metrics=metrics)
+
+
+def _with_progress(sink: Callable[[RequestRecord], None] | None, progress: Callable[..., None],
+                   total: int) -> Callable[[RequestRecord], None]:
+    every = max(total // 100, 1)
+    done = 0
+
+    def record(r: RequestRecord) -> None:
+        nonlocal done
+        done += 1
+        if sink is not None:
+            sink(r)
+        if done % every == 0 or done == total:
+            progress(f"{done}/{total} requests", done=done, total=total)
+
+    return record
 
 
 def _merge(engines: list[Any]) -> RunResult:

@@ -208,3 +208,12 @@ def test_jetstream_engine():
                         max_model_len=640)
     r = simulate(cfg, Workload(num_prompts=20, random_input_len=300, random_output_len=32))
     assert r.metrics.completed == 20 and r.run.stats.preemptions == 0
+
+
+def test_progress_reports_finished_requests():
+    cfg = engine_config(model=get_model("llama-3.1-8b"), chip=get_chip("v6e"), max_model_len=400)
+    calls = []
+    simulate(cfg, Workload(num_prompts=250, random_input_len=256, random_output_len=16, max_concurrency=16),
+             progress=lambda msg, done, total: calls.append((done, total)))
+    # about every 1% of the requests (every 2 of 250), the last at 250/250
+    assert calls[-1] == (250, 250) and len(calls) == 125 and all(t == 250 for _, t in calls)
