@@ -187,8 +187,9 @@ def fit_host_overhead(build: str, progress: Callable[..., None] | None = None) -
 class ServingReport:
     rows: tuple[ServingRow, ...]
 
-    def summary(self, role: str, metric: str) -> tuple[int, float | None]:
-        errs = [abs(e) for r in self.rows if r.point.role == role and (e := r.error(metric)) is not None]
+    def summary(self, role: str, metric: str, build: str | None = None) -> tuple[int, float | None]:
+        errs = [abs(e) for r in self.rows if r.point.role == role and (e := r.error(metric)) is not None
+                and (build is None or build_of(r.point.raw) == build)]
         return len(errs), (float(np.median(errs)) if errs else None)
 
 
@@ -222,6 +223,14 @@ def report_text(rep: ServingReport) -> str:
                      "-" if med_f is None else f"{med_f:.1%}"])
     out.append(table(["metric", "held-out points", "median |err|", "target", "", "fit points", "median |err|"],
                      summ))
+    per = []
+    for build in dict.fromkeys(build_of(r.point.raw) for r in rep.rows):
+        cells = []
+        for m in ("output_throughput", "tpot", "ttft"):
+            n, med = rep.summary("held-out", m, build)
+            cells.append("-" if med is None else f"{med:.1%} ({n})")
+        per.append([build, *cells])
+    out.append(table(["held out, by build", "output tok/s", "TPOT", "TTFT"], per))
     return "\n".join(out)
 
 
