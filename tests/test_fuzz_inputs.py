@@ -332,3 +332,19 @@ def test_a_float_size_beyond_int64_is_refused_not_wrapped():
     with pytest.raises(InputError, match=r"`bytes`: 4\.7e\+18 is too large"):  # 4.7e18 > 2**62 = 4.61e18
         sizes("bytes", 4.7e18)
     assert int(sizes("bytes", 4.6e18)) == 46 * 10**17  # fits: no wrap
+
+
+@settings(FAST, max_examples=25)
+@given(st.data())
+def test_serve_flags(data):
+    # a small stream so that a valid draw simulates quickly
+    argv = _flags(data.draw, {"--hw": "v6e", "--num-prompts": "8", "--random-input-len": "64",
+                              "--random-output-len": "8"},
+                  ["--num-prompts", "--random-input-len", "--random-output-len", "--random-range-ratio",
+                   "--request-rate", "--burstiness", "--max-concurrency", "--max-num-seqs", "--max-num-batched-tokens",
+                   "--max-model-len", "--block-size", "--gpu-memory-utilization", "--tp", "--acceptance-rate",
+                   "--metric-percentiles", "--host-overhead-ms"])
+    try:
+        check(["serve", "llama-3.1-8b", *argv, "--json"])
+    except MemoryError:  # a huge --num-prompts or length is the machine's limit, not a wrong answer
+        pass

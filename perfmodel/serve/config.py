@@ -173,9 +173,15 @@ def default_block_size(max_model_len: int) -> int:
     return min(max(pow2 // 16, 16), 256)
 
 
+#: Largest value a server flag may take (far beyond any real server; keeps arrays and tables finite).
+MAX_FLAG = 100_000_000
+
+
 def _whole(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputError(f"`{name}` must be a whole number >= {minimum}, got {value}")
+    if value > MAX_FLAG:
+        raise InputError(f"`{name}` {value} is beyond any server; at most {MAX_FLAG:,}")
 
 
 def engine_config(*, model: Any, chip: Any, engine: str = "vllm", tp: int = 1, dp: int = 1,
@@ -236,8 +242,8 @@ def engine_config(*, model: Any, chip: Any, engine: str = "vllm", tp: int = 1, d
     fitted_step, fitted_seq, source = calibration.host_overhead(engine)
     for name, value in (("host_overhead_ms", host_overhead_s), ("host_overhead_per_request_ms",
                                                                  host_overhead_per_seq_s)):
-        if value is not None and not (value >= 0 and math.isfinite(value)):
-            raise InputError(f"`{name}` must be a finite number >= 0, got {value * 1e3}")
+        if value is not None and not (0 <= value <= 10.0):
+            raise InputError(f"`{name}` must be between 0 and 10,000 ms, got {value * 1e3}")
     if host_overhead_s is not None or host_overhead_per_seq_s is not None:
         source = "given (--host-overhead-ms / --host-overhead-per-request-ms)"
     host_overhead_s = fitted_step if host_overhead_s is None else host_overhead_s

@@ -90,31 +90,42 @@ class Workload:
     seed: int = 0
 
 
+#: Bounds of a simulated stream: beyond them a run would not finish on one machine (one-line error instead).
+MAX_PROMPTS = 1_000_000
+MAX_TOKENS = 10_000_000
+MIN_REQUEST_RATE = 1e-6
+
+
 def check_workload(w: Workload) -> Workload:
     """One-line InputError naming the flag for a bad value."""
     if w.dataset_name not in DATASETS:
         raise InputError(f"`dataset_name`: got '{w.dataset_name}'; use one of {', '.join(DATASETS)}")
     if w.dataset_name in ("sharegpt", "trace") and not w.dataset_path:
         raise InputError(f"`dataset_path`: --dataset-name {w.dataset_name} reads a file; give its path")
-    for name in ("num_prompts", "random_input_len", "random_output_len", "prefix_repetition_num_prefixes",
+    _whole("num_prompts", w.num_prompts, minimum=1, maximum=MAX_PROMPTS)
+    for name in ("random_input_len", "random_output_len", "prefix_repetition_num_prefixes",
                  "prefix_repetition_output_len"):
-        _whole(name, getattr(w, name), minimum=1)
-    for name in ("random_prefix_len", "prefix_repetition_prefix_len", "prefix_repetition_suffix_len", "seed"):
-        _whole(name, getattr(w, name), minimum=0)
+        _whole(name, getattr(w, name), minimum=1, maximum=MAX_TOKENS)
+    for name in ("random_prefix_len", "prefix_repetition_prefix_len", "prefix_repetition_suffix_len"):
+        _whole(name, getattr(w, name), minimum=0, maximum=MAX_TOKENS)
+    _whole("seed", w.seed, minimum=0, maximum=2**63 - 1)
     if not 0.0 <= w.random_range_ratio < 1.0:
         raise InputError(f"`random_range_ratio` must be in [0, 1), got {w.random_range_ratio}")
-    if not (w.request_rate > 0):
-        raise InputError(f"`request_rate` must be > 0 requests/s or inf, got {w.request_rate}")
-    if not (0 < w.burstiness < math.inf):
-        raise InputError(f"`burstiness` must be a finite number > 0 (1 = Poisson), got {w.burstiness}")
+    if not (w.request_rate >= MIN_REQUEST_RATE):
+        raise InputError(f"`request_rate` must be at least {MIN_REQUEST_RATE:g} requests/s, or inf, got "
+                         f"{w.request_rate}")
+    if not (1e-3 <= w.burstiness <= 1e3):
+        raise InputError(f"`burstiness` must be in [0.001, 1000] (1 = Poisson), got {w.burstiness}")
     if w.max_concurrency is not None:
-        _whole("max_concurrency", w.max_concurrency, minimum=1)
+        _whole("max_concurrency", w.max_concurrency, minimum=1, maximum=MAX_PROMPTS)
     return w
 
 
-def _whole(name: str, value: Any, *, minimum: int) -> None:
+def _whole(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise InputError(f"`{name}` must be a whole number >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"`{name}` {value} is beyond what a simulation here can run; at most {maximum:,}")
 
 
 def build_requests(w: Workload) -> tuple[Request, ...]:
