@@ -24,6 +24,7 @@ _COMMANDS = {
     "validate": "perfmodel.cli.validate:validate",
     "xla": "perfmodel.cli.xla:xla",
     "serve": "perfmodel.cli.serve:serve",
+    "plan": "perfmodel.cli.plan:plan",
 }
 
 _HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?

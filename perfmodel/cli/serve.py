@@ -8,11 +8,12 @@ Parses vLLM's server flags and the client flags of ``vllm bench serve``, calls
 from __future__ import annotations
 
 import math
-import re
+from typing import Any
 
 import click
 
 from perfmodel.cli.common import Progress, emit, json_option, one_chip_option, output_format, user_errors
+from perfmodel.cli.serve_options import split_model_and_goodput, workload_from, workload_options
 from perfmodel.errors import InputError
 
 _HELP = """Simulate a serving benchmark: a vLLM-style TPU server (or JetStream) under a request stream.
@@ -30,15 +31,6 @@ Examples:
   perfmodel serve llama-3.1-8b --hw v6e --op-speedup attention=1.15 --max-concurrency 128
   perfmodel serve llama-3.1-8b --hw v6e --sweep request-rate=1,2,4,8,inf --plot out/
 """
-
-_GOODPUT_ITEM = re.compile(r"^(ttft|tpot|e2el):")
-
-
-def _rate(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        return math.inf if value == "inf" else float(value)
-    except ValueError:
-        raise click.BadParameter(f"'{value}': give requests per second or inf") from None
 
 
 @click.command("serve", help=_HELP, short_help="Simulate vllm bench serve against a TPU server.")
@@ -72,24 +64,7 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str) -> float:
                    'draft_model with "model").')
 @click.option("--acceptance-rate", default=None, metavar="RATE|LIST",
               help="Speculative acceptance: one rate per token (0.7) or one per position (0.8,0.6,0.4).")
-@click.option("--dataset-name", type=click.Choice(["random", "sharegpt", "prefix-repetition", "trace"]),
-              default="random", show_default=True)
-@click.option("--dataset-path", default=None, help="ShareGPT JSON, or the trace (JSONL: arrival_s, input_tokens, "
-              "output_tokens, optional prefix_group, prefix_tokens).")
-@click.option("--num-prompts", type=int, default=1000, show_default=True)
-@click.option("--random-input-len", type=int, default=1024, show_default=True)
-@click.option("--random-output-len", type=int, default=128, show_default=True)
-@click.option("--random-range-ratio", type=float, default=0.0, show_default=True)
-@click.option("--random-prefix-len", type=int, default=0, show_default=True)
-@click.option("--prefix-repetition-prefix-len", type=int, default=256, show_default=True)
-@click.option("--prefix-repetition-suffix-len", type=int, default=256, show_default=True)
-@click.option("--prefix-repetition-num-prefixes", type=int, default=10, show_default=True)
-@click.option("--prefix-repetition-output-len", type=int, default=128, show_default=True)
-@click.option("--request-rate", default="inf", show_default=True, callback=_rate,
-              help="Requests per second (Poisson with --burstiness 1) or inf (all at once).")
-@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape of the arrival gaps.")
-@click.option("--max-concurrency", type=int, default=None, help="Requests in flight at most.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@workload_options
 @click.option("--goodput", multiple=True, metavar="METRIC:MS",
               help="SLOs for goodput, e.g. --goodput ttft:500 tpot:50 (ttft, tpot, e2el in ms).")
 @click.option("--percentile-metrics", default=None, help="Metrics to report percentiles of (default ttft,tpot,itl).")
@@ -118,15 +93,11 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
           max_num_seqs: int | None, max_num_batched_tokens: int | None, max_model_len: int | None,
           gpu_memory_utilization: float, block_size: int | None, enable_prefix_caching: bool,
           enable_chunked_prefill: bool, kv_cache_dtype: str, weight_dtype: str, quantization: str | None,
-          speculative_config: str | None, acceptance_rate: str | None, dataset_name: str, dataset_path: str | None,
-          num_prompts: int, random_input_len: int, random_output_len: int, random_range_ratio: float,
-          random_prefix_len: int, prefix_repetition_prefix_len: int, prefix_repetition_suffix_len: int,
-          prefix_repetition_num_prefixes: int, prefix_repetition_output_len: int, request_rate: float,
-          burstiness: float, max_concurrency: int | None, seed: int, goodput: tuple[str, ...],
+          speculative_config: str | None, acceptance_rate: str | None, goodput: tuple[str, ...],
           percentile_metrics: str | None, metric_percentiles: str | None, op_speedup: tuple[str, ...],
           host_overhead_ms: float | None, host_overhead_per_request_ms: float | None, no_padding: bool,
           with_compile: bool, sweep_text: str | None, save_requests: str | None,
-          plot_dir: str | None, force: bool, as_json: bool) -> None:
+          plot_dir: str | None, force: bool, as_json: bool, **stream: Any) -> None:
     from perfmodel.hw import get_chip
     from perfmodel.model.configs import get_model
     from perfmodel.serve import render
@@ -134,25 +105,13 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
     from perfmodel.serve.metrics import parse_goodput, parse_percentile_metrics, parse_percentiles
     from perfmodel.serve.requests_file import RequestWriter
     from perfmodel.serve.run import parse_sweep, serve as run_serve, sweep
-    from perfmodel.serve.workload import Workload, build_requests
+    from perfmodel.serve.workload import build_requests
 
     fmt = output_format(as_json)
-    names = [a for a in args if not _GOODPUT_ITEM.match(a)]
-    goodput = goodput + tuple(a for a in args if _GOODPUT_ITEM.match(a))  # --goodput ttft:500 tpot:50, as vLLM
-    if len(names) > 1:
-        raise InputError(f"one MODEL, got {' '.join(names)}; goodput SLOs are METRIC:MS after --goodput")
-    if (not names) == (config_path is None):
-        raise InputError("give a MODEL or --config PATH (one of them); perfmodel predict model --list shows models")
-    model = get_model(config_path or names[0])
+    name, goodput = split_model_and_goodput(args, goodput, config_path)
+    model = get_model(config_path or name)
     chip = get_chip(hw)
-    workload = Workload(dataset_name=dataset_name, dataset_path=dataset_path, num_prompts=num_prompts,
-                        random_input_len=random_input_len, random_output_len=random_output_len,
-                        random_range_ratio=random_range_ratio, random_prefix_len=random_prefix_len,
-                        prefix_repetition_prefix_len=prefix_repetition_prefix_len,
-                        prefix_repetition_suffix_len=prefix_repetition_suffix_len,
-                        prefix_repetition_num_prefixes=prefix_repetition_num_prefixes,
-                        prefix_repetition_output_len=prefix_repetition_output_len, request_rate=request_rate,
-                        burstiness=burstiness, max_concurrency=max_concurrency, seed=seed)
+    workload = workload_from(stream)
     requests = build_requests(workload)
     speedups = tuple(_speedup(x) for x in op_speedup)
     cfg = engine_config(
@@ -171,10 +130,10 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
 
         from perfmodel.serve.compiled import compiled_scales
 
-        typical = min(max_concurrency or cfg.max_num_seqs, cfg.max_num_seqs, len(requests))
+        typical = min(workload.max_concurrency or cfg.max_num_seqs, cfg.max_num_seqs, len(requests))
         mean_ctx = int(sum(r.input_tokens + r.output_tokens / 2 for r in requests) / len(requests))
         with Progress("compile") as bar:
-            cfg = dataclasses.replace(cfg, compiled=compiled_scales(config_path or names[0], cfg,
+            cfg = dataclasses.replace(cfg, compiled=compiled_scales(config_path or name, cfg,
                                                                     decode_batch=typical, decode_context=mean_ctx,
                                                                     progress=bar))
     kw = dict(percentile_metrics=parse_percentile_metrics(percentile_metrics),
