@@ -138,14 +138,13 @@ def mosaic_buffer_bytes(shape: tuple[int, ...], dtype: Any) -> int:
     return math.prod(dims) * itemsize_bytes(dtype)
 
 
-#: Chips whose VPU has no bf16 arithmetic: Mosaic widens bf16/int8 values through f32 there and keeps
-#: more (f32) temporaries in VMEM than on tpu-v5e and later.
-F32_ONLY_VPU_CHIPS: tuple[str, ...] = ("tpu-v2", "tpu-v3", "tpu-v4")
-
-
-def has_bf16_vpu(chip: "ChipSpec") -> bool:
-    """Whether the chip's VPU computes in bf16 (tpu-v5e and later); see :data:`F32_ONLY_VPU_CHIPS`."""
-    return chip.name not in F32_ONLY_VPU_CHIPS
+def narrow_vmem_temporaries(chip: "ChipSpec") -> bool:
+    """Whether Mosaic keeps the VMEM temporaries of bf16/int8 values at their width on ``chip`` (its spec's
+    ``compiler.mosaic_narrow_vmem_temporaries``: tpu-v5e and later). Where not (v2-v4, or a spec that leaves it
+    null), Mosaic widens them through f32 and keeps more (f32) temporaries in VMEM, which the kernels' VMEM
+    estimates count. Not the spec's vpu_bf16_arithmetic (v6e and later): v5e and v5p keep narrow temporaries
+    though their bf16 arithmetic is widened (hwspecs/README.md)."""
+    return bool(chip.compiler.mosaic_narrow_vmem_temporaries)
 
 
 def check_multiple(field: str, value: int, multiple: int, why: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
 
 ENTRIES = (
     KernelEntry(
@@ -27,7 +27,7 @@ ENTRIES = (
 )
 
 TUNED = TunedKernel(
-    kernel="flash_attention", entry="flash_attention", chips=PALLAS_CHIPS,
+    kernel="flash_attention", entry="flash_attention", chips=pallas_chips,
     configs=(TunedConfig(key="bf16", shapes=("q=1x32x8192x128:bf16", "k=1x8x8192x128:bf16",
                                              "v=1x8x8192x128:bf16")),),
     problem="a causal 8192-token prefill with 32 q / 8 kv heads of 128 (Llama-3-8B); the kernel shrinks block_q, "

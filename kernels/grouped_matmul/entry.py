@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
 
 #: The MoE problem the defaults are tuned on and the compile matrix compiles: 8 experts, 8192 token rows sorted by
 #: expert (1024 each), hidden 4096 -> expert width 14336 (Mixtral-8x7B's gate/up projection).
@@ -54,7 +54,7 @@ def _configs() -> tuple[TunedConfig, ...]:
 
 
 TUNED = TunedKernel(
-    kernel="grouped_matmul", entry="grouped_matmul", chips=PALLAS_CHIPS, configs=_configs(), compile_raised=1,
+    kernel="grouped_matmul", entry="grouped_matmul", chips=pallas_chips, configs=_configs(), compile_raised=1,
     problem=(f"a mixture-of-experts projection: {TOKENS} token rows sorted over {EXPERTS} experts ({TOKENS // EXPERTS} "
              f"each), K={HIDDEN}, N={WIDTH} (per-channel scales for int8/fp8 weights; fp8 only on chips with an fp8 "
              "MXU path); \"... decode\": the same experts with %d rows (%d each), the blocks of calls with at most that "

@@ -26,8 +26,8 @@ from perfmodel.hw.spec import ChipSpec
 
 
 #: f32 temporaries Mosaic keeps in VMEM while the token-major kernel quantizes a block (int8 caches): on
-#: chips with a bf16 VPU, about one f32 [64, kv_heads, head_dim] slab (1.125) once a block has 64 tokens or
-#: more (none below); on chips without (tpu-v4), four f32 slabs of the whole block.
+#: chips with narrow Mosaic temporaries, about one f32 [64, kv_heads, head_dim] slab (1.125) once a block has
+#: 64 tokens or more (none below); on chips that widen them through f32 (tpu-v4), four f32 slabs of the block.
 QUANTIZE_F32_TOKENS = 64
 QUANTIZE_F32_SLAB_FACTOR = 1.125
 QUANTIZE_F32_SLABS_F32_VPU = 4
@@ -63,7 +63,7 @@ class KvCacheUpdateBlockSizes:
         The K and V token blocks (two buffers each; one when ``num_tokens`` fits one block, a single grid
         step), and quantizing, the int8 copies and f32 scales in scratch, all padded as
         :func:`kernels.tiling.mosaic_buffer_bytes`; plus, quantizing, the f32 temporaries of the
-        quantization: four ``[tokens, kv_heads, head_dim]`` f32 slabs on chips without a bf16 VPU
+        quantization: four ``[tokens, kv_heads, head_dim]`` f32 slabs on chips that widen through f32
         (``chip`` None: assumed), 1.125 slabs of 64 tokens elsewhere once the block has 64 tokens
         (:data:`QUANTIZE_F32_TOKENS`). The block is ``min(tokens_per_block, num_tokens)`` tokens, as
         the kernel clamps it. At or above Mosaic's figure on the measured cases, within 10% but up to
@@ -81,7 +81,7 @@ class KvCacheUpdateBlockSizes:
         if quantize:
             need += 2 * (buf(slab, "int8") + buf((tokens, kv_heads, 1), "float32"))
             f32_token = kv_heads * tiling.round_up(head_dim, tiling.LANES) * 4
-            if chip is not None and tiling.has_bf16_vpu(chip):
+            if chip is not None and tiling.narrow_vmem_temporaries(chip):
                 need += int(QUANTIZE_F32_SLAB_FACTOR * QUANTIZE_F32_TOKENS * f32_token) if tokens >= QUANTIZE_F32_TOKENS else 0
             else:
                 need += QUANTIZE_F32_SLABS_F32_VPU * tokens * f32_token

@@ -102,7 +102,7 @@ class MatmulBlockSizes(tiling.GemmTile):
         * bf16 x: Mosaic stages about 1.5 x tiles (``bm x bk``) when the MXU is 128
           wide (v4, v5e, v5p), and on 256-wide MXUs (v6e, 7x) when ``bk >= 1024`` or
           the x tile has 1M elements or more; otherwise the dot accumulates in place.
-        * int8 w (and fp8 against f32 x) on chips without a bf16 VPU (v4): two converted (x-dtype) w tiles.
+        * int8 w (and fp8 against f32 x) on chips where Mosaic widens through f32 (v4): two converted (x-dtype) w tiles.
         * f32 x (HIGHEST precision: bf16 splits of both operands, several passes): about
           4.75 f32 x tiles and half an f32 w tile (w widened to f32 counted so).
 
@@ -146,7 +146,7 @@ class MatmulBlockSizes(tiling.GemmTile):
         # Weights converted to x's dtype in VMEM (fp8 may go to the MXU as is: fp8_as_is).
         converted = tiling.np_dtype(w_dtype) != tiling.np_dtype(x_dtype) and not fp8_as_is(
             x_dtype, w_dtype, self.bm, self.bn)
-        if converted and (chip is None or not tiling.has_bf16_vpu(chip)):
+        if converted and (chip is None or not tiling.narrow_vmem_temporaries(chip)):
             need += 2 * buf((self.bk, self.bn), x_dtype)
         return int(need)
 

@@ -42,9 +42,8 @@ from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, 
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
 from kernels.quant import (INT4_PACK_ROWS, int8_codes, int8_codes_bf16, int8_scale, int8_scale_bf16,
                           split_int8_codes)
-from perfmodel.model.gemm import (BF16_VPU_CHIPS, BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS,
-                                  blockwise_codes_on_bf16_mxu, has_fast_int8_mxu, int4_decode_on_int8_mxu,
-                                  quantizes_in_bf16)
+from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
+                                  has_bf16_vpu, has_fast_int8_mxu, int4_decode_on_int8_mxu, quantizes_in_bf16)
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -65,11 +64,17 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 #: int4 tiles with at most this many (256 K rows x INT4_UNPACK_COLS columns) units are unpacked straight line.
 INT4_INLINE_MAX_UNITS = 64
 INT4_UNPACK_COLS = 256
-#: Chips where int4 blockwise scales are multiplied in bf16 (on the widened codes) rather than f32 (those with a bf16
-#: VPU, perfmodel.model.gemm.BF16_VPU_CHIPS): compiled at the
-#: bench_matmul_variants problems, v6e's decode step drops from 4,438 to 2,246 bundles and its 8192^3 prefill from
-#: 1.34 to 1.31 ms; v5e's decode step grows (3,411 -> 4,272) though its prefill shrinks, so it keeps f32.
-BF16_SCALING_CHIPS = BF16_VPU_CHIPS
+
+
+def scales_in_bf16(spec: Any) -> bool:
+    """Whether int4 blockwise scales are multiplied in bf16 (on the widened codes) rather than f32 on ``spec`` (a
+    ChipSpec): on chips with a bf16 VPU (perfmodel.model.gemm.has_bf16_vpu, the spec's
+    compiler.vpu_bf16_arithmetic). Compiled at the bench_matmul_variants problems, v6e's decode step drops from
+    4,438 to 2,246 bundles and its 8192^3 prefill from 1.34 to 1.31 ms; v5e's decode step grows (3,411 -> 4,272)
+    though its prefill shrinks, so it keeps f32."""
+    return has_bf16_vpu(spec)
+
+
 #: Up to this many K steps the epilogue runs on every step (branch-free), above it once, on the last K step.
 EAGER_EPILOGUE_MAX_K_STEPS = 2
 
@@ -596,7 +601,7 @@ def matmul(
         w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
         float_codes=variant.float_codes,
         bf16_codes=quantize_x and quantizes_x_in_bf16(spec, x.dtype),
-        bf16_scaling=(scale_kind == "per-block" and spec.name in BF16_SCALING_CHIPS
+        bf16_scaling=(scale_kind == "per-block" and scales_in_bf16(spec)
                       and (variant.float_codes or (int4 and not codes_x and x.dtype == jnp.bfloat16))),
     )
 

@@ -15,7 +15,7 @@ from kernels.tiling import (
     LANES,
     TunedChipTable,
     check_vmem,
-    has_bf16_vpu,
+    narrow_vmem_temporaries,
     itemsize_bytes,
     mosaic_buffer_bytes,
     round_up,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 F32_BYTES = 4
 #: K/V pages are double-buffered by the kernel's own DMAs; the pipelined q/out/scale blocks by Pallas.
 BUFFERS = 2
-#: [tokens, head_dim] f32 tiles of widened K/V Mosaic keeps in VMEM on chips without a bf16 VPU (tpu-v4): 2.75
+#: [tokens, head_dim] f32 tiles of widened K/V Mosaic keeps in VMEM on chips that widen through f32 (tpu-v4): 2.75
 #: since the kv heads of a block run back to back (tpu-v4, int8 pages of 16, 128-token blocks: Mosaic 1020 KiB).
 F32_WIDENED_TILES = 2.75
 
@@ -87,7 +87,7 @@ class PagedAttentionBlockSizes:
         blocks (all kv heads' ``[q_per_kv, head_dim]`` tiles, two buffers each), the
         two-slot K and V page buffers of every kv head, the f32 max / sum / accumulator
         scratch per kv head and the per-sequence scale rows. The score and probability rows (``[q_per_kv, tokens]``)
-        stay in vregs; on chips without a bf16 VPU (``chip`` None: assumed) Mosaic
+        stay in vregs; on chips that widen through f32 (``chip`` None: assumed) Mosaic
         widens quantized or f32 K/V through f32 in VMEM, about 2.75 ``[tokens, head_dim]``
         f32 tiles. Matches Mosaic's allocation (libtpu 0.0.42) to the byte for bf16,
         int8 and fp8 caches with head_dim 128 on v5e to 7x.
@@ -106,7 +106,7 @@ class PagedAttentionBlockSizes:
             scales = 2 * BUFFERS * buf((kv_heads, blocks, lanes), "float32")
         temporaries = 0
         widened = per_token_scales is not None or itemsize_bytes(kv_dtype) == F32_BYTES
-        if widened and (chip is None or not has_bf16_vpu(chip)):
+        if widened and (chip is None or not narrow_vmem_temporaries(chip)):
             temporaries = int(F32_WIDENED_TILES * tokens * round_up(head_dim, LANES) * F32_BYTES)
         return int(q_and_out + kv_buffers + scratch + scales + temporaries)
 

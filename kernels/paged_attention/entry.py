@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
 
 ENTRIES = (
     KernelEntry(
@@ -30,7 +30,7 @@ def _tokens(blocks: Mapping[str, int], specs: Mapping[str, Any]) -> dict[str, An
 
 
 TUNED = TunedKernel(
-    kernel="paged_attention", entry="paged_attention", chips=PALLAS_CHIPS,
+    kernel="paged_attention", entry="paged_attention", chips=pallas_chips,
     configs=(TunedConfig(key="bf16", shapes=(
         "q=64x32x128:bf16", "k_pages=8x8192x16x128:bf16", "v_pages=8x8192x16x128:bf16",
         "page_table=64x128:int32=arange", "lengths=64:int32=2048")),),

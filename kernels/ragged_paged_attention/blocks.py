@@ -23,7 +23,7 @@ from kernels.tiling import (
     LANES,
     TunedChipTable,
     check_vmem,
-    has_bf16_vpu,
+    narrow_vmem_temporaries,
     matmul_dtype_name,
     mosaic_buffer_bytes,
     np_dtype,
@@ -38,7 +38,7 @@ from kernels.tiling import (
 STATS_LANES = LANES
 F32_BYTES = 4
 #: f32 score tiles ([G * block_q, block_kv]) of temporaries Mosaic keeps in VMEM per KV step; more on chips
-#: without a bf16 VPU (tpu-v4), which widen through f32.
+#: where Mosaic widens bf16/int8 values through f32 (tpu-v4; kernels.tiling.narrow_vmem_temporaries).
 SCORE_TILES = 1.0
 SCORE_TILES_F32_VPU = 1.375
 #: Quantized KV cache dtypes (read with f32 ``kv_scales``; kernels.ragged_paged_attention.kernel).
@@ -107,7 +107,7 @@ class RaggedPagedAttentionBlockSizes:
         temporaries.
 
         The temporaries scale with one KV head's ``[G * block_q, block_kv]`` f32 score tile (the heads run
-        one after another); the estimate takes one score tile (1.375 on chips without a bf16 VPU, or
+        one after another); the estimate takes one score tile (1.375 on chips that widen through f32, or
         ``chip`` None), one ``[G * block_q, head_dim]`` f32 tile and K and V of one head widened to f32
         (the bf16 split goes through 32-bit rows). A quantized cache (int8, fp8) adds the two slots of one KV block's
         f32 scales, ``[2 * kv_heads, block_kv]`` each.
@@ -123,7 +123,7 @@ class RaggedPagedAttentionBlockSizes:
             layout = kv_row_layout(kv_dtype, kv_heads)
             kv_buffers = buf((2, self.block_kv * layout.stride, head_dim), "uint32")
         state = kv_heads * (2 * buf((rows, STATS_LANES), "float32") + buf((rows, head_dim), "float32"))
-        score_tiles = SCORE_TILES if chip is not None and has_bf16_vpu(chip) else SCORE_TILES_F32_VPU
+        score_tiles = SCORE_TILES if chip is not None and narrow_vmem_temporaries(chip) else SCORE_TILES_F32_VPU
         temporaries = score_tiles * rows * round_up(self.block_kv, LANES) * F32_BYTES
         temporaries += rows * round_up(head_dim, LANES) * F32_BYTES
         temporaries += 2 * self.block_kv * round_up(head_dim, LANES) * F32_BYTES

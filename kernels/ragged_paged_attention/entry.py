@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
 
 _ARRAYS = ("q", "kv_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs")
 # block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.
@@ -44,7 +44,7 @@ ENTRIES = (
 )
 
 TUNED = TunedKernel(
-    kernel="ragged_paged_attention", entry="ragged_paged_attention", chips=PALLAS_CHIPS,
+    kernel="ragged_paged_attention", entry="ragged_paged_attention", chips=pallas_chips,
     configs=(TunedConfig(key="bf16", shapes=(
         "q=256x32x128:bf16", "kv_pages=512x16x16x128:bf16",
         "kv_lens=8:int32=1024", "page_table=8x64:int32=arange", "cu_q_lens=9:int32=arange*32",

@@ -20,7 +20,8 @@ from kernels import tiling
 from perfmodel.hw.spec import ChipSpec
 
 #: [block_tokens, hidden] f32 tiles of body temporaries Mosaic keeps in VMEM (y and the normalized out; the
-#: quantization's scaled copy too), on chips with a bf16 VPU and (more) on those without (tpu-v4).
+#: quantization's scaled copy too), on chips where Mosaic keeps bf16/int8 temporaries narrow and (more) on those
+#: where it widens them through f32 (tpu-v4; kernels.tiling.narrow_vmem_temporaries).
 _F32_TEMPS = 1.1
 _F32_TEMPS_QUANTIZE = 2.1
 _F32_TEMPS_F32_VPU = 1.3
@@ -45,16 +46,16 @@ class RmsNormBlockSizes:
         """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): double-buffered row blocks
         in (x, residual) and out (out or int8 q, new residual; quantizing, the [rows, 1] scales), the weight
         row, padded as :func:`kernels.tiling.mosaic_buffer_bytes`, and the body's f32 temporaries: about
-        1.1 ``[block_tokens, hidden]`` f32 tiles (2.1 quantizing; 1.3 and 2.25 on chips without a bf16
-        VPU, or ``chip`` None). Within 3% above Mosaic's figure on every measured case."""
+        1.1 ``[block_tokens, hidden]`` f32 tiles (2.1 quantizing; 1.3 and 2.25 on chips that widen
+        through f32, or ``chip`` None). Within 3% above Mosaic's figure on every measured case."""
         buf = tiling.mosaic_buffer_bytes
         rows = (self.block_tokens, hidden)
         streamed = (buf(rows, x_dtype) + buf(rows, residual_dtype) + buf(rows, out_dtype) + buf(rows, residual_dtype)
                     + buf((1, hidden), "float32"))
         if quantize:
             streamed += buf((self.block_tokens, 1), "float32")
-        bf16_vpu = chip is not None and tiling.has_bf16_vpu(chip)
-        tiles = (_F32_TEMPS_QUANTIZE if quantize else _F32_TEMPS) if bf16_vpu else (
+        narrow = chip is not None and tiling.narrow_vmem_temporaries(chip)
+        tiles = (_F32_TEMPS_QUANTIZE if quantize else _F32_TEMPS) if narrow else (
             _F32_TEMPS_QUANTIZE_F32_VPU if quantize else _F32_TEMPS_F32_VPU)
         temporaries = int(tiles * self.block_tokens * tiling.round_up(hidden, tiling.LANES) * 4)
         return int(2 * streamed + temporaries)

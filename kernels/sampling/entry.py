@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmodel.schedule.catalog import PALLAS_CHIPS, BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
 
 ENTRIES = (
     KernelEntry(
@@ -27,7 +27,7 @@ def _extra() -> dict[str, Any]:
 
 
 TUNED = TunedKernel(
-    kernel="sampling", entry="sampling", chips=PALLAS_CHIPS, extra=_extra,
+    kernel="sampling", entry="sampling", chips=pallas_chips, extra=_extra,
     configs=(TunedConfig(key="fp32", shapes=("logits=64x128256:f32",)),),
     problem="64 rows of f32 logits over a 128256-entry vocabulary (Llama-3), drawn with a key, top-k 50 and top-p "
             "0.9; the kernel rounds block_b up for bf16, shrinks block_v to small vocabularies and halves block_b "

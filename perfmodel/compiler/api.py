@@ -238,7 +238,7 @@ def compile_report(call: CompileCall, chip: Any, *, use_cache: bool = True, time
     spec = get_chip(chip) if isinstance(chip, str) else chip
     if spec.kind != "tpu":
         raise InputError(f"--hw: {spec.name} is not a TPU; the TPU compiler compiles for TPUs only")
-    topology = check_topology(spec.name, call.topology)
+    topology = check_topology(spec, call.topology)
     tools = toolchain()
     key_dir = cache.sub_cache(tools.libtpu_version) / cache_key(call, spec.name, tools, topology)
     if use_cache:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from perfmodel.compiler.api import CompileCall
-from perfmodel.compiler.toolchain import TOPOLOGIES
+from perfmodel.compiler.toolchain import compile_targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +35,9 @@ def __getattr__(name: str) -> Any:
 
 
 def chips() -> tuple[str, ...]:
-    """TPU generations the compiler targets."""
-    return tuple(TOPOLOGIES)
+    """TPU generations the compiler targets: the registry's chips whose spec has a
+    ``compiler.deviceless_topology``, oldest first."""
+    return tuple(compile_targets())
 
 
 def run_matrix(matrix: Sequence[MatrixCase] | None = None, chip_names: Sequence[str] | None = None, *,

@@ -13,19 +13,12 @@ import importlib.metadata
 import importlib.util
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perfmodel.errors import ToolFailure
 
-#: Deviceless topology libtpu compiles for, per canonical chip name. The first device of the topology is
-#: the compile target; its ``device_kind`` must be one of the chip spec's ``jax_device_kinds`` (checked by
-#: the worker and by tests/compiler). These are libtpu's topology names, not hardware facts.
-TOPOLOGIES: dict[str, str] = {
-    "tpu-v4": "v4:2x2x1",
-    "tpu-v5e": "v5e:2x2",
-    "tpu-v5p": "v5p:2x2x1",
-    "tpu-v6e": "v6e:2x2",
-    "tpu-7x": "tpu7x:2x2x1",
-}
+if TYPE_CHECKING:
+    from perfmodel.hw.spec import ChipSpec
 
 INSTALL_HINT = "install it with `pip install -e '.[tpu-compiler]'` (or `make test`, which does)"
 
@@ -65,23 +58,54 @@ def available() -> bool:
     return True
 
 
-def topology_for(chip_name: str) -> str:
-    """libtpu topology string for a canonical TPU chip name; a one-line error for the rest."""
-    try:
-        return TOPOLOGIES[chip_name]
-    except KeyError:
+def compile_targets() -> dict[str, str]:
+    """Canonical chip name -> the deviceless topology libtpu compiles for, for every chip of the registry (hwspecs/
+    and $PERFMODEL_HW_PATH) whose spec sets ``compiler.deviceless_topology``, oldest first. The first device of the
+    topology is the compile target. These are libtpu's topology names, not hardware facts."""
+    from perfmodel.hw.registry import all_chips
+
+    chips = sorted((c for c in all_chips() if c.compiler.deviceless_topology), key=lambda c: (c.year, c.name))
+    return {c.name: c.compiler.deviceless_topology for c in chips}
+
+
+def _spec(chip: "ChipSpec | str") -> "ChipSpec":
+    if isinstance(chip, str):
+        from perfmodel.hw.registry import get_chip
+
+        return get_chip(chip)
+    return chip
+
+
+def deviceless_topology(chip: "ChipSpec | str") -> str | None:
+    """The libtpu topology ``chip`` (a ChipSpec, or a name, alias or spec file) compiles for by default: its spec's
+    ``compiler.deviceless_topology``; None where it has none (GPUs, v2, v3) and for one JAX device of a chip
+    (``tpu-7x/core``, perfmodel.hw.views), which is not a compile target."""
+    from perfmodel.hw.views import DEVICE_SUFFIX
+
+    spec = _spec(chip)
+    return None if spec.name.endswith(DEVICE_SUFFIX) else spec.compiler.deviceless_topology
+
+
+def topology_for(chip: "ChipSpec | str") -> str:
+    """libtpu topology string of a TPU chip (a ChipSpec, or a name, alias or spec file); a one-line error for the
+    rest."""
+    topology = deviceless_topology(chip)
+    if topology is None:
+        name = chip if isinstance(chip, str) else chip.name
         raise CompilerUnavailable(
-            f"--hw {chip_name}: the installed TPU compiler has no deviceless target for it; "
-            f"compile for one of {', '.join(TOPOLOGIES)}"
-        ) from None
+            f"--hw {name}: the installed TPU compiler has no deviceless target for it; "
+            f"compile for one of {', '.join(compile_targets())}"
+        )
+    return topology
 
 
-def check_topology(chip_name: str, topology: str | None) -> str:
-    """The topology to compile for: ``topology`` (e.g. "v5e:2x4", a slice of ``chip_name``'s generation) or the
+def check_topology(chip: "ChipSpec | str", topology: str | None) -> str:
+    """The topology to compile for: ``topology`` (e.g. "v5e:2x4", a slice of ``chip``'s generation) or the
     chip's default; a one-line error naming `topology` when it is another generation or malformed."""
-    default = topology_for(chip_name)
+    default = topology_for(chip)
     if topology is None:
         return default
+    chip_name = chip if isinstance(chip, str) else chip.name
     family, _, dims = topology.partition(":")
     want = default.split(":", 1)[0]
     parts = dims.split("x")

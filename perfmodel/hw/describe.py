@@ -10,6 +10,8 @@ from perfmodel.hw.spec import MATMUL_DTYPES, ChipSpec
 from perfmodel.hw.views import devices_text
 
 _LIST_DTYPES = ("bf16", "int8", "fp8")
+#: The spec's sections, in the order `perfmodel hw show` prints them.
+SECTIONS = ("cores", "compute", "memory", "interconnect", "overheads", "compiler")
 
 
 def _tflops(chip: ChipSpec, dtype: str) -> str:
@@ -102,7 +104,7 @@ def show_text(chip: ChipSpec) -> str:
     lines.append(f"  aliases: {', '.join(chip.aliases) or '-'}")
     lines.append(f"  JAX device_kind: {', '.join(chip.jax_device_kinds) or '-'}")
     lines.append(f"  JAX devices per chip: {devices_text(chip)}")
-    for section in ("cores", "compute", "memory", "interconnect", "overheads"):
+    for section in SECTIONS:
         lines.append(f"{section}:")
         obj = getattr(chip, section)
         for f in dataclasses.fields(obj):
@@ -114,7 +116,9 @@ def show_text(chip: ChipSpec) -> str:
                 src = ", ".join(sorted(s for s in srcs if s)) or None
             mark = " (derived)" if path in chip.derived else ""
             tail = f"  [{src}]" if src and value is not None else ""
-            lines.append(f"  {f.name}: {_fmt_field(f.name, value)}{mark}{tail}")
+            # compiler behaviour is known or absent, never "not public" (e.g. tpu-v2 has no deviceless target)
+            text = "n/a" if value is None and section == "compiler" else _fmt_field(f.name, value)
+            lines.append(f"  {f.name}: {text}{mark}{tail}")
     lines.append("ridge points (peak FLOP/s / HBM B/s):")
     for d in MATMUL_DTYPES:
         ridge = chip.ridge_point(d)

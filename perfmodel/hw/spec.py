@@ -127,6 +127,31 @@ class Overheads:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Compiler:
+    """What the TPU compiler (libtpu, Mosaic) does on this chip, and whether perfmodel's own kernels target it.
+
+    Behaviour read from compiles and from the compiler's source, not datasheet figures; the code asks these
+    fields instead of lists of chip names (hwspecs/README.md, "Compiler facts"). ``None``: not applicable (GPUs)
+    or not known; code reads a ``None`` bool as false.
+    """
+
+    #: libtpu's deviceless topology the compiler-backed tools compile for (e.g. "v5e:2x2"; its first device is
+    #: the compile target and reports one of ``jax_device_kinds``); None: no deviceless target (GPUs, v2, v3).
+    deviceless_topology: str | None
+    #: bf16 elementwise arithmetic (multiply, add, max) runs on the VPU in bf16 rather than widened to f32 (v6e,
+    #: 7x). The bundled matmul then makes dynamic int8 codes of bf16 activations from a bf16 product and scales
+    #: int4 blockwise weights in bf16 (perfmodel.model.gemm.quantizes_in_bf16).
+    vpu_bf16_arithmetic: bool | None
+    #: Mosaic keeps the VMEM temporaries of bf16/int8 values at their width; false: widened through f32, so a
+    #: kernel body needs more (f32) VMEM (v2-v4). The bundled kernels' VMEM estimates read it
+    #: (kernels.tiling.narrow_vmem_temporaries). Not the same fact as vpu_bf16_arithmetic: v5e and v5p differ.
+    mosaic_narrow_vmem_temporaries: bool | None
+    #: perfmodel's bundled Pallas TPU kernels (kernels/) support the chip: every kernel keeps tuned defaults for
+    #: it and `perfmodel tune --write` tunes them on it (perfmodel.schedule.catalog.pallas_chips).
+    bundled_pallas_kernels: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class Disagreement:
     """Where public sources give different numbers for one field."""
 
@@ -158,6 +183,7 @@ class ChipSpec:
     memory: Memory
     interconnect: Interconnect
     overheads: Overheads
+    compiler: Compiler
     #: Free-form remarks printed by ``perfmodel hw show``.
     notes: tuple[str, ...]
     #: Reference id -> citation (URL, paper, file at a commit).

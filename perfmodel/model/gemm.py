@@ -46,19 +46,24 @@ DYNAMIC_QUANT_OPS_PER_ELEMENT = 7
 #: group: 140 vmax + 128 vand + 128 vmul.bf16 + 64 vpack.c.bf16.s8 + 128 vcombine per 128 bf16 vregs), which runs
 #: in about half the bundles of the f32 codes' (212 against 354).
 DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16 = 4
-#: Chips whose VPU computes in bf16 (the compiler emits vmul.bf16 / vmax.bf16 for bf16 operands on them; on v4-v5p
-#: bf16 elementwise math is widened to f32): the deviceless compiles of the bundled matmul, libtpu 0.0.42.1.
-BF16_VPU_CHIPS = ("tpu-v6e", "tpu-7x")
 #: Blockwise weight scales at up to this many rows (a decode-sized row block): the bundled matmul scales each scale
 #: group's partial product (rows x N VPU work per group); above it, the weight tile once (K x N).
 BLOCKWISE_PARTIAL_MAX_ROWS = 128
 
 
+def has_bf16_vpu(chip: object | None) -> bool:
+    """Whether the chip's VPU does bf16 elementwise arithmetic in bf16 (its spec's ``compiler.vpu_bf16_arithmetic``:
+    the compiler emits vmul.bf16 / vmax.bf16 for bf16 operands on v6e and 7x; on v2-v5p bf16 elementwise math is
+    widened to f32). False without a chip or where the spec leaves it null (GPUs)."""
+    compiler = getattr(chip, "compiler", None)
+    return bool(compiler is not None and compiler.vpu_bf16_arithmetic)
+
+
 def quantizes_in_bf16(chip: object | None, source_dtype: str) -> bool:
     """Whether dynamic per-token int8 quantization of ``source_dtype`` activations makes its codes from a bf16
-    product (bf16 activations on a chip with a bf16 VPU, :data:`BF16_VPU_CHIPS`): the bundled matmul's
+    product (bf16 activations on a chip with a bf16 VPU, :func:`has_bf16_vpu`): the bundled matmul's
     quantize_x (kernels.quant.int8_codes_bf16) and the op model's count of its VPU ops both ask this."""
-    return getattr(chip, "name", None) in BF16_VPU_CHIPS and parse_dtype(source_dtype, "`lhs_source_dtype`") == "bf16"
+    return has_bf16_vpu(chip) and parse_dtype(source_dtype, "`lhs_source_dtype`") == "bf16"
 
 
 def has_fast_int8_mxu(chip: object) -> bool:

@@ -184,8 +184,15 @@ class KernelEntry:
         return out
 
 
-#: The chips the attention and sampling kernels keep defaults for (the others fall back, see their blocks.py).
-PALLAS_CHIPS: tuple[str, ...] = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
+def pallas_chips() -> tuple[str, ...]:
+    """The chips the attention, grouped-matmul and sampling kernels keep defaults for (the others fall back, see
+    their blocks.py): the registry's chips (hwspecs/ and $PERFMODEL_HW_PATH) whose spec sets
+    ``compiler.bundled_pallas_kernels``, oldest first. Read when tuning, not at import: a kernel's entry.py names
+    this function (``TunedKernel(chips=pallas_chips)``)."""
+    from perfmodel.hw.registry import all_chips
+
+    chips = sorted((c for c in all_chips() if c.compiler.bundled_pallas_kernels), key=lambda c: (c.year, c.name))
+    return tuple(c.name for c in chips)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,8 +219,9 @@ class TunedKernel:
     problem: str
     #: Production configuration first: lookups without a dtype use the first one.
     configs: tuple[TunedConfig, ...]
-    #: None: every TPU chip in the registry.
-    chips: tuple[str, ...] | None = None
+    #: The chips tuned: names, or a function returning them called when tuning (e.g. :func:`pallas_chips`); None:
+    #: every TPU chip in the registry.
+    chips: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
     #: Extra static arguments of the wrapper, built when tuning (e.g. a PRNG key).
     extra: Callable[[], dict[str, Any]] | None = None
     #: Extra fields stored with each choice, from its blocks and the shapes (e.g. paged_attention's tokens).
@@ -225,6 +233,10 @@ class TunedKernel:
     #: candidates within the default scoped limit, so the compiler-backed time, not the model's, decides
     #: whether raising the limit pays (0: the pool only).
     compile_raised: int = 0
+
+    def chip_names(self) -> tuple[str, ...] | None:
+        """The chips tuned (:attr:`chips` called where it is a function); None: every TPU chip in the registry."""
+        return tuple(self.chips()) if callable(self.chips) else self.chips
 
 
 def load(target: str, flag: str) -> Any:

@@ -165,11 +165,11 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
     ``compile_top``: compile that many candidates per chip and configuration (see the module docstring); chips
     the installed compiler has no deviceless target for keep the schedule model's choice, with ``compiled_s``
     null."""
-    from perfmodel.compiler.toolchain import TOPOLOGIES
+    from perfmodel.compiler.toolchain import deviceless_topology
     from perfmodel.hw.registry import all_chips
     from perfmodel.schedule.analyze import resolve_chip
 
-    names = list(chips or spec.chips or [c.name for c in all_chips() if c.kind == "tpu"])
+    names = list(chips or spec.chip_names() or [c.name for c in all_chips() if c.kind == "tpu"])
     entry = get_entry(spec.entry)
     stored = _stored_defaults(spec) if compile_top is not None else {}
     extra = spec.extra() if spec.extra else None
@@ -185,7 +185,7 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
             except InputError:
                 continue  # e.g. fp8 weights on a chip without an fp8 MXU path
             compiled, count = None, None
-            if compile_top is not None and chip.name in TOPOLOGIES:
+            if compile_top is not None and deviceless_topology(chip) is not None:
                 from perfmodel.schedule.compiled import rerank_compiled
 
                 if progress is not None:

@@ -163,7 +163,7 @@ def default_topology(chip: Any, tp: int) -> str | None:
     does (v5e:2x4 for 8 chips), None when the default fits."""
     from perfmodel.compiler.toolchain import topology_chips, topology_for
 
-    base = topology_for(chip.name)
+    base = topology_for(chip)
     if topology_chips(base) >= tp:
         return None
     family, dims = base.split(":")

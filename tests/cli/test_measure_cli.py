@@ -178,7 +178,8 @@ def test_report_stdin_names_what_report_accepts(tmp_path):
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
     assert len(lines) == 1, res.output
-    assert re.fullmatch(r"Error: INPUT -: not `perfmodel predict model --json` output; report reads that .*"
+    assert re.fullmatch(r"Error: INPUT -: not `perfmodel predict model --json` or `perfmodel serve --json` output; "
+                        r"report reads those .*"
                         r"a measure results file or the published results YAML given by path", lines[0])
     # the library names its argument; the CLI wrote it as INPUT
     with pytest.raises(InputError, match=r"^`input_path` -: not `perfmodel predict model --json` output; .*measure "

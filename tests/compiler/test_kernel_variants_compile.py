@@ -14,14 +14,14 @@ import functools
 import pytest
 
 from perfmodel.compiler.api import compile_many
-from perfmodel.compiler.toolchain import TOPOLOGIES
+from perfmodel.compiler.toolchain import compile_targets
 from perfmodel.hw.registry import get_chip
 from tests.compiler.kernel_variants import BUILD, CALLS, refusal
 
 pytestmark = [pytest.mark.needs_libtpu, pytest.mark.slow]
 
 #: (call, chip) pairs that compile; the refused ones are checked without the compiler (test_variant_refusals.py).
-COMPILED = [(call, chip) for chip in sorted(TOPOLOGIES) for call in CALLS if refusal(call[1], chip) is None]
+COMPILED = [(call, chip) for chip in sorted(compile_targets()) for call in CALLS if refusal(call[1], chip) is None]
 
 
 @functools.cache

@@ -58,12 +58,13 @@ def test_int4_weights_match_the_reference(shape, blockwise):
 
 
 def test_int4_blockwise_scales_in_bf16_on_chips_with_bf16_scaling():
-    # tpu-v6e multiplies blockwise scales in bf16 (kernel.BF16_SCALING_CHIPS): one more bf16 rounding of each
-    # scale (rel 2^-9) than tpu-v5e's f32 product; both stay within the bf16 tolerance of the reference, and the
-    # two differ (the bf16 path is taken).
-    from kernels.matmul.kernel import BF16_SCALING_CHIPS
+    # tpu-v6e multiplies blockwise scales in bf16 (kernel.scales_in_bf16: its spec's compiler.vpu_bf16_arithmetic):
+    # one more bf16 rounding of each scale (rel 2^-9) than tpu-v5e's f32 product; both stay within the bf16
+    # tolerance of the reference, and the two differ (the bf16 path is taken).
+    from kernels.matmul.kernel import scales_in_bf16
+    from perfmodel.hw.registry import get_chip
 
-    assert "tpu-v6e" in BF16_SCALING_CHIPS and "tpu-v5e" not in BF16_SCALING_CHIPS
+    assert scales_in_bf16(get_chip("tpu-v6e")) and not scales_in_bf16(get_chip("tpu-v5e"))
     m, k, n = 48, 512, 256
     x = jax.random.normal(jax.random.key(7), (m, k), jnp.float32).astype(jnp.bfloat16)
     wp, s = _weights(8, k, n, True)
