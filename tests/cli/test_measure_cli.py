@@ -182,6 +182,7 @@ def test_report_stdin_names_what_report_accepts(tmp_path):
                         r"report reads those .*"
                         r"a measure results file or the published results YAML given by path", lines[0])
     # the library names its argument; the CLI wrote it as INPUT
-    with pytest.raises(InputError, match=r"^`input_path` -: not `perfmodel predict model --json` output; .*measure "
+    with pytest.raises(InputError, match=r"^`input_path` -: not `perfmodel predict model --json` or `perfmodel serve "
+                                         r"--json` output; .*measure "
                                          r"results file.*published results YAML"):
         build_report("-", stdin_text=gemm.output)
