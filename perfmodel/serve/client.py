@@ -95,7 +95,17 @@ class Recorder:
             self.chunk_times.append(t)
             self.chunk_counts.append(n)
 
-    def itl_s(self) -> np.ndarray:
+    def chunks_at(self, times: np.ndarray, n: int) -> None:
+        """``n`` chunks at each of ``times``."""
+        self.chunk_times.extend(times.tolist())
+        self.chunk_counts.extend([n] * len(times))
+
+    def itl(self) -> tuple[np.ndarray, np.ndarray]:
+        """(gap values in seconds, how many gaps have each value)."""
         values = np.concatenate(self._gap_values + [np.asarray(self.single_gaps, dtype=float)])
         counts = np.concatenate(self._gap_counts + [np.ones(len(self.single_gaps), dtype=np.int64)])
-        return np.repeat(values, counts)
+        return values, counts
+
+    def itl_s(self) -> np.ndarray:
+        """Every gap (the values repeated by their counts)."""
+        return np.repeat(*self.itl())

@@ -89,12 +89,34 @@ class Distribution:
     percentiles_ms: tuple[tuple[float, float], ...]
 
 
-def distribution(values_s: np.ndarray, percentiles: tuple[float, ...]) -> Distribution:
+def distribution(values_s: np.ndarray, percentiles: tuple[float, ...], counts: np.ndarray | None = None
+                 ) -> Distribution:
+    """Mean, median, std and percentiles (ms) of ``values_s``, each value repeated ``counts`` times when given:
+    the numbers numpy gives on the repeated list (np.percentile's linear interpolation), without building it."""
     x = np.asarray(values_s, dtype=float) * 1000.0
+    c = np.ones(x.size, dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+    keep = c > 0
+    x, c = x[keep], c[keep]
     if x.size == 0:
-        x = np.zeros(1)  # vLLM: `x or 0`
-    return Distribution(mean_ms=float(np.mean(x)), median_ms=float(np.median(x)), std_ms=float(np.std(x)),
-                        percentiles_ms=tuple((p, float(np.percentile(x, p))) for p in percentiles))
+        x, c = np.zeros(1), np.ones(1, dtype=np.int64)  # vLLM: `x or 0`
+    order = np.argsort(x, kind="stable")
+    x, c = x[order], c[order]
+    ends = np.cumsum(c)  # the repeated list's positions ends[i - 1] .. ends[i] - 1 hold x[i]
+    n = int(ends[-1])
+    mean = float(np.dot(x, c) / n)
+    std = float(np.sqrt(np.dot(c, (x - mean) ** 2) / n))
+
+    def at(pos: int) -> float:
+        return float(x[np.searchsorted(ends, pos, side="right")])
+
+    def pct(p: float) -> float:
+        h = (n - 1) * p / 100.0
+        lo = int(np.floor(h))
+        a = at(lo)
+        return a if lo + 1 >= n else a + (h - lo) * (at(lo + 1) - a)
+
+    return Distribution(mean_ms=mean, median_ms=pct(50.0), std_ms=std,
+                        percentiles_ms=tuple((p, pct(p)) for p in percentiles))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +160,8 @@ def bench_metrics(run: RunResult, *, percentile_metrics: tuple[str, ...] = DEFAU
             good &= per[name] <= bound / 1000.0
         goodput = float(good.sum()) / duration
     dists = {"ttft": distribution(ttft, percentiles), "tpot": distribution(tpot, percentiles),
-             "itl": distribution(run.itl_s, percentiles), "e2el": distribution(e2el, percentiles)}
+             "itl": distribution(run.itl_values_s, percentiles, run.itl_counts),
+             "e2el": distribution(e2el, percentiles)}
     peak_tok, peak_conc = _peaks(run)
     return BenchMetrics(
         completed=len(recs), failed=0, duration_s=duration, total_input_tokens=ins,

@@ -85,8 +85,10 @@ class RunResult:
     """Everything one simulated benchmark run produced."""
 
     records: tuple[RequestRecord, ...]
-    #: Every streamed-chunk gap of every request, seconds (vLLM's ITL list, in no particular order).
-    itl_s: np.ndarray
+    #: Every streamed-chunk gap of every request (vLLM's ITL list, in no particular order) as distinct values,
+    #: seconds, and how many gaps have each.
+    itl_values_s: np.ndarray
+    itl_counts: np.ndarray
     stats: EngineStats
     timeline: Timeline
     #: Step ends at which requests received chunks, and how many requests each (peak output throughput).

@@ -128,7 +128,9 @@ def _with_progress(sink: Callable[[RequestRecord], None] | None, progress: Calla
 
 def _merge(engines: list[Any]) -> RunResult:
     records = tuple(sorted((r for e in engines for r in e.rec.records), key=lambda r: r.index))
-    itl = np.concatenate([e.rec.itl_s() for e in engines]) if engines else np.zeros(0)
+    pairs = [e.rec.itl() for e in engines]
+    itl_values = np.concatenate([v for v, _ in pairs])
+    itl_counts = np.concatenate([c for _, c in pairs])
     stats = [e.stats() for e in engines]
     steps = sum(s.steps for s in stats) or 1
 
@@ -148,7 +150,7 @@ def _merge(engines: list[Any]) -> RunResult:
     notes = ()
     if len(engines) > 1:
         notes = (f"{len(engines)} data-parallel replicas, requests dealt round robin; the timeline is replica 0's",)
-    return RunResult(records=records, itl_s=itl, stats=merged, timeline=engines[0].timeline(), chunk_times=times,
+    return RunResult(records=records, itl_values_s=itl_values, itl_counts=itl_counts, stats=merged, timeline=engines[0].timeline(), chunk_times=times,
                      chunk_counts=counts, notes=notes)
 
 

@@ -43,10 +43,11 @@ MAX_RUN_STEPS = 2048
 
 
 class _Seq:
-    """One request inside the engine."""
+    """One request inside the engine. While it decodes, its running state lives in the engine's arrays
+    (:class:`_Decodes`); the object holds it again when it leaves them."""
 
     __slots__ = ("req", "send_s", "prompt", "target", "out", "computed", "private", "shared", "first_s", "last_s",
-                 "chunks", "cached", "preemptions", "order", "published", "active", "tokens", "group", "decoding")
+                 "chunks", "cached", "preemptions", "order", "published", "tokens", "group", "slot")
 
     def __init__(self, req: Request, send_s: float):
         self.req = req
@@ -54,6 +55,7 @@ class _Seq:
         self.prompt = req.input_tokens
         self.target = req.output_tokens
         self.out = 0  # output tokens emitted
+        self.tokens = req.input_tokens  # prompt + emitted output
         self.computed = 0  # tokens whose KV is in the cache
         self.private = 0  # blocks of its own
         self.shared: list = []  # cached prefix blocks it references
@@ -64,19 +66,69 @@ class _Seq:
         self.preemptions = 0
         self.order = 0
         self.published = 0  # leading prefix blocks already made cacheable
-        self.active = False  # in the running list
-        self.tokens = req.input_tokens  # prompt + emitted output
         self.group = req.prefix_group if req.prefix_tokens else None
-        #: Past its (re)computed prompt: each step it decodes (or verifies drafts).
-        self.decoding = False
+        self.slot = -1  # its row in the decode arrays while it decodes
 
     @property
     def blocks(self) -> int:
         return self.private + len(self.shared)
 
 
+class _Decodes:
+    """The running requests past their (re)computed prompt, one row each: what every step updates, as arrays."""
+
+    def __init__(self, capacity: int):
+        self.seq: list[_Seq | None] = [None] * capacity
+        self.ctx = np.zeros(capacity, dtype=np.int64)  # tokens in the KV cache
+        self.out = np.zeros(capacity, dtype=np.int64)
+        self.tokens = np.zeros(capacity, dtype=np.int64)
+        self.target = np.zeros(capacity, dtype=np.int64)
+        self.held = np.zeros(capacity, dtype=np.int64)  # blocks (private + shared)
+        self.last = np.zeros(capacity)  # last chunk's time
+        self.chunks = np.zeros(capacity, dtype=np.int64)
+        self.order = np.zeros(capacity, dtype=np.int64)
+        self.active = np.zeros(capacity, dtype=bool)
+        self.free = list(range(capacity - 1, -1, -1))
+        self.count = 0
+        self._rows: np.ndarray | None = None  # active rows in order, until a row enters or leaves
+
+    def enter(self, s: _Seq) -> None:
+        i = self.free.pop()
+        s.slot = i
+        self.seq[i] = s
+        self.ctx[i], self.out[i], self.tokens[i], self.target[i] = s.computed, s.out, s.tokens, s.target
+        self.held[i], self.last[i], self.chunks[i], self.order[i] = s.blocks, s.last_s, s.chunks, s.order
+        self.active[i] = True
+        self.count += 1
+        self._rows = None
+
+    def leave(self, i: int) -> _Seq:
+        """Hand row i's state back to its request and free the row."""
+        s = self.seq[i]
+        s.computed, s.out, s.tokens = int(self.ctx[i]), int(self.out[i]), int(self.tokens[i])
+        s.private = int(self.held[i]) - len(s.shared)
+        s.last_s, s.chunks = float(self.last[i]), int(self.chunks[i])
+        s.slot = -1
+        self.seq[i] = None
+        self.active[i] = False
+        self.free.append(i)
+        self.count -= 1
+        self._rows = None
+        return s
+
+    def rows(self) -> np.ndarray:
+        """Active rows in admission order (the running order)."""
+        if self._rows is None:
+            rows = np.flatnonzero(self.active)
+            self._rows = rows[np.argsort(self.order[rows], kind="stable")]
+        return self._rows
+
+
 class VllmEngine:
-    """One replica; :meth:`run` simulates a stream through it."""
+    """One replica; :meth:`run` simulates a stream through it. Running requests are the decoding rows
+    (:class:`_Decodes`, admitted first) followed by the requests still prefilling (``self.pre``, a list in
+    admission order): a prefill is admitted only while budget is left after every running request, so a request
+    still prefilling is never followed by one that decodes."""
 
     def __init__(self, cfg: EngineConfig, times: StepTimes, num_blocks: int, *, seed: int = 0, replica: int = 0,
                  draft: "DraftCost | None" = None, sink: Callable[[RequestRecord], None] | None = None):
@@ -90,11 +142,10 @@ class VllmEngine:
         self.rng = np.random.default_rng(seed + 7919 * replica)
         self.draft = draft
         self.rec = Recorder(replica, sink)
-        self.running: list[_Seq] = []
+        self.dec = _Decodes(cfg.max_num_seqs + 1)
+        self.pre: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self._order = 0
-        #: Running requests still prefilling (not yet at their first token, or recomputing after preemption).
-        self._prefilling = 0
         self.now = 0.0
         # statistics
         self.steps = 0
@@ -106,23 +157,32 @@ class VllmEngine:
         self.sum_used = 0
         self._tl: list[tuple[float, int, int, int]] = []
 
-    # ------------------------------------------------------------------ blocks
+    @property
+    def n_running(self) -> int:
+        return self.dec.count + len(self.pre)
+
+    # ------------------------------------------------------------------ blocks and preemption
 
     def _free(self, s: _Seq) -> None:
         self.pool.give_back(s.private, s.shared)
         s.private, s.shared, s.published = 0, [], 0
 
-    def _preempt(self, victim: _Seq) -> None:
-        if not victim.decoding:
-            self._prefilling -= 1
-        victim.decoding = False
-        self.running.remove(victim)
-        victim.active = False
-        self._free(victim)
-        victim.computed = 0
-        victim.preemptions += 1
+    def _to_waiting(self, s: _Seq) -> None:
+        """Preemption by recompute: blocks freed, progress dropped, front of the waiting queue."""
+        self._free(s)
+        s.computed = 0
+        s.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(victim)
+        self.waiting.appendleft(s)
+
+    def _preempt_last(self) -> _Seq:
+        """Preempt the last running request (the last prefill, else the last decode)."""
+        if self.pre:
+            victim = self.pre.pop()
+        else:
+            victim = self.dec.leave(int(self.dec.rows()[-1]))
+        self._to_waiting(victim)
+        return victim
 
     def _publish(self, s: _Seq) -> None:
         """Make the full blocks of the request's group prefix it has computed cacheable."""
@@ -136,41 +196,77 @@ class VllmEngine:
                 s.shared.append(key)
             s.published += 1
 
+    def _fit_decodes(self, rows: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Give the decoding ``rows`` (running order) their ``need`` new blocks (:meth:`_make_room` first).
+        Returns the surviving rows, their needs and whether anything was preempted."""
+        rows, need, preempted = self._make_room(rows, need)
+        self.pool.take(int(need.sum()))
+        self.dec.held[rows] += need
+        return rows, need, preempted
+
+    def _make_room(self, rows: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The preemptions that let the decoding ``rows`` (running order) take ``need`` new blocks, as vLLM makes
+        them: on a shortfall the last running request is preempted, first the prefills after them, then decodes
+        from the end, so the survivors are the longest prefix whose needs fit in the free blocks plus what the
+        preempted suffix held. Returns the surviving rows, their needs and whether anything was preempted."""
+        preempted = False
+        total = int(need.sum())
+        while total > self.pool.free_blocks and self.pre:
+            self._to_waiting(self.pre.pop())
+            preempted = True
+        if total > self.pool.free_blocks:
+            held = self.dec.held[rows]
+            lhs = np.concatenate(([0], np.cumsum(need)))
+            rhs = self.pool.free_blocks + np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
+            p = int(np.flatnonzero(lhs <= rhs).max())
+            for i in rows[p:][::-1]:
+                self._to_waiting(self.dec.leave(int(i)))
+            rows, need, preempted = rows[:p], need[:p], True
+        return rows, need, preempted
+
     # ------------------------------------------------------------------ scheduling
 
-    def _schedule(self) -> list[tuple[_Seq, int, bool]]:
-        """(request, tokens scheduled, is a decode / verification) of this step."""
+    def _schedule(self) -> tuple[np.ndarray, np.ndarray, list[tuple[_Seq, int]]]:
+        """(decoding rows, tokens each, [(prefilling request, tokens)]) of this step (module docstring)."""
         budget = self.cfg.max_num_batched_tokens
-        out: list[tuple[_Seq, int, bool]] = []
-        preempted = False
-        ps, k, pool = self.ps, self.k, self.pool
-        for s in list(self.running):
+        d = self.dec
+        rows = d.rows()
+        n = np.full(len(rows), 1 + self.k, dtype=np.int64)
+        start = np.cumsum(n) - n  # budget used before each decode
+        n = np.clip(budget - start, 0, n)
+        rows, n = rows[n > 0], n[n > 0]
+        need = np.maximum(-(-(d.ctx[rows] + n) // self.ps) - d.held[rows], 0)
+        rows, n_kept, preempted = self._fit_decodes(rows, need)
+        n = n[:len(rows)]
+        budget -= int(n.sum())
+        pre: list[tuple[_Seq, int]] = []
+        for s in list(self.pre):
             if budget <= 0:
                 break
-            if not s.active:  # preempted while serving an earlier request
+            if s not in self.pre:  # preempted while serving an earlier prefill
                 continue
-            decoding = s.decoding
-            n = s.tokens - s.computed + (k if decoding else 0)
-            if n > budget:
-                n = budget
+            m = min(s.tokens - s.computed, budget)
             while True:
-                need = -(-(s.computed + n) // ps) - s.private - len(s.shared)
-                if need <= 0 or pool.take(need):
-                    if need > 0:
-                        s.private += need
+                need1 = -(-(s.computed + m) // self.ps) - s.private - len(s.shared)
+                if need1 <= 0 or self.pool.take(need1):
+                    if need1 > 0:
+                        s.private += need1
                     break
-                victim = self.running[-1]
-                self._preempt(victim)
+                victim = self._preempt_last()
                 preempted = True
                 if victim is s:
                     break
-            if not s.active:
+            if s not in self.pre:
                 continue
-            out.append((s, n, decoding))
-            budget -= n
-        if preempted:
-            return out
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            pre.append((s, m))
+            budget -= m
+        if not preempted:
+            self._admit(budget, pre)
+        return rows, n, pre
+
+    def _admit(self, budget: int, pre: list[tuple[_Seq, int]]) -> None:
+        """Waiting requests in order while the budget lasts and fewer than max-num-seqs run."""
+        while self.waiting and budget > 0 and self.n_running < self.cfg.max_num_seqs:
             s = self.waiting[0]
             hit: list = []
             if s.computed == 0:
@@ -193,76 +289,86 @@ class VllmEngine:
             s.cached += start
             self._order += 1
             s.order = self._order
-            self.running.append(s)
-            self._prefilling += 1
-            s.active = True
-            out.append((s, n, False))
+            self.pre.append(s)
+            pre.append((s, n))
             budget -= n
-        return out
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, client: Client, batch: list[tuple[_Seq, int, bool]]) -> None:
-        dec_ctx, chunks, verify = [], [], []
-        tokens = dec_tokens = 0
-        for s, n, decoding in batch:
-            tokens += n
-            dec_tokens += n if decoding else 0
-            if decoding and n == 1:
-                dec_ctx.append(s.computed + 1)
-            elif decoding:
-                verify.append((n, s.computed + n))
-            else:
-                chunks.append((n, s.computed + n))
-        t_pad, b_pad = self.times.padded(tokens, len(batch))
-        device = self.times.dense_s(t_pad, b_pad) + self.times.attention_s(np.asarray(dec_ctx, dtype=np.int64),
-                                                                            chunks + verify)
-        dt = device * self.cfg.device_factor(dec_tokens, tokens - dec_tokens) + self.cfg.host_s(len(batch))
-        if self.draft is not None and verify:
-            dt += self.draft.step_s(len(verify), [c for _, c in verify])
+    def _step(self, client: Client, rows: np.ndarray, n: np.ndarray, pre: list[tuple[_Seq, int]]) -> None:
+        d, t = self.dec, self.times
+        dec_tokens = int(n.sum())
+        tokens = dec_tokens + sum(m for _, m in pre)
+        seqs = len(rows) + len(pre)
+        ctx_after = d.ctx[rows] + n
+        if self.k:
+            parts = np.zeros_like(t.decode_rows(np.ones(1, dtype=np.int64))[0])
+            for q in np.unique(n):
+                sel = n == q
+                parts = parts + (t.decode_rows(-(-ctx_after[sel] // self.ps)).sum(axis=0) if q == 1
+                                 else t.chunk_rows(int(q), ctx_after[sel]).sum(axis=0))
+        else:
+            parts = t.decode_rows(-(-ctx_after // self.ps)).sum(axis=0) if len(rows) else 0.0
+        if pre:
+            parts = parts + t.attention_parts(np.zeros(0, dtype=np.int64), [(m, s.computed + m) for s, m in pre])
+        t_pad, b_pad = t.padded(tokens, seqs)
+        att = t.kernel_time(np.asarray(parts)) if np.ndim(parts) else 0.0
+        dt = ((t.dense_s(t_pad, b_pad) + att) * self.cfg.device_factor(dec_tokens, tokens - dec_tokens)
+              + self.cfg.host_s(seqs))
+        if self.draft is not None and self.k and len(rows):
+            dt += self.draft.step_s(len(rows), ctx_after.tolist())
         self.now += dt
-        self._account(dt, len(batch), tokens)
-        emitting = 0
-        finished = []
-        now, gaps = self.now, self.rec.single_gaps
-        for s, n, decoding in batch:
-            s.computed += n
-            if s.computed < s.tokens:  # a prefill chunk that is not the last
-                if s.group is not None:
-                    self._publish(s)
-                continue
-            if decoding and self.k:  # a verification: the pending token plus the accepted drafts
-                accepted = int(np.count_nonzero(self.rng.random() < self._accept[:n - 1]))
-                emit = min(1 + accepted, s.target - s.out)
+        now = self.now
+        self._account(dt, seqs, tokens)
+        # decodes: one chunk each (a verification: the pending token plus the accepted drafts)
+        if len(rows):
+            if self.k:
+                u = self.rng.random(len(rows))
+                allowed = np.arange(self.k)[None, :] < (n - 1)[:, None]
+                accepted = ((u[:, None] < self._accept[None, :]) & allowed).sum(axis=1)
+                emit = np.minimum(1 + accepted, d.target[rows] - d.out[rows])
             else:
                 emit = 1
-            if s.group is not None:
-                self._publish(s)
-            if not decoding:
-                self._prefilling -= 1
-                s.decoding = True
-            # the client reads a chunk: the first token, or one more gap
-            if s.out == 0 and s.first_s < 0:
+            self.rec.gaps(now - d.last[rows])
+            d.out[rows] += emit
+            d.tokens[rows] += emit
+            d.ctx[rows] = d.tokens[rows] - 1  # the newest token's KV is written by the next step
+            d.last[rows] = now
+            d.chunks[rows] += 1
+            done_rows = rows[d.out[rows] >= d.target[rows]]
+        else:
+            done_rows = rows
+        finished = [d.leave(int(i)) for i in done_rows]
+        emitting = len(rows)
+        for s, m in pre:
+            s.computed += m
+            self._publish(s)
+            if s.computed < s.tokens:  # a prefill chunk that is not the last
+                continue
+            # the client reads a chunk: the first token, or one more gap (a request recomputed after preemption)
+            if s.first_s < 0:
                 s.first_s = now
             else:
-                gaps.append(now - s.last_s)
+                self.rec.single_gaps.append(now - s.last_s)
                 s.chunks += 1
-            s.out += emit
-            s.tokens += emit
+            s.out += 1
+            s.tokens += 1
             s.last_s = now
-            s.computed = s.tokens - 1  # the newest token's KV is written by the next step
+            s.computed = s.tokens - 1
             emitting += 1
+            self.pre.remove(s)
             if s.out >= s.target:
                 finished.append(s)
-        self.rec.chunks(self.now, emitting)
+            else:
+                d.enter(s)
+        self.rec.chunks(now, emitting)
         for s in finished:
-            self._finish(s)
+            self._record(s)
         if finished:
-            client.finished(self.now, len(finished))
+            client.finished(now, len(finished))
 
-    def _finish(self, s: _Seq) -> None:
-        self.running.remove(s)
-        s.active = False
+    def _record(self, s: _Seq) -> None:
+        """A finished request: its blocks freed, its record written."""
         self._free(s)
         self.rec.add(RequestRecord(
             index=s.req.index, send_s=s.send_s, first_token_s=s.first_s, finish_s=self.now,
@@ -277,7 +383,7 @@ class VllmEngine:
         used = self.pool.used_blocks
         self.peak_used = max(self.peak_used, used)
         self.sum_used += used * steps
-        self._tl.append((self.now, len(self.running), len(self.waiting), used))
+        self._tl.append((self.now, self.n_running, len(self.waiting), used))
 
     # ------------------------------------------------------------------ decode runs
 
@@ -296,46 +402,28 @@ class VllmEngine:
         n = min(n, budget)
         return max(-(-(start + n) // self.ps) - hit, 0) <= self.pool.free_blocks
 
-    def _preempt_for_decodes(self, need: np.ndarray, held: np.ndarray) -> bool:
-        """The preemptions of a decode-only step whose blocks do not all fit, as vLLM makes them: running requests
-        take blocks in order and each shortfall preempts the last running one, so the survivors are the longest
-        prefix whose needs fit in the free blocks plus what the preempted suffix held. False (nothing done) when
-        not even the first request would survive (the step-by-step path handles that)."""
-        free = self.pool.free_blocks
-        # prefix p survives iff sum(need[:p]) <= free + sum(held[p:])
-        lhs = np.concatenate(([0], np.cumsum(need)))
-        rhs = free + np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
-        p = int(np.flatnonzero(lhs <= rhs).max())
-        if p == 0:
-            return False
-        for victim in reversed(self.running[p:]):
-            self._preempt(victim)
-        return True
-
     def _decode_run(self, client: Client) -> bool:
         """Run a block of pure-decode steps up to the next event; False when the state does not allow one."""
-        if self.k or not self.running:
-            return False
-        if self._prefilling:
+        d = self.dec
+        if self.k or self.pre or not d.count:
             return False
         nxt = client.next_send_s()
-        B = len(self.running)
+        B = d.count
         can_admit = B < self.cfg.max_num_seqs and self.cfg.max_num_batched_tokens > B
         if self.waiting and can_admit and self._admissible(self.waiting[0], self.cfg.max_num_batched_tokens - B):
             return False
-        rem = np.fromiter((s.target - s.out for s in self.running), dtype=np.int64, count=B)
-        k = int(min(rem.min(), MAX_RUN_STEPS))
+        rows = d.rows()
+        k = int(min((d.target[rows] - d.out[rows]).min(), MAX_RUN_STEPS))
         if k < 2:
             return False
-        ctx0 = np.fromiter((s.computed for s in self.running), dtype=np.int64, count=B)
-        held = np.fromiter((s.blocks for s in self.running), dtype=np.int64, count=B)
+        ctx0, held = d.ctx[rows], d.held[rows]
         j = np.arange(k, dtype=np.int64)[:, None]
-        ctx = ctx0[None, :] + 1 + j  # KV tokens after step j
-        pages = -(-ctx // self.ps)
+        pages = -(-(ctx0[None, :] + 1 + j) // self.ps)  # after step j
         new_blocks = np.maximum(pages - held[None, :], 0).sum(axis=1)  # cumulative: blocks held after step j
         ok = new_blocks <= self.pool.free_blocks
         if not ok[0]:
-            return self._preempt_for_decodes(np.maximum(pages[0] - held, 0), held) and self._decode_run(client)
+            kept, _, _ = self._make_room(rows, np.maximum(pages[0] - held, 0))
+            return bool(len(kept)) and self._decode_run(client)
         if not ok.all():
             k = int(np.argmin(ok))
         pages = pages[:k]
@@ -351,30 +439,28 @@ class VllmEngine:
                 k = max(k_arr, 1)
                 dts, ends = dts[:k], ends[:k]
         # first step: each request's own gap; later steps: the step time for all B
-        self.rec.gaps(ends[0] - np.fromiter((s.last_s for s in self.running), dtype=float, count=B))
+        self.rec.gaps(ends[0] - d.last[rows])
         if k > 1:
             self.rec.gaps(dts[1:], np.full(k - 1, B))
-        for t in ends:
-            self.rec.chunks(float(t), B)
+        self.rec.chunks_at(ends, B)
         need_final = np.maximum(-(-(ctx0 + k) // self.ps) - held, 0)
         self.pool.take(int(need_final.sum()))
         end = float(ends[-1])
-        for s, extra in zip(self.running, need_final):
-            s.private += int(extra)
-            s.out += k
-            s.tokens += k
-            s.computed += k
-            s.chunks += k
-            s.last_s = end
+        d.held[rows] += need_final
+        d.out[rows] += k
+        d.tokens[rows] += k
+        d.ctx[rows] += k
+        d.chunks[rows] += k
+        d.last[rows] = end
         self.now = end
         self.steps += k - 1  # _account adds one more
         self.sum_running += B * (k - 1)
         self.sum_tokens += B * (k - 1)
         self.sum_used += self.pool.used_blocks * (k - 1)
         self._account(float(dts.sum()), B, B)
-        finished = [s for s in self.running if s.out >= s.target]
+        finished = [d.leave(int(i)) for i in rows[d.out[rows] >= d.target[rows]]]
         for s in finished:
-            self._finish(s)
+            self._record(s)
         if finished:
             client.finished(self.now, len(finished))
         return True
@@ -391,7 +477,7 @@ class VllmEngine:
                                      f"tokens exceed `max_model_len` {longest}; raise --max-model-len or shorten "
                                      "the requests")
                 self.waiting.append(_Seq(req, send))
-            if not self.running and not self.waiting:
+            if not self.n_running and not self.waiting:
                 nxt = client.next_send_s()
                 if nxt is None:
                     break
@@ -399,14 +485,14 @@ class VllmEngine:
                 continue
             if self._decode_run(client):
                 continue
-            batch = self._schedule()
-            if not batch:
-                if not self.running:
+            rows, n, pre = self._schedule()
+            if not len(rows) and not pre:
+                if not self.n_running:
                     raise InputError(f"request {self.waiting[0].req.index} cannot be scheduled: it needs more KV "
                                      f"blocks than the replica's {self.pool.num_blocks}; raise "
                                      "--gpu-memory-utilization or lower --max-model-len")
                 continue
-            self._step(client, batch)
+            self._step(client, rows, n, pre)
 
     def stats(self) -> EngineStats:
         n = max(self.steps, 1)

@@ -205,6 +205,27 @@ class StepTimes:
             out = out + w * ((1.0 - wp) * row[i] + wp * row[i + 1])
         return out
 
+    def chunk_rows(self, q: int, contexts: np.ndarray) -> np.ndarray:
+        """[N, kernel, unit + 1] seconds of N sequences each pushing ``q`` > 1 tokens over ``contexts`` KV tokens
+        (vectorized :meth:`_chunk_row`, same interpolation)."""
+        grid = self._qgrid
+        j = min(max(int(np.searchsorted(grid, q)), 1), len(grid) - 1)
+        q0, q1 = int(grid[j - 1]), int(grid[j])
+        wq = 0.0 if q1 == q0 else (q - q0) / (q1 - q0)
+        prefix = np.maximum(np.asarray(contexts, dtype=np.int64) - q, 0) / PREFIX_GRID_TOKENS
+        i = np.minimum(prefix.astype(np.int64), self._prefix_points - 2)
+        wp = (prefix - i)[:, None, None]
+        rows = [(self._qrow(q0), 1.0)] if (q <= q0 or wq <= 0.0) else [(self._qrow(q0), 1.0 - wq),
+                                                                         (self._qrow(q1), wq)]
+        out = 0.0
+        for row, w in rows:
+            out = out + w * ((1.0 - wp) * row[i] + wp * row[i + 1])
+        return out
+
+    def kernel_time(self, parts: np.ndarray) -> float:
+        """Attention seconds of a step from its sequences' summed [kernel, unit + 1] seconds."""
+        return self._kernel_time(parts)
+
     def attention_s(self, dec_ctx: np.ndarray, chunks: list[tuple[int, int]] = ()) -> float:
         """Attention seconds of a step: decode sequences over ``dec_ctx`` KV tokens each, and (q, c) chunks."""
         parts = self.attention_parts(dec_ctx, chunks)

@@ -37,7 +37,16 @@ class FixedTimes:
         return 0.0
 
     def decode_rows(self, pages):  # [.., kernel, unit + 1] of nothing
-        return np.zeros(pages.shape + (1, 6))
+        return np.zeros(np.shape(pages) + (1, 6))
+
+    def chunk_rows(self, q, contexts):
+        return np.zeros((len(contexts), 1, 6))
+
+    def attention_parts(self, dec_ctx, chunks=()):
+        return np.zeros((1, 6))
+
+    def kernel_time(self, parts):
+        return 0.0
 
     def kernel_times(self, parts):
         return np.zeros(parts.shape[0])
@@ -138,7 +147,8 @@ def test_padding_buckets():
 
 def test_metrics_and_summary_keys():
     eng = _run(_cfg(), [_req(0, 0.0, 40, 3), _req(1, 0.0, 40, 2)], blocks=100)
-    run = RunResult(records=tuple(eng.rec.records), itl_s=eng.rec.itl_s(), stats=eng.stats(),
+    values, counts = eng.rec.itl()
+    run = RunResult(records=tuple(eng.rec.records), itl_values_s=values, itl_counts=counts, stats=eng.stats(),
                     timeline=eng.timeline(), chunk_times=np.asarray(eng.rec.chunk_times),
                     chunk_counts=np.asarray(eng.rec.chunk_counts))
     m = bench_metrics(run, goodput_ms=parse_goodput(["ttft:15"]))
@@ -217,3 +227,20 @@ def test_progress_reports_finished_requests():
              progress=lambda msg, done, total: calls.append((done, total)))
     # about every 1% of the requests (every 2 of 250), the last at 250/250
     assert calls[-1] == (250, 250) and len(calls) == 125 and all(t == 250 for _, t in calls)
+
+
+def test_weighted_distribution_equals_numpy_on_the_repeated_list():
+    from perfmodel.serve.metrics import distribution
+
+    rng = np.random.default_rng(1)
+    values = rng.random(50)
+    counts = rng.integers(0, 7, size=50)
+    full = np.repeat(values, counts) * 1000
+    d = distribution(values, (1.0, 50.0, 90.0, 99.0, 99.9, 100.0), counts)
+    assert d.mean_ms == pytest.approx(np.mean(full)) and d.std_ms == pytest.approx(np.std(full))
+    assert d.median_ms == pytest.approx(np.median(full))
+    for p, v in d.percentiles_ms:
+        assert v == pytest.approx(np.percentile(full, p)), p
+    # hand-worked: [1, 1, 1, 3] ms -> mean 1.5, median 1, p75 at position 2.25: 1 + 0.25 * (3 - 1) = 1.5
+    d = distribution(np.array([0.001, 0.003]), (75.0,), np.array([3, 1]))
+    assert (d.mean_ms, d.median_ms, d.percentiles_ms[0][1]) == pytest.approx((1.5, 1.0, 1.5))
