@@ -82,6 +82,10 @@ Examples:
                    "model (libtpu, deviceless; minutes the first time, then cached).")
 @click.option("--sweep", "sweep_text", default=None, metavar="NAME=V1,...",
               help="request-rate=1,2,4,inf or max-concurrency=1,8,64: one run per value.")
+@click.option("--workers", type=int, default=None, help="With --sweep: processes of the local pool (default: "
+              "every core; 1 runs the points in this process).")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="With --sweep: run the points on Ray (perfmodel[ray]).")
 @click.option("--save-requests", default=None, metavar="FILE.jsonl",
               help="One record per request, written (fsynced) as each finishes.")
 @click.option("--plot", "plot_dir", default=None, metavar="DIR", help="Write timeline.png (and curve.png with "
@@ -96,7 +100,7 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
           speculative_config: str | None, acceptance_rate: str | None, goodput: tuple[str, ...],
           percentile_metrics: str | None, metric_percentiles: str | None, op_speedup: tuple[str, ...],
           host_overhead_ms: float | None, host_overhead_per_request_ms: float | None, no_padding: bool,
-          with_compile: bool, sweep_text: str | None, save_requests: str | None,
+          with_compile: bool, workers: int | None, ray_address: str | None, sweep_text: str | None, save_requests: str | None,
           plot_dir: str | None, force: bool, as_json: bool, **stream: Any) -> None:
     from perfmodel.hw import get_chip
     from perfmodel.model.configs import get_model
@@ -144,7 +148,9 @@ def serve(args: tuple[str, ...], config_path: str | None, hw: str, engine: str, 
             swept, values = parse_sweep(sweep_text)
             with Progress("serve sweep") as bar:
                 result = sweep(cfg, workload, swept, values, progress=bar,
-                               on_record=writer.write if writer else None, **kw)
+                               on_record=writer.write if writer else None,
+                               backend="ray" if ray_address else ("inprocess" if workers == 1 else "auto"),
+                               workers=workers, address=ray_address, **kw)
             if plot_dir:
                 from perfmodel.serve.plots import write_plots
 

@@ -14,9 +14,11 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
                    "serving-sim (the serving simulator against published TPU serving benchmarks; only when asked: "
                    "it simulates about 70 runs).")
 @click.option("--no-kernels", is_flag=True, help="Skip the Pallas kernel points (they trace with jax).")
+@click.option("--workers", type=int, default=None, help="serving-sim: processes of the local pool (default: every "
+              "core).")
 @json_option
 @user_errors
-def validate(groups: tuple[str, ...], no_kernels: bool, as_json: bool) -> None:
+def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, as_json: bool) -> None:
     """Run every published measurement of perfmodel/data/validation/ through the same library calls as
     `perfmodel predict` / `perfmodel analyze` and print measured vs floor vs expected, the error, and the
     median and worst error per group (points used to fit a constant apart from the held-out ones), and the
@@ -35,7 +37,7 @@ def validate(groups: tuple[str, ...], no_kernels: bool, as_json: bool) -> None:
         from perfmodel.serve import validation
 
         with Progress("validate serving-sim") as bar:
-            sim = validation.run_serving_validation(progress=bar)
+            sim = validation.run_serving_validation(progress=bar, workers=workers)
         emit(output_format(as_json), text=lambda: validation.report_text(sim),
              json=lambda: validation.report_records(sim))
         groups = tuple(g for g in groups if g != "serving-sim")

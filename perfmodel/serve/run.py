@@ -189,13 +189,24 @@ def parse_sweep(text: str) -> tuple[str, tuple[float, ...]]:
     return field, tuple(out)
 
 
+def _sweep_point(task: tuple[EngineConfig, Workload, dict[str, Any]]) -> ServeComparison:
+    """One point of a sweep (module level: perfmodel.runner's workers call it)."""
+    cfg, workload, kw = task
+    return serve(cfg, workload, **kw)
+
+
 def sweep(cfg: EngineConfig, workload: Workload, swept: str, values: Sequence[float], *,
-          progress: Callable[..., None] | None = None, **kw: Any) -> ServeSweep:
-    """One :func:`serve` per value of ``swept``; the same seed (so the same lengths) at every point."""
-    points = []
-    for i, v in enumerate(values):
-        if progress is not None:
-            progress(f"{swept}={v}", done=i, total=len(values))
-        w = dataclasses.replace(workload, **{swept: v})
-        points.append(serve(cfg, w, **kw))
-    return ServeSweep(swept=swept, values=tuple(values), points=tuple(points))
+          progress: Callable[..., None] | None = None, backend: str = "inprocess", workers: int | None = None,
+          address: str | None = None, **kw: Any) -> ServeSweep:
+    """One :func:`serve` per value of ``swept``; the same seed (so the same lengths) at every point. The points
+    run on perfmodel.runner's ``backend`` (in process when ``on_record`` writes a file as requests finish)."""
+    from perfmodel.runner import run_tasks
+
+    if kw.get("on_record") is not None:
+        backend = "inprocess"
+    tasks = [(cfg, dataclasses.replace(workload, **{swept: v}), kw) for v in values]
+    results = run_tasks(_sweep_point, tasks, backend=backend, workers=workers, address=address, progress=progress)
+    failed = next((r for r in results if not r.ok), None)
+    if failed is not None:
+        raise InputError(f"`sweep` {swept}={values[failed.index]}: {failed.error}")
+    return ServeSweep(swept=swept, values=tuple(values), points=tuple(r.value for r in results))

@@ -193,14 +193,18 @@ class ServingReport:
         return len(errs), (float(np.median(errs)) if errs else None)
 
 
-def run_serving_validation(progress: Callable[..., None] | None = None) -> ServingReport:
-    pts = load_points()
-    rows = []
-    for i, p in enumerate(pts):
-        if progress is not None:
-            progress(p.id, done=i, total=len(pts))
-        rows.append(simulate_point(p))
-    return ServingReport(rows=tuple(rows))
+def run_serving_validation(progress: Callable[..., None] | None = None, *, backend: str = "auto",
+                           workers: int | None = None) -> ServingReport:
+    """Every usable point simulated (on perfmodel.runner's backend: a process pool by default)."""
+    from perfmodel.errors import ToolFailure
+    from perfmodel.runner import run_tasks
+
+    results = run_tasks(simulate_point, load_points(), backend=backend, workers=workers, progress=progress)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise ToolFailure(f"serving validation: {len(failed)} point(s) failed, first {failed[0].inputs.id}: "
+                          f"{failed[0].error}")
+    return ServingReport(rows=tuple(r.value for r in results))
 
 
 def report_text(rep: ServingReport) -> str:

@@ -114,3 +114,11 @@ def test_report_takes_serve_results(tmp_path):
     md = (tmp_path / "rep.md").read_text()
     assert "| metric | max-concurrency 1 | max-concurrency 8 |" in md and "mean TTFT" in md
     assert "Serving benchmark (simulated)" in (tmp_path / "rep.html").read_text()
+
+
+def test_sweep_same_points_in_process_and_on_the_pool():
+    one = json.loads(run(*SMALL, "--sweep", "max-concurrency=1,2,4,8,12,16,20,24", "--workers", "1", "--json").output)
+    pool = json.loads(run(*SMALL, "--sweep", "max-concurrency=1,2,4,8,12,16,20,24", "--workers", "2",
+                          "--json").output)
+    assert [p["output_throughput"] for p in one] == [p["output_throughput"] for p in pool]
+    assert [p["max_concurrency"] for p in pool] == [1, 2, 4, 8, 12, 16, 20, 24]
