@@ -88,7 +88,7 @@ class Recorder:
     def gaps(self, values: np.ndarray | float, counts: np.ndarray | int = 1) -> None:
         v = np.atleast_1d(np.asarray(values, dtype=float))
         self._gap_values.append(v)
-        self._gap_counts.append(np.broadcast_to(np.asarray(counts, dtype=np.int64), v.shape))
+        self._gap_counts.append(counts)  # a scalar is spread over the values in itl()
 
     def chunks(self, t: float, n: int) -> None:
         if n:
@@ -103,7 +103,9 @@ class Recorder:
     def itl(self) -> tuple[np.ndarray, np.ndarray]:
         """(gap values in seconds, how many gaps have each value)."""
         values = np.concatenate(self._gap_values + [np.asarray(self.single_gaps, dtype=float)])
-        counts = np.concatenate(self._gap_counts + [np.ones(len(self.single_gaps), dtype=np.int64)])
+        counts = np.concatenate([np.broadcast_to(np.asarray(c, dtype=np.int64), v.shape)
+                                 for v, c in zip(self._gap_values, self._gap_counts)]
+                                + [np.ones(len(self.single_gaps), dtype=np.int64)])
         return values, counts
 
     def itl_s(self) -> np.ndarray:

@@ -47,7 +47,7 @@ class _Seq:
     (:class:`_Decodes`); the object holds it again when it leaves them."""
 
     __slots__ = ("req", "send_s", "prompt", "target", "out", "computed", "private", "shared", "first_s", "last_s",
-                 "chunks", "cached", "preemptions", "order", "published", "tokens", "group", "slot")
+                 "chunks", "cached", "preemptions", "published", "tokens", "group", "slot")
 
     def __init__(self, req: Request, send_s: float):
         self.req = req
@@ -64,7 +64,6 @@ class _Seq:
         self.chunks = 0
         self.cached = 0
         self.preemptions = 0
-        self.order = 0
         self.published = 0  # leading prefix blocks already made cacheable
         self.group = req.prefix_group if req.prefix_tokens else None
         self.slot = -1  # its row in the decode arrays while it decodes
@@ -86,21 +85,22 @@ class _Decodes:
         self.held = np.zeros(capacity, dtype=np.int64)  # blocks (private + shared)
         self.last = np.zeros(capacity)  # last chunk's time
         self.chunks = np.zeros(capacity, dtype=np.int64)
-        self.order = np.zeros(capacity, dtype=np.int64)
         self.active = np.zeros(capacity, dtype=bool)
         self.free = list(range(capacity - 1, -1, -1))
         self.count = 0
-        self._rows: np.ndarray | None = None  # active rows in order, until a row enters or leaves
+        #: Active rows in running order. A request enters decoding after every row already there (it was
+        #: admitted after them), so entering appends; leaving removes.
+        self._rows = np.zeros(0, dtype=np.int64)
 
     def enter(self, s: _Seq) -> None:
         i = self.free.pop()
         s.slot = i
         self.seq[i] = s
         self.ctx[i], self.out[i], self.tokens[i], self.target[i] = s.computed, s.out, s.tokens, s.target
-        self.held[i], self.last[i], self.chunks[i], self.order[i] = s.blocks, s.last_s, s.chunks, s.order
+        self.held[i], self.last[i], self.chunks[i] = s.blocks, s.last_s, s.chunks
         self.active[i] = True
         self.count += 1
-        self._rows = None
+        self._rows = np.append(self._rows, i)
 
     def leave(self, i: int) -> _Seq:
         """Hand row i's state back to its request and free the row."""
@@ -113,14 +113,11 @@ class _Decodes:
         self.active[i] = False
         self.free.append(i)
         self.count -= 1
-        self._rows = None
+        self._rows = self._rows[self._rows != i]
         return s
 
     def rows(self) -> np.ndarray:
         """Active rows in admission order (the running order)."""
-        if self._rows is None:
-            rows = np.flatnonzero(self.active)
-            self._rows = rows[np.argsort(self.order[rows], kind="stable")]
         return self._rows
 
 
@@ -145,7 +142,6 @@ class VllmEngine:
         self.dec = _Decodes(cfg.max_num_seqs + 1)
         self.pre: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
-        self._order = 0
         self.now = 0.0
         # statistics
         self.steps = 0
@@ -232,9 +228,10 @@ class VllmEngine:
         d = self.dec
         rows = d.rows()
         n = np.full(len(rows), 1 + self.k, dtype=np.int64)
-        start = np.cumsum(n) - n  # budget used before each decode
-        n = np.clip(budget - start, 0, n)
-        rows, n = rows[n > 0], n[n > 0]
+        if (1 + self.k) * len(rows) > budget:  # the budget ends within the decodes
+            start = np.cumsum(n) - n  # budget used before each decode
+            n = np.clip(budget - start, 0, n)
+            rows, n = rows[n > 0], n[n > 0]
         need = np.maximum(-(-(d.ctx[rows] + n) // self.ps) - d.held[rows], 0)
         rows, n_kept, preempted = self._fit_decodes(rows, need)
         n = n[:len(rows)]
@@ -287,8 +284,6 @@ class VllmEngine:
             s.shared, s.private, s.computed = list(hit), need, start
             s.published = len(hit)
             s.cached += start
-            self._order += 1
-            s.order = self._order
             self.pre.append(s)
             pre.append((s, n))
             budget -= n
@@ -310,7 +305,7 @@ class VllmEngine:
         else:
             parts = t.decode_rows(-(-ctx_after // self.ps)).sum(axis=0) if len(rows) else 0.0
         if pre:
-            parts = parts + t.attention_parts(np.zeros(0, dtype=np.int64), [(m, s.computed + m) for s, m in pre])
+            parts = parts + t.chunk_parts([(m, s.computed + m) for s, m in pre])
         t_pad, b_pad = t.padded(tokens, seqs)
         att = t.kernel_time(np.asarray(parts)) if np.ndim(parts) else 0.0
         dt = ((t.dense_s(t_pad, b_pad) + att) * self.cfg.device_factor(dec_tokens, tokens - dec_tokens)

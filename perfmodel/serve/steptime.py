@@ -86,6 +86,7 @@ class StepTimes:
         self._dec = np.zeros((0, 0, 0))  # [pages, kernel, unit + 1 (own seconds)]
         self._launch = None  # [kernel] launch + DMA seconds
         self._qrows: dict[int, np.ndarray] = {}  # grid q -> [prefix grid, kernel, unit + 1]
+        self._chunks: dict[tuple[int, int], np.ndarray] = {}  # (q, c) -> [kernel, unit + 1], as priced
         self._qgrid = query_grid(max(cfg.max_num_batched_tokens, 2))
         self._prefix_points = int(math.ceil(cfg.max_model_len / PREFIX_GRID_TOKENS)) + 1
 
@@ -166,6 +167,8 @@ class StepTimes:
             out[:, k, :5] = np.broadcast_to(ach, (5, n)).T
             out[:, k, 5] = np.broadcast_to(own, (n,))
             launch[k] = float(np.max(lat))
+        if self._launch is None:
+            self._launch = launch
         return out, launch
 
     def _decode_table(self, pages: int) -> np.ndarray:
@@ -187,7 +190,13 @@ class StepTimes:
 
     def _chunk_row(self, q: int, c: int) -> np.ndarray:
         """[kernel, unit + 1] seconds of one sequence pushing ``q`` > 1 tokens over ``c`` KV tokens (bilinear on
-        the grid; exact at grid points)."""
+        the grid; exact at grid points); remembered per (q, c)."""
+        hit = self._chunks.get((q, c))
+        if hit is None:
+            hit = self._chunks[(q, c)] = self._chunk_row_eval(q, c)
+        return hit
+
+    def _chunk_row_eval(self, q: int, c: int) -> np.ndarray:
         grid = self._qgrid
         j = int(np.searchsorted(grid, q))
         j = min(max(j, 1), len(grid) - 1)
@@ -230,6 +239,14 @@ class StepTimes:
         """Attention seconds of a step: decode sequences over ``dec_ctx`` KV tokens each, and (q, c) chunks."""
         parts = self.attention_parts(dec_ctx, chunks)
         return self._kernel_time(parts)
+
+    def chunk_parts(self, chunks: list[tuple[int, int]]) -> np.ndarray:
+        """[kernel, unit + 1] summed seconds of (q, c) chunks (prefill chunks, q > 1, or decodes, q = 1)."""
+        total = 0.0
+        for q, c in chunks:
+            total = total + (self._decode_table(-(-c // self.page))[-(-c // self.page) - 1] if q == 1
+                             else self._chunk_row(q, c))
+        return total
 
     def attention_parts(self, dec_ctx: np.ndarray, chunks: list[tuple[int, int]] = ()) -> np.ndarray:
         """[kernel, unit + 1] summed seconds of a step's sequences."""
