@@ -222,7 +222,7 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
     if p.steps:
         from perfmodel.predict.steps import step_sweep
 
-        model = _model_config(p.model, p.hf_config) if p.hf_config else p.model
+        model = model_config_from_hf(p.model, p.hf_config) if p.hf_config else p.model
         floor = expected = 0.0
         calls = 0
         for st in p.steps:
@@ -252,7 +252,7 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
 _MODEL_DIRS: dict[str, Any] = {}
 
 
-def _model_config(name: str, hf_config: dict[str, Any]) -> Any:
+def model_config_from_hf(name: str, hf_config: dict[str, Any]) -> Any:
     """The ModelConfig of a Hugging Face config given inline in published.yaml, read the way `--config` reads a
     file (it is written once per process to a temporary ``<name>/config.json``)."""
     import json

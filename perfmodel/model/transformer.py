@@ -574,8 +574,13 @@ def ragged_lens(step: Step, window: int | None = None) -> tuple[np.ndarray, np.n
     tokens keeps at most ``window + query_len - 1`` of a sequence's KV tokens in play (its first new token sees
     the window, its last one the window shifted by the chunk)."""
     q = np.asarray(step.query_lens, dtype=np.int64)
-    c = np.asarray(step.context_lens, dtype=np.int64)
-    return q, (np.minimum(c, window + q - 1) if window else c)
+    return q, window_lens(q, np.asarray(step.context_lens, dtype=np.int64), window)
+
+
+def window_lens(query_lens: np.ndarray, context_lens: np.ndarray, window: int | None) -> np.ndarray:
+    """KV tokens in play for sequences pushing ``query_lens`` tokens over ``context_lens`` in a layer with a
+    sliding window of ``window`` tokens (None: all of them)."""
+    return np.minimum(context_lens, window + query_lens - 1) if window else context_lens
 
 
 def context_op_names(cfg: ModelConfig) -> frozenset[str]:
@@ -599,7 +604,7 @@ def sequence_attention_ops(cfg: ModelConfig, step: Step, chip: Any, query_lens: 
     act, kv_scale = step.act_dtype, default_kv_scale(step.kv_dtype)
     if cfg.mla is None:
         return [(label, layers, attention.ragged_paged_attention(
-            query_lens=q, context_lens=np.minimum(c, window + q - 1) if window else c, q_heads=sh.q_heads,
+            query_lens=q, context_lens=window_lens(q, c, window), q_heads=sh.q_heads,
             kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size, kv_dtype=step.kv_dtype,
             q_dtype=act, kv_scale=kv_scale, chip=chip)) for label, layers, window in _attention_kinds(cfg)]
     m, L = cfg.mla, cfg.num_layers

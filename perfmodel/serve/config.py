@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perfmodel.errors import InputError
@@ -146,7 +146,6 @@ class EngineConfig:
     jetstream_max_prefill_length: int = 8192
     #: With --compile: perfmodel.serve.compiled.CompiledScales (compiled / analytic step ratios); None: analytic.
     compiled: Any = None
-    notes: tuple[str, ...] = field(default=())
 
     def device_factor(self, decode_tokens: int, prefill_tokens: int) -> float:
         """Factor on a step's device time (1 without --compile)."""
@@ -167,10 +166,11 @@ def default_limits(chip: Any) -> tuple[int, int]:
 
 def default_block_size(max_model_len: int) -> int:
     """tpu-inference's default page size for ``max_model_len`` (see the module docstring)."""
+    from perfmodel.serve.padding import next_power_of_2
+
     if max_model_len > 8192:
         return 16
-    pow2 = 1 if max_model_len <= 1 else 1 << (max_model_len - 1).bit_length()
-    return min(max(pow2 // 16, 16), 256)
+    return min(max(next_power_of_2(max_model_len) // 16, 16), 256)
 
 
 #: Largest value a server flag may take (far beyond any real server; keeps arrays and tables finite).

@@ -53,11 +53,12 @@ class ServeSweep:
     points: tuple[ServeComparison, ...]
 
 
-def _replica_engine(cfg: EngineConfig, capacity: KVCapacity, replica: int, seed: int,
+def _replica_engine(cfg: EngineConfig, times: Any, capacity: KVCapacity, replica: int, seed: int,
                     sink: Callable[[RequestRecord], None] | None) -> Any:
+    """One replica's engine over the step times ``times`` (shared by the replicas: the tables depend on the
+    configuration only)."""
     from perfmodel.serve.steptime import StepTimes
 
-    times = StepTimes(cfg)
     if cfg.engine == "jetstream":
         from perfmodel.serve.jetstream import JetstreamEngine
 
@@ -93,6 +94,9 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
         raise InputError(f"`max_num_seqs` {cfg.max_num_seqs}: JetStream keeps {cfg.max_model_len} KV tokens per slot "
                          f"and {cfg.chip.name} x{cfg.tp} holds {capacity.tokens} tokens: at most {slots} slots; lower "
                          "--max-num-seqs or --max-model-len")
+    from perfmodel.serve.steptime import StepTimes
+
+    times = StepTimes(cfg)
     engines = []
     for r in range(cfg.dp):
         share = reqs[r::cfg.dp]
@@ -101,7 +105,7 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
         conc = workload.max_concurrency
         if conc is not None:
             conc = max(conc // cfg.dp + (1 if r < conc % cfg.dp else 0), 1)
-        eng = _replica_engine(cfg, capacity, r, workload.seed, on_record)
+        eng = _replica_engine(cfg, times, capacity, r, workload.seed, on_record)
         eng.run(share, conc)
         engines.append(eng)
     run = _merge(engines)

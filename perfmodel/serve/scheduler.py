@@ -385,11 +385,8 @@ class VllmEngine:
     def _admissible(self, s: _Seq, budget: int) -> bool:
         """Whether the waiting request ``s`` could get its first chunk's blocks now (no run then: the blocks
         free only shrink while decodes run, so a request that cannot be admitted now cannot until one ends)."""
-        hit = 0
-        if s.computed == 0 and self.pool.prefix_caching and s.req.prefix_group is not None:
-            cap = min(s.req.prefix_tokens // self.ps, (s.tokens - 1) // self.ps)
-            while hit < cap and (s.req.prefix_group, hit) in self.pool.refs:
-                hit += 1
+        hit = len(self.pool.lookup(s.req.prefix_group, s.req.prefix_tokens // self.ps, s.tokens)) if (
+            s.computed == 0) else 0
         start = hit * self.ps
         n = s.tokens - start
         if not self.cfg.enable_chunked_prefill and n > budget:

@@ -197,22 +197,7 @@ class StepTimes:
         return hit
 
     def _chunk_row_eval(self, q: int, c: int) -> np.ndarray:
-        grid = self._qgrid
-        j = int(np.searchsorted(grid, q))
-        j = min(max(j, 1), len(grid) - 1)
-        q0, q1 = int(grid[j - 1]), int(grid[j])
-        wq = 0.0 if q1 == q0 else (q - q0) / (q1 - q0)
-        prefix = max(c - q, 0) / PREFIX_GRID_TOKENS
-        i = min(int(prefix), self._prefix_points - 2)
-        wp = prefix - i
-        if q <= q0 or wq <= 0.0:
-            rows = [(self._qrow(q0), 1.0)]
-        else:
-            rows = [(self._qrow(q0), 1.0 - wq), (self._qrow(q1), wq)]
-        out = 0.0
-        for row, w in rows:
-            out = out + w * ((1.0 - wp) * row[i] + wp * row[i + 1])
-        return out
+        return self.chunk_rows(q, np.asarray([c]))[0]
 
     def chunk_rows(self, q: int, contexts: np.ndarray) -> np.ndarray:
         """[N, kernel, unit + 1] seconds of N sequences each pushing ``q`` > 1 tokens over ``contexts`` KV tokens
@@ -254,12 +239,7 @@ class StepTimes:
         top = int(pages.max()) if pages.size else 1
         table = self._decode_table(max(top, 1))
         total = table[pages - 1].sum(axis=0) if pages.size else np.zeros(table.shape[1:])
-        for q, c in chunks:
-            if q == 1:
-                total = total + table[-(-c // self.page) - 1]
-            else:
-                total = total + self._chunk_row(q, c)
-        return total
+        return total + self.chunk_parts(chunks) if chunks else total
 
     def _kernel_time(self, parts: np.ndarray) -> float:
         if not parts.any():

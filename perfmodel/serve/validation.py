@@ -18,10 +18,8 @@ the rest are **held out**. Both errors are reported.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -83,9 +81,6 @@ def load_points() -> list[ServingPoint]:
     return out
 
 
-_DIRS: dict[str, Any] = {}
-
-
 def hf_config(p: dict) -> dict:
     """The Hugging Face config.json fields of a point's ``arch`` (numbers from the model's HF config, as the
     validation file records them): dense Llama-style (Qwen(1) 7B is one too: MHA, SwiGLU), Qwen3, Qwen3-MoE
@@ -107,17 +102,12 @@ def hf_config(p: dict) -> dict:
 
 
 def _model(p: dict) -> Any:
-    from perfmodel.model.configs import get_model, load_hf_config
+    from perfmodel.harness.published_validation import model_config_from_hf
+    from perfmodel.model.configs import get_model
 
     if p["model"] in PRESETS:
         return get_model(PRESETS[p["model"]])
-    hf = hf_config(p)
-    name = p["model"].split("/")[-1].lower()
-    if name not in _DIRS:
-        _DIRS[name] = tempfile.TemporaryDirectory(prefix="perfmodel-serving-")
-    file = Path(_DIRS[name].name) / "config.json"
-    file.write_text(json.dumps(hf))
-    return load_hf_config(file)
+    return model_config_from_hf(p["model"].split("/")[-1].lower(), hf_config(p))
 
 
 def simulate_point(pt: ServingPoint, *, host: tuple[float, float] | None = None) -> ServingRow:
