@@ -36,6 +36,7 @@ SKIP = {
     "perfmodel xla": "compiles with libtpu: minutes, and figures that move with the compiler version",
     "perfmodel measure": "times kernels on the JAX backend present: machine-dependent",
     "my-chip.yaml": "the reader edits the file first; the error shown is for that edit",
+    "--group serving-sim": "simulates 86 published serving runs: minutes",
 }
 #: Lines libtpu prints on stderr that are not the tool's output.
 NOISE = ("WARNING", "E0000", "Source Location", "learning/", "Logging before")

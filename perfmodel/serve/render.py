@@ -22,22 +22,29 @@ def header(r: ServeResult) -> dict[str, Any]:
 
 def engine_lines(r: ServeResult) -> list[str]:
     c, s, cap = r.engine, r.run.stats, r.capacity
+    setup = f"server: {c.engine} on {c.chip.name} x{c.tp * c.dp} (tp {c.tp}, dp {c.dp}), {c.model.name} " \
+            f"{c.weight_dtype} weights, {c.kv_cache_dtype} KV; "
+    host = f"host overhead {si(c.host_overhead_s, 's')} per step + {si(c.host_overhead_per_seq_s, 's')} per request"
+    kv = (f"({si(cap.kv_bytes_per_chip, 'B')} per chip beside {si(cap.weight_bytes_per_chip, 'B')} of weights and "
+          f"{si(cap.workspace_bytes_per_chip, 'B')} of workspace, {c.gpu_memory_utilization:g} of "
+          f"{si(cap.hbm_bytes_per_chip, 'B')})")
+    if c.engine == "jetstream":  # fixed decode slots, whole-prompt prefills: no blocks, budget or prefix cache
+        return [setup + f"{c.max_num_seqs} decode slots of {c.max_model_len} tokens",
+                f"KV cache: {cap.tokens} tokens per replica {kv}",
+                f"engine: {s.steps} steps (prefills and generate steps) of {si(s.mean_step_s, 's')} on average, "
+                f"{s.mean_running:.1f} requests per step; slots in use {percent(s.mean_kv_usage)} mean, "
+                f"{percent(s.peak_kv_usage)} peak; {host}"] + list(r.run.notes)
     lines = [
-        f"server: {c.engine} on {c.chip.name} x{c.tp * c.dp} (tp {c.tp}, dp {c.dp}), {c.model.name} "
-        f"{c.weight_dtype} weights, {c.kv_cache_dtype} KV; max-num-seqs {c.max_num_seqs}, max-num-batched-tokens "
-        f"{c.max_num_batched_tokens}, max-model-len {c.max_model_len}, block-size {c.block_size}, prefix caching "
+        setup + f"max-num-seqs {c.max_num_seqs}, max-num-batched-tokens {c.max_num_batched_tokens}, max-model-len "
+        f"{c.max_model_len}, block-size {c.block_size}, prefix caching "
         f"{'on' if c.enable_prefix_caching else 'off'}, chunked prefill {'on' if c.enable_chunked_prefill else 'off'}"
         + (f", speculative {c.speculative.method} k={c.speculative.num_speculative_tokens} (mean accepted "
            f"{c.speculative.mean_accepted:.2f})" if c.speculative else ""),
-        f"KV cache: {cap.num_blocks} blocks = {cap.tokens} tokens per replica "
-        f"({si(cap.kv_bytes_per_chip, 'B')} per chip beside {si(cap.weight_bytes_per_chip, 'B')} of weights and "
-        f"{si(cap.workspace_bytes_per_chip, 'B')} of workspace, {c.gpu_memory_utilization:g} of "
-        f"{si(cap.hbm_bytes_per_chip, 'B')})",
+        f"KV cache: {cap.num_blocks} blocks = {cap.tokens} tokens per replica {kv}",
         f"engine: {s.steps} steps of {si(s.mean_step_s, 's')} on average, {s.mean_running:.1f} requests and "
         f"{s.mean_step_tokens:.0f} tokens per step; KV use {percent(s.mean_kv_usage)} mean, "
         f"{percent(s.peak_kv_usage)} peak; {s.preemptions} preemptions; prefix-cache hit rate "
-        f"{percent(s.prefix_cache_hit_rate)}; host overhead {si(c.host_overhead_s, 's')} per step + "
-        f"{si(c.host_overhead_per_seq_s, 's')} per request",
+        f"{percent(s.prefix_cache_hit_rate)}; {host}",
     ]
     if c.compiled is not None:
         lines.append("compiled (--compile): " + "; ".join(
