@@ -64,17 +64,19 @@ class Client:
 
 
 class Recorder:
-    """Token times of every request; ITL gaps kept as (value, count) pairs so equal gaps of one step cost one
-    entry."""
+    """Token times of every request. ITL gaps are kept as (value, count) pairs, so the equal gaps of one step
+    (every request that also emitted in the step before) cost one entry."""
 
     def __init__(self, replica: int = 0, sink: "Callable[[RequestRecord], None] | None" = None):
         self.replica = replica
         self.sink = sink
         self.records: list[RequestRecord] = []
+        #: Gap arrays, each value counted once (or by the matching array in _gap_counts).
         self._gap_values: list[np.ndarray] = []
-        self._gap_counts: list[np.ndarray] = []
-        #: Single gaps (one request's), appended as floats: cheaper than an array each.
-        self.single_gaps: list[float] = []
+        self._gap_counts: list[np.ndarray | int] = []
+        #: Single (value, count) gaps, appended as Python numbers: cheaper than an array each.
+        self._one_values: list[float] = []
+        self._one_counts: list[int] = []
         #: Step ends and the chunks (requests emitting tokens) in each: the peak-throughput buckets.
         self.chunk_times: list[float] = []
         self.chunk_counts: list[int] = []
@@ -85,10 +87,25 @@ class Recorder:
         if self.sink is not None:
             self.sink(record)
 
-    def gaps(self, values: np.ndarray | float, counts: np.ndarray | int = 1) -> None:
-        v = np.atleast_1d(np.asarray(values, dtype=float))
-        self._gap_values.append(v)
-        self._gap_counts.append(counts)  # a scalar is spread over the values in itl()
+    def gap(self, value: float, count: int = 1) -> None:
+        """``count`` gaps of ``value`` seconds."""
+        self._one_values.append(value)
+        self._one_counts.append(count)
+
+    def gaps(self, values: np.ndarray, counts: np.ndarray | int = 1) -> None:
+        """Gaps of ``values`` seconds, each ``counts`` times (per value, or one count for all)."""
+        self._gap_values.append(values)
+        self._gap_counts.append(counts)
+
+    def step_gaps(self, now: float, last: np.ndarray, prev_end: float) -> None:
+        """The gaps that requests whose previous chunks came at ``last`` see at a step ending ``now``: one entry
+        for those whose previous chunk came at ``prev_end`` (the step before), one each for the rest."""
+        same = last == prev_end
+        n_same = int(np.count_nonzero(same))
+        if n_same:
+            self.gap(now - prev_end, n_same)
+        if n_same < len(last):
+            self.gaps(now - last[~same])
 
     def chunks(self, t: float, n: int) -> None:
         if n:
@@ -102,10 +119,10 @@ class Recorder:
 
     def itl(self) -> tuple[np.ndarray, np.ndarray]:
         """(gap values in seconds, how many gaps have each value)."""
-        values = np.concatenate(self._gap_values + [np.asarray(self.single_gaps, dtype=float)])
-        counts = np.concatenate([np.broadcast_to(np.asarray(c, dtype=np.int64), v.shape)
-                                 for v, c in zip(self._gap_values, self._gap_counts)]
-                                + [np.ones(len(self.single_gaps), dtype=np.int64)])
+        values = np.concatenate(self._gap_values + [np.asarray(self._one_values, dtype=float)])
+        counts = np.concatenate([np.full(len(v), c, dtype=np.int64) if isinstance(c, int)
+                                 else np.asarray(c, dtype=np.int64) for v, c in zip(self._gap_values, self._gap_counts)]
+                                + [np.asarray(self._one_counts, dtype=np.int64)])
         return values, counts
 
     def itl_s(self) -> np.ndarray:

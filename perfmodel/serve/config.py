@@ -149,6 +149,8 @@ class EngineConfig:
 
     def device_factor(self, decode_tokens: int, prefill_tokens: int) -> float:
         """Factor on a step's device time (1 without --compile)."""
+        if self.compiled is None:
+            return 1.0
         from perfmodel.serve.compiled import scale_factor
 
         return scale_factor(self.compiled, decode_tokens, prefill_tokens)

@@ -75,7 +75,7 @@ class JetstreamEngine:
             self.rec.chunks(self.now, len(active))
             done = []
             for s in active:
-                self.rec.gaps(self.now - s[3])
+                self.rec.gap(self.now - s[3])
                 s[3] = self.now
                 s[5] += 1
                 s[6] += 1

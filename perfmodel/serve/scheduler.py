@@ -42,6 +42,10 @@ from perfmodel.serve.workload import Request
 MAX_RUN_STEPS = 2048
 
 
+def _unscaled(decode_tokens: int, prefill_tokens: int) -> float:
+    return 1.0
+
+
 class _Seq:
     """One request inside the engine. While it decodes, its running state lives in the engine's arrays
     (:class:`_Decodes`); the object holds it again when it leaves them."""
@@ -74,10 +78,13 @@ class _Seq:
 
 
 class _Decodes:
-    """The running requests past their (re)computed prompt, one row each: what every step updates, as arrays."""
+    """The running requests past their (re)computed prompt, one row each in running order (a request enters
+    decoding after every row already there: it was admitted after them), as arrays: the first ``count`` rows
+    are live, so a step's decodes (always a leading run of them: the budget and preemption cut from the end)
+    are slices, not gathers."""
 
     def __init__(self, capacity: int):
-        self.seq: list[_Seq | None] = [None] * capacity
+        self.seq: list[_Seq] = []
         self.ctx = np.zeros(capacity, dtype=np.int64)  # tokens in the KV cache
         self.out = np.zeros(capacity, dtype=np.int64)
         self.tokens = np.zeros(capacity, dtype=np.int64)
@@ -85,40 +92,57 @@ class _Decodes:
         self.held = np.zeros(capacity, dtype=np.int64)  # blocks (private + shared)
         self.last = np.zeros(capacity)  # last chunk's time
         self.chunks = np.zeros(capacity, dtype=np.int64)
-        self.active = np.zeros(capacity, dtype=bool)
-        self.free = list(range(capacity - 1, -1, -1))
-        self.count = 0
-        #: Active rows in running order. A request enters decoding after every row already there (it was
-        #: admitted after them), so entering appends; leaving removes.
-        self._rows = np.zeros(0, dtype=np.int64)
+        self._arrays = (self.ctx, self.out, self.tokens, self.target, self.held, self.last, self.chunks)
+        self.count = 0  # live rows: len(self.seq)
 
     def enter(self, s: _Seq) -> None:
-        i = self.free.pop()
-        s.slot = i
-        self.seq[i] = s
+        i = self.count
+        self.seq.append(s)
+        self.count += 1
         self.ctx[i], self.out[i], self.tokens[i], self.target[i] = s.computed, s.out, s.tokens, s.target
         self.held[i], self.last[i], self.chunks[i] = s.blocks, s.last_s, s.chunks
-        self.active[i] = True
-        self.count += 1
-        self._rows = np.append(self._rows, i)
 
-    def leave(self, i: int) -> _Seq:
-        """Hand row i's state back to its request and free the row."""
+    def _hand_back(self, i: int) -> _Seq:
+        """Row i's state back into its request."""
         s = self.seq[i]
         s.computed, s.out, s.tokens = int(self.ctx[i]), int(self.out[i]), int(self.tokens[i])
         s.private = int(self.held[i]) - len(s.shared)
         s.last_s, s.chunks = float(self.last[i]), int(self.chunks[i])
-        s.slot = -1
-        self.seq[i] = None
-        self.active[i] = False
-        self.free.append(i)
-        self.count -= 1
-        self._rows = self._rows[self._rows != i]
         return s
 
-    def rows(self) -> np.ndarray:
-        """Active rows in admission order (the running order)."""
-        return self._rows
+    def leave(self, rows: np.ndarray) -> list[_Seq]:
+        """Take the rows ``rows`` (ascending) out, their state handed back; the rest keep their order."""
+        if not len(rows):
+            return []
+        out = [self._hand_back(int(i)) for i in rows]
+        n = len(self.seq)
+        if len(rows) <= 4:  # a few: shift the rows after each up (cheaper than a mask)
+            for i in reversed(rows.tolist()):
+                for arr in self._arrays:
+                    arr[i:n - 1] = arr[i + 1:n]
+                del self.seq[i]
+                n -= 1
+            self.count = n
+            return out
+        keep = np.ones(n, dtype=bool)
+        keep[rows] = False
+        m = n - len(rows)
+        for arr in self._arrays:
+            arr[:m] = arr[:n][keep]
+        self.seq = [s for s, k in zip(self.seq, keep.tolist()) if k]
+        self.count = m
+        return out
+
+    def leave_span(self, p: int, end: int) -> list[_Seq]:
+        """Take rows ``p`` to ``end`` - 1 out, last first (the order preemption takes them); the rows after them
+        move up."""
+        out = [self._hand_back(i) for i in range(end - 1, p - 1, -1)]
+        n = len(self.seq)
+        for arr in self._arrays:
+            arr[p:n - end + p] = arr[end:n]
+        del self.seq[p:end]
+        self.count = len(self.seq)
+        return out
 
 
 class VllmEngine:
@@ -140,6 +164,10 @@ class VllmEngine:
         self.draft = draft
         self.rec = Recorder(replica, sink)
         self.dec = _Decodes(cfg.max_num_seqs + 1)
+        #: Tokens each decode pushes when the budget does not cut (read-only: sliced per step).
+        self._per_decode = np.full(cfg.max_num_seqs + 1, 1 + self.k, dtype=np.int64)
+        self._steps = np.arange(MAX_RUN_STEPS, dtype=np.int64)[:, None]  # step j of a decode run
+        self._device_factor = cfg.device_factor if cfg.compiled is not None else _unscaled
         self.pre: list[_Seq] = []
         self.waiting: deque[_Seq] = deque()
         self.now = 0.0
@@ -176,7 +204,7 @@ class VllmEngine:
         if self.pre:
             victim = self.pre.pop()
         else:
-            victim = self.dec.leave(int(self.dec.rows()[-1]))
+            victim = self.dec.leave_span(self.dec.count - 1, self.dec.count)[0]
         self._to_waiting(victim)
         return victim
 
@@ -192,50 +220,57 @@ class VllmEngine:
                 s.shared.append(key)
             s.published += 1
 
-    def _fit_decodes(self, rows: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-        """Give the decoding ``rows`` (running order) their ``need`` new blocks (:meth:`_make_room` first).
-        Returns the surviving rows, their needs and whether anything was preempted."""
-        rows, need, preempted = self._make_room(rows, need)
-        self.pool.take(int(need.sum()))
-        self.dec.held[rows] += need
-        return rows, need, preempted
-
-    def _make_room(self, rows: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-        """The preemptions that let the decoding ``rows`` (running order) take ``need`` new blocks, as vLLM makes
-        them: on a shortfall the last running request is preempted, first the prefills after them, then decodes
-        from the end, so the survivors are the longest prefix whose needs fit in the free blocks plus what the
-        preempted suffix held. Returns the surviving rows, their needs and whether anything was preempted."""
-        preempted = False
+    def _fit_decodes(self, need: np.ndarray) -> tuple[int, bool]:
+        """Give the leading decode rows their ``need`` new blocks (:meth:`_make_room` first). Returns how many
+        rows survive and whether anything was preempted."""
         total = int(need.sum())
+        if not total:  # the common case: no row crosses into a new block this step
+            return len(need), False
+        m, preempted = self._make_room(need, total)
+        if m < len(need):
+            need = need[:m]
+            total = int(need.sum())
+        self.pool.take(total)
+        self.dec.held[:m] += need
+        return m, preempted
+
+    def _make_room(self, need: np.ndarray, total: int) -> tuple[int, bool]:
+        """The preemptions that let the leading ``len(need)`` decode rows take ``need`` (``total``) new blocks, as
+        vLLM makes them: on a shortfall the last running request is preempted, first the prefills after them,
+        then decodes from the end, so the survivors are the longest prefix whose needs fit in the free blocks
+        plus what the preempted suffix held. Returns how many rows survive and whether anything was preempted."""
+        preempted = False
+        m = len(need)
         while total > self.pool.free_blocks and self.pre:
             self._to_waiting(self.pre.pop())
             preempted = True
         if total > self.pool.free_blocks:
-            held = self.dec.held[rows]
+            held = self.dec.held[:m]
             lhs = np.concatenate(([0], np.cumsum(need)))
             rhs = self.pool.free_blocks + np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
             p = int(np.flatnonzero(lhs <= rhs).max())
-            for i in rows[p:][::-1]:
-                self._to_waiting(self.dec.leave(int(i)))
-            rows, need, preempted = rows[:p], need[:p], True
-        return rows, need, preempted
+            for s in self.dec.leave_span(p, m):
+                self._to_waiting(s)
+            m, preempted = p, True
+        return m, preempted
 
     # ------------------------------------------------------------------ scheduling
 
-    def _schedule(self) -> tuple[np.ndarray, np.ndarray, list[tuple[_Seq, int]]]:
-        """(decoding rows, tokens each, [(prefilling request, tokens)]) of this step (module docstring)."""
+    def _schedule(self) -> tuple[np.ndarray, list[tuple[_Seq, int]]]:
+        """(tokens of each of the leading decode rows scheduled, [(prefilling request, tokens)]) of this step
+        (module docstring)."""
         budget = self.cfg.max_num_batched_tokens
         d = self.dec
-        rows = d.rows()
-        n = np.full(len(rows), 1 + self.k, dtype=np.int64)
-        if (1 + self.k) * len(rows) > budget:  # the budget ends within the decodes
+        n = self._per_decode[:d.count]
+        if (1 + self.k) * d.count > budget:  # the budget ends within the decodes
             start = np.cumsum(n) - n  # budget used before each decode
             n = np.clip(budget - start, 0, n)
-            rows, n = rows[n > 0], n[n > 0]
-        need = np.maximum(-(-(d.ctx[rows] + n) // self.ps) - d.held[rows], 0)
-        rows, n_kept, preempted = self._fit_decodes(rows, need)
-        n = n[:len(rows)]
-        budget -= int(n.sum())
+            n = n[n > 0]
+        m = len(n)
+        need = np.maximum((d.ctx[:m] + n - 1) // self.ps + 1 - d.held[:m], 0)  # ceil((ctx + n) / page) - held
+        m, preempted = self._fit_decodes(need)
+        n = n[:m]
+        budget -= m if not self.k else int(n.sum())
         pre: list[tuple[_Seq, int]] = []
         for s in list(self.pre):
             if budget <= 0:
@@ -259,11 +294,12 @@ class VllmEngine:
             budget -= m
         if not preempted:
             self._admit(budget, pre)
-        return rows, n, pre
+        return n, pre
 
     def _admit(self, budget: int, pre: list[tuple[_Seq, int]]) -> None:
         """Waiting requests in order while the budget lasts and fewer than max-num-seqs run."""
-        while self.waiting and budget > 0 and self.n_running < self.cfg.max_num_seqs:
+        room = self.cfg.max_num_seqs - self.n_running  # requests that may still join
+        while self.waiting and budget > 0 and room > 0:
             s = self.waiting[0]
             hit: list = []
             if s.computed == 0:
@@ -287,54 +323,55 @@ class VllmEngine:
             self.pre.append(s)
             pre.append((s, n))
             budget -= n
+            room -= 1
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, client: Client, rows: np.ndarray, n: np.ndarray, pre: list[tuple[_Seq, int]]) -> None:
+    def _step(self, client: Client, n: np.ndarray, pre: list[tuple[_Seq, int]]) -> None:
         d, t = self.dec, self.times
-        dec_tokens = int(n.sum())
-        tokens = dec_tokens + sum(m for _, m in pre)
-        seqs = len(rows) + len(pre)
-        ctx_after = d.ctx[rows] + n
+        m = len(n)  # the leading decode rows in this step
+        dec_tokens = int(n.sum()) if self.k else m
+        tokens = dec_tokens + sum(q for _, q in pre)
+        seqs = m + len(pre)
         if self.k:
-            parts = np.zeros_like(t.decode_rows(np.ones(1, dtype=np.int64))[0])
+            ctx_after = d.ctx[:m] + n
+            parts = 0.0
             for q in np.unique(n):
                 sel = n == q
-                parts = parts + (t.decode_rows(-(-ctx_after[sel] // self.ps)).sum(axis=0) if q == 1
+                parts = parts + (t.decode_sums(((ctx_after[sel] - 1) // self.ps)[None, :])[0] if q == 1
                                  else t.chunk_rows(int(q), ctx_after[sel]).sum(axis=0))
-        else:
-            parts = t.decode_rows(-(-ctx_after // self.ps)).sum(axis=0) if len(rows) else 0.0
+        else:  # each decode over ctx + 1 tokens: row ceil((ctx + 1) / page) - 1
+            parts = t.decode_sums((d.ctx[:m] // self.ps)[None, :])[0]
         if pre:
-            parts = parts + t.chunk_parts([(m, s.computed + m) for s, m in pre])
+            parts = parts + t.chunk_parts([(q, s.computed + q) for s, q in pre])
         t_pad, b_pad = t.padded(tokens, seqs)
-        att = t.kernel_time(np.asarray(parts)) if np.ndim(parts) else 0.0
-        dt = ((t.dense_s(t_pad, b_pad) + att) * self.cfg.device_factor(dec_tokens, tokens - dec_tokens)
+        dt = ((t.dense_s(t_pad, b_pad) + t.kernel_time(parts)) * self._device_factor(dec_tokens, tokens - dec_tokens)
               + self.cfg.host_s(seqs))
-        if self.draft is not None and self.k and len(rows):
-            dt += self.draft.step_s(len(rows), ctx_after.tolist())
+        if self.draft is not None and self.k and m:
+            dt += self.draft.step_s(m, ctx_after.tolist())
+        prev_end = self.now
         self.now += dt
         now = self.now
         self._account(dt, seqs, tokens)
         # decodes: one chunk each (a verification: the pending token plus the accepted drafts)
-        if len(rows):
+        if m:
             if self.k:
-                u = self.rng.random(len(rows))
+                u = self.rng.random(m)
                 allowed = np.arange(self.k)[None, :] < (n - 1)[:, None]
                 accepted = ((u[:, None] < self._accept[None, :]) & allowed).sum(axis=1)
-                emit = np.minimum(1 + accepted, d.target[rows] - d.out[rows])
+                emit = np.minimum(1 + accepted, d.target[:m] - d.out[:m])
             else:
                 emit = 1
-            self.rec.gaps(now - d.last[rows])
-            d.out[rows] += emit
-            d.tokens[rows] += emit
-            d.ctx[rows] = d.tokens[rows] - 1  # the newest token's KV is written by the next step
-            d.last[rows] = now
-            d.chunks[rows] += 1
-            done_rows = rows[d.out[rows] >= d.target[rows]]
+            self.rec.step_gaps(now, d.last[:m], prev_end)
+            d.out[:m] += emit
+            d.tokens[:m] += emit
+            np.subtract(d.tokens[:m], 1, out=d.ctx[:m])  # the newest token's KV is written by the next step
+            d.last[:m] = now
+            d.chunks[:m] += 1
+            finished = d.leave((d.out[:m] >= d.target[:m]).nonzero()[0])
         else:
-            done_rows = rows
-        finished = [d.leave(int(i)) for i in done_rows]
-        emitting = len(rows)
+            finished = []
+        emitting = m
         for s, m in pre:
             s.computed += m
             self._publish(s)
@@ -344,7 +381,7 @@ class VllmEngine:
             if s.first_s < 0:
                 s.first_s = now
             else:
-                self.rec.single_gaps.append(now - s.last_s)
+                self.rec.gap(now - s.last_s)
                 s.chunks += 1
             s.out += 1
             s.tokens += 1
@@ -404,24 +441,23 @@ class VllmEngine:
         can_admit = B < self.cfg.max_num_seqs and self.cfg.max_num_batched_tokens > B
         if self.waiting and can_admit and self._admissible(self.waiting[0], self.cfg.max_num_batched_tokens - B):
             return False
-        rows = d.rows()
-        k = int(min((d.target[rows] - d.out[rows]).min(), MAX_RUN_STEPS))
+        k = int(min((d.target[:B] - d.out[:B]).min(), MAX_RUN_STEPS))
         if k < 2:
             return False
-        ctx0, held = d.ctx[rows], d.held[rows]
-        j = np.arange(k, dtype=np.int64)[:, None]
-        pages = -(-(ctx0[None, :] + 1 + j) // self.ps)  # after step j
-        new_blocks = np.maximum(pages - held[None, :], 0).sum(axis=1)  # cumulative: blocks held after step j
+        ctx0, held = d.ctx[:B], d.held[:B]
+        row = (ctx0 + self._steps[:k]) // self.ps  # [k, B]: step j's decode table row (pages - 1)
+        new_blocks = np.maximum(row + 1 - held, 0).sum(axis=1)  # cumulative: blocks taken by the end of step j
         ok = new_blocks <= self.pool.free_blocks
         if not ok[0]:
-            kept, _, _ = self._make_room(rows, np.maximum(pages[0] - held, 0))
-            return bool(len(kept)) and self._decode_run(client)
+            need0 = np.maximum(row[0] + 1 - held, 0)
+            kept, _ = self._make_room(need0, int(need0.sum()))
+            return bool(kept) and self._decode_run(client)
         if not ok.all():
             k = int(np.argmin(ok))
-        pages = pages[:k]
-        parts = self.times.decode_rows(pages).sum(axis=1)  # [steps, kernel, unit + 1]
+            row = row[:k]
+        parts = self.times.decode_sums(row)  # [k, kernel, unit + 1]
         t_pad, b_pad = self.times.padded(B, B)
-        dts = ((self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad)) * self.cfg.device_factor(B, 0)
+        dts = ((self.times.kernel_times(parts) + self.times.dense_s(t_pad, b_pad)) * self._device_factor(B, 0)
                + self.cfg.host_s(B))
         ends = self.now + np.cumsum(dts)
         if nxt is not None and can_admit:
@@ -431,26 +467,26 @@ class VllmEngine:
                 k = max(k_arr, 1)
                 dts, ends = dts[:k], ends[:k]
         # first step: each request's own gap; later steps: the step time for all B
-        self.rec.gaps(ends[0] - d.last[rows])
+        self.rec.step_gaps(float(ends[0]), d.last[:B], self.now)
         if k > 1:
-            self.rec.gaps(dts[1:], np.full(k - 1, B))
+            self.rec.gaps(dts[1:], B)
         self.rec.chunks_at(ends, B)
-        need_final = np.maximum(-(-(ctx0 + k) // self.ps) - held, 0)
-        self.pool.take(int(need_final.sum()))
+        need_final = np.maximum(row[k - 1] + 1 - held, 0)
+        self.pool.take(int(new_blocks[k - 1]))
         end = float(ends[-1])
-        d.held[rows] += need_final
-        d.out[rows] += k
-        d.tokens[rows] += k
-        d.ctx[rows] += k
-        d.chunks[rows] += k
-        d.last[rows] = end
+        d.held[:B] += need_final
+        d.out[:B] += k
+        d.tokens[:B] += k
+        d.ctx[:B] += k
+        d.chunks[:B] += k
+        d.last[:B] = end
         self.now = end
         self.steps += k - 1  # _account adds one more
         self.sum_running += B * (k - 1)
         self.sum_tokens += B * (k - 1)
         self.sum_used += self.pool.used_blocks * (k - 1)
         self._account(float(dts.sum()), B, B)
-        finished = [d.leave(int(i)) for i in rows[d.out[rows] >= d.target[rows]]]
+        finished = d.leave((d.out[:B] >= d.target[:B]).nonzero()[0])
         for s in finished:
             self._record(s)
         if finished:
@@ -477,14 +513,14 @@ class VllmEngine:
                 continue
             if self._decode_run(client):
                 continue
-            rows, n, pre = self._schedule()
-            if not len(rows) and not pre:
+            n, pre = self._schedule()
+            if not len(n) and not pre:
                 if not self.n_running:
                     raise InputError(f"request {self.waiting[0].req.index} cannot be scheduled: it needs more KV "
                                      f"blocks than the replica's {self.pool.num_blocks}; raise "
                                      "--gpu-memory-utilization or lower --max-model-len")
                 continue
-            self._step(client, rows, n, pre)
+            self._step(client, n, pre)
 
     def stats(self) -> EngineStats:
         n = max(self.steps, 1)

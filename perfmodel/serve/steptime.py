@@ -33,6 +33,8 @@ from perfmodel.serve.padding import Padding
 
 #: Prior-context grid step of the q > 1 tables, tokens.
 PREFIX_GRID_TOKENS = 256
+#: Largest [steps, pages] histogram :meth:`StepTimes.decode_sums` builds.
+HISTOGRAM_CELLS = 1 << 16
 #: Query lengths priced exactly up to this; above it, 4 grid points per octave.
 EXACT_QUERY_LEN = 16
 
@@ -79,6 +81,7 @@ class StepTimes:
                                     page_size=cfg.block_size)
         self._context_ops = context_op_names(self.model)
         self._dense: dict[tuple[int, int], float] = {}
+        self._padded: dict[tuple[int, int], tuple[int, int]] = {}
         self._layer: dict[int, tuple[float, float]] = {}
         self._speedups = dict(cfg.op_speedups)
         self._check_speedups()
@@ -87,8 +90,11 @@ class StepTimes:
         self._launch = None  # [kernel] launch + DMA seconds
         self._qrows: dict[int, np.ndarray] = {}  # grid q -> [prefix grid, kernel, unit + 1]
         self._chunks: dict[tuple[int, int], np.ndarray] = {}  # (q, c) -> [kernel, unit + 1], as priced
+        self._qweights: dict[int, list[tuple[np.ndarray, float]]] = {}  # q -> [(grid row, weight)]
         self._qgrid = query_grid(max(cfg.max_num_batched_tokens, 2))
         self._prefix_points = int(math.ceil(cfg.max_model_len / PREFIX_GRID_TOKENS)) + 1
+        lookahead = cfg.speculative.num_speculative_tokens if cfg.speculative else 0
+        self._max_pages = -(-(cfg.max_model_len + lookahead + 1) // cfg.block_size)
 
     # ------------------------------------------------------------------ speedups
 
@@ -159,6 +165,7 @@ class StepTimes:
         rows = sequence_attention_ops(self.model, self._template, self.cfg.chip, q, c)
         if self._kernels is None:
             self._kernels = [_Kernel(name=n, layers=layers, speedup=self._factor(n)) for n, layers, _ in rows]
+            self._scale = np.asarray([k.layers / k.speedup for k in self._kernels])
         n = len(q)
         out = np.zeros((n, len(rows), 6))
         launch = np.zeros(len(rows))
@@ -197,28 +204,40 @@ class StepTimes:
         return hit
 
     def _chunk_row_eval(self, q: int, c: int) -> np.ndarray:
-        return self.chunk_rows(q, np.asarray([c]))[0]
+        return self.chunk_rows(q, c)
 
-    def chunk_rows(self, q: int, contexts: np.ndarray) -> np.ndarray:
+    def chunk_rows(self, q: int, contexts: np.ndarray | int) -> np.ndarray:
         """[N, kernel, unit + 1] seconds of N sequences each pushing ``q`` > 1 tokens over ``contexts`` KV tokens
-        (vectorized :meth:`_chunk_row`, same interpolation)."""
-        grid = self._qgrid
-        j = min(max(int(np.searchsorted(grid, q)), 1), len(grid) - 1)
-        q0, q1 = int(grid[j - 1]), int(grid[j])
-        wq = 0.0 if q1 == q0 else (q - q0) / (q1 - q0)
-        prefix = np.maximum(np.asarray(contexts, dtype=np.int64) - q, 0) / PREFIX_GRID_TOKENS
-        i = np.minimum(prefix.astype(np.int64), self._prefix_points - 2)
-        wp = (prefix - i)[:, None, None]
-        rows = [(self._qrow(q0), 1.0)] if (q <= q0 or wq <= 0.0) else [(self._qrow(q0), 1.0 - wq),
-                                                                         (self._qrow(q1), wq)]
+        ([kernel, unit + 1] for one context given as an int): bilinear on the (query, prior context) grid."""
+        if isinstance(contexts, int):  # one context: the same arithmetic on Python numbers (no 0-d arrays)
+            prefix = max(contexts - q, 0) / PREFIX_GRID_TOKENS
+            i = min(int(prefix), self._prefix_points - 2)
+            wp = prefix - i
+        else:
+            prefix = np.maximum(np.asarray(contexts, dtype=np.int64) - q, 0) / PREFIX_GRID_TOKENS
+            i = np.minimum(prefix.astype(np.int64), self._prefix_points - 2)
+            wp = (prefix - i)[:, None, None]
         out = 0.0
-        for row, w in rows:
+        for row, w in self._query_rows(q):
             out = out + w * ((1.0 - wp) * row[i] + wp * row[i + 1])
         return out
 
+    def _query_rows(self, q: int) -> list[tuple[np.ndarray, float]]:
+        """The grid rows that query length ``q`` interpolates between, with their weights (remembered per q)."""
+        hit = self._qweights.get(q)
+        if hit is None:
+            grid = self._qgrid
+            j = min(max(int(np.searchsorted(grid, q)), 1), len(grid) - 1)
+            q0, q1 = int(grid[j - 1]), int(grid[j])
+            wq = 0.0 if q1 == q0 else (q - q0) / (q1 - q0)
+            hit = self._qweights[q] = ([(self._qrow(q0), 1.0)] if (q <= q0 or wq <= 0.0)
+                                       else [(self._qrow(q0), 1.0 - wq), (self._qrow(q1), wq)])
+        return hit
+
     def kernel_time(self, parts: np.ndarray) -> float:
-        """Attention seconds of a step from its sequences' summed [kernel, unit + 1] seconds."""
-        return self._kernel_time(parts)
+        """Attention seconds of a step from its sequences' summed [kernel, unit + 1] seconds (at least one
+        sequence)."""
+        return float(self.kernel_times(parts))
 
     def attention_s(self, dec_ctx: np.ndarray, chunks: list[tuple[int, int]] = ()) -> float:
         """Attention seconds of a step: decode sequences over ``dec_ctx`` KV tokens each, and (q, c) chunks."""
@@ -244,24 +263,43 @@ class StepTimes:
     def _kernel_time(self, parts: np.ndarray) -> float:
         if not parts.any():
             return 0.0
-        per = parts[:, :5].max(axis=1) + parts[:, 5] + self._launch
-        return float(sum(k.layers * t / k.speedup for k, t in zip(self._kernels, per)))
+        return float(self.kernel_times(parts))
 
     def kernel_times(self, parts: np.ndarray) -> np.ndarray:
-        """Attention seconds per step for a stack of summed parts [steps, kernel, unit + 1] (vectorized)."""
+        """Attention seconds per step for summed parts [..., kernel, unit + 1] (one step, or a stack of them)."""
         per = parts[..., :5].max(axis=-1) + parts[..., 5] + self._launch
-        scale = np.asarray([k.layers / k.speedup for k in self._kernels])
-        return (per * scale).sum(axis=-1)
+        return per @ self._scale
 
-    def decode_rows(self, pages: np.ndarray) -> np.ndarray:
-        """Decode table rows of contexts of ``pages`` whole pages (any shape; rows on the last two axes)."""
-        table = self._decode_table(int(pages.max()) if pages.size else 1)
-        return table[pages - 1]
+    def decode_sums(self, rows: np.ndarray) -> np.ndarray:
+        """[steps, kernel, unit + 1]: per step, the summed decode-table rows of its sequences (``rows``:
+        [steps, sequences] table rows, pages - 1). A histogram of the rows times the table while that is small
+        (a gather-and-sum over the middle axis is 5-10x slower), else a gather summed over sequences."""
+        table = self.decode_table()
+        pages = len(table)
+        steps = rows.shape[0]
+        flat = table.reshape(pages, -1)
+        if steps * pages <= HISTOGRAM_CELLS:
+            cells = rows.ravel() if steps == 1 else (rows + np.arange(steps)[:, None] * pages).ravel()
+            out = np.bincount(cells, minlength=steps * pages).reshape(steps, pages) @ flat
+        else:
+            out = flat[rows.T].sum(axis=0)
+        return out.reshape((steps,) + table.shape[1:])
+
+    def decode_table(self) -> np.ndarray:
+        """[pages, kernel, unit + 1] decode rows: row p - 1 is a context of p whole pages, for every context a
+        request of ``max_model_len`` tokens reaches (speculative lookahead included), so the scheduler indexes
+        it without a bounds check of its own (numpy's stops a longer one)."""
+        return self._decode_table(self._max_pages)
 
     # ------------------------------------------------------------------ the step
 
     def padded(self, tokens: int, seqs: int) -> tuple[int, int]:
-        return self.padding.tokens(tokens), self.padding.requests(seqs)
+        """(padded tokens, padded requests) of a step (remembered per pair)."""
+        key = (tokens, seqs)
+        hit = self._padded.get(key)
+        if hit is None:
+            hit = self._padded[key] = (self.padding.tokens(tokens), self.padding.requests(seqs))
+        return hit
 
     def step_s(self, dec_ctx: np.ndarray, chunks: list[tuple[int, int]] = (), *, spec_tokens: int = 0) -> float:
         """Device seconds of one step: ``len(dec_ctx)`` decode sequences (each pushing ``1 + spec_tokens`` tokens

@@ -36,8 +36,8 @@ class FixedTimes:
     def attention_s(self, dec_ctx, chunks=()):
         return 0.0
 
-    def decode_rows(self, pages):  # [.., kernel, unit + 1] of nothing
-        return np.zeros(np.shape(pages) + (1, 6))
+    def decode_sums(self, rows):  # [steps, kernel, unit + 1] of nothing
+        return np.zeros((np.shape(rows)[0], 1, 6))
 
     def chunk_rows(self, q, contexts):
         return np.zeros((len(contexts), 1, 6))
@@ -214,6 +214,33 @@ def test_simulate_small_run_and_speculation():
     # accepted drafts: fewer steps, lower TPOT; ITL counts one gap per chunk, so it exceeds TPOT
     assert fast.metrics.distributions["tpot"].mean_ms < base.metrics.distributions["tpot"].mean_ms
     assert fast.metrics.distributions["itl"].mean_ms > fast.metrics.distributions["tpot"].mean_ms
+
+
+@pytest.mark.parametrize("kv_tight", [False, True])
+def test_decode_runs_equal_one_step_at_a_time(monkeypatch, kv_tight):
+    # The vectorized block of decode steps must give what stepping one at a time gives: same steps, same
+    # preemptions, same token times (up to summation order). KV-tight: 8B on one v6e at 60% of its HBM, so
+    # runs end at the pool running short and preemptions happen inside them.
+    if kv_tight:
+        cfg = engine_config(model=get_model("llama-3.1-8b"), chip=get_chip("v6e"), max_model_len=1536,
+                            gpu_memory_utilization=0.6)
+        w = Workload(num_prompts=200, random_input_len=1024, random_output_len=500, max_concurrency=128)
+    else:
+        cfg = engine_config(model=get_model("llama-3.1-8b"), chip=get_chip("v6e"), max_model_len=1024)
+        w = Workload(num_prompts=60, random_input_len=300, random_output_len=200, random_range_ratio=0.5,
+                     request_rate=20.0)
+    runs = simulate(cfg, w)
+    monkeypatch.setattr(VllmEngine, "_decode_run", lambda self, client: False)
+    steps = simulate(cfg, w)
+    a, b = runs.run, steps.run
+    assert a.stats.steps == b.stats.steps and a.stats.preemptions == b.stats.preemptions
+    assert (a.stats.preemptions > 0) == kv_tight
+    assert [r.index for r in a.records] == [r.index for r in b.records]
+    for x, y in zip(a.records, b.records):
+        assert x.finish_s == pytest.approx(y.finish_s, rel=1e-9)
+        assert x.first_token_s == pytest.approx(y.first_token_s, rel=1e-9)
+    assert runs.metrics.distributions["itl"].mean_ms == pytest.approx(steps.metrics.distributions["itl"].mean_ms,
+                                                                       rel=1e-9)
 
 
 def test_jetstream_engine():
