@@ -97,10 +97,17 @@ Examples:
               help="Re-tune the stored per-chip defaults of a bundled kernel (every one when KERNEL is not given) "
                    "on its representative problem and rewrite kernels/<name>/tuned.json (minutes); with --compile N "
                    "the N preferred candidates are compiled per chip and the compiler-backed fastest is stored.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --write: (kernel, chip) pairs tuned on a local pool of this many processes (default: every "
+                   "core; 1: in this process); with --compile: this many compiles at once.")
+@click.option("--ray", "ray_address", default=None, metavar="auto|ADDRESS",
+              help="Run --write's pairs or --compile's compiles on Ray: auto starts or joins a local instance, else a "
+                   "cluster address (perfmodel[ray]; compiles need the tpu-compiler extra on the workers).")
 @json_option
 @user_errors
 def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw: str, top: int,
-         compile_top: int | None, list_kernels: bool, write: bool, as_json: bool) -> None:
+         compile_top: int | None, list_kernels: bool, write: bool, workers: int | None, ray_address: str | None,
+         as_json: bool) -> None:
     from perfmodel.schedule import tune_render
     from perfmodel.schedule.catalog import entries
 
@@ -115,7 +122,9 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
             raise UserError("--write: tunes each kernel's representative problem (kernels/<name>/entry.py); "
                             "drop --shape/--arg")
         with Progress("tune --write") as bar:
-            written = [str(p) for p in write_all([kernel] if kernel else [], compile_top=compile_top, progress=bar)]
+            backend = "ray" if ray_address else ("inprocess" if workers == 1 else "auto")
+            written = [str(p) for p in write_all([kernel] if kernel else [], compile_top=compile_top, progress=bar,
+                                                 backend=backend, workers=workers, address=ray_address)]
         emit(fmt, text=lambda: "\n".join(f"wrote {p}" for p in written), json=lambda: {"written": written})
         return
     if kernel is None:
@@ -135,6 +144,6 @@ def tune(kernel: str | None, shapes: tuple[str, ...], args: tuple[str, ...], hw:
 
     with Progress("compile") as bar:
         reranked = rerank_compiled(result, result.shapes, resolve_chip(hw), top=compile_top, extra=extra,
-                                   progress=bar)
+                                   progress=bar, jobs=workers, address=ray_address)
     emit(fmt, text=lambda: tune_render.render_compiled_tune(result, reranked),
          json=lambda: tune_render.compiled_tune_record(result, reranked))

@@ -22,7 +22,6 @@ one sub-cache per libtpu version, least recently used entries evicted past
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
@@ -284,28 +283,37 @@ def _run_worker(call: CompileCall, chip: str, topology: str, timeout_s: float) -
     return data
 
 
+def _compile_task(task: tuple[CompileCall, Any, bool]) -> CompileReport | PerfmodelError:
+    """One compile of :func:`compile_many` (module level: perfmodel.runner's process and Ray workers call it); a
+    compile error is its value, not a failed task."""
+    call, chip, use_cache = task
+    try:
+        return compile_report(call, chip, use_cache=use_cache)
+    except PerfmodelError as exc:
+        return exc
+
+
 def compile_many(calls: Sequence[CompileCall], chip: Any, *, jobs: int | None = None, use_cache: bool = True,
-                 progress: Callable[[str], None] | None = None) -> list[CompileReport | PerfmodelError]:
-    """Compile several calls in parallel child processes; each item is a report or the error it raised."""
+                 progress: Callable[[str], None] | None = None, backend: str = "thread",
+                 address: str | None = None) -> list[CompileReport | PerfmodelError]:
+    """Compile several calls in parallel on perfmodel.runner (``backend`` "thread" by default: ``jobs`` compile
+    servers of this process; "ray" with ``address``: on a Ray cluster's workers, each with its own servers and the
+    environment perfmodel.runner.ray_runtime_env carries); each item is a report or the error it raised."""
+    from perfmodel.runner import run_tasks
+
     jobs = jobs or max(1, min(len(calls), os.cpu_count() or 1))
-    done = 0
-
-    def one(c: CompileCall) -> CompileReport | PerfmodelError:
-        try:
-            return compile_report(c, chip, use_cache=use_cache)
-        except PerfmodelError as exc:
-            return exc
-
-    out: list[Any] = [None] * len(calls)
     t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(one, c): i for i, c in enumerate(calls)}
-        for fut in concurrent.futures.as_completed(futures):
-            out[futures[fut]] = fut.result()
-            done += 1
-            if progress:
-                progress(f"compiled {done}/{len(calls)} ({time.perf_counter() - t0:.0f} s)")
-    return out
+
+    def tick(message: str, *, done: int, total: int) -> None:
+        if progress:
+            progress(f"compiled {done}/{total} ({time.perf_counter() - t0:.0f} s)")
+
+    results = run_tasks(_compile_task, [(c, chip, use_cache) for c in calls], backend=backend, workers=jobs,
+                        address=address, progress=tick)
+    # a task that raised something else than a PerfmodelError (a worker lost) is a failed compile of that call
+    name = getattr(chip, "name", chip)
+    return [r.value if r.ok else CompileFailed(f"compiling {calls[r.index].label} for {name}: {r.error}")
+            for r in results]
 
 
 __all__ = ["CompileCall", "CompileFailed", "CompileReport", "CompilerUnavailable", "KernelCompile",

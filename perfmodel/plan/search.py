@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -56,18 +57,38 @@ class PlanResult:
     slo: Slo
 
 
-def simulate_candidate(task: dict[str, Any]) -> dict[str, Any]:
-    """One candidate's simulation (module level: the runner's workers import and call it)."""
+#: This process's engine configurations and step tables of recent deployments (a candidate's concurrency does
+#: not change them, and the search runs a deployment's concurrencies one after another): building the tables is
+#: about a third of a 2,000-request simulation.
+_DEPLOYMENTS: "OrderedDict[tuple, tuple[Any, Any]]" = OrderedDict()
+DEPLOYMENTS_KEPT = 8
+
+
+def _deployment(model_ref: str, c: Candidate, max_model_len: int) -> tuple[Any, Any]:
+    """(EngineConfig, StepTimes) of the candidate's deployment, remembered per process."""
     from perfmodel.model.configs import get_model
     from perfmodel.plan.space import engine_for
+    from perfmodel.serve.steptime import StepTimes
+
+    key = (model_ref, max_model_len, replace(c, concurrency=0))
+    hit = _DEPLOYMENTS.get(key)
+    if hit is None:
+        cfg = engine_for(get_model(model_ref), c, max_model_len=max_model_len)
+        hit = _DEPLOYMENTS[key] = (cfg, StepTimes(cfg))
+        while len(_DEPLOYMENTS) > DEPLOYMENTS_KEPT:
+            _DEPLOYMENTS.popitem(last=False)
+    return hit
+
+
+def simulate_candidate(task: dict[str, Any]) -> dict[str, Any]:
+    """One candidate's simulation (module level: the runner's workers import and call it)."""
     from perfmodel.serve.run import simulate
     from perfmodel.serve.workload import Workload
 
     c = Candidate(**task["candidate"])
-    model = get_model(task["model"])
     w = Workload(**{**task["workload"], "max_concurrency": c.concurrency})
-    cfg = engine_for(model, c, max_model_len=task["max_model_len"])
-    m = simulate(cfg, w, percentiles=(90.0,), goodput_ms=dict(task["goodput_ms"]) or None).metrics
+    cfg, times = _deployment(task["model"], c, task["max_model_len"])
+    m = simulate(cfg, w, percentiles=(90.0,), goodput_ms=dict(task["goodput_ms"]) or None, times=times).metrics
     p90 = {k: dict(m.distributions[k].percentiles_ms)[90.0] for k in ("ttft", "tpot")}
     slo = task["slo"]
     met = ((slo["ttft_p90_ms"] is None or p90["ttft"] <= slo["ttft_p90_ms"])
@@ -174,8 +195,12 @@ def plan(model_ref: str, space: SearchSpace, workload: Any, *, max_model_len: in
         if results is not None:
             results.write(line)
 
+    # a deployment's concurrencies are consecutive in ``todo``: batched, one worker simulates them on one set of
+    # step tables; batches stay small enough for at least 4 per worker (the load stays balanced)
+    lanes = workers or os.cpu_count() or 1
+    batch = max(1, min(len(space.concurrencies), len(todo) // (4 * lanes)))
     run_tasks(simulate_candidate, [{**base, "candidate": c.as_dict()} for c in todo], backend=backend,
-              workers=workers, address=address, on_result=record, progress=progress)
+              workers=workers, address=address, on_result=record, progress=progress, batch=batch)
     outcomes, failed = [], []
     for c in keep:
         rec = done.get(ResultsFile.key(c.as_dict()))

@@ -177,7 +177,7 @@ class CompiledCandidate:
 
 
 def rerank_compiled(result: Any, shapes: Any, chip: ChipSpec, *, top: int, extra: Any = None, jobs: int | None = None,
-                    progress: Any = None) -> tuple[CompiledCandidate, ...]:
+                    progress: Any = None, address: str | None = None) -> tuple[CompiledCandidate, ...]:
     """Compile the ``top`` best candidates of a TuneResult in parallel processes; drop those the compiler
     rejects and rank the rest by the compiler-backed expected time (rejected ones last)."""
     from perfmodel.compiler.api import CompileCall, compile_many
@@ -188,7 +188,8 @@ def rerank_compiled(result: Any, shapes: Any, chip: ChipSpec, *, top: int, extra
     cands = list(result.ranked[:top])
     calls = [CompileCall(kind="catalog", target=entry.name, shapes=tuple(shapes), blocks=dict(c.blocks),
                          extra=dict(extra or {})) for c in cands]
-    reports = compile_many(calls, chip, jobs=jobs, progress=progress)
+    reports = compile_many(calls, chip, jobs=jobs, progress=progress, backend="ray" if address else "thread",
+                           address=address)
     specs = entry.specs(shapes)
     args = entry.arguments(specs)
     out = []

@@ -165,50 +165,65 @@ def tune_kernel_defaults(spec: TunedKernel, chips: Sequence[str] | None = None, 
     ``compile_top``: compile that many candidates per chip and configuration (see the module docstring); chips
     the installed compiler has no deviceless target for keep the schedule model's choice, with ``compiled_s``
     null."""
-    from perfmodel.compiler.toolchain import deviceless_topology
+    stored = _stored_defaults(spec) if compile_top is not None else {}
+    out: dict[str, Any] = {}
+    for name in tuned_chip_names(spec, chips):
+        chip_name, per_config = chip_defaults(spec, name, compile_top=compile_top, stored=stored, progress=progress)
+        if per_config:
+            out[chip_name] = per_config
+    return out
+
+
+def tuned_chip_names(spec: TunedKernel, chips: Sequence[str] | None = None) -> list[str]:
+    """The chips a kernel's defaults are tuned for: ``chips``, else the kernel's own list, else every TPU."""
     from perfmodel.hw.registry import all_chips
+
+    return list(chips or spec.chip_names() or [c.name for c in all_chips() if c.kind == "tpu"])
+
+
+def chip_defaults(spec: TunedKernel, chip_name: str, *, compile_top: int | None = None,
+                  stored: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None
+                  ) -> tuple[str, dict[str, Any]]:
+    """(chip's registry name, {config: stored choice}) of one kernel on one chip (configurations the chip
+    rejects left out); ``stored``: the kernel's stored defaults, the incumbents of a --compile re-tune."""
+    from perfmodel.compiler.toolchain import deviceless_topology
     from perfmodel.schedule.analyze import resolve_chip
 
-    names = list(chips or spec.chip_names() or [c.name for c in all_chips() if c.kind == "tpu"])
     entry = get_entry(spec.entry)
-    stored = _stored_defaults(spec) if compile_top is not None else {}
     extra = spec.extra() if spec.extra else None
-    out: dict[str, Any] = {}
-    for name in names:
-        chip = resolve_chip(name)
-        per_config = {}
-        for config in spec.configs:
-            static = {**(extra or {}), **config.static} or None
-            try:
-                result = tune(entry, config.shapes, chip, extra=static, prune_slack=SCOPED_VMEM_BAND)
-                choice = robust_choice(result)
-            except InputError:
-                continue  # e.g. fp8 weights on a chip without an fp8 MXU path
-            compiled, count = None, None
-            if compile_top is not None and deviceless_topology(chip) is not None:
-                from perfmodel.schedule.compiled import rerank_compiled
+    stored = stored or {}
+    chip = resolve_chip(chip_name)
+    per_config = {}
+    for config in spec.configs:
+        static = {**(extra or {}), **config.static} or None
+        try:
+            result = tune(entry, config.shapes, chip, extra=static, prune_slack=SCOPED_VMEM_BAND)
+            choice = robust_choice(result)
+        except InputError:
+            continue  # e.g. fp8 weights on a chip without an fp8 MXU path
+        compiled, count = None, None
+        if compile_top is not None and deviceless_topology(chip) is not None:
+            from perfmodel.schedule.compiled import rerank_compiled
 
-                if progress is not None:
-                    progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
-                pool = preference_order(result)[:compile_top]
-                order = pool + raised_candidates(result, spec.compile_raised)
-                order += incumbent_candidate(result, stored.get(chip.name, {}).get(config.key),
-                                             [ax.field for ax in entry.block_axes], exclude=order)
-                reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
-                                           top=len(order), extra=static)
-                in_pool = {id(c) for c in pool}
-                try:
-                    compiled = compiled_choice_with_raised([c for c in reranked if id(c.candidate) in in_pool],
-                                                           [c for c in reranked if id(c.candidate) not in in_pool])
-                except InputError as exc:
-                    raise InputError(f"tune --write --compile {spec.kernel} ({config.key}) on {chip.name}: "
-                                     f"{exc}; widen --compile") from None
-                choice, count = compiled.candidate, len(order)
-            derived = spec.derived(choice.blocks, entry.specs(config.shapes)) if spec.derived else {}
-            per_config[config.key] = _stored(choice, result, derived, compiled, count)
-        if per_config:
-            out[chip.name] = per_config
-    return out
+            if progress is not None:
+                progress(f"compiling {spec.kernel} {config.key} on {chip.name} ...")
+            pool = preference_order(result)[:compile_top]
+            order = pool + raised_candidates(result, spec.compile_raised)
+            order += incumbent_candidate(result, stored.get(chip.name, {}).get(config.key),
+                                         [ax.field for ax in entry.block_axes], exclude=order)
+            reranked = rerank_compiled(dataclasses.replace(result, ranked=tuple(order)), config.shapes, chip,
+                                       top=len(order), extra=static)
+            in_pool = {id(c) for c in pool}
+            try:
+                compiled = compiled_choice_with_raised([c for c in reranked if id(c.candidate) in in_pool],
+                                                       [c for c in reranked if id(c.candidate) not in in_pool])
+            except InputError as exc:
+                raise InputError(f"tune --write --compile {spec.kernel} ({config.key}) on {chip.name}: "
+                                 f"{exc}; widen --compile") from None
+            choice, count = compiled.candidate, len(order)
+        derived = spec.derived(choice.blocks, entry.specs(config.shapes)) if spec.derived else {}
+        per_config[config.key] = _stored(choice, result, derived, compiled, count)
+    return chip.name, per_config
 
 
 def _stored_defaults(spec: TunedKernel) -> dict[str, Any]:
@@ -250,21 +265,18 @@ def _about(spec: TunedKernel, compile_top: int | None = None) -> str:
 
 def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = None,
                          chips: Sequence[str] | None = None, *, compile_top: int | None = None,
-                         progress: Callable[[str], None] | None = None) -> Path:
+                         progress: Callable[[str], None] | None = None,
+                         defaults: dict[str, Any] | None = None) -> Path:
     """Tune one kernel's per-chip defaults and write them as JSON (default: kernels/<kernel>/tuned.json).
 
     ``kernel``: a bundled kernel's name (its folder's ``entry.py:TUNED``), or a :class:`TunedKernel` (e.g. a
-    smaller problem).
+    smaller problem); ``defaults``: the {chip: {config: choice}} already tuned (:func:`write_all` tunes on
+    perfmodel.runner), else tuned here.
     """
     spec = kernel if isinstance(kernel, TunedKernel) else get_tuned_kernel(kernel)
-    compiler = None
-    if compile_top is not None:
-        from perfmodel.compiler.toolchain import toolchain
-
-        tools = toolchain()  # one line when libtpu is missing, before any tuning
-        compiler = {"compile_top": compile_top, "libtpu": tools.libtpu_version, "jax": tools.jax_version}
-        if spec.compile_raised:
-            compiler["compile_raised"] = spec.compile_raised
+    compiler = _compiler_record(spec, compile_top)  # one line when libtpu is missing, before any tuning
+    if defaults is None:
+        defaults = tune_kernel_defaults(spec, chips, compile_top=compile_top, progress=progress)
     data = {
         "kernel": spec.kernel,
         "about": _about(spec, compile_top),
@@ -272,7 +284,7 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
         "shapes": {c.key: list(c.shapes) for c in spec.configs},
         "rule": {"tie_band": DEFAULT_TIE_BAND, "scoped_vmem_band": SCOPED_VMEM_BAND,
                  "max_raised_vmem_fraction": MAX_RAISED_VMEM_FRACTION},
-        "defaults": tune_kernel_defaults(spec, chips, compile_top=compile_top, progress=progress),
+        "defaults": defaults,
     }
     if compiler is not None:
         data["compiler"] = compiler
@@ -286,15 +298,54 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
     return path
 
 
+def _compiler_record(spec: TunedKernel, compile_top: int | None) -> dict[str, Any] | None:
+    """The tuned file's "compiler" record of a --compile re-tune (None without one); raises the one-line error
+    when libtpu is missing."""
+    if compile_top is None:
+        return None
+    from perfmodel.compiler.toolchain import toolchain
+
+    tools = toolchain()
+    compiler: dict[str, Any] = {"compile_top": compile_top, "libtpu": tools.libtpu_version, "jax": tools.jax_version}
+    if spec.compile_raised:
+        compiler["compile_raised"] = spec.compile_raised
+    return compiler
+
+
+def _tune_task(task: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """One (kernel, chip) of :func:`write_all` (module level: perfmodel.runner's workers call it)."""
+    spec = get_tuned_kernel(task["kernel"])
+    stored = _stored_defaults(spec) if task["compile_top"] is not None else {}
+    return chip_defaults(spec, task["chip"], compile_top=task["compile_top"], stored=stored)
+
+
 def write_all(kernels: Sequence[str] = (), *, compile_top: int | None = None,
-              progress: Callable[[str], None] | None = None) -> list[Path]:
-    """Rewrite the stored defaults of the named bundled kernels (all with block sizes when none is named)."""
-    names = list(kernels) or [t.kernel for t in tuned_kernels()]
-    for name in names:
-        get_tuned_kernel(name)  # an unknown name fails before any kernel is re-tuned
-    written = []
-    for name in names:
+              progress: Callable[[str], None] | None = None, backend: str = "auto", workers: int | None = None,
+              address: str | None = None) -> list[Path]:
+    """Rewrite the stored defaults of the named bundled kernels (all with block sizes when none is named): every
+    (kernel, chip) is one task on perfmodel.runner's ``backend``; each kernel's file is written when all of its
+    chips are done, whole (a failed task fails the run with the kernel and chip named, before any file of the
+    failed kernel is written)."""
+    from perfmodel.runner import run_tasks
+
+    specs = [get_tuned_kernel(name) for name in (list(kernels) or [t.kernel for t in tuned_kernels()])]
+    for spec in specs:
+        _compiler_record(spec, compile_top)
+    tasks = [{"kernel": spec.kernel, "chip": chip, "compile_top": compile_top}
+             for spec in specs for chip in tuned_chip_names(spec)]
+
+    def tick(message: str, *, done: int, total: int) -> None:
         if progress is not None:
-            progress(f"tuning {name} ...")
-        written.append(write_tuned_defaults(name, compile_top=compile_top, progress=progress))
+            progress(f"tuned {done}/{total} (kernel, chip) pairs")
+
+    results = run_tasks(_tune_task, tasks, backend=backend, workers=workers, address=address, progress=tick)
+    failed = next((r for r in results if not r.ok), None)
+    if failed is not None:
+        t = failed.inputs
+        raise InputError(f"tune --write: {t['kernel']} on {t['chip']}: {failed.error}")
+    written = []
+    for spec in specs:
+        defaults = {chip: per for r in results if r.inputs["kernel"] == spec.kernel
+                    for chip, per in [r.value] if per}
+        written.append(write_tuned_defaults(spec, compile_top=compile_top, defaults=defaults))
     return written

@@ -194,7 +194,8 @@ def engine_config(*, model: Any, chip: Any, engine: str = "vllm", tp: int = 1, d
                   weight_dtype: str = "bf16", act_dtype: str = "bf16", kv_cache_dtype: str | None = None,
                   quantization: str | None = None, speculative: SpeculativeConfig | None = None,
                   padding: bool = True, host_overhead_s: float | None = None,
-                  host_overhead_per_seq_s: float | None = None, op_speedups: tuple[tuple[str, float], ...] = ()) -> EngineConfig:
+                  host_overhead_per_seq_s: float | None = None,
+                  op_speedups: tuple[tuple[str, float], ...] = ()) -> EngineConfig:
     """A checked :class:`EngineConfig` with vLLM's defaults filled in (module docstring); one-line InputError
     naming the flag for anything wrong."""
     from perfmodel.model.dtypes import parse_dtype

@@ -81,10 +81,11 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
              percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl"), percentiles: tuple[float, ...] = (99.0,),
              goodput_ms: dict[str, float] | None = None,
              on_record: Callable[[RequestRecord], None] | None = None,
-             progress: Callable[..., None] | None = None) -> ServeResult:
+             progress: Callable[..., None] | None = None, times: Any = None) -> ServeResult:
     """One simulated benchmark run (module docstring). ``on_record`` sees every finished request (in finish order
     per replica) -- the ``--save-requests`` writer; ``progress(message, done=, total=)`` about every 1% of the
-    requests."""
+    requests; ``times``: the StepTimes of ``cfg`` from an earlier run (its tables depend on the configuration
+    only, so runs of one configuration under different workloads share them), else built here."""
     reqs = list(requests) if requests is not None else list(build_requests(workload))
     if progress is not None:
         on_record = _with_progress(on_record, progress, len(reqs))
@@ -96,7 +97,10 @@ def simulate(cfg: EngineConfig, workload: Workload, requests: Sequence[Request] 
                          "--max-num-seqs or --max-model-len")
     from perfmodel.serve.steptime import StepTimes
 
-    times = StepTimes(cfg)
+    if times is None:
+        times = StepTimes(cfg)
+    elif times.cfg is not cfg:
+        raise ValueError("simulate: `times` was built for another configuration")
     engines = []
     for r in range(cfg.dp):
         share = reqs[r::cfg.dp]
@@ -154,8 +158,8 @@ def _merge(engines: list[Any]) -> RunResult:
     notes = ()
     if len(engines) > 1:
         notes = (f"{len(engines)} data-parallel replicas, requests dealt round robin; the timeline is replica 0's",)
-    return RunResult(records=records, itl_values_s=itl_values, itl_counts=itl_counts, stats=merged, timeline=engines[0].timeline(), chunk_times=times,
-                     chunk_counts=counts, notes=notes)
+    return RunResult(records=records, itl_values_s=itl_values, itl_counts=itl_counts, stats=merged,
+                     timeline=engines[0].timeline(), chunk_times=times, chunk_counts=counts, notes=notes)
 
 
 def serve(cfg: EngineConfig, workload: Workload, **kw: Any) -> ServeComparison:

@@ -50,20 +50,29 @@ def test_tune_write_rewrites_every_kernel_with_block_sizes_through_the_library(m
     from perfmodel.schedule import tuned
     from perfmodel.schedule.catalog import tuned_kernels
 
-    done = []
+    done, tasks = [], []
+    # every (kernel, chip) pair is a runner task (in this process with --workers 1); each kernel's file is written
+    # once from its pairs' results
+    monkeypatch.setattr(tuned, "_tune_task", lambda task: tasks.append(task) or (task["chip"], {"c": task["chip"]}))
+    monkeypatch.setattr(tuned, "_compiler_record", lambda spec, top: None)
     monkeypatch.setattr(tuned, "write_tuned_defaults",
-                        lambda name, **kw: done.append((name, kw["compile_top"])) or tmp_path / f"{name}.json")
-    result = CliRunner().invoke(main, ["tune", "--write"])
+                        lambda spec, **kw: done.append((spec.kernel, kw["compile_top"], sorted(kw["defaults"])))
+                        or tmp_path / f"{spec.kernel}.json")
+    result = CliRunner().invoke(main, ["tune", "--write", "--workers", "1"])
     assert result.exit_code == 0, result.output
-    assert done == [(t.kernel, None) for t in tuned_kernels()]
+    assert [(k, top) for k, top, _ in done] == [(t.kernel, None) for t in tuned_kernels()]
+    assert len(tasks) == sum(len(tuned.tuned_chip_names(t)) for t in tuned_kernels())
+    assert all(chips == sorted(tuned.tuned_chip_names(t)) for (_, _, chips), t in zip(done, tuned_kernels()))
     assert f"wrote {tmp_path / 'sampling.json'}" in result.output
     done.clear()
-    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--json"])
-    assert result.exit_code == 0 and done == [("rms_norm", None)]
+    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--json", "--workers", "1"])
+    assert result.exit_code == 0 and [(k, top) for k, top, _ in done] == [("rms_norm", None)]
     done.clear()
+    tasks.clear()
     # --compile N goes through to the library: the N preferred candidates compiled per chip
-    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--compile", "3"])
-    assert result.exit_code == 0 and done == [("rms_norm", 3)]
+    result = CliRunner().invoke(main, ["tune", "--write", "rms_norm", "--compile", "3", "--workers", "1"])
+    assert result.exit_code == 0 and [(k, top) for k, top, _ in done] == [("rms_norm", 3)]
+    assert {t["compile_top"] for t in tasks} == {3}
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -80,3 +89,18 @@ def test_tune_write_errors_are_one_line_before_any_work(monkeypatch, argv, match
     result = CliRunner().invoke(main, argv)
     assert result.exit_code != 0
     assert match in result.output and "Traceback" not in result.output
+
+
+def test_tune_write_a_failed_pair_fails_the_run_naming_it_before_any_write(monkeypatch):
+    from perfmodel.errors import InputError
+    from perfmodel.schedule import tuned
+
+    def task(t):
+        if t["chip"] == "tpu-v5e":
+            raise ValueError("boom")
+        return t["chip"], {}
+
+    monkeypatch.setattr(tuned, "_tune_task", task)
+    monkeypatch.setattr(tuned, "write_tuned_defaults", lambda spec, **kw: pytest.fail("nothing may be written"))
+    with pytest.raises(InputError, match="tune --write: rms_norm on tpu-v5e: ValueError: boom"):
+        tuned.write_all(["rms_norm"], backend="inprocess")

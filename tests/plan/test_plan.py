@@ -60,20 +60,45 @@ def _square(x):
     return x * x
 
 
-@pytest.mark.parametrize("backend", ["inprocess", "process"])
-def test_runner_same_results_and_failures_reported(backend):
+@pytest.mark.parametrize("backend, batch", [("inprocess", 1), ("process", 1), ("process", 3), ("thread", 2)])
+def test_runner_same_results_and_failures_reported(backend, batch):
     seen = []
-    res = run_tasks(_square, [1, 2, 3, 4], backend=backend, workers=2, on_result=seen.append)
+    res = run_tasks(_square, [1, 2, 3, 4], backend=backend, workers=2, on_result=seen.append, batch=batch)
     assert [r.value for r in res] == [1, 4, None, 16] and [r.index for r in res] == [0, 1, 2, 3]
     assert res[2].error == "ValueError: three" and res[2].inputs == 3 and len(seen) == 4
-    with pytest.raises(InputError, match="backend"):
+    with pytest.raises(InputError, match="`backend` 'threads': use one of auto, inprocess, process, thread, ray"):
         run_tasks(_square, [1], backend="threads")
+    with pytest.raises(InputError, match="`batch` must be a whole number >= 1, got 0"):
+        run_tasks(_square, [1], batch=0)
+
+
+def test_compile_many_runs_on_the_runner_and_keeps_its_contract(monkeypatch):
+    # compile_many is perfmodel.runner's thread backend over compile_report: reports in call order, a compile
+    # error as its item, anything else a task raises as a CompileFailed naming the call and chip
+    from perfmodel.compiler import api
+    from perfmodel.errors import PerfmodelError
+
+    def fake(call, chip, use_cache):
+        if call.target == "bad":
+            raise api.CompileFailed("Mosaic said no")
+        if call.target == "crash":
+            raise RuntimeError("worker lost")
+        return f"report of {call.target}"
+
+    monkeypatch.setattr(api, "compile_report", fake)
+    calls = [api.CompileCall(kind="catalog", target=t, shapes=()) for t in ("a", "bad", "crash", "b")]
+    messages = []
+    out = api.compile_many(calls, "tpu-v5e", jobs=2, progress=messages.append)
+    assert out[0] == "report of a" and out[3] == "report of b"
+    assert isinstance(out[1], PerfmodelError) and str(out[1]) == "Mosaic said no"
+    assert isinstance(out[2], api.CompileFailed) and "for tpu-v5e: RuntimeError: worker lost" in str(out[2])
+    assert len(messages) == 4 and messages[-1].startswith("compiled 4/4")
 
 
 def test_runner_ray_backend():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'perfmodel[ray]')")
     try:
-        res = run_tasks(_square, [1, 2, 3, 4], backend="ray", workers=2, address="auto")
+        res = run_tasks(_square, [1, 2, 3, 4], backend="ray", workers=2, address="auto", batch=2)
     finally:
         ray.shutdown()
     assert [r.value for r in res] == [1, 4, None, 16] and res[2].error == "ValueError: three"
