@@ -137,7 +137,9 @@ def _run_ray(fn: Callable[[Any], Any], batches: list[list[tuple[int, Any]]], wor
             try:
                 ray.init(address="auto", **{k: v for k, v in kw.items() if k != "num_cpus"})
             except (ConnectionError, RuntimeError, ValueError):
-                ray.init(**kw)  # no cluster running: start a local one
+                # no cluster running: start a local one, without the dashboard (its processes take CPU from
+                # the workers on a small machine)
+                ray.init(include_dashboard=False, **kw)
         else:
             ray.init(address=address, **kw)
     remote = ray.remote(_call_batch)

@@ -103,8 +103,9 @@ def distribution(values_s: np.ndarray, percentiles: tuple[float, ...], counts: n
     x, c = x[order], c[order]
     ends = np.cumsum(c)  # the repeated list's positions ends[i - 1] .. ends[i] - 1 hold x[i]
     n = int(ends[-1])
-    mean = float(np.dot(x, c) / n)
-    std = float(np.sqrt(np.dot(c, (x - mean) ** 2) / n))
+    # elementwise products, not np.dot: a dot of this size starts BLAS threads that then spin beside the next run
+    mean = float((x * c).sum() / n)
+    std = float(np.sqrt(((x - mean) ** 2 * c).sum() / n))
 
     def at(pos: int) -> float:
         return float(x[np.searchsorted(ends, pos, side="right")])

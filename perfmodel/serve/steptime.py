@@ -280,7 +280,8 @@ class StepTimes:
         flat = table.reshape(pages, -1)
         if steps * pages <= HISTOGRAM_CELLS:
             cells = rows.ravel() if steps == 1 else (rows + np.arange(steps)[:, None] * pages).ravel()
-            out = np.bincount(cells, minlength=steps * pages).reshape(steps, pages) @ flat
+            # float counts: numpy's mixed int x float product spins a second BLAS thread for nothing
+            out = np.bincount(cells, minlength=steps * pages).reshape(steps, pages).astype(np.float64) @ flat
         else:
             out = flat[rows.T].sum(axis=0)
         return out.reshape((steps,) + table.shape[1:])
