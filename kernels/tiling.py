@@ -99,43 +99,39 @@ def rem(a: Any, b: int) -> Any:
     return jax.lax.rem(a, jax.numpy.asarray(b, dtype=a.dtype))
 
 
-def padded_tile_bytes(shape: tuple[int, ...], dtype: Any) -> int:
-    """VMEM bytes of a buffer of ``shape`` once its two minor dims are padded to the dtype's tile."""
-    if not shape:
-        return itemsize_bytes(dtype)
-    dims = list(shape)
-    dims[-1] = round_up(dims[-1], LANES)
-    if len(dims) >= 2:
-        dims[-2] = round_up(dims[-2], sublane_multiple(dtype))
-    return math.prod(dims) * itemsize_bytes(dtype)
+def padded_rows(rows: int, itemsize: int, sublanes: int = SUBLANES_32BIT) -> int:
+    """Rows Mosaic allocates for a VMEM buffer whose second-minor dimension is ``rows`` of ``itemsize``-byte
+    elements: the one padding rule of the kernels' VMEM checks and of perfmodel's schedule model.
 
-
-def mosaic_rows(rows: int, dtype: Any) -> int:
-    """Rows Mosaic allocates for a VMEM buffer whose second-minor dimension is ``rows``.
-
-    Measured on libtpu 0.0.42 (v4 to 7x), for pipelined blocks and scratch alike:
-    Mosaic tiles VMEM buffers like XLA tiles HBM arrays, in 8-row tiles for every
-    dtype (bf16 and int8 pack 2 and 4 rows per 32-bit word inside a tile), with
-    smaller power-of-two tiles for short dimensions: 1..8 rows round up to a power
-    of two, at least one 32-bit word (2 bf16 rows, 4 int8 rows); more than 8 round
-    up to a multiple of 8. So a bf16 [24, 128] block takes 24 rows (not 32), an
-    int8 [16, 128] page 16 and an f32 [4, 128] row block 4.
+    Measured against Mosaic's allocations (v4 to 7x), for pipelined blocks and scratch alike: Mosaic tiles VMEM
+    buffers like XLA tiles HBM arrays, in ``sublanes``-row tiles for every dtype (bf16 and int8 pack 2 and 4
+    rows per 32-bit word inside a tile), with smaller power-of-two tiles for short dimensions: up to
+    ``sublanes`` rows round up to a power of two, at least one 32-bit word (2 bf16 rows, 4 int8 rows); more
+    round up to a multiple of ``sublanes``. So a bf16 [24, 128] block takes 24 rows (not 32), an int8 [16, 128]
+    page 16 and an f32 [4, 128] row block 4.
     """
-    if rows <= SUBLANES_32BIT:
-        return max(1 << max(0, rows - 1).bit_length(), 4 // min(4, itemsize_bytes(dtype)))
-    return round_up(rows, SUBLANES_32BIT)
+    if rows <= sublanes:
+        return max(1 << max(0, rows - 1).bit_length(), 4 // min(4, itemsize))
+    return round_up(rows, sublanes)
 
 
-def mosaic_buffer_bytes(shape: tuple[int, ...], dtype: Any) -> int:
-    """VMEM bytes of one Mosaic buffer of ``shape``: rows as :func:`mosaic_rows`, lanes padded to 128."""
+def padded_vmem_bytes(shape: tuple[int, ...], itemsize: int, *, sublanes: int = SUBLANES_32BIT,
+                      lanes: int = LANES) -> int:
+    """VMEM bytes of one Mosaic buffer of ``shape``: rows as :func:`padded_rows`, the minor dimension padded to
+    ``lanes``; a 1-D buffer is one row; a scalar one (sublanes x lanes) tile of 32-bit words."""
     if not shape:
-        return SUBLANES_32BIT * LANES * 4
+        return sublanes * lanes * 4
     dims = [int(d) for d in shape]
     if len(dims) == 1:
         dims = [1] + dims
-    dims[-1] = round_up(dims[-1], LANES)
-    dims[-2] = mosaic_rows(dims[-2], dtype)
-    return math.prod(dims) * itemsize_bytes(dtype)
+    dims[-1] = round_up(dims[-1], lanes)
+    dims[-2] = padded_rows(dims[-2], itemsize, sublanes)
+    return math.prod(dims) * itemsize
+
+
+def mosaic_buffer_bytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """VMEM bytes of one Mosaic buffer of ``shape`` and ``dtype`` (:func:`padded_vmem_bytes`)."""
+    return padded_vmem_bytes(shape, itemsize_bytes(dtype))
 
 
 def narrow_vmem_temporaries(chip: "ChipSpec") -> bool:

@@ -80,13 +80,6 @@ def elements(dims: Any, what: str, limit: int = MAX_ELEMENTS) -> int:
     return total
 
 
-def list_length(values: Any, what: str, limit: int = MAX_LIST_ENTRIES) -> None:
-    """InputError when a list given by the user has more than ``limit`` entries."""
-    n = len(values)
-    if n > limit:
-        raise InputError(f"{what} has {n:,} entries; at most {limit:,}")
-
-
 def read_text(path: str | os.PathLike, what: str = "") -> str:
     """A text file's content as UTF-8; InputError naming the file (and ``what``, e.g. "`config_path`") when it is
     missing, not a regular file, unreadable, or not UTF-8 (with the line of the first bad byte)."""

@@ -119,7 +119,7 @@ class FlashAttentionBlockSizes:
         head's slice live at a time). Those temporaries are one ``[block_q, block_kv_compute]`` score
         tile in f32 plus its probabilities in V's dtype (Mosaic spills both to VMEM; 1.5 f32 tiles
         for bf16); f32 inputs also keep the bf16 splits of the HIGHEST-precision matmuls, about four
-        ``[block_q, head_dim]`` f32 tiles. Checked against Mosaic's allocation (libtpu 0.0.42) on
+        ``[block_q, head_dim]`` f32 tiles. Checked against Mosaic's allocation on
         v4 to 7x: at or above it, and within 10% for the tuned defaults at GQA 4.
         """
         import numpy as np

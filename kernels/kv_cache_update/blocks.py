@@ -58,7 +58,7 @@ class KvCacheUpdateBlockSizes:
 
     def vmem_bytes(self, *, kv_heads: int, head_dim: int, new_dtype: Any, quantize: bool,
                    num_tokens: int | None = None, chip: ChipSpec | None = None, combined: bool = False) -> int:
-        """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x).
+        """VMEM of one grid step as Mosaic allocates it (v4 to 7x).
 
         The K and V token blocks (two buffers each; one when ``num_tokens`` fits one block, a single grid
         step), and quantizing, the int8 copies and f32 scales in scratch, all padded as
@@ -128,7 +128,7 @@ def row_granule(cache_dtype: Any) -> int:
     """Rows of a head-major cache page one DMA moves at the least: the rows that share a 32-bit sublane word
     (1 f32, 2 bf16, 4 int8). Mosaic takes a DMA window at a sublane offset that is a multiple of this (the HBM
     tiling is (8, 128) of packed words); a one-row window of a packed dtype is refused ("Offsets along tiled
-    dimensions must be aligned to tiles", libtpu 0.0.42.1)."""
+    dimensions must be aligned to tiles")."""
     return max(1, 4 // tiling.itemsize_bytes(cache_dtype))
 
 
@@ -140,7 +140,7 @@ def head_major_vmem_bytes(*, kv_heads: int, page_size: int, head_dim: int, new_d
     row granules ``[tokens, kv_heads, row_granule, head_dim]`` and, quantizing, the page scale rows
     ``[tokens, kv_heads, 1, page_size]`` f32. Mosaic tiles the granule and scale-row buffers by their own row count
     (no padding to the dtype's sublane multiple; lanes pad to 128): the scratch is Mosaic's scoped-VMEM figure
-    exactly on v5e (libtpu 0.0.42.1; 8 heads x 128, pages of 16: 256 KiB bf16, 512 KiB int8 with scales), which
+    exactly on v5e (8 heads x 128, pages of 16: 256 KiB bf16, 512 KiB int8 with scales), which
     leaves the token blocks out."""
     buf = tiling.mosaic_buffer_bytes
     tokens = HEAD_MAJOR_TOKENS_PER_BLOCK if num_tokens is None else min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)

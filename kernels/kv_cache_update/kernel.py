@@ -17,7 +17,7 @@ Head-major (default; what kernels.paged_attention and ragged_paged_attention rea
   by four. Mosaic takes a DMA window whose sublane offset is a multiple of the
   rows per word (the row granule: 1 f32, 2 bf16, 4 int8) and refuses a one-row
   window of a packed dtype ("Offsets along tiled dimensions must be aligned to
-  tiles", libtpu 0.0.42.1). So each row is written through its granule: read
+  tiles"). So each row is written through its granule: read
   it into VMEM, insert the row (a row-masked select in f32), write it back.
   The scale caches the same way: a token's scale is one lane of its page's
   scale row [kv_heads, 1, page_size] (a one-sublane f32 window).

@@ -89,7 +89,7 @@ class PagedAttentionBlockSizes:
         scratch per kv head and the per-sequence scale rows. The score and probability rows (``[q_per_kv, tokens]``)
         stay in vregs; on chips that widen through f32 (``chip`` None: assumed) Mosaic
         widens quantized or f32 K/V through f32 in VMEM, about 2.75 ``[tokens, head_dim]``
-        f32 tiles. Matches Mosaic's allocation (libtpu 0.0.42) to the byte for bf16,
+        f32 tiles. Matches Mosaic's allocation to the byte for bf16,
         int8 and fp8 caches with head_dim 128 on v5e to 7x.
         """
         tokens = self.tokens(page_size)

@@ -43,7 +43,7 @@ class RmsNormBlockSizes:
 
     def vmem_bytes(self, *, hidden: int, x_dtype: Any, residual_dtype: Any, out_dtype: Any, quantize: bool,
                    chip: ChipSpec | None = None) -> int:
-        """VMEM of one grid step as Mosaic allocates it (libtpu 0.0.42, v4 to 7x): double-buffered row blocks
+        """VMEM of one grid step as Mosaic allocates it (v4 to 7x): double-buffered row blocks
         in (x, residual) and out (out or int8 q, new residual; quantizing, the [rows, 1] scales), the weight
         row, padded as :func:`kernels.tiling.mosaic_buffer_bytes`, and the body's f32 temporaries: about
         1.1 ``[block_tokens, hidden]`` f32 tiles (2.1 quantizing; 1.3 and 2.25 on chips that widen

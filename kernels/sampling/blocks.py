@@ -64,7 +64,7 @@ class SamplingBlockSizes:
                              f"try {round_up(self.block_v, LANES)}")
 
     def vmem_bytes(self, *, vocab: int, logits_dtype, with_noise: bool, greedy: bool = False, penalties: bool = False, bias: bool = False, top_logprobs: int = 0) -> int:
-        """VMEM one grid step needs, as Mosaic allocates it (libtpu 0.0.42): the resident row block (f32 when
+        """VMEM one grid step needs, as Mosaic allocates it: the resident row block (f32 when
         penalties or a bias adjust the logits, else the logits' dtype), the pipelined logits (and noise, token
         count, bias) blocks, the per-row option / output columns (each ``[block_b, n]`` padded to 128 lanes),
         the lane-wide and per-row state, and Mosaic's f32 chunk temporaries.

@@ -98,7 +98,7 @@ def _combine(draft_token_ids, p_d, q_d, resampled, seeds) -> Verified:
     return Verified(tokens=tokens.astype(jnp.int32), num_accepted=num)
 
 
-#: f32 [block_b, block_v] temporaries Mosaic keeps beyond the greedy sampling footprint (tpu-v5e, libtpu 0.0.42).
+#: f32 [block_b, block_v] temporaries Mosaic keeps beyond the greedy sampling footprint (measured on tpu-v5e).
 REJECTION_EXTRA_CHUNKS = 1.5
 
 

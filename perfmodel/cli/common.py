@@ -157,13 +157,6 @@ def stderr_is_terminal() -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-def progress_echo(message: str) -> None:
-    """Progress of long work as a line on stderr, only when stderr is a terminal (so that piped, --json and
-    --csv output and captured runs stay clean)."""
-    if stderr_is_terminal():
-        click.echo(message, err=True)
-
-
 def _raw_stderr(text: str) -> None:
     """Terminal control text as is (click.echo would strip the escape codes off a terminal)."""
     sys.stderr.write(text)

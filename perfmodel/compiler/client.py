@@ -155,7 +155,3 @@ def servers_running() -> int:
     """Servers of this process still running (tests: one per concurrent compile, not one per compile or test)."""
     return sum(1 for s in _ALL if s.alive())
 
-
-def servers_started() -> int:
-    """Servers this process has started (tests: one per concurrent compile, not one per compile)."""
-    return len(_ALL)

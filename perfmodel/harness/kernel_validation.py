@@ -122,11 +122,6 @@ def evaluate(prepared: Sequence[_Prepared], constants: CompiledTimingConstants |
     return rows
 
 
-def evaluate_points(points: Sequence[TimingPoint] | None = None, constants: CompiledTimingConstants | None = None,
-                    *, progress: Callable[[str], None] | None = None) -> list[PointResult]:
-    return evaluate(prepare(points if points is not None else load_points(), progress=progress), constants)
-
-
 def _solve(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
     """x in [lo, hi] with f(x) = 0 for an increasing f (clamped to the bounds)."""
     if f(lo) >= 0:

@@ -259,7 +259,7 @@ def model_config_from_hf(name: str, hf_config: dict[str, Any]) -> Any:
     import tempfile
     from pathlib import Path
 
-    from perfmodel.model.configs import load_hf_config
+    from perfmodel.model.hf_config import load_hf_config
 
     if name not in _MODEL_DIRS:
         _MODEL_DIRS[name] = tempfile.TemporaryDirectory(prefix="perfmodel-validate-")

@@ -24,7 +24,8 @@ _NUMBER_RE = re.compile(r"^[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _UNIT_RE = re.compile(r"^\s*[+-]?[\d.]+(?:[eE][+-]?\d+)?\s*[A-Za-zµ/]+")
 
 
-#: libyaml's composer when available (10x faster); it reports plain scalars with style "" not None.
+#: libyaml's composer when available (much faster than the pure-Python one); it reports plain scalars with
+#: style "" not None.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

@@ -11,7 +11,12 @@ fused         rms_norm(), glu() / swiglu() / geglu(), rope(), dequant_gemm(): fu
 collectives   all_gather(), reduce_scatter(), all_reduce() over ICI
 elementwise   per-element VPU / EUP costs of epilogues and activations
 distributions per-sequence length lists ("1x64,512x2") and quantile distributions
-transformer, configs   whole-model steps and presets (built on the functions above)
+schema        ModelConfig (MoE, MLA layouts), parameter_counts(), validate()
+configs       presets, get_model() (preset name or alias, model YAML file, config.json path), describe()
+hf_config     load_hf_config(): a ModelConfig from a local Hugging Face config.json
+step          Step: one step's inputs, make_step() / mixed_step() (validated, flag-named errors)
+sharding      one chip's share under TP: Shard, weight_matrices(), weight / KV bytes, memory_fit()
+transformer   whole-model steps: step_ops(), predict_step() (built on the functions above)
 
 Every op function takes keyword arguments, numbers or numpy arrays for sizes
 (vectorized), and ``chip=None`` for hardware-independent counts (pl.CostEstimate).

@@ -55,7 +55,7 @@ def quantile_lengths(spec: str, batch: int, flag: str = "`context_dist`") -> np.
     if batch > MAX_LIST_ENTRIES:
         raise InputError(f"`batch` is {short(batch)}: at most {MAX_LIST_ENTRIES:,} sequences")
     qs = (np.arange(batch) + 0.5) / batch
-    from statistics import NormalDist  # imported here: statistics costs ~5 ms, which every `predict model` paid
+    from statistics import NormalDist  # imported here: statistics is slow to import and most commands never need it
 
     if kind == "uniform":
         if not 1 <= a <= b:

@@ -39,7 +39,8 @@ class ChipEfficiency:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, Any]:
-    """The parsed file, through the spec cache (a warm run imports no yaml: 24 ms of a `predict` process)."""
+    """The parsed file, through the spec cache (a warm run does not import yaml, a large part of a short
+    `predict` process)."""
     from pathlib import Path
 
     from perfmodel.hw.speccache import load_data_cached

@@ -52,8 +52,8 @@ class SearchSpace:
 
 
 def tp_splits(model: Any, chips: int) -> list[int]:
-    """TP degrees of ``chips`` chips (DP = chips / TP) whose heads split evenly (perfmodel.model.transformer.shard)."""
-    from perfmodel.model.transformer import shard
+    """TP degrees of ``chips`` chips (DP = chips / TP) whose heads split evenly (perfmodel.model.sharding.shard)."""
+    from perfmodel.model.sharding import shard
 
     out = []
     for tp in range(1, chips + 1):

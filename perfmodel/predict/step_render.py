@@ -30,15 +30,50 @@ def step_csv(sweep: StepSweep) -> str:
 
 
 def step_records(sweep: StepSweep) -> list[dict[str, Any]]:
-    """JSON-ready records, one per chip x point (perfmodel.model.transformer.prediction_record plus the point)."""
-    from perfmodel.model.transformer import prediction_record
-
+    """JSON-ready records, one per chip x point (:func:`prediction_record` plus the point)."""
     return [to_jsonable({"point": p.point, **prediction_record(p.prediction)}) for p in sweep.points]
+
+
+def prediction_record(p: Any) -> dict[str, Any]:
+    """JSON-ready summary of a step prediction (perfmodel.model.transformer.StepPrediction; the CLI's `json`)."""
+    mem = p.memory
+    return {
+        "model": p.model.name,
+        "chip": p.chip.name,
+        "step": to_jsonable(p.step),
+        "floor_s": p.floor_s,
+        "expected_s": p.expected_s,
+        "no_overlap_s": p.no_overlap_s,
+        "overlapped_floor_s": p.overlapped_floor_s,
+        "unit_s": p.unit_s,
+        "bound": p.bound,
+        "bound_shares": p.bound_shares,
+        "tokens_per_step": p.tokens_per_step,
+        "tokens_per_s": p.tokens_per_s,
+        "tokens_per_s_per_chip": p.tokens_per_s_per_chip,
+        "tokens_per_s_at_floor": p.tokens_per_s_at_floor,
+        "tokens_per_s_per_chip_at_floor": p.tokens_per_s_per_chip_at_floor,
+        "compute_dtype": p.compute_dtype,
+        "mbu_at_floor": p.mbu_at_floor,
+        "mfu_at_floor": p.mfu_at_floor,
+        "hbm_bytes": p.hbm_bytes,
+        "useful_flops": p.useful_flops,
+        "ici_bytes": p.ici_bytes,
+        "memory": to_jsonable(mem),
+        "routing": to_jsonable(p.routing) if p.routing else None,
+        "ops": [
+            {"name": op.name, "block": op.block, "count": op.count, "floor_s": op.floor_s,
+             "expected_s": op.expected_s, "bound": op.bound, "share": p.share(op), "hbm_bytes": op.hbm_bytes,
+             "useful_flops": op.useful_flops, "ici_bytes": op.ici_bytes, "mxu_dtype": op.cost.mxu_dtype,
+             "notes": list(op.cost.notes)}
+            for op in p.ops
+        ],
+    }
 
 
 def preset_record(cfg: Any) -> dict[str, Any]:
     """A built-in model for `--list --json`: every config field (sources included) and its parameter counts."""
-    from perfmodel.model.configs import parameter_counts
+    from perfmodel.model.schema import parameter_counts
 
     counts = parameter_counts(cfg)
     return {**to_jsonable(cfg), "parameter_counts": {**to_jsonable(counts), "total": counts.total,
@@ -46,7 +81,8 @@ def preset_record(cfg: Any) -> dict[str, Any]:
 
 
 def models_csv(presets: list) -> str:
-    from perfmodel.model.configs import describe, parameter_counts
+    from perfmodel.model.configs import describe
+    from perfmodel.model.schema import parameter_counts
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -58,7 +94,8 @@ def models_csv(presets: list) -> str:
 
 
 def models_table(presets: list) -> str:
-    from perfmodel.model.configs import describe, parameter_counts
+    from perfmodel.model.configs import describe
+    from perfmodel.model.schema import parameter_counts
 
     rows = []
     for c in presets:

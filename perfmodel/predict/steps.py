@@ -1,6 +1,6 @@
 """One prefill chunk or decode step of a whole model over chips x sweep points (`perfmodel predict model`).
 
-:func:`step_sweep` builds the :class:`~perfmodel.model.transformer.Step` of
+:func:`step_sweep` builds the :class:`~perfmodel.model.step.Step` of
 every point (per-sequence contexts from
 :func:`perfmodel.predict.ops.context_lengths`) and predicts it on every chip
 with :func:`perfmodel.model.transformer.predict_step`;
@@ -26,7 +26,7 @@ class StepPoint:
 
 @dataclass(frozen=True, kw_only=True)
 class StepSweep:
-    model: Any  # perfmodel.model.configs.ModelConfig
+    model: Any  # perfmodel.model.schema.ModelConfig
     swept: tuple[str, ...]
     #: Chips x points, in that order.
     points: tuple[StepPoint, ...]
@@ -50,11 +50,13 @@ def step_sweep(model: Any, *, chips: Sequence[Any], points: Sequence[Mapping[str
     done=i, total=n)`` before each of the n chip x point predictions.
     """
     from perfmodel.errors import InputError
-    from perfmodel.model import configs
-    from perfmodel.model.transformer import make_step, predict_step
+    from perfmodel.model.configs import get_model
+    from perfmodel.model.schema import ModelConfig
+    from perfmodel.model.step import make_step
+    from perfmodel.model.transformer import predict_step
     from perfmodel.predict.ops import context_lengths
 
-    cfg = model if isinstance(model, configs.ModelConfig) else configs.get_model(model)
+    cfg = model if isinstance(model, ModelConfig) else get_model(model)
     unknown = [k for k in (points[0] if points else {}) if k not in SWEEPABLE]
     if unknown:
         raise InputError(f"`{unknown[0]}`: cannot be swept; sweepable: {', '.join(SWEEPABLE)}", fields=(unknown[0],))

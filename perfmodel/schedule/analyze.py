@@ -29,6 +29,7 @@ from perfmodel.schedule.body import WorkCounter, count_body_work
 from perfmodel.schedule.extract import PallasCall, find_pallas_calls, trace
 from perfmodel.schedule.xla_ops import xla_ops
 from perfmodel.schedule.indexmaps import block_indices, grid_points, periodic_leading_dims
+from perfmodel.schedule.loops import LoopOptions
 from perfmodel.schedule.results import (
     Analysis,
     BodyWork,
@@ -107,9 +108,10 @@ def cores_for(call: PallasCall, chip: ChipSpec) -> int:
 
 def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None = None, cores: int | None = None,
                  host_dispatch_s: float | None = None, keep_step_times: bool = False,
-                 loop_trips: int | None = None) -> KernelAnalysis:
+                 loop_trips: int | None = None, loop_options: LoopOptions = LoopOptions()) -> KernelAnalysis:
     """Model one pallas_call. ``order``: an explicit traversal (``(n, ndim)`` grid points), e.g.
-    the one a TPU-interpret run recorded; by default Pallas' row-major order."""
+    the one a TPU-interpret run recorded; by default Pallas' row-major order. ``loop_options``: the
+    interpreter's fast paths (default: all; the reference implementation with them off)."""
     notes: list[str] = []
     if any(int(g) <= 0 for g in call.grid):
         raise InputError(
@@ -123,9 +125,9 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
     if ncores > 1 and seg.cores > 1:
         notes.append(f"grid split over {seg.cores} TensorCores along its leading parallel dimension(s) (megacore)")
 
-    operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes)
+    operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes, loop_options)
     counter = count_body_work(call.body, chip, call.grid, points, call.body_values, loop_trips=loop_trips,
-                              starts=seg.starts)
+                              starts=seg.starts, loop_options=loop_options)
     notes.extend(counter.notes)
     manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
     if manual:
@@ -239,7 +241,8 @@ def _dominant_key(counter: WorkCounter, n: int) -> str:
 
 
 def _operand_traffic(call: PallasCall, chip: ChipSpec, trav: pl_sim.Traversal, per_period: Sequence[bool | None],
-                     notes: list[str]) -> tuple[list[OperandTraffic], np.ndarray, np.ndarray]:
+                     notes: list[str],
+                     loop_options: LoopOptions) -> tuple[list[OperandTraffic], np.ndarray, np.ndarray]:
     points, seg = trav.points, trav.seg
     n = points.shape[0]
     fetch = np.zeros(n)
@@ -259,7 +262,7 @@ def _operand_traffic(call: PallasCall, chip: ChipSpec, trav: pl_sim.Traversal, p
                 buffer_count=0, transfers=0, hbm_bytes=0, ideal_hbm_bytes=array_bytes, buffer_bytes=0,
             ))
             continue
-        idx = block_indices(call, b, points)
+        idx = block_indices(call, b, points, loop_options=loop_options)
         t = pl_sim.simulate_block(idx, role=b.role, block_shape=b.block_shape, block_kinds=b.block_kinds,
                                   array_shape=b.array_shape, itemsize_bytes=b.itemsize_bytes, seg=seg,
                                   traversal=trav, per_period=bool(follows))

@@ -31,7 +31,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from perfmodel.hw.spec import ChipSpec
-from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue, written_inputs
+from perfmodel.schedule.interpreter import Interpreter
+from perfmodel.schedule.loops import LoopOptions
+from perfmodel.schedule.slicing import written_inputs
+from perfmodel.schedule.values import UNKNOWN, Hook, RefValue
 
 EUP_PRIMITIVES = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan",
@@ -440,7 +443,7 @@ class WorkCounter(Hook):
 
 def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,
                     known_values: Sequence[Any], *, loop_trips: int | None = None,
-                    starts: np.ndarray | None = None) -> WorkCounter:
+                    starts: np.ndarray | None = None, loop_options: LoopOptions = LoopOptions()) -> WorkCounter:
     """Interpret the kernel body once for all grid steps; returns the filled counter.
 
     The body's parameters are (*scalar prefetch, *blocks, *scratch); ``known_values`` are the known contents
@@ -448,7 +451,8 @@ def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.n
     iterations assumed for a while loop whose trip count cannot be evaluated (default: one, with a note).
     ``starts``: True at the first step of each TensorCore's sequence (``points`` in execution order); the SMEM
     refs among the known ones that the body writes (a first-step flag, a buffer slot) then carry their content
-    from each step to the next (see :func:`carried_contents`).
+    from each step to the next (see :func:`carried_contents`). ``loop_options``: the interpreter's fast paths
+    (default: all; the reference implementation with them off).
     """
     n = points.shape[0]
     counter = WorkCounter(chip, assumed_trips=loop_trips)
@@ -465,12 +469,13 @@ def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.n
     if carried:
         steps = np.zeros(n, dtype=bool) if starts is None else np.asarray(starts, dtype=bool)
         steps[0] = True
-        for i, content in carried_contents(body, grid, grid_ids, args, carried, steps).items():
+        for i, content in carried_contents(body, grid, grid_ids, args, carried, steps,
+                                           loop_options=loop_options).items():
             args[i] = RefValue(content, args[i].memory_space, track=True)
         if any(isinstance(args[i].value, type(UNKNOWN)) for i in carried):
             counter.note("scalar state the kernel writes in SMEM and reads at a later step (e.g. a buffer slot) "
                          "could not be followed from step to step: reads of it are treated as data")
-    Interpreter(n, grid, grid_ids, counter).run(body, [], args)
+    Interpreter(n, grid, grid_ids, counter, loop_options=loop_options).run(body, [], args)
     return counter
 
 
@@ -480,12 +485,13 @@ MAX_CARRY_PASSES = 8
 
 
 def carried_contents(body: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarray], args: Sequence[Any],
-                     carried: Sequence[int], starts: np.ndarray) -> dict[int, Any]:
+                     carried: Sequence[int], starts: np.ndarray, *,
+                     loop_options: LoopOptions = LoopOptions()) -> dict[int, Any]:
     """The content of each carried SMEM ref at the start of every step: its initial content at each core's
     first step, else what the previous step left in it. Found by running the body (quietly, every step at
     once) from a guess until the contents stop changing; a ref still changing after
     :data:`MAX_CARRY_PASSES` passes (or when two passes in a row settle no further ref), or whose writes are
-    data-dependent, is UNKNOWN."""
+    data-dependent, is UNKNOWN. ``loop_options``: the interpreter's fast paths."""
     n = int(starts.shape[0])
     prev = np.maximum(np.arange(n) - 1, 0)
     initial = {i: np.asarray(args[i].value) for i in carried}
@@ -495,7 +501,7 @@ def carried_contents(body: Any, grid: Sequence[int], grid_ids: Sequence[np.ndarr
     for _ in range(MAX_CARRY_PASSES):
         run = [RefValue(_copy(state[i]), a.memory_space, track=True) if i in state
                else RefValue(a.value, a.memory_space) if isinstance(a, RefValue) else a for i, a in enumerate(args)]
-        Interpreter(n, grid, grid_ids).run(body, [], run)
+        Interpreter(n, grid, grid_ids, loop_options=loop_options).run(body, [], run)
         following: dict[int, Any] = {}
         for i in carried:
             end = run[i].value

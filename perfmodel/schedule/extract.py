@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.schedule.values import ELEMENTWISE
 
 #: Block-dimension classes of jax._src.pallas.core -> our names.
 _BLOCK_KINDS = {
@@ -443,8 +444,6 @@ def _numpy_eval(eqn: Any, invals: list[Any]) -> np.ndarray | None:
     Only integer and boolean arithmetic is done here (exact in both); layout primitives move values
     of any dtype unchanged.
     """
-    from perfmodel.schedule.interp import ELEMENTWISE
-
     if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
         return None
     name = eqn.primitive.name

@@ -1,6 +1,6 @@
 """Evaluate a pallas_call's index maps at every grid step, vectorized.
 
-The numpy interpreter (:mod:`perfmodel.schedule.interp`) handles the integer
+The numpy interpreter (:mod:`perfmodel.schedule.interpreter`) handles the integer
 arithmetic, ``select_n``, scalar-prefetch reads and control flow index maps
 are made of. An index map it cannot evaluate falls back to ``jax.vmap`` of the
 same jaxpr, run on the CPU. An index map that reads a scalar-prefetch operand
@@ -16,7 +16,9 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.schedule.extract import BlockMapping, PallasCall
-from perfmodel.schedule.interp import UNKNOWN, evaluate_index_map
+from perfmodel.schedule.interpreter import evaluate_index_map
+from perfmodel.schedule.loops import LoopOptions
+from perfmodel.schedule.values import UNKNOWN
 
 
 def grid_points(grid: Sequence[int]) -> np.ndarray:
@@ -35,12 +37,14 @@ def grid_points(grid: Sequence[int]) -> np.ndarray:
     return out
 
 
-def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray) -> list[np.ndarray]:
+def block_indices(call: PallasCall, block: BlockMapping, points: np.ndarray, *,
+                  loop_options: LoopOptions = LoopOptions()) -> list[np.ndarray]:
     """Block indices the index map of ``block`` returns at each of ``points``: one ``(n,)`` column per
-    array dimension (a literal index stays a zero-stride broadcast)."""
+    array dimension (a literal index stays a zero-stride broadcast). ``loop_options``: the interpreter's fast
+    paths."""
     ids = [points[:, d] for d in range(points.shape[1])]
     prefetch = list(call.prefetch_values)
-    outs = evaluate_index_map(block.index_map, call.grid, ids, prefetch)
+    outs = evaluate_index_map(block.index_map, call.grid, ids, prefetch, loop_options=loop_options)
     if any(o is UNKNOWN for o in outs):
         missing = _reads_unknown_prefetch(block, call)
         if missing:

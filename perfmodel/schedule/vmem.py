@@ -1,9 +1,9 @@
 """VMEM / SMEM footprint of a pallas_call, with the TPU's tile padding.
 
-A VMEM buffer is laid out in (sublanes x lanes) tiles of 32-bit words: the
-last dimension pads to the lane count (128) and the second-to-last to the
-sublane count times the dtype's packing (8 rows of f32, 16 of bf16, 32 of
-int8). 1-D buffers pad to whole tiles. SMEM holds 32-bit words.
+A VMEM buffer is padded as Mosaic pads it (``kernels.tiling.padded_rows``, the rule measured against Mosaic's
+allocations that the kernels' own VMEM checks use too): the last dimension to the lane count, the second-to-last
+to a multiple of the sublane count (a power of two below it, at least one 32-bit word), the sublanes and lanes
+being the chip's (hwspec ``cores``). SMEM holds 32-bit words.
 """
 
 from __future__ import annotations
@@ -11,16 +11,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from kernels.tiling import padded_vmem_bytes as mosaic_vmem_bytes
 from perfmodel.hw.spec import ChipSpec
-
-
-def _ceil_to(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def packing(itemsize_bytes: int) -> int:
-    """Elements of this size per 32-bit word (1 for 32-bit and wider)."""
-    return max(1, 4 // max(1, itemsize_bytes))
 
 
 def padded_vmem_bytes(shape: Sequence[int], itemsize_bytes: int, chip: ChipSpec) -> int:
@@ -29,13 +21,7 @@ def padded_vmem_bytes(shape: Sequence[int], itemsize_bytes: int, chip: ChipSpec)
     sub, lanes = chip.cores.vreg_sublanes, chip.cores.vreg_lanes
     if not sub or not lanes:  # not a TPU: no tiling
         return int(math.prod(shape)) * itemsize_bytes
-    rows = sub * packing(itemsize_bytes)
-    if len(shape) == 0:
-        return rows * lanes * itemsize_bytes
-    if len(shape) == 1:
-        return _ceil_to(shape[0], rows * lanes) * itemsize_bytes
-    lead = int(math.prod(shape[:-2]))
-    return lead * _ceil_to(shape[-2], rows) * _ceil_to(shape[-1], lanes) * itemsize_bytes
+    return mosaic_vmem_bytes(shape, itemsize_bytes, sublanes=sub, lanes=lanes)
 
 
 def smem_bytes(shape: Sequence[int], itemsize_bytes: int) -> int:

@@ -2,7 +2,7 @@
 
 Per chip of the tensor-parallel group (every chip holds the same number of blocks, each a share of the KV heads):
 ``usable = HBM x gpu_memory_utilization`` (tpu-inference's ``determine_available_memory``), minus the chip's
-weights (perfmodel.model.transformer.weight_bytes_per_chip), minus the activation workspace of the largest step
+weights (perfmodel.model.sharding.weight_bytes_per_chip), minus the activation workspace of the largest step
 (ESTIMATE: ``max_num_batched_tokens`` tokens x (4 x hidden + the QKV width + 2 x the MLP width per chip) in the
 activation dtype, plus f32 logits of ``max_num_seqs`` rows x the vocabulary per chip). The rest divided by one
 block's bytes (``block_size`` tokens of every layer's K and V on this chip) is the block count. Sliding-window
@@ -41,7 +41,7 @@ class KVCapacity:
 
 def workspace_bytes(cfg: EngineConfig) -> float:
     """Activation workspace of the largest step per chip (ESTIMATE, module docstring)."""
-    from perfmodel.model.transformer import shard
+    from perfmodel.model.sharding import shard
 
     m, sh = cfg.model, shard(cfg.model, cfg.tp)
     act = DTYPES[cfg.act_dtype].itemsize_bytes
@@ -55,7 +55,7 @@ def workspace_bytes(cfg: EngineConfig) -> float:
 def kv_capacity(cfg: EngineConfig) -> KVCapacity:
     """Blocks of one replica; InputError saying what is missing when the weights, or one ``max_model_len``
     sequence, do not fit."""
-    from perfmodel.model.transformer import kv_bytes_per_token_per_layer, shard, weight_bytes_per_chip
+    from perfmodel.model.sharding import kv_bytes_per_token_per_layer, shard, weight_bytes_per_chip
 
     m = cfg.model
     sh = shard(m, cfg.tp)

@@ -117,7 +117,7 @@ class EngineConfig:
     """One server replica's settings (``dp`` replicas share the stream)."""
 
     engine: str = "vllm"
-    model: Any  # perfmodel.model.configs.ModelConfig
+    model: Any  # perfmodel.model.schema.ModelConfig
     chip: Any  # perfmodel.hw.spec.ChipSpec
     tp: int = 1
     dp: int = 1

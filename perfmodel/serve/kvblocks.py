@@ -100,7 +100,3 @@ class BlockPool:
             return False
         self.refs[key] = 1
         return True
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0

@@ -1,6 +1,6 @@
 """Time of one engine step from perfmodel's transformer model, fast enough to price every step of a long run.
 
-A step of a vLLM TPU server is one ragged forward pass (perfmodel.model.transformer.mixed_step): sequence i pushes
+A step of a vLLM TPU server is one ragged forward pass (perfmodel.model.step.mixed_step): sequence i pushes
 ``q_i`` new tokens over ``c_i`` KV tokens. Its time splits in two:
 
 * the **dense part**: every op but attention (projections, MLP / MoE, norms, RoPE, KV write, collectives, the
@@ -68,7 +68,8 @@ class StepTimes:
     """Step times of one replica (:meth:`step_s`), from cached dense times and attention tables."""
 
     def __init__(self, cfg: EngineConfig, *, model: Any = None, tp: int | None = None):
-        from perfmodel.model.transformer import context_op_names, mixed_step
+        from perfmodel.model.step import mixed_step
+        from perfmodel.model.transformer import context_op_names
 
         self.cfg = cfg
         self.model = model or cfg.model
@@ -100,7 +101,8 @@ class StepTimes:
 
     def op_names(self) -> list[str]:
         """Names of the step's ops (what --op-speedup accepts)."""
-        from perfmodel.model.transformer import mixed_step, step_ops
+        from perfmodel.model.step import mixed_step
+        from perfmodel.model.transformer import step_ops
 
         step = mixed_step(query_lens=[2, 1], context_lens=[2, 1], weight_dtype=self.cfg.weight_dtype,
                           act_dtype=self.cfg.act_dtype, kv_dtype=self.cfg.kv_cache_dtype, tp=self.tp,

@@ -37,7 +37,7 @@ def slice_program(call: dict[str, Any], chip: Any, devices: list[Any]) -> tuple[
 
     if call["kind"] == "model":
         from perfmodel.model import configs
-        from perfmodel.model.transformer import make_step
+        from perfmodel.model.step import make_step
         from perfmodel.xla.reference import build_step
 
         params = dict(call.get("args") or {})

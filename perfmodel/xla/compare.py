@@ -183,7 +183,8 @@ def compare_step(model: Any, *, chip: Any, topology: str | None = None, kv_layou
     prediction of the same step (``params``: make_step's keyword arguments)."""
     from perfmodel.compiler.api import compile_report
     from perfmodel.model import configs
-    from perfmodel.model.transformer import make_step, predict_step
+    from perfmodel.model.step import make_step
+    from perfmodel.model.transformer import predict_step
     from perfmodel.xla.program import build_program
 
     cfg = configs.get_model(model)

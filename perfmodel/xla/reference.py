@@ -1,8 +1,8 @@
 """A reference JAX transformer step built from a ModelConfig, for the TPU compiler (weights as shape structs only).
 
 :func:`build_step` returns ``(fn, args, donate_argnums)`` for one decode step
-or prefill chunk of :class:`~perfmodel.model.configs.ModelConfig` as
-:func:`perfmodel.model.transformer.make_step` describes it, tensor-parallel
+or prefill chunk of :class:`~perfmodel.model.schema.ModelConfig` as
+:func:`perfmodel.model.step.make_step` describes it, tensor-parallel
 over a 1-D mesh ``("tp",)`` of the slice's first ``tp`` chips (Megatron
 layout, as the analytic model assumes: heads, MLP and expert widths and the
 vocabulary split; KV heads duplicated to ``tp`` when there are fewer; norms
@@ -122,7 +122,8 @@ def build_step(cfg: Any, step: Any, devices: list[Any], *, kv_layout: str = "pag
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from perfmodel.model.transformer import GLU_KIND, shard
+    from perfmodel.model.sharding import shard
+    from perfmodel.model.transformer import GLU_KIND
 
     if kv_layout not in KV_LAYOUTS:
         raise InputError(f"`kv_layout` '{kv_layout}': use one of {', '.join(KV_LAYOUTS)}")

@@ -14,7 +14,7 @@ os.environ["PERFMODEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="perfmodel-bench-cac
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from perfmodel.compiler.api import compile_report  # noqa: E402
-from perfmodel.compiler.matrix import CASES  # noqa: E402
+from perfmodel.harness.compile_matrix import CASES  # noqa: E402
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from perfmodel.cli.main import main
 from perfmodel.hw import get_chip
 from perfmodel.model.configs import get_model
-from perfmodel.model.transformer import make_step, predict_step
+from perfmodel.model.step import make_step
+from perfmodel.model.transformer import predict_step
 from perfmodel.units import seconds
 
 

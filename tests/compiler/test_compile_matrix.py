@@ -8,7 +8,7 @@ import functools
 
 import pytest
 
-from perfmodel.compiler.matrix import CASES, chips, run_matrix
+from perfmodel.harness.compile_matrix import CASES, chips, run_matrix
 
 pytestmark = pytest.mark.needs_libtpu
 

@@ -38,7 +38,7 @@ def test_worker_environment_does_not_touch_ours(monkeypatch):
 
 
 def test_compiler_modules_import_neither_jax_nor_libtpu():
-    code = ("import sys; import perfmodel.compiler.api, perfmodel.compiler.render, perfmodel.compiler.matrix, "
+    code = ("import sys; import perfmodel.compiler.api, perfmodel.compiler.render, perfmodel.harness.compile_matrix, "
             "perfmodel.schedule.compiled; import perfmodel.cli.main; "
             "bad = [m for m in ('jax', 'libtpu', 'jaxlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

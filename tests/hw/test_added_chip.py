@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from perfmodel.cli.main import main
-from perfmodel.compiler.matrix import chips as matrix_chips
+from perfmodel.harness.compile_matrix import chips as matrix_chips
 from perfmodel.compiler.toolchain import compile_targets, topology_for
 from perfmodel.hw.registry import ENV_VAR, get_chip
 from perfmodel.model.gemm import quantizes_in_bf16

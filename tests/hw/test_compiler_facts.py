@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfmodel.compiler.matrix import chips as matrix_chips
+from perfmodel.harness.compile_matrix import chips as matrix_chips
 from perfmodel.compiler.toolchain import CompilerUnavailable, compile_targets, deviceless_topology, topology_for
 from perfmodel.errors import SpecError
 from perfmodel.hw import get_chip, load_spec_file

@@ -17,7 +17,7 @@ import yaml
 from perfmodel.errors import SpecError, UnknownChipError
 from perfmodel.hw import registry, spec, speccache
 from perfmodel.hw.speccache import dataclass_fields, from_plain, load_cached, scan_header, to_plain
-from perfmodel.model import configs
+from perfmodel.model import configs, schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CHIP_KEYS = {"name": str, "aliases": tuple, "jax_device_kinds": tuple}
@@ -143,7 +143,7 @@ def test_get_model_loads_only_the_preset_asked_for(fresh):
 
 def test_dataclass_fields_match_typing():
     for cls in (spec.ChipSpec, spec.Cores, spec.Compute, spec.Memory, spec.Interconnect, spec.Overheads,
-                spec.Disagreement, configs.ModelConfig, configs.MoEConfig, configs.MLAConfig):
+                spec.Disagreement, schema.ModelConfig, schema.MoEConfig, schema.MLAConfig):
         hints, names = dataclass_fields(cls)
         assert hints == typing.get_type_hints(cls)
         assert names == [f.name for f in dataclasses.fields(cls)]

@@ -744,7 +744,7 @@ def test_matches_the_reference_in_interpret_mode(entry, case):
     # One interpret run serves two checks: its outputs against the reference, and its logged block copies
     # against the schedule model's prediction (record_traffic runs the kernel in TPU interpret mode, as
     # interpret=True does, with the copies instrumented).
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     contract = CONTRACTS[entry.name]
     specs, keyword = _specs(entry, case)
@@ -777,7 +777,7 @@ def test_ragged_op_model_kv_bytes_equal_the_interpreters_page_copies():
     # causal reads would give 56.
     from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes, ragged_paged_attention
     from perfmodel.model.attention import ragged_paged_attention as ragged_model
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     q_lens, kv_lens = np.array([1, 30, 21, 1]), np.array([17, 200, 150, 129])
     q = jax.random.normal(jax.random.key(3), (int(q_lens.sum()), 4, 128), jnp.bfloat16)

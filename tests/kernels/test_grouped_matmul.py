@@ -195,7 +195,7 @@ def test_row_major_reads_each_row_tile_once():
     # M = 64 rows in 2 tiles of 32, K = 256 (2 K blocks), N = 512 (4 column blocks), groups of 32 rows: row-major
     # keeps each tile's [32, 256] f32 rows resident and reads them once (2 x 32 KiB), where column-major would
     # read them once per column block (4x).
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     lhs, rhs, _ = _operands(64, 256, 512, 2, "float32")
     gs = jnp.asarray([32, 32], jnp.int32)
@@ -219,7 +219,7 @@ def test_weights_of_an_empty_group_are_never_read():
     # M = 64 rows in one 64-row tile, K = 256 (2 K blocks), N = 256 (2 column blocks), groups 1 and 3 empty:
     # each column block visits groups 0 and 2 once each, so rhs blocks (group, kk, j) are read once for groups
     # 0 and 2 and never for 1 and 3 (2 groups x 2 x 2 blocks of 128 x 128 f32 = 8 x 64 KiB).
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     lhs, rhs, _ = _operands(64, 256, 256, 4, "float32")
     gs = jnp.asarray([30, 0, 34, 0], jnp.int32)
@@ -313,9 +313,10 @@ def test_grouped_gemm_is_a_gemm_per_group_size():
 
 def test_transformer_moe_terms_are_the_grouped_gemm():
     import perfmodel.model.transformer as tf
+    from perfmodel.model.step import make_step
 
     r = tf.routing(64, 8, 2)  # 128 assignments over 8 touched experts: 16 each
-    step = tf.make_step(phase="decode", batch=64, context=1024)
+    step = make_step(phase="decode", batch=64, context=1024)
     cost = tf._expert_gemm("experts_down", r, n=4096, k=14336, step=step, chip=None)
     ref = grouped_gemm(group_sizes=[16] * 8, n=4096, k=14336, lhs_dtype=step.act_dtype, rhs_dtype=step.weight_dtype,
                        out_dtype=step.act_dtype)

@@ -570,7 +570,7 @@ def test_quantized_kv_bytes_equal_the_interpreters_copies():
     # KV blocks of 128 tokens: the op model's kernel-side KV bytes (pages + one scale block per KV block fetched)
     # equal what the kernel's DMAs moved in interpret mode.
     from perfmodel.model.attention import ragged_paged_attention as ragged_model
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     q_lens, kv_lens = [1, 37, 1, 5, 1], [17, 60, 100, 5, 33]
     batch = make_batch(8, q_lens, kv_lens, q_heads=4, kv_heads=2, page_size=16, dtype=jnp.bfloat16, spare_seqs=0)

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from perfmodel.errors import InputError, SpecError
-from perfmodel.model import configs
-from perfmodel.model.configs import get_model, load_hf_config, parameter_counts
+from perfmodel.model import configs, schema
+from perfmodel.model.configs import get_model
+from perfmodel.model.hf_config import load_hf_config
+from perfmodel.model.schema import parameter_counts
 
 PRESETS = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-32b", "gemma-3-27b", "mixtral-8x7b",
            "qwen3-235b-a22b", "deepseek-v3"]
@@ -62,7 +64,7 @@ def test_deepseek_mla_attention_params_hand_worked():
     # q_a 7168*1536 + q_a_norm 1536 + q_b 1536*128*192 = 11,010,048 + 1,536 + 37,748,736
     # kv_a 7168*(512+64) + kv_a_norm 512 = 4,128,768 + 512; kv_b 512*128*(128+128) = 16,777,216
     # o 128*128*7168 = 117,440,512  -> 187,107,328 per layer
-    assert configs.attention_params_per_layer(get_model("deepseek-v3")) == 187_107_328
+    assert schema.attention_params_per_layer(get_model("deepseek-v3")) == 187_107_328
 
 
 def test_gemma_layout():
@@ -129,7 +131,7 @@ def test_hf_mixtral(tmp_path):
     data = {**LLAMA_8B_HF, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
             "vocab_size": 32000, "sliding_window": None}
     cfg = load_hf_config(_write(tmp_path, data))
-    assert cfg.moe == configs.MoEConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=14336,
+    assert cfg.moe == schema.MoEConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=14336,
                                         shared_expert_intermediate_size=None, num_moe_layers=32)
     assert cfg.num_dense_layers == 0
     assert parameter_counts(cfg).total == parameter_counts(get_model("mixtral-8x7b")).total
@@ -308,10 +310,10 @@ def test_yaml_unit_suffix_rejected(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"moe": configs.MoEConfig(num_experts=2, experts_per_token=4, expert_intermediate_size=8,
+    ({"moe": schema.MoEConfig(num_experts=2, experts_per_token=4, expert_intermediate_size=8,
                                shared_expert_intermediate_size=None, num_moe_layers=1)},
      r"'moe.experts_per_token' \(4\) exceeds 'moe.num_experts' \(2\)"),
-    ({"moe": configs.MoEConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=8,
+    ({"moe": schema.MoEConfig(num_experts=8, experts_per_token=2, expert_intermediate_size=8,
                                shared_expert_intermediate_size=None, num_moe_layers=99)},
      r"'moe.num_moe_layers' \(99\) exceeds 'num_layers' \(32\)"),
     ({"sliding_window_tokens": 1024}, r"'sliding_window_tokens' and 'num_sliding_window_layers' must be both"),
@@ -321,21 +323,21 @@ def test_yaml_unit_suffix_rejected(tmp_path):
     ({"mlp_activation": "relu"}, r"'mlp_activation' 'relu' with 'mlp_gated' true \(a ReGLU-style MLP\)"),
     ({"norm": "layernorm"}, r"'norm' must be one of rmsnorm"),
     ({"norms_per_layer": 3}, r"'norms_per_layer' must be 2 or 4"),
-    ({"mla": configs.MLAConfig(kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=64, qk_rope_head_dim=32,
+    ({"mla": schema.MLAConfig(kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=64, qk_rope_head_dim=32,
                                v_head_dim=64)}, r"'head_dim' \(128\) must equal"),
 ])
 def test_validate_cross_field_errors(change, message):
     cfg = dataclasses.replace(get_model("llama-3.1-8b"), **change)
     with pytest.raises(InputError, match=message):
-        configs.validate(cfg, "x", require_sources=False)
+        schema.validate(cfg, "x", require_sources=False)
 
 
 def test_moe_needs_gated_experts_without_bias():
     moe = get_model("mixtral-8x7b")
     with pytest.raises(InputError, match=r"field 'mlp_gated' is false but the model has MoE layers"):
-        configs.validate(dataclasses.replace(moe, mlp_gated=False), "x", require_sources=False)
+        schema.validate(dataclasses.replace(moe, mlp_gated=False), "x", require_sources=False)
     with pytest.raises(InputError, match=r"field 'mlp_bias' is true but the model has MoE layers"):
-        configs.validate(dataclasses.replace(moe, mlp_bias=True), "x", require_sources=False)
+        schema.validate(dataclasses.replace(moe, mlp_bias=True), "x", require_sources=False)
 
 
 # --------------------------------------------------------------------------- non-gated MLPs (issue 10 part 5)

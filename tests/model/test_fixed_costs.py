@@ -136,7 +136,8 @@ def test_tpus_have_every_fixed_cost_and_gpus_no_pallas_figures():
 
 def test_embedding_in_predict_model_is_the_gather(v5e):
     from perfmodel.model.configs import get_model
-    from perfmodel.model.transformer import make_step, predict_step
+    from perfmodel.model.step import make_step
+    from perfmodel.model.transformer import predict_step
 
     step = predict_step(get_model("llama-3.1-8b"), make_step(phase="decode", batch=4, context=128), v5e)
     (embed,) = [op for op in step.ops if op.name == "embed"]

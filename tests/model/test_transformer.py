@@ -12,9 +12,13 @@ import pytest
 
 from perfmodel.errors import InputError
 from perfmodel.hw import get_chip
-from perfmodel.model import transformer as tf
-from perfmodel.model.configs import get_model, load_hf_config, parameter_counts
-from perfmodel.model.transformer import make_step, predict_step
+from perfmodel.model import sharding, transformer as tf
+from perfmodel.model.configs import get_model
+from perfmodel.model.hf_config import load_hf_config
+from perfmodel.model.schema import parameter_counts
+from perfmodel.model.step import make_step
+from perfmodel.model.transformer import predict_step
+from perfmodel.predict.step_render import prediction_record
 
 V5E = get_chip("tpu-v5e")
 # TPU v5e: 819 GB/s HBM, 197 TFLOP/s bf16, 16 GiB HBM (hwspecs/tpu-v5e.yaml)
@@ -71,9 +75,9 @@ def test_llama_8b_weight_footprint_is_2_bytes_per_param():
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-32b", "mixtral-8x7b", "deepseek-v3", "gemma-3-27b"])
 def test_footprint_matches_param_count_at_tp1(model):
     cfg = get_model(model)
-    sh = tf.shard(cfg, 1)
+    sh = sharding.shard(cfg, 1)
     # bf16 footprint = 2 bytes x every parameter (qk-norm weights are the only ones it leaves out: < 0.01%)
-    assert tf.weight_bytes_per_chip(cfg, sh, "bf16", "bf16") == pytest.approx(2 * parameter_counts(cfg).total,
+    assert sharding.weight_bytes_per_chip(cfg, sh, "bf16", "bf16") == pytest.approx(2 * parameter_counts(cfg).total,
                                                                                rel=1e-4)
 
 
@@ -204,7 +208,7 @@ def test_tp_splits_weights_and_adds_ici():
 
 def test_tp_beyond_kv_heads_replicates_kv():
     cfg = get_model("llama-3.1-8b")  # 8 KV heads
-    sh = tf.shard(cfg, 16)
+    sh = sharding.shard(cfg, 16)
     assert (sh.q_heads, sh.kv_heads, sh.kv_replicas) == (2, 1, 2)
 
 
@@ -264,8 +268,8 @@ def test_mixtral_decode_reads_only_touched_experts():
 def test_moe_active_weights_much_less_than_total():
     p = _decode("qwen3-235b-a22b", batch=1, context=128, tp=8, weight_dtype="int8")
     moe_bytes = sum(op.hbm_bytes for op in p.ops if op.name.startswith("experts_"))
-    all_expert_bytes = sum(m.layers * m.copies * tf.matrix_bytes(m, "int8", "bf16")
-                           for m in tf.weight_matrices(get_model("qwen3-235b-a22b"), tf.shard(get_model(
+    all_expert_bytes = sum(m.layers * m.copies * sharding.matrix_bytes(m, "int8", "bf16")
+                           for m in sharding.weight_matrices(get_model("qwen3-235b-a22b"), sharding.shard(get_model(
                                "qwen3-235b-a22b"), 8)) if m.name.startswith("experts_"))
     # 8 of 128 experts per layer
     assert moe_bytes == pytest.approx(all_expert_bytes * 8 / 128, rel=0.01)
@@ -294,13 +298,13 @@ def test_capacity_hand_worked():
     # KV per sequence at 1024 tokens: 32 * 1024 * 2 * 8 * 128 * 2 = 134,217,728 B
     # all of the 17,179,869,184 B usable: (17,179,869,184 - 16,060,522,496) / 134,217,728 = 8.34 -> 8 sequences
     cfg = get_model("llama-3.1-8b")
-    fit8 = tf.memory_fit(cfg, make_step(batch=8, context=1024), V5E, hbm_utilization=1.0)
+    fit8 = sharding.memory_fit(cfg, make_step(batch=8, context=1024), V5E, hbm_utilization=1.0)
     assert fit8.fits and fit8.max_batch == 8 and fit8.shortfall_bytes == 0
-    fit9 = tf.memory_fit(cfg, make_step(batch=9, context=1024), V5E, hbm_utilization=1.0)
+    fit9 = sharding.memory_fit(cfg, make_step(batch=9, context=1024), V5E, hbm_utilization=1.0)
     assert not fit9.fits
     assert fit9.shortfall_bytes == 16_060_522_496 + 9 * 134_217_728 - V5E_HBM  # 88,612,864
     # at the default 90% usable the weights alone do not fit
-    default = tf.memory_fit(cfg, make_step(batch=1, context=1024), V5E)
+    default = sharding.memory_fit(cfg, make_step(batch=1, context=1024), V5E)
     assert default.usable_bytes == pytest.approx(0.9 * V5E_HBM)
     assert not default.fits and default.max_batch == 0
 
@@ -309,14 +313,14 @@ def test_capacity_hand_worked():
                                                          (1, 64, 64)])
 def test_kv_counts_whole_pages(context, page, tokens):
     cfg = get_model("llama-3.1-8b")
-    fit = tf.memory_fit(cfg, make_step(context=context, page_size=page), V5E)
+    fit = sharding.memory_fit(cfg, make_step(context=context, page_size=page), V5E)
     assert fit.kv_bytes_per_sequence == 32 * tokens * 2 * 8 * 128 * 2
 
 
 def test_sliding_window_layers_keep_only_the_window():
     # Gemma-3 27B, 32768-token context: 10 global layers keep 32768 tokens, 52 local layers 1024;
     # per token and layer 2 * 16 kv heads * 128 * 2 B = 8192 B -> 8192 * (10*32768 + 52*1024) = 3,120,562,176 B
-    fit = tf.memory_fit(get_model("gemma-3-27b"), make_step(context=32768), V5E)
+    fit = sharding.memory_fit(get_model("gemma-3-27b"), make_step(context=32768), V5E)
     assert fit.kv_bytes_per_sequence == 3_120_562_176
     p = _decode("gemma-3-27b", batch=1, context=32768)
     glob, local = _op(p, "attention(global)"), _op(p, "attention(window 1024)")
@@ -326,7 +330,7 @@ def test_sliding_window_layers_keep_only_the_window():
 
 def test_quantized_kv_footprint_with_scales():
     # int8 KV: 128 B per head row + one f32 scale per (token, head) for K and V: 2 * 8 * (128 + 4) = 2112 B/token/layer
-    fit = tf.memory_fit(get_model("llama-3.1-8b"), make_step(context=1024, kv_dtype="int8"), V5E)
+    fit = sharding.memory_fit(get_model("llama-3.1-8b"), make_step(context=1024, kv_dtype="int8"), V5E)
     assert fit.kv_bytes_per_sequence == 32 * 1024 * 2112
 
 
@@ -347,7 +351,7 @@ def test_every_preset_composes(model, phase):
     assert p.floor_s <= p.expected_s <= p.no_overlap_s * (1 + 1e-9)
     assert sum(p.bound_shares.values()) == pytest.approx(1.0)
     assert 0 < p.mbu_at_floor <= 1 + 1e-9 and 0 < p.mfu_at_floor <= 1 + 1e-9
-    json.dumps(tf.prediction_record(p))  # JSON-serializable
+    json.dumps(prediction_record(p))  # JSON-serializable
 
 
 @pytest.mark.parametrize("field", ["batch", "context"])
@@ -390,7 +394,7 @@ def test_make_step_errors(kw, message):
 
 def test_bad_hbm_utilization():
     with pytest.raises(InputError, match=r"`hbm_utilization` must be in \(0, 1\], got 1.5"):
-        tf.memory_fit(get_model("llama-3.1-8b"), make_step(), V5E, hbm_utilization=1.5)
+        sharding.memory_fit(get_model("llama-3.1-8b"), make_step(), V5E, hbm_utilization=1.5)
 
 
 def test_defaults():
@@ -402,9 +406,9 @@ def test_defaults():
 
 
 def test_no_jax_import():
-    code = ("import sys; from perfmodel.model import transformer as t, configs as c; "
+    code = ("import sys; from perfmodel.model import transformer as t, configs as c, step as s; "
             "from perfmodel.hw import get_chip; "
-            "t.predict_step(c.get_model('deepseek-v3'), t.make_step(tp=8), get_chip('tpu-v5e')); "
+            "t.predict_step(c.get_model('deepseek-v3'), s.make_step(tp=8), get_chip('tpu-v5e')); "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -480,8 +484,9 @@ def test_non_gated_mlp_is_up_then_down(act, epilogue, bias):
     epilogues = [n for n in up.notes if "epilogue" in n]
     assert epilogues and epilogue in epilogues[0] and (("bias" in epilogues[0]) == bias)
     # weights: 2 matrices of 4096 x 14336 per layer instead of 3
-    gated = tf.weight_bytes_per_chip(get_model("llama-3.1-8b"), tf.shard(get_model("llama-3.1-8b"), 1), "bf16", "bf16")
-    plain = tf.weight_bytes_per_chip(cfg, tf.shard(cfg, 1), "bf16", "bf16")
+    llama = get_model("llama-3.1-8b")
+    gated = sharding.weight_bytes_per_chip(llama, sharding.shard(llama, 1), "bf16", "bf16")
+    plain = sharding.weight_bytes_per_chip(cfg, sharding.shard(cfg, 1), "bf16", "bf16")
     # 32 layers x 4096 x 14336 x 2 B = 3,758,096,384 B fewer; biases add 32 x (14336 + 4096) x 2 B = 1,179,648 B
     assert gated - plain == 32 * 4096 * 14336 * 2 - (32 * (14336 + 4096) * 2 if bias else 0)
 

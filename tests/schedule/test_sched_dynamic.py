@@ -13,9 +13,9 @@ from jax.experimental.pallas.ops.tpu.megablox import gmm
 from perfmodel.errors import InputError
 from perfmodel.schedule.analyze import analyze, analyze_call
 from perfmodel.schedule.extract import find_pallas_calls, trace
-from perfmodel.schedule.recorder import record_traffic
 
 from tests.schedule.dynamic_kernels import smem_loop_copy, smem_sized_copy, tail_copy
+from tests.schedule.recorder import record_traffic
 
 M, K, N, TILE = 512, 256, 256, 128
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from perfmodel.schedule.interp import UNKNOWN, Hook, Interpreter, RefValue, evaluate_index_map
+from perfmodel.schedule.interpreter import Interpreter, evaluate_index_map
+from perfmodel.schedule.values import UNKNOWN, Hook, RefValue
 
 
 def _run(fn, *cols):

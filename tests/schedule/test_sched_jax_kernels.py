@@ -259,7 +259,7 @@ def test_jax_paged_attention_page_copies_equal_the_interpreter_run(v5e, lengths,
     # prefetch. [40, 300] tokens, 16-token pages, 2 pages a block: 2 + 10 blocks = 24 pages per KV head for K
     # and for V; 24 x 2 heads x 2 x (16 x 128 x 4 B = 8 KiB) = 786,432 B.
     from perfmodel.schedule.extract import find_pallas_calls, trace
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
     from perfmodel.schedule.analyze import analyze_call
 
     rng = np.random.default_rng(0)
@@ -284,7 +284,7 @@ def test_jax_paged_attention_page_copies_equal_the_interpreter_run(v5e, lengths,
 def test_jax_flash_attention_block_fetches_equal_the_interpreter_run(v5e, b, h, s, d, causal):
     from perfmodel.schedule.analyze import analyze_call
     from perfmodel.schedule.extract import find_pallas_calls, trace
-    from perfmodel.schedule.recorder import record_traffic
+    from tests.schedule.recorder import record_traffic
 
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.float32) for _ in range(3))

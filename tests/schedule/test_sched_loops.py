@@ -3,7 +3,7 @@
 The interpreter counts a loop's body in one pass over expanded (grid step, iteration) lanes, simulates trip
 counts on a slice of the body, solves counting loops in closed form, and evaluates the wrapper's prologue in
 numpy. Each must give what the reference gives: one interpreter pass per iteration over the whole body
-(``EXPAND_LOOPS``, ``SLICE_QUIET_RUNS`` and ``CLOSED_FORM_LOOPS`` off), index maps evaluated by JAX at each
+(``LoopOptions`` with every fast path off), index maps evaluated by JAX at each
 grid point, and the prologue run by JAX. Small grids, unaligned shapes, data-dependent trip counts and index
 maps, per-iteration predicates, data-dependent branches whose costliest side changes between iterations, and
 writes to scalar-prefetch refs.
@@ -19,30 +19,23 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from perfmodel.schedule import interp
 from perfmodel.schedule.analyze import analyze_call, resolve_chip
 from perfmodel.schedule.body import count_body_work
 from perfmodel.schedule.catalog import get_entry
 from perfmodel.schedule.extract import _numpy_eval, find_pallas_calls, trace
 from perfmodel.schedule.indexmaps import _evaluate_with_jax, block_indices, grid_points
-from perfmodel.schedule.interp import UNKNOWN, Interpreter, RefValue, slice_jaxpr
+from perfmodel.schedule.interpreter import Interpreter
+from perfmodel.schedule.loops import LoopOptions, counter_form, simulate_while
+from perfmodel.schedule.slicing import loop_carries_needed, may_be_known, slice_jaxpr
+from perfmodel.schedule.values import UNKNOWN, RefValue
+
+#: The interpreter's per-iteration reference implementation: every fast path off.
+REFERENCE = LoopOptions(expand_loops=False, slice_quiet_runs=False, closed_form_loops=False)
 
 
-@pytest.fixture
-def reference(monkeypatch):
-    """Switch the interpreter to its per-iteration reference implementation."""
-
-    def on():
-        monkeypatch.setattr(interp, "EXPAND_LOOPS", False)
-        monkeypatch.setattr(interp, "SLICE_QUIET_RUNS", False)
-        monkeypatch.setattr(interp, "CLOSED_FORM_LOOPS", False)
-
-    return on
-
-
-def _counts(call, chip):
+def _counts(call, chip, loop_options=LoopOptions()):
     points = grid_points(call.grid)
-    c = count_body_work(call.body, chip, call.grid, points, call.prefetch_values)
+    c = count_body_work(call.body, chip, call.grid, points, call.prefetch_values, loop_options=loop_options)
     n = points.shape[0]
 
     def per_step(x):
@@ -105,14 +98,13 @@ CATALOG_CASES = [
 
 
 @pytest.mark.parametrize("kernel,shapes,blocks", CATALOG_CASES, ids=lambda x: x if isinstance(x, str) else None)
-def test_bundled_kernels_count_the_same_work_as_the_per_iteration_reference(kernel, shapes, blocks, reference, v5e):
+def test_bundled_kernels_count_the_same_work_as_the_per_iteration_reference(kernel, shapes, blocks, v5e):
     calls = _catalog_call(kernel, shapes, blocks, v5e)
     fast = [_counts(c, v5e) for c in calls]
     fast_time = [analyze_call(c, v5e).time.expected_s for c in calls]
-    reference()
     for c, f, t in zip(calls, fast, fast_time):
-        _assert_same(f, _counts(c, v5e))
-        assert t == pytest.approx(analyze_call(c, v5e).time.expected_s, rel=1e-12)
+        _assert_same(f, _counts(c, v5e, REFERENCE))
+        assert t == pytest.approx(analyze_call(c, v5e, loop_options=REFERENCE).time.expected_s, rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- hand-written loop kernels
@@ -211,16 +203,14 @@ def _hand_call(kernel, grid, lens, scratch=True):
     (_scan_kernel, [0, 9, 2, 7, 3], True),
 ], ids=["fori-mixed", "fori-one-step", "writes-prefetch", "scan"])
 @pytest.mark.parametrize("chip_name", ["tpu-v5e", "tpu-v6e"])
-def test_hand_written_loops_count_the_same_work_as_the_per_iteration_reference(kernel, lens, scratch, chip_name,
-                                                                               reference):
+def test_hand_written_loops_count_the_same_work_as_the_per_iteration_reference(kernel, lens, scratch, chip_name):
     chip = resolve_chip(chip_name)
     call = _hand_call(kernel, len(lens), lens, scratch)
     fast = _counts(call, chip)
-    reference()
-    _assert_same(fast, _counts(call, chip))
+    _assert_same(fast, _counts(call, chip, REFERENCE))
 
 
-def test_the_costliest_branch_is_chosen_per_iteration(reference):
+def test_the_costliest_branch_is_chosen_per_iteration():
     # In _loop_kernel the data-dependent branch's costlier side is `big` (dot + tanh) at iterations 0 and 1
     # and `medium` (sin) after: a single choice over all iterations would count tanh at every one.
     chip = resolve_chip("tpu-v5e")
@@ -230,17 +220,14 @@ def test_the_costliest_branch_is_chosen_per_iteration(reference):
     # exp where slot == 1 (iterations 1, 3), tanh at iterations 0, 1, sin at 2, 3, 4.
     assert fast["eup"][0] == pytest.approx(2 * eup_per_iteration["exp"] + 2 * eup_per_iteration["tanh"]
                                            + 3 * eup_per_iteration["sin"])
-    reference()
-    _assert_same(fast, _counts(call, chip))
+    _assert_same(fast, _counts(call, chip, REFERENCE))
 
 
-def test_expanded_lanes_beyond_the_cap_fall_back_to_the_per_iteration_pass(monkeypatch, reference):
+def test_expanded_lanes_beyond_the_cap_fall_back_to_the_per_iteration_pass():
     chip = resolve_chip("tpu-v5e")
     call = _hand_call(_loop_kernel, 4, [3, 9, 1, 6])
-    monkeypatch.setattr(interp, "MAX_EXPANDED_LANES", 5)
-    capped = _counts(call, chip)
-    reference()
-    _assert_same(capped, _counts(call, chip))
+    capped = _counts(call, chip, LoopOptions(max_expanded_lanes=5))
+    _assert_same(capped, _counts(call, chip, REFERENCE))
 
 
 # ----------------------------------------------------------------------------- simulation and slicing
@@ -257,7 +244,7 @@ def _operands(closed, eqn, values):
 
 @pytest.mark.parametrize("lo,hi", [([0, 3, 5, 2], [4, 3, 9, 0]), ([2], [7]), ([-3, 0], [2, 1]), ([1, 4], [3])])
 @pytest.mark.parametrize("step", ["unchanged", "toggle", "affine"])
-def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, step, monkeypatch):
+def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, step):
     # A fori_loop whose other carries stay, flip like a double buffer's slot, or step by a constant.
     bodies = {
         "unchanged": lambda i, c: (c[0], c[1] * 2 + i),
@@ -276,11 +263,11 @@ def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, step, monkey
     lanes = max(len(lo), len(hi))
     # The counter, the bound and the first carry are simulated; the last (c * 2 + i) is not asked for.
     carries = tuple(j < len(init) - 1 for j in range(len(init)))
-    it = Interpreter(lanes)
-    assert interp._counter_form(p["cond_jaxpr"], p["body_jaxpr"], carries) is not None
-    closed_form = it._simulate_while(p["cond_jaxpr"], p["body_jaxpr"], cconsts, bconsts, init, carries, True)
-    monkeypatch.setattr(interp, "CLOSED_FORM_LOOPS", False)
-    stepped = it._simulate_while(p["cond_jaxpr"], p["body_jaxpr"], cconsts, bconsts, init, carries, True)
+    assert counter_form(p["cond_jaxpr"], p["body_jaxpr"], carries) is not None
+    closed_form = simulate_while(Interpreter(lanes), p["cond_jaxpr"], p["body_jaxpr"], cconsts, bconsts, init,
+                                 carries, True)
+    stepped = simulate_while(Interpreter(lanes, loop_options=LoopOptions(closed_form_loops=False)), p["cond_jaxpr"],
+                             p["body_jaxpr"], cconsts, bconsts, init, carries, True)
     np.testing.assert_array_equal(closed_form[0], stepped[0])
     for a, b in zip(closed_form[1], stepped[1]):
         if a is UNKNOWN or b is UNKNOWN:
@@ -303,7 +290,7 @@ def test_counting_loops_in_closed_form_match_the_simulation(lo, hi, step, monkey
 def test_loops_that_do_not_count_by_one_are_simulated():
     closed, eqn = _while_eqn(lambda n: lax.while_loop(lambda c: c < n, lambda c: c + 2, 0), jnp.int32(5))
     p = eqn.params
-    assert interp._counter_form(p["cond_jaxpr"], p["body_jaxpr"], (True,) * len(eqn.outvars)) is None
+    assert counter_form(p["cond_jaxpr"], p["body_jaxpr"], (True,) * len(eqn.outvars)) is None
     outs = Interpreter(3).run_closed(closed, [np.array([5, 0, 6], np.int32)])
     assert list(outs[0]) == [6, 0, 6]
 
@@ -315,14 +302,14 @@ def test_a_slice_keeps_only_what_the_trip_count_needs():
 
     closed, eqn = _while_eqn(f, jnp.int32(3), jnp.zeros((8, 128), jnp.float32))
     body = eqn.params["body_jaxpr"].jaxpr
-    carries = interp.loop_carries_needed(eqn, [interp._may_be_known(v) for v in eqn.outvars])
+    carries = loop_carries_needed(eqn, [may_be_known(v) for v in eqn.outvars])
     assert carries == (True, True, False)
     kept = slice_jaxpr(body, carries)
     assert [e.primitive.name for e, _ in kept.eqns] == ["add"]
     assert len(body.eqns) > 4
 
 
-def test_sliced_and_whole_quiet_runs_agree_on_the_outputs_asked_for(monkeypatch):
+def test_sliced_and_whole_quiet_runs_agree_on_the_outputs_asked_for():
     def f(i, j, x):
         k = lax.cond(i > j, lambda: i * 3 + lax.rem(j, 4), lambda: j - i)
         m = lax.fori_loop(0, i, lambda t, c: c + t * j, k)
@@ -332,8 +319,7 @@ def test_sliced_and_whole_quiet_runs_agree_on_the_outputs_asked_for(monkeypatch)
     rng = np.random.default_rng(1)
     i, j = rng.integers(-3, 9, 40).astype(np.int32), rng.integers(-3, 9, 40).astype(np.int32)
     sliced = Interpreter(40).run_closed(closed, [i, j, UNKNOWN], needed=(True, False, True))
-    monkeypatch.setattr(interp, "SLICE_QUIET_RUNS", False)
-    whole = Interpreter(40).run_closed(closed, [i, j, UNKNOWN])
+    whole = Interpreter(40, loop_options=LoopOptions(slice_quiet_runs=False)).run_closed(closed, [i, j, UNKNOWN])
     theirs = jax.vmap(lambda a, b: f(a, b, jnp.zeros((8, 128), jnp.float32)))(jnp.asarray(i), jnp.asarray(j))
     for k in (0, 2):
         np.testing.assert_array_equal(np.broadcast_to(sliced[k], (40,)), np.broadcast_to(whole[k], (40,)))

@@ -1,7 +1,7 @@
 """analyze() on Pallas TPU kernels from other packages: Google's tokamax (grouped matmul, linear-softmax
 cross-entropy forward and backward, splash attention forward and backward) and vLLM tpu-inference's ragged
 paged attention v3. Each runs at two shapes; block fetches and manual DMA bytes are checked against an
-instrumented TPU interpret-mode run (perfmodel.schedule.recorder), or by hand where interpret mode cannot run
+instrumented TPU interpret-mode run (tests/schedule/recorder.py), or by hand where interpret mode cannot run
 the kernel.
 
 The packages are not perfmodel dependencies: ``make thirdparty-checks`` installs them into ``.thirdparty/``
@@ -25,7 +25,7 @@ import pytest
 from perfmodel.schedule.analyze import analyze_call
 from perfmodel.schedule.device_kind import as_device
 from perfmodel.schedule.extract import find_pallas_calls, trace
-from perfmodel.schedule.recorder import record_traffic
+from tests.schedule.recorder import record_traffic
 
 INSTALL = "make thirdparty-checks installs it into .thirdparty/"
 

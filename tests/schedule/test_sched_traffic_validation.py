@@ -1,7 +1,7 @@
 """The schedule model's traffic against what a real Pallas TPU-interpret run does.
 
 Each kernel runs in TPU interpret mode with its block copies instrumented
-(perfmodel.schedule.recorder): every block fetch and write-back the
+(tests/schedule/recorder.py): every block fetch and write-back the
 interpreter performs is logged with its window, and the grid order it used
 (it permutes "parallel" dimensions). analyze_call, given that order, must
 predict exactly the same number of transfers and bytes per operand, and for
@@ -17,7 +17,7 @@ import pytest
 from perfmodel.schedule.analyze import analyze_call
 from perfmodel.schedule.catalog import get_entry
 from perfmodel.schedule.extract import find_pallas_calls, trace
-from perfmodel.schedule.recorder import record_traffic
+from tests.schedule.recorder import record_traffic
 from tests.schedule.traffic import assert_traffic_is_the_models
 
 slow = pytest.mark.slow

@@ -13,18 +13,22 @@ from perfmodel.schedule.vmem import buffer_bytes, padded_vmem_bytes, smem_bytes,
 @pytest.mark.parametrize(
     "shape,itemsize,expected",
     [
-        # (512, 1024) bf16: rows pad to 16 (8 sublanes x 2 per word), lanes to 128: no padding, 1 MiB.
+        # Mosaic's measured rule (kernels.tiling.padded_rows): rows pad to a multiple of 8 sublanes for every
+        # dtype, up to 8 rows to a power of two of at least one 32-bit word; lanes to 128.
+        # (512, 1024) bf16: no padding, 1 MiB.
         ((512, 1024), 2, 512 * 1024 * 2),
+        # (24, 128) bf16: 24 rows stay 24 (a 16-row bf16 tile would make 32): 24*128*2.
+        ((24, 128), 2, 24 * 128 * 2),
         # (8, 100) f32: lanes pad 100 -> 128: 8*128*4 = 4096.
         ((8, 100), 4, 8 * 128 * 4),
-        # (1, 128) bf16: rows pad 1 -> 16: 16*128*2 = 4096.
-        ((1, 128), 2, 16 * 128 * 2),
-        # (3, 40) int8: rows pad to 32, lanes to 128: 32*128 = 4096.
-        ((3, 40), 1, 32 * 128),
+        # (1, 128) bf16: one row pads to one 32-bit word = 2 bf16 rows: 2*128*2 = 512.
+        ((1, 128), 2, 2 * 128 * 2),
+        # (3, 40) int8: rows 3 -> 4 (a power of two, and 4 int8 rows to a word), lanes to 128: 4*128 = 512.
+        ((3, 40), 1, 4 * 128),
         # (2, 5, 130) f32: leading dim kept, (5,130) -> (8,256): 2*8*256*4.
         ((2, 5, 130), 4, 2 * 8 * 256 * 4),
-        # 1-D f32 of 3 elements pads to one 8x128 tile: 1024*4.
-        ((3,), 4, 1024 * 4),
+        # 1-D f32 of 3 elements is one row of 128 lanes: 128*4.
+        ((3,), 4, 128 * 4),
     ],
 )
 def test_padded_vmem_bytes(v5e, shape, itemsize, expected):

@@ -1,4 +1,4 @@
-"""The schedule model's traffic against a recorded interpret run (perfmodel.schedule.recorder), for the tests that
+"""The schedule model's traffic against a recorded interpret run (tests/schedule/recorder.py), for the tests that
 check it: tests/schedule/test_sched_traffic_validation.py and the kernel contract (tests/kernels/test_contract.py)."""
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from perfmodel.cli.main import main
 from perfmodel.hw import get_chip
 from perfmodel.model.configs import get_model
-from perfmodel.model.transformer import mixed_step, predict_step
+from perfmodel.model.step import mixed_step
+from perfmodel.model.transformer import predict_step
 from perfmodel.serve.config import engine_config
 from perfmodel.serve.steptime import StepTimes
 

@@ -150,7 +150,8 @@ def test_program_times_ops_per_trip():
 
 def test_compare_maps_ops_by_scope_and_flags_gaps():
     from perfmodel.model.configs import get_model
-    from perfmodel.model.transformer import make_step, predict_step
+    from perfmodel.model.step import make_step
+    from perfmodel.model.transformer import predict_step
     from perfmodel.xla.compare import compare
 
     chip = get_chip("v5e")

@@ -3,8 +3,9 @@
 import pytest
 
 from perfmodel.errors import InputError
-from perfmodel.model.configs import get_model, mlp_params
-from perfmodel.model.transformer import make_step
+from perfmodel.model.configs import get_model
+from perfmodel.model.schema import mlp_params
+from perfmodel.model.step import make_step
 
 GELU_BIAS = "tests/xla/data/tiny-gelu-bias.json"
 TINY = "tests/xla/data/tiny-llama.json"

@@ -1,5 +1,6 @@
 """The compile matrix: every bundled kernel at production shapes and its tuned defaults, on every TPU
-generation the installed libtpu compiles for (the table in perfmodel/compiler/README.md; tests/compiler/test_compile_matrix.py)."""
+generation the installed libtpu compiles for, with the schedule model's VMEM estimate beside Mosaic's allocation
+(the table in perfmodel/compiler/README.md; tests/compiler/test_compile_matrix.py)."""
 
 from __future__ import annotations
 
@@ -75,24 +76,3 @@ def run_matrix(matrix: Sequence[MatrixCase] | None = None, chip_names: Sequence[
             rows.append(row)
     return rows
 
-
-def render_matrix(rows: Sequence[dict[str, Any]]) -> str:
-    from perfmodel.units import binary, table
-
-    labels = list(dict.fromkeys(r["case"] for r in rows))
-    chip_names = list(dict.fromkeys(r["chip"] for r in rows))
-    by = {(r["case"], r["chip"]): r for r in rows}
-    body = []
-    for case in labels:
-        cells = [case]
-        for ch in chip_names:
-            r = by.get((case, ch))
-            if r is None:
-                cells.append("-")
-            elif not r["compiled"]:
-                cells.append("FAIL")
-            else:
-                est, alloc = r.get("vmem_estimate_bytes"), r.get("vmem_allocated_bytes")
-                cells.append(f"ok {binary(est) if est else '?'} / {binary(alloc) if alloc else '?'}")
-        body.append(cells)
-    return table(["kernel (VMEM estimated / allocated by Mosaic)", *chip_names], body, align="l" + "l" * len(chip_names))
