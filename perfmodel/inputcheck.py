@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from perfmodel.errors import InputError
 
@@ -107,31 +107,45 @@ def decode(raw: bytes, where: str) -> str:
                          "is this the right file?") from None
 
 
-#: Largest product of a command's size options (2**62): every product the model forms of them (elements, FLOPs,
-#: bytes) then fits the 64-bit integers numpy uses, with a factor of 2 to spare.
+#: Largest size a model works with (2**62): an array of more elements or bytes fits no chip, and its counts would not
+#: fit the 64-bit integers numpy uses.
 MAX_SIZE_PRODUCT = 1 << 62
+#: Largest product of size options that a model multiplies together (2**58): its counts (2 FLOPs per
+#: multiply-add, up to 8 bytes per element) then stay under 2**62, below the 64-bit limit.
+MAX_COUNT_PRODUCT = 1 << 58
 
 
-def option_values(params: Mapping[str, Any]) -> None:
-    """Numbers given as keyword arguments (CLI options): floats finite, integers at most 2**53, and the product of
-    the positive integers at most 2**62 so that no product of sizes overflows 64-bit arithmetic (a silent wrong
-    number). Errors name the keyword arguments in backticks (the CLI writes them as flags)."""
-    product, sizes = 1, []
+def option_values(params: Mapping[str, Any], products: Sequence[Sequence[str]] = ()) -> None:
+    """Numbers given as keyword arguments (CLI options): floats finite, integers at most 2**53, and, for each
+    group of ``products`` (the size options the model multiplies together: an op's FLOPs and array sizes, not
+    its block sizes; "a|b" stands for a, or b when a is not given), the product of those given at most
+    :data:`MAX_COUNT_PRODUCT`, so no count the model forms
+    overflows 64-bit arithmetic (a silent wrong number). Errors name the keyword arguments in backticks (the CLI
+    writes them as flags)."""
     for key, value in params.items():
         if isinstance(value, bool) or value is None:
             continue
         if isinstance(value, float):
             finite(value, f"`{key}`")
-        elif isinstance(value, int):
-            if abs(value) > MAX_DIMENSION:
-                raise InputError(f"`{key}` is {short(value)}: larger than 2**53; no chip holds that")
-            if value > 1:
-                product *= value
-                sizes.append(key)
-    if product > MAX_SIZE_PRODUCT:
-        names = ", ".join(f"`{k}`" for k in sizes)
-        raise InputError(f"{names}: these sizes multiply to {product:.3g}, past 2**62 (4.6e18); the problem is "
-                         "larger than any chip's memory and its counts would overflow 64-bit integers")
+        elif isinstance(value, int) and abs(value) > MAX_DIMENSION:
+            raise InputError(f"`{key}` is {short(value)}: larger than 2**53; no chip holds that")
+    def size(alt: str) -> tuple[str, int] | None:
+        """(name as the error writes it, value) of one factor: "a|b" is a, or b when a is not given."""
+        first, *others = alt.split("|")
+        key = next((k for k in (first, *others) if params.get(k) is not None), first)
+        value = params.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 1:
+            return None
+        return (f"`{key}`" if key == first else f"`{first}` (= `{key}`)"), value
+
+    for group in products:
+        given = [x for x in map(size, group) if x is not None]
+        product = math.prod(v for _, v in given)
+        if product > MAX_COUNT_PRODUCT:
+            names = ", ".join(k for k, _ in given)
+            raise InputError(f"{names}: these sizes multiply to {product:.3g} in the model's counts, past 2**58 "
+                             "(2.9e17); the problem is larger than any chip's memory and its counts would overflow "
+                             "64-bit integers")
 
 
 def check_new_file(path: str | os.PathLike, field: str, *, force: bool) -> None:

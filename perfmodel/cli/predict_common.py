@@ -136,14 +136,14 @@ def run_op(op: str, params: dict[str, Any], *, hw: Iterable[str], sweep: Iterabl
            as_csv: bool, required: Iterable[str] = ()) -> None:
     """Parse --hw / --sweep, predict op (:func:`perfmodel.predict.ops.predict_op`) and print it."""
     from perfmodel.predict import render
-    from perfmodel.predict.ops import predict_op
+    from perfmodel.predict.ops import SIZE_PRODUCTS, predict_op
     from perfmodel.predict.sweep import resolve_chips
 
     fmt = output_format(as_json, as_csv)
     points = sweep_points(sweep, params)
     check_required(params, points[0], required)
     for point in points:
-        option_values({**params, **point})
+        option_values({**params, **point}, SIZE_PRODUCTS.get(op, ()))
     with Progress(f"predict {op}", min_total=SWEEP_BAR_POINTS) as bar:
         result = predict_op(op, params, chips=resolve_chips(hw), points=points, progress=bar)
     emit(fmt, text=lambda: render.op_text(result), json=lambda: render.op_records(result),

@@ -249,6 +249,31 @@ def _collective(kind: str) -> Builder:
     return build
 
 
+#: op name -> the groups of its size parameters that its model multiplies together (FLOPs, array elements and
+#: bytes); perfmodel.inputcheck.option_values keeps each product within 2**58. Block and tile sizes and the other
+#: side's head count are never in one product with all of them, so they are not in a group (a real long-context
+#: shape is never refused for their sake). "a|b": a, or b when a is not given (the builder's default).
+SIZE_PRODUCTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "gemm": (("batch", "m", "n", "k"),),
+    "attention": (("batch", "q_heads", "q_len", "kv_len|q_len", "head_dim"),),
+    "decode-attention": (("batch", "q_heads", "context", "head_dim"),
+                         ("batch", "pages_per_seq", "page_size", "kv_heads|q_heads", "head_dim")),
+    "ragged-attention": (("pages_per_seq", "page_size", "kv_heads|q_heads", "head_dim"),),
+    "mla-decode": (("batch", "q_heads", "context", "kv_lora_rank"), ("batch", "q_heads", "context", "rope_head_dim"),
+                   ("batch", "pages_per_seq", "page_size", "kv_lora_rank")),
+    "sampling": (("batch", "vocab", "passes"), ("batch", "vocab", "draft_tokens"),
+                 ("batch", "vocab", "projection_hidden")),
+    "kv-cache update": (("tokens", "kv_heads", "head_dim"), ("page_size", "kv_heads", "head_dim")),
+    "kv-cache gather": (("batch", "context", "kv_heads", "head_dim"), ("page_size", "kv_heads", "head_dim")),
+    "copy": (("array_elements",),),
+    "gather": (("rows", "row_elements"),),
+    "rms-norm": (("tokens", "hidden"),),
+    "swiglu": (("tokens", "intermediate"),),
+    "geglu": (("tokens", "intermediate"),),
+    "rope": (("tokens", "heads", "head_dim"),),
+    "dequant-gemm": (("m", "n", "k"),),
+}
+
 #: op name (as `perfmodel predict` prints it) -> builder.
 BUILDERS: dict[str, Builder] = {
     "gemm": gemm,

@@ -77,6 +77,46 @@ def test_gemm_that_would_overflow_int64_is_refused():
                    "--m, --n, --k", "8.59e+24")
 
 
+#: Real long-context shapes (128k contexts, 64k-token prefill chunks, 128k-256k vocabularies) on every predict op:
+#: none may be refused by the overflow guard, which multiplies only the sizes each model multiplies.
+LONG_CONTEXT = [
+    # the false refusal of issue 32: all flags multiplied gave 9.2e18; the model's largest count is
+    # 1 x 32 heads x 16384 x 16384 x 64 = 5.5e11
+    ("attention", "--hw", "tpu-7x", "--batch", "1", "--q-len", "16384", "--kv-len", "16384", "--q-heads", "32",
+     "--kv-heads", "32", "--head-dim", "64", "--block-q", "512", "--block-kv", "1024"),
+    ("attention", "--q-len", "131072", "--q-heads", "128", "--kv-heads", "8", "--head-dim", "128",
+     "--block-q", "2048", "--block-kv", "2048"),
+    ("decode-attention", "--batch", "256", "--context", "131072", "--q-heads", "128", "--kv-heads", "8",
+     "--head-dim", "128", "--page-size", "256"),
+    ("ragged-attention", "--query-lens", "65536,1x255", "--context-lens", "131072x256", "--q-heads", "64",
+     "--kv-heads", "8", "--head-dim", "128", "--page-size", "256", "--block-q", "512"),
+    ("mla-decode", "--batch", "256", "--context", "131072"),
+    ("gemm", "-m", "65536", "-n", "131072", "-k", "16384", "--batch", "4"),
+    ("sampling", "--batch", "1024", "--vocab", "262144", "--projection-hidden", "16384"),
+    ("kv-cache", "update", "--tokens", "65536", "--kv-heads", "8", "--head-dim", "128", "--page-size", "256"),
+    ("kv-cache", "gather", "--batch", "256", "--context", "131072", "--kv-heads", "8", "--head-dim", "128"),
+    ("copy", "--elements", str(1 << 36)),
+    ("gather", "--rows", "65536", "--row-elements", "16384"),
+    ("fused", "rms-norm", "--tokens", "65536", "--hidden", "16384"),
+    ("fused", "swiglu", "--tokens", "65536", "--intermediate", "53248"),
+    ("fused", "rope", "--tokens", "65536", "--heads", "128", "--head-dim", "128"),
+    ("fused", "dequant-gemm", "-m", "65536", "-n", "53248", "-k", "16384"),
+]
+
+
+@pytest.mark.parametrize("argv", LONG_CONTEXT, ids=lambda a: " ".join(a[:2]))
+def test_real_long_context_shapes_are_not_refused(argv):
+    res = run("predict", *argv, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)
+
+
+def test_the_overflow_guard_names_the_sizes_the_model_multiplies():
+    # 1 x 32 x 2**26 x 2**26 x 128 = 1.8e19 > 2**58: refused, naming the product's flags (not the block sizes)
+    one_line_error(run("predict", "attention", "--q-len", str(1 << 26), "--q-heads", "32", "--head-dim", "128",
+                       "--block-q", "512"), "--q-heads, --q-len, --kv-len (= --q-len), --head-dim", "past 2**58")
+
+
 def test_context_list_that_would_exhaust_memory_is_refused():
     one_line_error(run("predict", "decode-attention", "--context-lens", "4096x1000000000"),
                    "--context-lens", "1,000,000,000 lengths")
