@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from kernels import tiling
+from kernels.matmul.variants import TunedKey
 from perfmodel.hw.spec import ChipSpec
 
 
@@ -193,10 +194,18 @@ DECODE_MAX_M = 64
 def pair_blocks(configs: dict[str, T], pair: str, m: int | None, fallback: T) -> T:
     """A chip's stored blocks for an operand pair ("bf16 x int8"): its "<pair> decode" entry when ``m`` (rows of
     the left operand) is at most DECODE_MAX_M and stored, else the pair's entry, else ``fallback``. Shared with
-    grouped_matmul."""
-    if m is not None and m <= DECODE_MAX_M and f"{pair} decode" in configs:
-        return configs[f"{pair} decode"]
-    return configs.get(pair, fallback)
+    grouped_matmul, whose table has the same keys."""
+    x, w = pair.split(" x ")
+    return _stored_blocks(configs, TunedKey(x=x, w=w), m, fallback)
+
+
+def _stored_blocks(configs: dict[str, T], key: TunedKey, m: int | None, fallback: T) -> T:
+    """The stored blocks of ``key``: its decode entry when ``m`` is at most DECODE_MAX_M and stored, else its own,
+    else ``fallback``."""
+    decode = replace(key, decode=True).text()
+    if m is not None and m <= DECODE_MAX_M and decode in configs:
+        return configs[decode]
+    return configs.get(key.text(), fallback)
 
 
 def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = None,
@@ -204,10 +213,9 @@ def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = 
     """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
     them; with blockwise weight scales its "<pair> blockwise" or "<pair> blockwise decode" blocks first when it has
     them (int8 x int8 and w4a8; bf16 x int4 at decode); FALLBACK_BLOCK_SIZES when not listed."""
-    configs, pair = default_block_table().get(chip, {}), f"{x_name} x {w_name}"
+    configs, key = default_block_table().get(chip, {}), TunedKey(x=x_name, w=w_name)
     if blockwise:
-        decode = m is not None and m <= DECODE_MAX_M
-        key = f"{pair} blockwise decode" if decode else f"{pair} blockwise"
-        if key in configs:
-            return configs[key]
-    return pair_blocks(configs, pair, m, FALLBACK_BLOCK_SIZES)
+        text = replace(key, blockwise=True, decode=m is not None and m <= DECODE_MAX_M).text()
+        if text in configs:
+            return configs[text]
+    return _stored_blocks(configs, key, m, FALLBACK_BLOCK_SIZES)

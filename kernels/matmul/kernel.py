@@ -28,6 +28,7 @@ reaches dropped rows or columns of the output.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -79,42 +80,150 @@ def scales_in_bf16(spec: Any) -> bool:
 EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 
-def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, activation: str, scale_kind: str,
-                   has_bias: bool, quantize_x: bool, lookahead: bool, x_resident: bool, w_dequant: bool, int4: bool,
-                   col_chunk: int, precision: Any, bf16_scaling: bool = False, each_j: bool = False,
-                   float_codes: bool = False, split_x: bool = False, bf16_codes: bool = False) -> None:
-    """One (i, j, kk) grid step. Refs in order: x, w, [w_scale], [bias], out, acc, then the scratch of the
-    variant: quantize_x the int8 x row and its scales; w_dequant (blockwise, large bm) a dequantized w tile.
+@dataclass(frozen=True, kw_only=True)
+class MatmulPlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
+    size the VMEM check, the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate) and the kernel
+    body. Hashable: the jitted function and the body take it as a static argument."""
+
+    m: int
+    k: int
+    n: int
+    #: numpy dtype names of x, of w as stored (int4: its packed bytes) and of the output.
+    x_dtype: str
+    w_dtype: str
+    out_dtype: str
+    #: The blocks clamped to the problem (:func:`effective_block_sizes`; int4: bk within K rounded up to 256).
+    blocks: MatmulBlockSizes
+    activation: str
+    #: "none", "per-channel" or "per-block" (kernels.matmul.reference.scale_kind_of).
+    scale_kind: str
+    has_bias: bool
+    #: The caller's quantize_x: x quantized per token to int8 codes in the kernel (int8 x int8; w4a8 with int4).
+    quantize_x: bool
+    #: Packed int4 weights (w_dtype="int4"), unpacked tile by tile in VMEM.
+    int4: bool
+    #: What the call adds to the plain kernel (and its VMEM): the resident x row, the x codes (quantize_x's, or
+    #: bf16 x int4's two code planes at decode: split_codes), the lookahead's shares, blockwise scale rows, a
+    #: dequantized w tile.
+    variant: MatmulVariant
+    #: The x codes are made at every column block's first K step and the column blocks run "parallel"
+    #: (:func:`quantizes_each_column_block`).
+    each_j: bool
+    #: quantize_x's codes of bf16 x come from a bf16 product (:func:`quantizes_x_in_bf16`).
+    bf16_codes: bool
+    #: Blockwise scales are multiplied in bf16 (:func:`scales_in_bf16`) on the float-codes or bf16 x int4 path.
+    bf16_scaling: bool
+    #: The raised scoped-VMEM limit the call compiles with (None: the chip's default).
+    vmem_limit_bytes: int | None
+
+    @property
+    def n_i(self) -> int:
+        """Row blocks (grid axis 0)."""
+        return tiling.cdiv(self.m, self.blocks.bm)
+
+    @property
+    def n_j(self) -> int:
+        """Column blocks (grid axis 1)."""
+        return tiling.cdiv(self.n, self.blocks.bn)
+
+    @property
+    def n_k(self) -> int:
+        """K steps (grid axis 2, innermost)."""
+        return tiling.cdiv(self.k, self.blocks.bk)
+
+    @property
+    def k_tail(self) -> int | None:
+        """Valid columns of the last K block when bk does not divide K (the kernel masks the rest), else None."""
+        return None if self.k % self.blocks.bk == 0 else self.k - (self.n_k - 1) * self.blocks.bk
+
+    @property
+    def blockwise(self) -> bool:
+        """One weight scale per 128 rows of K (w_scale [cdiv(K, 128), N])."""
+        return self.scale_kind == "per-block"
+
+    @property
+    def x_resident(self) -> bool:
+        """The whole x row block stays in VMEM across the column blocks (fetched once per row block)."""
+        return self.variant.x_row is not None
+
+    @property
+    def lookahead(self) -> bool:
+        """quantize_x quantizes the next row block during the current one's steps, ``variant.x_share_rows`` rows a
+        step."""
+        return self.variant.x_share_rows is not None
+
+    @property
+    def int_dot(self) -> bool:
+        """The dot takes int8 x codes and returns int32 (not the float codes of the bf16 MXU route)."""
+        return self.variant.x_codes and not self.variant.float_codes
+
+    @property
+    def int_acc(self) -> bool:
+        """The accumulator holds int32 (int8 dots with per-channel scales; blockwise sums are scaled in f32)."""
+        return self.variant.x_codes and not self.blockwise
+
+    @property
+    def code_rows(self) -> int:
+        """Rows of the accumulator and of each K block's codes: twice bm with two code planes (split_codes)."""
+        return 2 * self.blocks.bm if self.variant.split_codes else self.blocks.bm
+
+    @property
+    def col_chunk(self) -> int:
+        """Columns per partial product (:func:`_col_chunk` of the code rows)."""
+        return _col_chunk(self.code_rows, self.blocks.bn)
+
+    @property
+    def precision(self) -> Any:
+        """The dots' precision: HIGHEST for f32 x (bf16 splits), except against the float codes."""
+        if self.x_dtype == "float32" and not self.variant.float_codes:
+            return jax.lax.Precision.HIGHEST
+        return jax.lax.Precision.DEFAULT
+
+    @property
+    def semantics(self) -> tuple[str, str, str]:
+        """Dimension semantics of (i, j, kk). With x codes j is sequential so that j == 0 quantizes the row block
+        before the other column blocks use it (each_j: every column block quantizes it, j stays parallel);
+        lookahead: the row blocks too (each quantizes the next)."""
+        return ("arbitrary" if self.lookahead else "parallel",
+                "arbitrary" if self.variant.x_codes and not self.each_j else "parallel", "arbitrary")
+
+
+def _matmul_kernel(*refs: Any, plan: MatmulPlan) -> None:
+    """One (i, j, kk) grid step of ``plan``. Refs in order: x, w, [w_scale], [bias], [x0], out, acc, then the
+    scratch of the variant: with x codes, the codes of the x row and their scales (lookahead: the next row block's
+    too); w_dequant (int4, blockwise at large bm) a dequantized w tile.
 
     No zeroing pass: the first K step's product replaces the accumulator (a select on k == 0 in the same code
     every step runs, so the dot stays in the unpredicated body). With one K step the product goes straight to
     the epilogue and the accumulator is never touched; with two the epilogue runs on every step's running sum
     (branch-free; the output block is written back after the last); with more, on the last K step. Unaligned K:
     the first and last K steps have their own copies (the last one masked, with the epilogue fused in)."""
-    # x_ref: [bm, bk] x dtype; x_resident / quantize_x: [bm, n_k * bk], the whole row (fetched once per i);
+    # x_ref: [bm, bk] x dtype; x_resident / x codes: [bm, n_k * bk], the whole row (fetched once per i);
     # lookahead: [share_rows, n_k * bk], the rows of the next row block this step quantizes.
+    n_k, bk, k_tail, x_codes = plan.n_k, plan.blocks.bk, plan.k_tail, plan.variant.x_codes
     x_ref = refs[0]
     w_ref = refs[1]  # [bk, bn] w dtype (same as x, or int8/fp8); int4: [bk / 2, bn] packed bytes
     rest = list(refs[2:])
-    scale_ref = rest.pop(0) if scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
-    bias_ref = rest.pop(0) if has_bias else None  # [1, bn] bias dtype
-    x0_ref = rest.pop(0) if lookahead else None  # [bm, n_k * bk] x dtype: row block 0, single-buffered
-    o_ref, acc_ref = rest[:2]  # o_ref: [bm, bn] out dtype; acc_ref: [bm, bn] f32 (int32: quantize_x per-channel)
+    scale_ref = rest.pop(0) if plan.scale_kind != "none" else None  # [1, bn] per-channel; [Gp, bn] per-block, f32
+    bias_ref = rest.pop(0) if plan.has_bias else None  # [1, bn] bias dtype
+    x0_ref = rest.pop(0) if plan.lookahead else None  # [bm, n_k * bk] x dtype: row block 0, single-buffered
+    o_ref, acc_ref = rest[:2]  # o_ref: [bm, bn] out dtype; acc_ref: [bm, bn] f32 (int32: plan.int_acc)
     scratch = rest[2:]
     j, k = pl.program_id(1), pl.program_id(2)
-    blockwise = scale_kind == "per-block"
+    blockwise = plan.blockwise
     groups = bk // SCALE_BLOCK  # scale rows per K block
     bn = w_ref.shape[1]
 
-    if quantize_x:
+    if x_codes:
         # [n_k, bm, bk] int8 codes and [bm, 1] f32 per-token scales of this row block; lookahead: the next row
         # block's too, separate buffers (so the scheduler can tell the quantization's stores from the dot's loads
         # and interleave them).
         xq_ref, xs_ref = scratch[:2]
-        row_ref = x0_ref if lookahead else x_ref  # the whole row block quantize_all reads
+        row_ref = x0_ref if plan.lookahead else x_ref  # the whole row block quantize_all reads
         n_groups = row_ref.shape[0] // QUANT_ROWS
-        quantize = functools.partial(_quantize_group, n_k=n_k, bk=bk, k_tail=k_tail, split=split_x,
-                                     bf16_codes=bf16_codes)
+        quantize = functools.partial(_quantize_group, n_k=n_k, bk=bk, k_tail=k_tail, split=plan.variant.split_codes,
+                                     bf16_codes=plan.bf16_codes)
 
         def quantize_all() -> None:  # this row block, group by group
             def body(g: Any, carry: Any) -> Any:
@@ -123,7 +232,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
             jax.lax.fori_loop(0, n_groups, body, 0)
 
-        if lookahead:
+        if plan.lookahead:
             xq_next, xs_next = scratch[2:4]
             i, s = pl.program_id(0), j * n_k + k
             pl.when((i == 0) & (s == 0))(quantize_all)  # row block 0, from its own single-buffered block
@@ -141,7 +250,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             first = jnp.minimum(s, n_groups // per_step - 1) * per_step
             for u in range(per_step):
                 quantize(x_ref, xq_next, xs_next, first + u, src_group=u)
-        elif each_j:
+        elif plan.each_j:
             # One row block split by column blocks over the TensorCores (j "parallel"): each column block's first
             # K step quantizes the row itself (a core cannot tell which column block it runs first).
             pl.when(k == 0)(quantize_all)
@@ -150,40 +259,40 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             pl.when((j == 0) & (k == 0))(quantize_all)
 
     def x_tile() -> jax.Array:
-        if quantize_x:
+        if x_codes:
             return xq_ref[k]
-        if x_resident:
+        if plan.x_resident:
             return x_ref[:, pl.ds(pl.multiple_of(k * bk, tiling.LANES), bk)]
         return x_ref[...]
 
     # float_codes: quantize_x's codes are held in bf16 (exact) and meet a bf16 dequantized w tile on the bf16 MXU
     # (blockwise scales at large bm on chips whose MXU is deeper than a scale group: blockwise_codes_on_bf16_mxu).
-    int_dot = quantize_x and not float_codes
+    int_dot = plan.int_dot
     out_type = jnp.int32 if int_dot else jnp.float32
     # The dequantized tile carries the blockwise scales against float x (and float codes): int8 x int4 on the
     # int8 MXU unpacks plain int8 codes and scales each 128-row group's int32 partial sum, as int8 x int8 does.
-    folds_scales = w_dequant and not int_dot
+    folds_scales = plan.variant.w_dequant and not int_dot
     tile_scales = scale_ref if blockwise and folds_scales else None
     partial_groups = blockwise and not folds_scales  # one scaled partial product per 128-row group
     # int4: unpack each column chunk straight line before its dot (static slices, so the scheduler overlaps the
     # next chunk's unpacking with this chunk's dot) when the tile is small enough to unroll; else one loop.
-    int4_inline = int4 and (bk // INT4_PACK_ROWS) * tiling.cdiv(bn, INT4_UNPACK_COLS) <= INT4_INLINE_MAX_UNITS
+    int4_inline = plan.int4 and (bk // INT4_PACK_ROWS) * tiling.cdiv(bn, INT4_UNPACK_COLS) <= INT4_INLINE_MAX_UNITS
     # Few K steps: the epilogue runs on every step's running sum in the unpredicated body (the output block
     # is written back only after the last one), where it overlaps the dot instead of adding a predicated pass.
     eager = n_k <= EAGER_EPILOGUE_MAX_K_STEPS
 
     def epilogue(cols: slice, y: jax.Array) -> None:
         y = y.astype(jnp.float32)
-        if split_x:  # [2 bm, cols]: the hi plane's rows, then the lo plane's
+        if plan.variant.split_codes:  # [2 bm, cols]: the hi plane's rows, then the lo plane's
             rows = y.shape[0] // 2
             y = y[:rows] + y[rows:] * (1.0 / SPLIT_LO_STEPS)
-        if quantize_x:
+        if x_codes:
             y = y * xs_ref[...]  # per-token scale, [bm, 1]
-        if scale_kind == "per-channel":
+        if plan.scale_kind == "per-channel":
             y = y * scale_ref[:, cols]
         if bias_ref is not None:
             y = y + bias_ref[:, cols].astype(jnp.float32)
-        o_ref[:, cols] = ACTIVATIONS[activation](y).astype(o_ref.dtype)
+        o_ref[:, cols] = ACTIVATIONS[plan.activation](y).astype(o_ref.dtype)
 
     def accumulate(cols: slice, part: jax.Array, first: Any) -> None:
         """acc[:, cols] = part on the first K step, += part after; ``first`` static, or traced (k == 0)."""
@@ -196,32 +305,32 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
 
     def step(valid_k: int | None, first: Any) -> None:
         x = x_tile()
-        if valid_k is not None and not quantize_x:
-            x = _mask_cols(x, valid_k)  # quantize_x: codes past K are 0 already
+        if valid_k is not None and not x_codes:
+            x = _mask_cols(x, valid_k)  # x codes: those past K are 0 already
         w_src, folded = w_ref, False
-        if w_dequant:  # a dequantized w tile in x's dtype (quantize_x: int8 codes): int4, and blockwise at large bm
+        if plan.variant.w_dequant:  # a dequantized w tile in x's dtype (x codes: int8): int4, blockwise at large bm
             w_src = scratch[-1]
             folded = folds_scales  # blockwise scales are in the tile; per-channel ones stay for the epilogue
-            if int4 and not int4_inline:
+            if plan.int4 and not int4_inline:
                 _unpack_int4_tile(w_ref, w_src, tile_scales, k * groups,
-                                  256 if bn % 256 == 0 else 128, bf16_scaling)
-            elif not int4:
+                                  256 if bn % 256 == 0 else 128, plan.bf16_scaling)
+            elif not plan.int4:
                 for g in range(groups):
                     rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
                     w_src[rows, :] = _dequantized(w_ref[rows, :], scale_ref[pl.ds(k * groups + g, 1), :],
-                                                  w_src.dtype, bf16_scaling)
+                                                  w_src.dtype, plan.bf16_scaling)
         # Column chunks keep the live [bm, chunk] partial sums small at decode-sized bm (no spills).
-        for c0 in range(0, bn, col_chunk):
-            cols = slice(c0, c0 + col_chunk)
+        for c0 in range(0, bn, plan.col_chunk):
+            cols = slice(c0, c0 + plan.col_chunk)
             if int4_inline:  # this chunk's columns, unpacked right before its dot
-                _unpack_int4_cols(w_ref, w_src, tile_scales, k * groups, cols, bf16_scaling)
+                _unpack_int4_cols(w_ref, w_src, tile_scales, k * groups, cols, plan.bf16_scaling)
             w = w_src[:, cols]
             if not int_dot:
                 w = mxu_operand(w, x.dtype, x.shape[0], bn)
                 if valid_k is not None:
                     w = _mask_rows(w, valid_k)  # garbage past K times a zeroed x column can be NaN
             if not blockwise or folded:
-                part = jnp.dot(x, w, preferred_element_type=out_type, precision=precision)
+                part = jnp.dot(x, w, preferred_element_type=out_type, precision=plan.precision)
                 if n_k == 1:
                     epilogue(cols, part)
                 elif first is True:  # the first K step's own copy (unaligned K)
@@ -238,7 +347,7 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
             used = groups if valid_k is None else tiling.cdiv(valid_k, SCALE_BLOCK)
             for g in range(used):  # one partial product per scale group, scaled and summed in f32
                 rows = slice(g * SCALE_BLOCK, (g + 1) * SCALE_BLOCK)
-                part = jnp.dot(x[:, rows], w[rows, :], preferred_element_type=out_type, precision=precision)
+                part = jnp.dot(x[:, rows], w[rows, :], preferred_element_type=out_type, precision=plan.precision)
                 part = part.astype(jnp.float32) * scale_ref[pl.ds(k * groups + g, 1), cols]
                 accumulate(cols, part, first if g == 0 else False)
             if n_k == 1:
@@ -249,8 +358,8 @@ def _matmul_kernel(*refs: Any, n_j: int, n_k: int, bk: int, k_tail: int | None, 
     if n_k > 1 and (partial_groups or (k_tail is None and not eager)):
         @pl.when(k == n_k - 1)
         def _epilogue() -> None:
-            for c0 in range(0, bn, col_chunk):
-                cols = slice(c0, c0 + col_chunk)
+            for c0 in range(0, bn, plan.col_chunk):
+                cols = slice(c0, c0 + plan.col_chunk)
                 epilogue(cols, acc_ref[:, cols])
 
 
@@ -551,6 +660,17 @@ def matmul(
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
+    plan = make_plan(x, w, bias=bias, activation=activation, w_scale=w_scale, quantize_x=quantize_x, w_dtype=w_dtype,
+                     block_sizes=block_sizes, chip=chip, out_dtype=out_dtype)
+    return _matmul_jit(x, w, bias, w_scale, plan=plan, interpret=interpret)
+
+
+def make_plan(x: Any, w: Any, *, bias: Any = None, activation: str = "none", w_scale: Any = None,
+              quantize_x: bool = False, w_dtype: str | None = None, block_sizes: MatmulBlockSizes | None = None,
+              chip: Any = DEFAULT_CHIP, out_dtype: Any = None) -> MatmulPlan:
+    """Validate everything static about a :func:`matmul` call (ValueError naming the argument) and fix its plan:
+    the blocks (the chip's tuned defaults unless given, clamped to the problem), the variant and the VMEM limit.
+    Arrays are read for their shapes and dtypes only (jax.ShapeDtypeStruct will do)."""
     if w_dtype not in (None, "int4"):
         raise ValueError(f"w_dtype='{w_dtype}' is not known; use None (w's own dtype) or 'int4' (packed)")
     int4 = w_dtype == "int4"
@@ -569,15 +689,15 @@ def matmul(
     elif not isinstance(block_sizes, MatmulBlockSizes):
         raise ValueError(f"block_sizes: expected a MatmulBlockSizes, got {type(block_sizes).__name__}")
     # bf16 x int4 at decode on an int8 MXU: x as two stacked int8 code planes (int4_decode_on_int8_mxu), run on the
-    # quantize_x machinery (codes_x) with twice the code rows; row blocks of whole 32-row code groups only (a
+    # quantize_x machinery (x codes) with twice the code rows; row blocks of whole 32-row code groups only (a
     # smaller bm given for the bf16 path keeps it).
     split_x = int4 and not quantize_x and block_sizes.bm % QUANT_ROWS == 0 and int4_decode_on_int8_mxu(
         spec, x.shape[0], lhs_dtype=x_name, rhs_dtype="int4", out_dtype=tiling.matmul_dtype_name(out_dtype),
         blockwise=scale_kind == "per-block")
-    codes_x = quantize_x or split_x
+    x_codes = quantize_x or split_x
     (m, k), n = x.shape, w.shape[1]
     rows = max(tiling.sublane_multiple(x.dtype), tiling.sublane_multiple(out_dtype),
-               tiling.sublane_multiple(jnp.int8) if codes_x else 1)
+               tiling.sublane_multiple(jnp.int8) if x_codes else 1)
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
     if int4:
         if block_sizes.bk % INT4_PACK_ROWS:
@@ -585,24 +705,21 @@ def matmul(
                              f"weights (the packed K dimension is padded to {INT4_PACK_ROWS} rows); e.g. bk=512")
         blocks = MatmulBlockSizes(bm=blocks.bm, bk=min(block_sizes.bk, tiling.round_up(k, INT4_PACK_ROWS)),
                                   bn=blocks.bn)
-    variant = call_variant(spec, m, k, n, blocks, quantize_x=codes_x, int4=int4, scale_kind=scale_kind,
+    variant = call_variant(spec, m, k, n, blocks, x_codes=x_codes, int4=int4, scale_kind=scale_kind,
                            out_dtype=out_dtype, x_itemsize=x.dtype.itemsize, split_x=split_x)
-    x_resident = variant.x_row is not None
-    each_j = codes_x and quantizes_each_column_block(spec, m, n, blocks)
     vmem_limit = block_sizes.check(  # int4: the packed tile counted as [bk, bn] int8 (twice its bytes)
         x_dtype=x.dtype, w_dtype=jnp.int8 if int4 else w.dtype, out_dtype=out_dtype, chip=spec, variant=variant,
         epilogue_vectors=(scale_kind == "per-channel") + (bias is not None),
     )
-    return _matmul_jit(
-        x, w, bias, w_scale,
-        blocks=blocks, activation=activation, out_dtype=out_dtype, quantize_x=codes_x, split_x=split_x,
-        share_rows=variant.x_share_rows, each_j=each_j,
-        x_resident=x_resident,
-        w_dequant=variant.w_dequant, int4=int4, vmem_limit_bytes=vmem_limit, interpret=interpret,
-        float_codes=variant.float_codes,
+    return MatmulPlan(
+        m=m, k=k, n=n, x_dtype=jnp.dtype(x.dtype).name, w_dtype=jnp.dtype(w.dtype).name, out_dtype=out_dtype.name,
+        blocks=blocks, activation=activation, scale_kind=scale_kind, has_bias=bias is not None,
+        quantize_x=quantize_x, int4=int4, variant=variant,
+        each_j=x_codes and quantizes_each_column_block(spec, m, n, blocks),
         bf16_codes=quantize_x and quantizes_x_in_bf16(spec, x.dtype),
         bf16_scaling=(scale_kind == "per-block" and scales_in_bf16(spec)
-                      and (variant.float_codes or (int4 and not codes_x and x.dtype == jnp.bfloat16))),
+                      and (variant.float_codes or (int4 and not x_codes and x.dtype == jnp.bfloat16))),
+        vmem_limit_bytes=vmem_limit,
     )
 
 
@@ -617,35 +734,34 @@ def quantizes_x_in_bf16(chip: Any, x_dtype: Any) -> bool:
     return quantizes_in_bf16(spec, tiling.matmul_dtype_name(x_dtype))
 
 
-def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, quantize_x: bool, int4: bool,
+def call_variant(chip: Any, m: int, k: int, n: int, blocks: MatmulBlockSizes, *, x_codes: bool, int4: bool,
                  scale_kind: str, out_dtype: Any, x_itemsize: int, split_x: bool = False) -> MatmulVariant:
-    """What a call at these (effective) blocks adds to the plain kernel's VMEM: the resident x row, quantize_x's
-    codes (two row blocks of them and the shared x fetch with lookahead), blockwise scale rows, a dequantized w
-    tile. ``split_x``: bf16 x int4 as two stacked code planes of x (quantize_x then says the codes are made)."""
+    """What a call at these (effective) blocks adds to the plain kernel's VMEM: the resident x row, the x codes
+    (``x_codes``: quantize_x's, two row blocks of them and the shared x fetch with lookahead), blockwise scale rows,
+    a dequantized w tile. ``split_x``: bf16 x int4 as two stacked code planes of x (``x_codes`` then too)."""
     x_row = tiling.round_up(k, blocks.bk)
     # A small row block (decode) stays resident across the column blocks instead of being re-read per (j, kk).
-    resident = keeps_x_resident(quantize_x=quantize_x, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row,
-                                itemsize=x_itemsize)
+    resident = keeps_x_resident(x_codes=x_codes, n=n, bm=blocks.bm, bn=blocks.bn, x_row=x_row, itemsize=x_itemsize)
     # (bm not a multiple of the 32-row group: MatmulBlockSizes.check refuses it.)
-    lookahead = quantize_x and blocks.bm % QUANT_ROWS == 0 and _lookahead(chip, m, n, k, blocks)
+    lookahead = x_codes and blocks.bm % QUANT_ROWS == 0 and _lookahead(chip, m, n, k, blocks)
     share_rows = None
     if lookahead:
         steps = tiling.cdiv(n, blocks.bn) * tiling.cdiv(k, blocks.bk)
         share_rows = lookahead_share_groups(blocks.bm // QUANT_ROWS, steps) * QUANT_ROWS
     blockwise = scale_kind == "per-block"
-    float_codes = quantize_x and blockwise and blockwise_codes_on_bf16_mxu(
+    float_codes = x_codes and blockwise and blockwise_codes_on_bf16_mxu(
         chip, blocks.bm, out_dtype=tiling.matmul_dtype_name(out_dtype))
     return MatmulVariant(
-        x_row=x_row if resident else None, x_codes=quantize_x, code_slots=2 if lookahead else 1, split_codes=split_x,
+        x_row=x_row if resident else None, x_codes=x_codes, code_slots=2 if lookahead else 1, split_codes=split_x,
         float_codes=float_codes, x_share_rows=share_rows, scale_rows=_scale_rows(blocks.bk, k) if blockwise else 0,
-        w_dequant=int4 or float_codes or (blockwise and not quantize_x and blocks.bm > PARTIAL_SCALING_MAX_BM))
+        w_dequant=int4 or float_codes or (blockwise and not x_codes and blocks.bm > PARTIAL_SCALING_MAX_BM))
 
 
-def keeps_x_resident(*, quantize_x: bool, n: int, bm: int, bn: int, x_row: int, itemsize: int) -> bool:
+def keeps_x_resident(*, x_codes: bool, n: int, bm: int, bn: int, x_row: int, itemsize: int) -> bool:
     """Whether the x row block [bm, x_row] stays in VMEM across the column blocks (fetched once per row block):
-    always with quantize_x (its codes are made from the whole row), else when there is more than one column
-    block and the row block is at most X_RESIDENT_MAX_BYTES (decode GEMMs)."""
-    return quantize_x or (tiling.cdiv(n, bn) > 1 and bm * x_row * itemsize <= X_RESIDENT_MAX_BYTES)
+    always with x codes (they are made from the whole row), else when there is more than one column block and the
+    row block is at most X_RESIDENT_MAX_BYTES (decode GEMMs)."""
+    return x_codes or (tiling.cdiv(n, bn) > 1 and bm * x_row * itemsize <= X_RESIDENT_MAX_BYTES)
 
 
 def quantizes_each_column_block(chip: Any, m: int, n: int, blocks: MatmulBlockSizes) -> bool:
@@ -694,65 +810,36 @@ def _scale_rows(bk: int, k: int) -> int:
     return tiling.round_up(tiling.cdiv(k, bk) * (bk // SCALE_BLOCK), tiling.SUBLANES_32BIT)
 
 
-def cost_estimate(
-    *, m: int, k: int, n: int, x_dtype: Any, w_dtype: Any, out_dtype: Any, activation: str, has_bias: bool,
-    scale_kind: str, quantize_x: bool = False, int4: bool = False,
-) -> pl.CostEstimate:
-    """The kernel's CostEstimate: the perfmodel GEMM model's algorithmic counts (chip=None)."""
+def cost_estimate(plan: MatmulPlan) -> pl.CostEstimate:
+    """The kernel's CostEstimate: the perfmodel GEMM model's algorithmic counts (chip=None). quantize_x: int8 x
+    codes made from x's dtype (bf16 x int4's two code planes at decode are counted as the bf16 x int4 GEMM)."""
     from perfmodel.model.core import to_cost_estimate
     from perfmodel.model.gemm import gemm
 
-    epilogue = (("bias",) if has_bias else ()) + ((activation,) if activation != "none" else ())
-    x_name = tiling.matmul_dtype_name(x_dtype)
+    epilogue = (("bias",) if plan.has_bias else ()) + ((plan.activation,) if plan.activation != "none" else ())
+    x_name = tiling.matmul_dtype_name(plan.x_dtype)
     cost = gemm(
-        m=m, n=n, k=k,
-        lhs_dtype="int8" if quantize_x else x_name, rhs_dtype="int4" if int4 else tiling.matmul_dtype_name(w_dtype),
-        lhs_source_dtype=x_name if quantize_x else None,
-        out_dtype=tiling.matmul_dtype_name(out_dtype), weight_scale=scale_kind,
-        scale_block=SCALE_BLOCK if scale_kind == "per-block" else None,
+        m=plan.m, n=plan.n, k=plan.k,
+        lhs_dtype="int8" if plan.quantize_x else x_name,
+        rhs_dtype="int4" if plan.int4 else tiling.matmul_dtype_name(plan.w_dtype),
+        lhs_source_dtype=x_name if plan.quantize_x else None,
+        out_dtype=tiling.matmul_dtype_name(plan.out_dtype), weight_scale=plan.scale_kind,
+        scale_block=SCALE_BLOCK if plan.blockwise else None,
         epilogue=epilogue, chip=None,
     )
     return to_cost_estimate(cost)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("blocks", "activation", "out_dtype", "quantize_x", "share_rows", "each_j", "x_resident",
-                              "w_dequant", "int4", "bf16_scaling", "float_codes", "split_x", "bf16_codes",
-                              "vmem_limit_bytes",
-                              "interpret")
-)
-def _matmul_jit(
-    x: jax.Array,
-    w: jax.Array,
-    bias: jax.Array | None,
-    w_scale: jax.Array | None,
-    *,
-    blocks: MatmulBlockSizes,
-    activation: str,
-    out_dtype: Any,
-    quantize_x: bool,
-    share_rows: int | None,
-    each_j: bool,
-    x_resident: bool,
-    w_dequant: bool,
-    int4: bool,
-    bf16_scaling: bool,
-    float_codes: bool,
-    split_x: bool,
-    bf16_codes: bool,
-    vmem_limit_bytes: int | None,
-    interpret: bool,
-) -> jax.Array:
-    (m, k), n = x.shape, w.shape[1]
-    bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
-    # No padding copy: the last K block runs past K and the kernel masks it (k_tail valid columns).
-    n_k = tiling.cdiv(k, bk)
-    k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
-    scale_kind = scale_kind_of(w_scale)
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
+def _matmul_jit(x: jax.Array, w: jax.Array, bias: jax.Array | None, w_scale: jax.Array | None, *, plan: MatmulPlan,
+                interpret: bool) -> jax.Array:
+    m, k, n = plan.m, plan.k, plan.n
+    bm, bk, bn = plan.blocks.bm, plan.blocks.bk, plan.blocks.bn
+    # No padding copy: the last K block runs past K and the kernel masks it (plan.k_tail valid columns).
+    n_i, n_k = plan.n_i, plan.n_k
     operands = [x, w]
-    n_i, n_j = tiling.cdiv(m, bm), tiling.cdiv(n, bn)
-    lookahead = share_rows is not None  # quantize_x quantizes the next row block ahead, share_rows a step
-    if lookahead:
+    share_rows = plan.variant.x_share_rows
+    if plan.lookahead:
         # Row block i + 1 arrives in shares of share_rows rows, one per step of row block i (the step that
         # quantizes it; steps past the last share keep it, and so does the last row block, which has no next
         # one), so no step fetches a whole row block. Row block 0 is its own single-buffered operand, fetched
@@ -765,75 +852,60 @@ def _matmul_jit(
 
         x_spec = pl.BlockSpec((share_rows, n_k * bk), x_index)
         x0_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (0, 0), pipeline_mode=pl.Buffered(1))
-    elif x_resident:
+    elif plan.x_resident:
         # The whole row block, fetched once per i (its block index does not change with j or kk).
         x_spec = pl.BlockSpec((bm, n_k * bk), lambda i, j, kk: (i, 0))
     else:
         x_spec = pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk))
-    w_rows = bk // 2 if int4 else bk  # int4: two K rows per byte
+    w_rows = bk // 2 if plan.int4 else bk  # int4: two K rows per byte
     in_specs = [x_spec, pl.BlockSpec((w_rows, bn), lambda i, j, kk: (kk, j))]
     vector_spec = pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))
-    if scale_kind == "per-channel":
+    if plan.scale_kind == "per-channel":
         operands.append(w_scale.astype(jnp.float32).reshape(1, n))
         in_specs.append(vector_spec)
-    elif scale_kind == "per-block":
+    elif plan.scale_kind == "per-block":
         # All of K's scale rows for this column block (resident across kk); each step reads its groups.
         operands.append(w_scale.astype(jnp.float32))
-        in_specs.append(pl.BlockSpec((_scale_rows(bk, k), bn), lambda i, j, kk: (0, j)))
-    if bias is not None:
+        in_specs.append(pl.BlockSpec((plan.variant.scale_rows, bn), lambda i, j, kk: (0, j)))
+    if plan.has_bias:
         operands.append(bias.reshape(1, n))
         in_specs.append(vector_spec)
-    if lookahead:
+    if plan.lookahead:
         operands.append(x)
         in_specs.append(x0_spec)
-    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 and not float_codes else jax.lax.Precision.DEFAULT
-    int_acc = quantize_x and scale_kind != "per-block"
-    code_rows = 2 * bm if split_x else bm  # split_x: the hi plane's rows, then the lo plane's
-    scratch = [pltpu.VMEM((code_rows, bn), jnp.int32 if int_acc else jnp.float32)]
+    code_rows = plan.code_rows  # split codes: the hi plane's rows, then the lo plane's
+    scratch = [pltpu.VMEM((code_rows, bn), jnp.int32 if plan.int_acc else jnp.float32)]
     scratch_names = ["acc_ref"]
-    if quantize_x:
-        codes = [pltpu.VMEM((n_k, code_rows, bk), jnp.dtype(code_dtype(float_codes=float_codes))),
+    if plan.variant.x_codes:
+        codes = [pltpu.VMEM((n_k, code_rows, bk), jnp.dtype(code_dtype(float_codes=plan.variant.float_codes))),
                  pltpu.VMEM((bm, 1), jnp.float32)]
         scratch += codes
         scratch_names += ["xq_ref", "x_scale_ref"]
-        if lookahead:  # the next row block's, quantized ahead
+        if plan.lookahead:  # the next row block's, quantized ahead
             scratch += codes
             scratch_names += ["xq_next_ref", "x_scale_next_ref"]
-    if w_dequant:  # in x's dtype; quantize_x: int8 codes (int4), bf16 (float_codes)
-        scratch.append(pltpu.VMEM((bk, bn), jnp.dtype(w_dequant_dtype(x.dtype, x_codes=quantize_x,
-                                                                      float_codes=float_codes))))
+    if plan.variant.w_dequant:  # in x's dtype; x codes: int8 codes (int4), bf16 (float_codes)
+        scratch.append(pltpu.VMEM((bk, bn), jnp.dtype(w_dequant_dtype(plan.x_dtype, x_codes=plan.variant.x_codes,
+                                                                      float_codes=plan.variant.float_codes))))
         scratch_names.append("w_dequant_ref")
-    kernel = functools.partial(
-        _matmul_kernel, n_j=n_j, n_k=n_k, bk=bk, k_tail=k_tail, activation=activation, scale_kind=scale_kind,
-        has_bias=bias is not None, quantize_x=quantize_x, lookahead=lookahead, each_j=each_j, x_resident=x_resident,
-        w_dequant=w_dequant, int4=int4, col_chunk=_col_chunk(code_rows, bn), precision=precision,
-        bf16_scaling=bf16_scaling, float_codes=float_codes, split_x=split_x, bf16_codes=bf16_codes,
-    )
-    ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * (bias is not None)
-                 + ["x0_ref"] * lookahead)
-    kernel = with_ref_names(kernel, ref_names + ["o_ref"] + scratch_names)
-    # quantize_x: j is sequential so that j == 0 quantizes the row block before the other column blocks use it
-    # (each_j: every column block quantizes it, j stays parallel). lookahead: the row blocks too (each quantizes
-    # the next).
-    semantics = ("arbitrary" if lookahead else "parallel", "arbitrary" if quantize_x and not each_j else "parallel",
-                 "arbitrary")
+    ref_names = (["x_ref", "w_ref"] + ["w_scale_ref"] * (w_scale is not None) + ["bias_ref"] * plan.has_bias
+                 + ["x0_ref"] * plan.lookahead)
+    kernel = with_ref_names(functools.partial(_matmul_kernel, plan=plan), ref_names + ["o_ref"] + scratch_names)
     call = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(plan.out_dtype)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=0,
-            grid=(n_i, n_j, n_k),
+            grid=(n_i, plan.n_j, n_k),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
             scratch_shapes=scratch,
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(
-            m=m, k=k, n=n, x_dtype=x.dtype, w_dtype=w.dtype, out_dtype=out_dtype, activation=activation,
-            has_bias=bias is not None, scale_kind=scale_kind, quantize_x=quantize_x and not split_x, int4=int4,
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=plan.semantics,
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=cost_estimate(plan),
         interpret=interpret_params(interpret),
         name="matmul",
     )
-    with jax.named_scope(f"matmul[{blocks.label()}]"):
+    with jax.named_scope(f"matmul[{plan.blocks.label()}]"):
         return call(*operands)

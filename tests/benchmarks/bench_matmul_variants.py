@@ -27,81 +27,63 @@ import argparse
 import os
 import sys
 
+from kernels.matmul.variants import BF16_VARIANTS
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 #: case -> (M, K, N).
 CASES = {"decode": (64, 4096, 14336), "prefill": (8192, 8192, 8192)}
-#: variant -> (w dtype, w_scale shape ("" none, "n" per channel, "g" blockwise), --arg texts, MXU dtype).
-VARIANTS = {
-    "bf16": ("bf16", "", (), "bf16"),
-    "bf16 x int8": ("int8", "n", (), "bf16"),
-    "bf16 x int8 blockwise": ("int8", "g", (), "bf16"),
-    "w8a8": ("int8", "n", ("quantize_x=True",), "int8"),
-    "w8a8 blockwise": ("int8", "g", ("quantize_x=True",), "int8"),
-    "bf16 x int4": ("int4", "n", (), "bf16"),
-    "bf16 x int4 blockwise": ("int4", "g", (), "bf16"),
-    "bf16 x fp8": ("fp8", "n", (), "bf16"),
-    "w4a8": ("int4", "n", ("quantize_x=True",), "int8"),
-    "w4a8 blockwise": ("int4", "g", ("quantize_x=True",), "int8"),
-}
+#: The variants of bf16 activations, by name (kernels/matmul/variants.py).
+VARIANTS = {v.name: v for v in BF16_VARIANTS}
 CHIPS = ("tpu-v5e", "tpu-v6e")
 W_BYTES = {"bf16": 2, "int8": 1, "fp8": 1, "int4": 0.5}
 
 
-def _shapes(case: str, variant: str) -> list[str]:
-    m, k, n = CASES[case]
-    w_dtype, scale, _, _ = VARIANTS[variant]
-    rows = k // 2 if w_dtype == "int4" else k  # int4: two per byte, [K/2, N] uint8
-    w = f"w={rows}x{n}:{'uint8' if w_dtype == 'int4' else w_dtype}"
-    shapes = [f"x={m}x{k}:bf16", w]
-    if scale == "n":
-        shapes.append(f"w_scale={n}:f32")
-    elif scale == "g":
-        shapes.append(f"w_scale={k // 128}x{n}:f32")
-    return shapes
+def _plan(variant: str, case: str, chip: str):
+    """The kernel's plan of the call at its default blocks (its tuned table, clamped to the problem)."""
+    import jax
+    import jax.numpy as jnp
 
-
-def _default_blocks(variant: str, case: str, chip: str) -> tuple[int, int, int]:
-    """The blocks the kernel picks by default (its tuned table, clamped to the problem)."""
-    from kernels.matmul.blocks import default_block_sizes
-    from kernels.matmul.kernel import effective_block_sizes
+    from kernels.matmul.kernel import make_plan
+    from perfmodel.schedule.shapes import parse_shape
 
     m, k, n = CASES[case]
-    w_dtype, scale, args, mxu_dtype = VARIANTS[variant]
-    x_name = "int8" if mxu_dtype == "int8" else "bf16"
-    b = effective_block_sizes(default_block_sizes(chip, x_name, w_dtype, m=m, blockwise=scale == "g"), m, k, n,
-                              32 if x_name == "int8" else 16)
-    return b.bm, b.bk, b.bn
+    v = VARIANTS[variant]
+    arrays = {s.name: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype)) for s in map(parse_shape, v.shapes(m, k, n))}
+    return make_plan(arrays.pop("x"), arrays.pop("w"), **arrays, **v.static(), chip=chip)
 
 
 def measure(variant: str, case: str, chip_name: str) -> dict:
     from perfmodel.hw.registry import get_chip
-    from perfmodel.model.gemm import blockwise_codes_on_bf16_mxu
     from perfmodel.schedule.inspection import compile_inspection
 
     chip = get_chip(chip_name)
     m, k, n = CASES[case]
-    w_dtype, scale, args, mxu_dtype = VARIANTS[variant]
-    args = tuple(args) + (("w_dtype=int4",) if w_dtype == "int4" else ())
+    v = VARIANTS[variant]
+    # The MXU dtype of the floor: int8 with quantize_x, bf16 for every weight-only variant (converted in VMEM).
+    mxu_dtype = "int8" if v.quantize_x else "bf16"
+    args = tuple(f"{name}={value}" for name, value in v.static().items())
     row = {"variant": variant, "case": case, "chip": chip.name}
-    if w_dtype == "fp8" and "fp8" not in chip.compute.matmul_flops_per_s_per_chip:
+    if v.w == "fp8" and "fp8" not in chip.compute.matmul_flops_per_s_per_chip:
         return {**row, "skip": "no fp8 MXU path"}
     try:
-        got = compile_inspection("matmul", _shapes(case, variant), None, args, chip.name)
+        got = compile_inspection("matmul", list(v.shapes(m, k, n)), None, args, chip.name)
     except Exception as exc:  # a benchmark reports what failed and goes on
         return {**row, "error": str(exc).splitlines()[0][:160]}
     (ck,) = got.compiled_kernels
     loop = ck.compile.loop
     hbm = chip.memory.hbm_bw_bytes_per_s_per_chip
-    weight_bytes = k * n * W_BYTES[w_dtype] + {"": 0, "n": n * 4, "g": (k // 128) * n * 4}[scale]
-    bm, bk, bn = _default_blocks(variant, case, chip.name)
+    scale_bytes = {"none": 0, "per-channel": n * 4, "per-block": (k // 128) * n * 4}[v.scales]
+    weight_bytes = k * n * W_BYTES[v.w] + scale_bytes
+    plan = _plan(variant, case, chip.name)
+    bm, bk, bn = plan.blocks.bm, plan.blocks.bk, plan.blocks.bn
     int8_floor = None
     if mxu_dtype == "int8" and case == "prefill":
         int8_floor = 2 * m * n * k / chip.matmul_rate("int8")
-        if scale == "g" and blockwise_codes_on_bf16_mxu(chip, bm):
+        if plan.variant.float_codes:
             mxu_dtype = "bf16"  # the kernel's route: the codes in bf16 on the bf16 MXU
     floor = weight_bytes / hbm if case == "decode" else 2 * m * n * k / chip.matmul_rate(mxu_dtype)
-    tile_s = bk * bn * W_BYTES[w_dtype] / hbm  # one step's weight tile at the spec's HBM rate
+    tile_s = bk * bn * W_BYTES[v.w] / hbm  # one step's weight tile at the spec's HBM rate
     t = ck.time.expected_s
     return {**row, "blocks": f"{bm}x{bk}x{bn}", "step_bundles": ck.time.mean_step_bundles,
             "step_vs_hbm": ck.time.mean_step_compute_s / tile_s, "spills": loop.vector_spills,

@@ -5,25 +5,13 @@ the one-line refusal a chip without the MXU path gives (shared by the compile ch
 
 from __future__ import annotations
 
+from kernels.matmul.variants import BF16_VARIANTS, BY_NAME
 from perfmodel.compiler.api import CompileCall
 from perfmodel.hw.registry import get_chip
 
 #: case -> (M, K, N): decode (64 rows: the "... decode" defaults) and a prefill-sized call of several row blocks
 #: (the square defaults clamped to it; quantize_x quantizes the next row block ahead on single-core chips).
 MATMUL_CASES = {"decode": (64, 4096, 14336), "prefill": (2048, 4096, 4096)}
-#: variant -> (w dtype, w_scale ("" none, "n" per channel, "g" blockwise), static keyword arguments).
-MATMUL_VARIANTS = {
-    "bf16": ("bf16", "", {}),
-    "bf16 x int8": ("int8", "n", {}),
-    "bf16 x int8 blockwise": ("int8", "g", {}),
-    "bf16 x fp8": ("float8_e4m3fn", "n", {}),
-    "bf16 x int4": ("int4", "n", {"w_dtype": "int4"}),
-    "bf16 x int4 blockwise": ("int4", "g", {"w_dtype": "int4"}),
-    "w8a8": ("int8", "n", {"quantize_x": True}),
-    "w8a8 blockwise": ("int8", "g", {"quantize_x": True}),
-    "w4a8": ("int4", "n", {"quantize_x": True, "w_dtype": "int4"}),
-    "w4a8 blockwise": ("int4", "g", {"quantize_x": True, "w_dtype": "int4"}),
-}
 #: case -> token rows over 8 experts (K=4096, N=14336, rows split evenly).
 GROUPED_CASES = {"decode": 64, "prefill": 2048}
 GROUPED_VARIANTS = {"bf16": ("bf16", False), "bf16 x int8": ("int8", True), "bf16 x fp8": ("float8_e4m3fn", True)}
@@ -55,11 +43,9 @@ def _sampling_call(variant: str, case: str) -> CompileCall:
 
 def _matmul_call(variant: str, case: str) -> CompileCall:
     m, k, n = MATMUL_CASES[case]
-    w_dtype, scale, static = MATMUL_VARIANTS[variant]
+    v = BY_NAME[variant]
     # int4: two codes per byte, [K/2, N] uint8 (kernels.quant.pack_int4's layout).
-    w = f"w={k // 2}x{n}:uint8" if w_dtype == "int4" else f"w={k}x{n}:{w_dtype}"
-    shapes = [f"x={m}x{k}:bf16", w] + {"": [], "n": [f"w_scale={n}:f32"], "g": [f"w_scale={k // 128}x{n}:f32"]}[scale]
-    return CompileCall(kind="catalog", target="matmul", shapes=tuple(shapes), extra=static or None)
+    return CompileCall(kind="catalog", target="matmul", shapes=v.shapes(m, k, n), extra=v.static() or None)
 
 
 def _grouped_call(variant: str, case: str) -> CompileCall:
@@ -75,7 +61,8 @@ def refusal(variant: str, chip_name: str) -> str | None:
     from kernels.matmul.kernel import _check_fp8_support, _check_int8_mxu
 
     chip = get_chip(chip_name)
-    if variant.startswith(("w8a8", "w4a8")):
+    v = BY_NAME.get(variant)
+    if v is not None and v.quantize_x:
         try:
             _check_int8_mxu(chip)
         except ValueError:
@@ -88,7 +75,7 @@ def refusal(variant: str, chip_name: str) -> str | None:
     return None
 
 
-CALLS = ([("matmul", v, c) for v in MATMUL_VARIANTS for c in MATMUL_CASES]
+CALLS = ([("matmul", v.name, c) for v in BF16_VARIANTS for c in MATMUL_CASES]
          + [("grouped_matmul", v, c) for v in GROUPED_VARIANTS for c in GROUPED_CASES]
          + [("sampling", v, "decode") for v in SAMPLING_VARIANTS])
 BUILD = {"matmul": _matmul_call, "grouped_matmul": _grouped_call, "sampling": _sampling_call}

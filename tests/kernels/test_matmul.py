@@ -15,12 +15,12 @@ import yaml
 from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_table, matmul, matmul_reference
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
 from kernels.matmul.blocks import DECODE_MAX_M
-from kernels.matmul.entry import DECODE_SHAPE_MNK, TUNED_SHAPE_MNK
-from kernels.matmul.kernel import call_variant, effective_block_sizes
+from kernels.matmul.entry import TUNED
+from kernels.matmul.kernel import make_plan
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
-from perfmodel.model.gemm import int4_decode_on_int8_mxu
 from kernels.tuned import load_tuned_defaults
+from perfmodel.schedule.shapes import parse_shape
 from perfmodel.schedule.tuned import MAX_RAISED_VMEM_FRACTION
 
 #: assert_allclose tolerances by output dtype. bf16 outputs carry one bf16 rounding (rel 2^-8) of
@@ -250,38 +250,26 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
         chip = get_chip(chip_name)
     except UnknownChipError:
         pytest.skip(f"no spec for {chip_name} yet")
-    dtypes = {"bf16": jnp.bfloat16, "fp32": jnp.float32, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
     stored = load_tuned_defaults("matmul")[chip_name]
-    for pair, blocks in default_block_table()[chip_name].items():
-        # "... decode" entries are tuned on the decode problem (64 rows against the whole weight matrix).
-        decode = pair.endswith(" decode")
-        m, n, k = DECODE_SHAPE_MNK if decode else TUNED_SHAPE_MNK
-        # "... blockwise": one scale per 128 rows of K (the codes in bf16 on v6e: call_variant's float_codes).
-        blockwise = pair.removesuffix(" decode").endswith(" blockwise")
-        x_name, w_name = pair.removesuffix(" decode").removesuffix(" blockwise").split(" x ")
-        # "int8 x int8" is quantize_x on bf16 activations (the wrapper's call_variant: resident row, codes, the
-        # lookahead's shares); "bf16 x int4": the packed tile counted as an int8 [bk, bn] one, plus the unpacked
-        # tile; "int8 x int4" (w4a8) both.
-        # bf16 x int4 at decode on int8-MXU chips: two code planes of x (the wrapper's int4_decode_on_int8_mxu).
-        w8a8 = x_name == "int8"
-        split = w_name == "int4" and not w8a8 and int4_decode_on_int8_mxu(
-            chip, m, lhs_dtype=x_name, rhs_dtype="int4", out_dtype=x_name, blockwise=blockwise)
-        x_dtype = jnp.bfloat16 if w8a8 else dtypes[x_name]
-        w_dtype = jnp.int8 if w_name == "int4" else dtypes[w_name]
-        eff = effective_block_sizes(blocks, m, k, n, 32 if w8a8 or split else 16)
-        quantized = w_name in ("int8", "fp8", "int4")
-        scale_kind = "per-block" if blockwise else "per-channel" if quantized else "none"
-        variant = call_variant(chip, m, k, n, eff, quantize_x=w8a8 or split, int4=w_name == "int4",
-                               scale_kind=scale_kind, out_dtype=x_dtype, x_itemsize=jnp.dtype(x_dtype).itemsize,
-                               split_x=split)
-        # Raises if a default breaks the tiling rules or the chip's physical VMEM, with the epilogue
-        # fused: a bias row, plus the per-channel scale row of quantized weights (as tuned; blockwise scales are
-        # the variant's scale rows).
-        vectors = 1 + (scale_kind == "per-channel")
-        limit = blocks.check(x_dtype=x_dtype, w_dtype=w_dtype, out_dtype=x_dtype, epilogue_vectors=vectors,
-                             chip=chip, variant=variant)
+    configs = {config.key: config for config in TUNED.configs}
+    assert set(stored) <= set(configs)
+    for key, entry in stored.items():
+        # Each configuration's call as tuned (kernels/matmul/entry.py): its shapes, with a bias (the epilogue
+        # fused: a bias row, plus the per-channel scale row of quantized weights; blockwise scales are the
+        # variant's scale rows), and its static arguments (quantize_x, w_dtype), planned as the wrapper plans it
+        # at the stored blocks. "... decode" entries are tuned on the decode problem (64 rows against the whole
+        # weight matrix); "int8 x int8" is quantize_x on bf16 activations (a resident row, the codes, the
+        # lookahead's shares); "bf16 x int4" counts the packed tile as an int8 [bk, bn] one, plus the unpacked tile
+        # (two code planes of x at decode on int8-MXU chips); "... blockwise": one scale per 128 rows of K (the
+        # codes in bf16 on v6e: the variant's float_codes).
+        arrays = {s.name: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype))
+                  for s in map(parse_shape, configs[key].shapes)}
+        # Raises if a default breaks the tiling rules or the chip's physical VMEM.
+        plan = make_plan(arrays.pop("x"), arrays.pop("w"), **arrays, **configs[key].static,
+                         block_sizes=default_block_table()[chip_name][key], chip=chip_name)
         # None: the default scoped limit suffices; else the JSON says so and the limit stays within 3/4 of VMEM.
-        assert limit == stored[pair]["vmem_limit_bytes"], (chip_name, pair)
+        limit = plan.vmem_limit_bytes
+        assert limit == entry["vmem_limit_bytes"], (chip_name, key)
         assert limit is None or limit <= MAX_RAISED_VMEM_FRACTION * chip.memory.vmem_bytes_per_core
 
 

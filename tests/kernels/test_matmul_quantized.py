@@ -371,21 +371,20 @@ FLOAT_CODE_CASES = [
 @pytest.mark.parametrize("case", FLOAT_CODE_CASES)
 @pytest.mark.parametrize("int4", [False, True], ids=["w8a8", "w4a8"])
 def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
-    from kernels.matmul.kernel import call_variant
+    from kernels.matmul.kernel import make_plan
     from kernels.quant import pack_int4
-    from kernels import tiling
 
     m, k, n, blocks = case
     x = _x(19, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
     _, wq, s = _weights(20, k, n, True)
     if int4:  # codes in [-8, 7]: the int8 codes halved and clipped
         wq = jnp.clip(wq // 16, -8, 7).astype(jnp.int8)
-    kw = dict(quantize_x=True, int4=int4, scale_kind="per-block", x_itemsize=2)
-    variant = call_variant(tiling.tpu_chip("tpu-v6e"), m, k, n, blocks, out_dtype=jnp.bfloat16, **kw)
+    w = pack_int4(wq) if int4 else wq
+    kw = dict(w_scale=s, quantize_x=True, w_dtype="int4" if int4 else None, block_sizes=blocks, chip="tpu-v6e")
+    variant = make_plan(x, w, **kw).variant
     assert variant.float_codes and variant.w_dequant
     # An f32 output keeps the exact int32 sums (the int8 route, its partial products scaled per group).
-    assert not call_variant(tiling.tpu_chip("tpu-v6e"), m, k, n, blocks, out_dtype=jnp.float32, **kw).float_codes
-    w = pack_int4(wq) if int4 else wq
+    assert not make_plan(x, w, out_dtype=jnp.float32, **kw).variant.float_codes
     blocks = MatmulBlockSizes(bm=blocks.bm, bk=512, bn=blocks.bn) if int4 else blocks
     out = matmul(x, w, w_scale=s, quantize_x=True, w_dtype="int4" if int4 else None, block_sizes=blocks,
                  chip="tpu-v6e", interpret=True)
