@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from kernels import perf
+
 if TYPE_CHECKING:  # pragma: no cover
-    from perfmodel.hw.spec import ChipSpec
+    from kernels.perf import ChipSpec
 
 T = TypeVar("T")
 
@@ -188,11 +190,9 @@ class GemmTile:
 def tpu_chip(chip: str) -> "ChipSpec":
     """The ChipSpec for ``chip`` (name, alias or spec path); ValueError naming ``chip`` unless it is a TPU
     with VMEM figures."""
-    from perfmodel.hw.registry import get_chip
-
     if not isinstance(chip, str):
         raise ValueError(f"chip={chip!r} must be a chip name such as 'tpu-v5e' or a spec-file path")
-    spec = get_chip(chip)
+    spec = perf.chip_spec(chip)
     if spec.kind != "tpu":
         raise ValueError(f"chip: '{chip}' is a {spec.kind.upper()}; these Pallas kernels target TPUs (e.g. chip='tpu-v5e')")
     if spec.memory.vmem_bytes_per_core is None:
@@ -223,18 +223,17 @@ def check_vmem(need_bytes: int, chip: "ChipSpec", what: str, *, fix: str = "use 
     need plus 25% headroom (capped at the physical VMEM) when it fits only the
     physical VMEM; ValueError when it fits neither.
     """
-    from perfmodel.units import binary
-
     scoped = scoped_vmem_limit_bytes(chip)
     if need_bytes <= scoped:
         return None
     physical = chip.memory.vmem_bytes_per_core
     assert physical is not None  # tpu_chip() guarantees it
+    need = perf.binary(need_bytes)
     if not raised_limit:
-        raise ValueError(f"{what} need {binary(need_bytes)} of VMEM, over the {binary(scoped)} scoped limit of "
+        raise ValueError(f"{what} need {need} of VMEM, over the {perf.binary(scoped)} scoped limit of "
                          f"{chip.name}; {fix}")
     if need_bytes > physical:
-        raise ValueError(f"{what} need {binary(need_bytes)} of VMEM but {chip.name} has {binary(physical)} per core; "
+        raise ValueError(f"{what} need {need} of VMEM but {chip.name} has {perf.binary(physical)} per core; "
                          f"{fix}")
     return min(physical, int(need_bytes * 1.25))
 

@@ -25,7 +25,7 @@ from kernels.tiling import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perfmodel.hw.spec import ChipSpec
+    from kernels.perf import ChipSpec
 
 #: Bytes of one f32 element (softmax statistics, accumulator, scores).
 F32_BYTES = 4

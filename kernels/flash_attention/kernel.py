@@ -31,8 +31,10 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels import perf
+from kernels.common import interpret_params, with_ref_names
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
+from kernels.perf import DEFAULT_CHIP
 from kernels.tiling import (FLOAT_DTYPES, LANES, SUBLANES_32BIT, check_dtype, div, scoped_vmem_limit_bytes,
                             tpu_chip)
 
@@ -392,16 +394,12 @@ def make_plan(q: Any, k: Any, v: Any, *, causal: bool, sliding_window: int | Non
 
 def cost_estimate(plan: _Plan) -> pl.CostEstimate:
     """The pl.CostEstimate of this call, from perfmodel's attention op model (chip=None: algorithmic work)."""
-    from perfmodel.model import attention
-    from perfmodel.model.core import to_cost_estimate
-
-    cost = attention.flash_attention(
+    return perf.flash_attention_cost(
         batch=plan.batch, q_heads=plan.q_heads, kv_heads=plan.kv_heads, q_len=plan.q_len,
         kv_len=plan.kv_len, head_dim=plan.head_dim, dtype=plan.dtype_name, causal=plan.causal,
         sliding_window=plan.window or None, block_q=plan.block_q, block_kv=plan.block_kv,
         soft_cap=bool(plan.soft_cap), sinks=plan.sinks, segment_ids=plan.segments, chip=None,
     )
-    return to_cost_estimate(cost)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "sliding_window", "sm_scale", "logit_soft_cap",

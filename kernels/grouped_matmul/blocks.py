@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, pair_blocks
-from perfmodel.hw.spec import ChipSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kernels.perf import ChipSpec
 
 
 #: lhs tiles ([bm, bk], lhs dtype) Mosaic allocates beyond the bundled matmul's tile for this body (the lhs slice

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
+from kernels.perf import pallas_chips
+from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 #: The MoE problem the defaults are tuned on and the compile matrix compiles: 8 experts, 8192 token rows sorted by
 #: expert (1024 each), hidden 4096 -> expert width 14336 (Mixtral-8x7B's gate/up projection).

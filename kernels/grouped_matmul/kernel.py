@@ -44,10 +44,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import tiling
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels import perf, tiling
+from kernels.common import interpret_params, with_ref_names
 from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
 from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support, mxu_operand
+from kernels.perf import DEFAULT_CHIP
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -137,14 +138,12 @@ def panel_columns(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: Gro
     the groups: column-major reads the lhs once per column block and the weights once per visit (once per group
     when K is one block: consecutive visits of a group share the block); row-major reads the lhs once per panel
     and the weights once per visit."""
-    from perfmodel.model.gemm import tile_visits, uniform_group_sizes
-
     n_j, n_k = tiling.cdiv(n, blocks.bn), tiling.cdiv(k, blocks.bk)
     cols = tiling.cdiv(n_j, chip.cores.cores_per_chip)
     if cols == 1:
         return 1
-    sizes = uniform_group_sizes(m, groups)
-    visits = tile_visits(sizes, blocks.bm)
+    sizes = perf.uniform_group_sizes(m, groups)
+    visits = perf.tile_visits(sizes, blocks.bm)
     lhs, weights = m * k * lhs_itemsize, k * n * rhs_itemsize
     column_major = n_j * lhs + (sum(1 for s in sizes if s) if n_k == 1 else visits) * weights
     row_major = tiling.cdiv(n_j, cols) * lhs + visits * weights
@@ -354,14 +353,10 @@ def cost_estimate(*, m: int, k: int, n: int, groups: int, lhs_dtype: Any, rhs_dt
                   scaled: bool) -> pl.CostEstimate:
     """The kernel's CostEstimate: perfmodel's grouped GEMM model (chip=None) with the M rows split evenly over
     the G groups (the sizes are data; the estimate is made at trace time)."""
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.gemm import grouped_gemm, uniform_group_sizes
-
     name = tiling.matmul_dtype_name
-    cost = grouped_gemm(group_sizes=uniform_group_sizes(m, groups), n=n, k=k, m=m, lhs_dtype=name(lhs_dtype),
-                        rhs_dtype=name(rhs_dtype), out_dtype=name(out_dtype),
-                        weight_scale="per-channel" if scaled else "none", chip=None)
-    return to_cost_estimate(cost)
+    return perf.grouped_gemm_cost(group_sizes=perf.uniform_group_sizes(m, groups), n=n, k=k, m=m,
+                                  lhs_dtype=name(lhs_dtype), rhs_dtype=name(rhs_dtype), out_dtype=name(out_dtype),
+                                  weight_scale="per-channel" if scaled else "none", chip=None)
 
 
 @functools.partial(jax.jit, static_argnames=("blocks", "out_dtype", "lhs_resident", "cols", "vmem_limit_bytes",

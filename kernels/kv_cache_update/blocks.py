@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernels import tiling
-from perfmodel.hw.spec import ChipSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kernels.perf import ChipSpec
 
 
 #: f32 temporaries Mosaic keeps in VMEM while the token-major kernel quantizes a block (int8 caches): on

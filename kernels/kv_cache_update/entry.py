@@ -3,7 +3,7 @@ tuned problem of the token-major layout (no jax)."""
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 _ARRAYS = ("new_k", "new_v", "k_cache", "v_cache", "slot_mapping")
 

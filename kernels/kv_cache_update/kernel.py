@@ -69,7 +69,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels.common import interpret_params, with_ref_names
 from kernels.kv_cache_update.blocks import (
     DEFAULT_LAYOUT,
     HEAD_MAJOR_TOKENS_PER_BLOCK,
@@ -79,7 +79,8 @@ from kernels.kv_cache_update.blocks import (
     head_major_vmem_bytes,
     row_granule,
 )
-from kernels import tiling
+from kernels import perf, tiling
+from kernels.perf import DEFAULT_CHIP
 from kernels.quant import quantize_int8
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
@@ -504,15 +505,11 @@ def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: i
     Token-major and combined: the new rows' bytes; head-major: plus each token's row granule and page scale
     row read and written back (model layout "head-major", one granule per token: decode's traffic).
     """
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.kvcache import kv_cache_update as kv_cache_update_model
-
-    cost = kv_cache_update_model(
+    return perf.kv_cache_update_cost(
         num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
         kv_dtype=tiling.matmul_dtype_name(cache_dtype), src_dtype=tiling.matmul_dtype_name(new_dtype), chip=None,
         layout="head-major" if layout == "head-major" else "rows",
     )
-    return to_cost_estimate(cost)
 
 
 # ----- token-major: blocks of tokens, one DMA per token -----

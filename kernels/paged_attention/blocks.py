@@ -24,7 +24,7 @@ from kernels.tiling import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from perfmodel.hw.spec import ChipSpec
+    from kernels.perf import ChipSpec
 
 #: Bytes of one f32 element (scales, softmax statistics, accumulator, scores).
 F32_BYTES = 4

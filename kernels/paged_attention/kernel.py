@@ -37,7 +37,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, check_paged_kv_cache, interpret_params, with_ref_names
+from kernels import perf
+from kernels.common import check_paged_kv_cache, interpret_params, with_ref_names
 from kernels.tiling import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -49,6 +50,7 @@ from kernels.tiling import (
     tpu_chip,
 )
 from kernels.paged_attention.blocks import PagedAttentionBlockSizes, default_block_sizes
+from kernels.perf import DEFAULT_CHIP
 
 #: Finite "minus infinity" for masked scores (no inf - inf = NaN in the max update).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -399,15 +401,11 @@ def cost_estimate(plan: _Plan) -> pl.CostEstimate:
     Lengths are data, unknown at trace time: the estimate assumes every
     sequence fills its page table (the most work the call can do).
     """
-    from perfmodel.model import attention
-    from perfmodel.model.core import to_cost_estimate
-
-    cost = attention.paged_decode_attention(
+    return perf.paged_attention_cost(
         context_lens=plan.pages_per_seq * plan.page_size, batch=plan.batch, pages_per_seq=plan.pages_per_seq,
         q_heads=plan.q_heads, kv_heads=plan.kv_heads, head_dim=plan.head_dim, page_size=plan.page_size,
         q_dtype=plan.q_dtype, kv_dtype=plan.kv_dtype, kv_scale=plan.kv_scale, chip=None,
     )
-    return to_cost_estimate(cost)
 
 
 def _gather_scales(scales: jax.Array, page_table: jax.Array, plan: _Plan) -> jax.Array:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
+from kernels.perf import pallas_chips
+from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 _ARRAYS = ("q", "kv_pages", "kv_lens", "page_table", "cu_q_lens", "num_seqs")
 # block_q: multiples of 16 (the bf16 sublane tile, also legal for f32); block_kv: KV tokens, whole lanes.

@@ -56,7 +56,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels import perf
+from kernels.common import interpret_params, with_ref_names
+from kernels.perf import DEFAULT_CHIP
 from kernels.tiling import check_dtype, tpu_chip
 from kernels.ragged_paged_attention.blocks import (
     LANES,
@@ -460,17 +462,14 @@ def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num
 
 def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int, kv_scale: str):
     """pl.CostEstimate from perfmodel's ragged paged attention model at the assumed lengths."""
-    from perfmodel.model.attention import ragged_paged_attention as ragged_model
-    from perfmodel.model.core import to_cost_estimate
-
     total_tokens, q_heads, head_dim = q.shape
     num_pages, page_size, combined, _ = kv_pages.shape
     q_lens, kv_lens = assumed_lengths(total_tokens=total_tokens, max_seqs=page_table.shape[0],
                                       pages_per_seq=page_table.shape[1], num_pages=num_pages, page_size=page_size)
-    cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2,
-                        head_dim=head_dim, page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name,
-                        q_dtype=np.dtype(q.dtype).name, block_q=block_q, block_kv=block_kv, kv_scale=kv_scale)
-    return to_cost_estimate(cost)
+    return perf.ragged_paged_attention_cost(
+        query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2, head_dim=head_dim,
+        page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name, q_dtype=np.dtype(q.dtype).name,
+        block_q=block_q, block_kv=block_kv, kv_scale=kv_scale)
 
 
 def _lanes(stats, width: int):

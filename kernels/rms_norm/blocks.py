@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernels import tiling
-from perfmodel.hw.spec import ChipSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kernels.perf import ChipSpec
 
 #: [block_tokens, hidden] f32 tiles of body temporaries Mosaic keeps in VMEM (y and the normalized out; the
 #: quantization's scaled copy too), on chips where Mosaic keeps bf16/int8 temporaries narrow and (more) on those

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
-from kernels import tiling
+from kernels.common import interpret_params, with_ref_names
+from kernels import perf, tiling
+from kernels.perf import DEFAULT_CHIP
 from kernels.quant import quantize_int8
 from kernels.rms_norm.blocks import RmsNormBlockSizes, default_block_sizes
 
@@ -117,14 +118,10 @@ def cost_estimate(*, tokens: int, hidden: int, x_dtype: Any, residual_dtype: Any
 
     The model takes one activation dtype (x's) and prices quantize=True as an int8 output.
     """
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.fused import rms_norm as rms_norm_model
-
-    cost = rms_norm_model(
+    return perf.rms_norm_cost(
         tokens=tokens, hidden=hidden, dtype=tiling.matmul_dtype_name(x_dtype), residual=True,
         out_dtype="int8" if quantize else None, fused=True, chip=None,
     )
-    return to_cost_estimate(cost)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "quantize", "block_tokens", "vmem_limit_bytes", "interpret"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kernels.common import DEFAULT_CHIP
+from kernels.perf import DEFAULT_CHIP
 from kernels.tiling import (
     LANES,
     TunedChipTable,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel, pallas_chips
+from kernels.perf import pallas_chips
+from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(

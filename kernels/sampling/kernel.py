@@ -48,7 +48,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels import perf
+from kernels.common import interpret_params, with_ref_names
+from kernels.perf import DEFAULT_CHIP
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
 from kernels.sampling.options import adjusted_logits, check_token_counts, combined_bias, row_options
@@ -303,17 +305,13 @@ def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
     The model assumes hardware random bits; with pre-drawn noise the kernel also
     reads the [batch, vocab] f32 noise, which is added to ``bytes_accessed``.
     """
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.sampling import sampling as sampling_model
-
     random = mode != "greedy"
-    cost = sampling_model(batch=batch, vocab=vocab, dtype=np.dtype(dtype).name, temperature=random,
-                          top_k=vocab if random and filters.top_k else None,
-                          top_p=1.0 if random and filters.top_p else None,
-                          min_p=0.0 if random and filters.min_p else None, penalties=filters.penalties,
-                          logit_bias=filters.bias, logprobs=filters.logprobs,
-                          method="threshold", passes=MAX_SEARCH_PASSES)
-    estimate = to_cost_estimate(cost)
+    estimate = perf.sampling_cost(batch=batch, vocab=vocab, dtype=np.dtype(dtype).name, temperature=random,
+                                  top_k=vocab if random and filters.top_k else None,
+                                  top_p=1.0 if random and filters.top_p else None,
+                                  min_p=0.0 if random and filters.min_p else None, penalties=filters.penalties,
+                                  logit_bias=filters.bias, logprobs=filters.logprobs,
+                                  method="threshold", passes=MAX_SEARCH_PASSES)
     if mode != "noise":
         return estimate
     return pl.CostEstimate(flops=estimate.flops, transcendentals=estimate.transcendentals,

@@ -28,7 +28,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
+from kernels import perf
+from kernels.common import interpret_params, with_ref_names
+from kernels.perf import DEFAULT_CHIP
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
 from kernels.sampling.kernel import MAX_VOCAB, lane_group
@@ -170,10 +172,7 @@ def _rejection(draft_token_ids, draft_probs, target_probs, seeds_kb, *, block_si
 
 
 def _cost_estimate(batch: int, vocab: int, k: int):
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.sampling import rejection_sampling
-
-    return to_cost_estimate(rejection_sampling(batch=batch, vocab=vocab, draft_tokens=k))
+    return perf.rejection_sampling_cost(batch=batch, vocab=vocab, draft_tokens=k)
 
 
 def _rejection_kernel(opts_ref, target_ref, draft_ref, pd_ref, qd_ref, pick_ref, pd_v_ref, qd_v_ref, best_v_ref,

@@ -132,8 +132,8 @@ def tuned_block(kernel: str, field: str, chip: object | None) -> int:
     (``kernels/<kernel>/tuned.json``), so the op model and the shipped kernel agree. A chip without stored
     defaults (or none given) takes the default chip's. The kernel may shrink its blocks further to fit VMEM
     for large GQA groups or f32; the op model does not."""
-    from kernels.common import DEFAULT_CHIP
     from kernels.tuned import stored_blocks
+    from perfmodel.hw.registry import DEFAULT_CHIP
 
     name = getattr(chip, "name", None)
     blocks = (stored_blocks(kernel, name) if name else None) or stored_blocks(kernel, DEFAULT_CHIP)

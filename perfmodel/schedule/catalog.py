@@ -1,10 +1,11 @@
 """Kernels `perfmodel tune` and `perfmodel inspect` know by name.
 
 A bundled kernel is one folder, ``kernels/<name>/``: kernel, blocks,
-reference, ``entry.py`` (its :class:`KernelEntry` objects and the
-:class:`TunedKernel` problem its defaults are tuned on) and ``tuned.json``
+reference, ``entry.py`` (its :class:`kernels.spec.KernelEntry` objects and the
+:class:`kernels.spec.TunedKernel` problem its defaults are tuned on) and ``tuned.json``
 (the stored defaults). :func:`entries` builds the registry from the folders
-that ``kernels.BUNDLED`` names, then JAX's example kernels (:data:`EXTERNAL`).
+that ``kernels.BUNDLED`` names (each entry made a catalog :class:`KernelEntry`,
+which adds what perfmodel does with one), then JAX's example kernels (:data:`EXTERNAL`).
 
 Each entry says where the kernel's public wrapper and its pure-jnp reference
 live, which array arguments it takes (bound by name from ``--shape``), an
@@ -19,85 +20,28 @@ Nothing here imports jax or the kernels until an entry is used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from kernels import spec as kernel_spec
+from kernels.spec import BlockAxis, TunedKernel
+# kernels/matmul/entry.py imports these from here until it is converted to import them from kernels.spec.
+from kernels.spec import ProductionCall as ProductionCall, TunedConfig as TunedConfig
 from perfmodel.errors import InputError
 from perfmodel.hw.spec import ChipSpec
 from perfmodel.schedule.shapes import ShapeSpec, abstract, materialize, parse_shape
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockAxis:
-    """One block-size field and the array dimension it tiles."""
-
-    field: str
-    #: --shape name of the array, and the dimension (may be negative).
-    array: str
-    dim: int
-    #: Candidates are multiples of this (tiling rule).
-    align: int
-    #: True when the block must divide the dimension (no partial last block).
-    divides: bool = False
-    #: Smallest candidate (blocks below it cost more in per-step overhead than they save).
-    minimum: int = 128
-    #: Largest candidate (None: MAX_BLOCK of perfmodel.schedule.tune), e.g. flash attention's compute slice,
-    #: whose f32 score tile grows with it.
-    maximum: int | None = None
-    #: When the field counts finer units than the array dimension's elements: the array (--shape name) and
-    #: dimension whose size multiplies it (ragged_paged_attention's block_kv counts KV tokens: pages per
-    #: sequence, page_table's dim 1, times the page size, kv_pages' dim 1).
-    times_array: str | None = None
-    times_dim: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProductionCall:
-    """A production-sized call of a kernel: what the compile matrix compiles on every TPU generation."""
-
-    #: What the call is, in words (a row label).
-    label: str
-    #: --shape strings.
-    shapes: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class KernelEntry:
-    name: str
-    summary: str
-    #: "module:attribute" of the public wrapper and of the jnp reference.
-    function: str
-    reference: str | None
-    #: Array parameters, in call order; optional ones are passed only when given.
-    arrays: tuple[str, ...]
-    optional_arrays: tuple[str, ...] = ()
-    #: Example --shape strings (used when none are given).
-    example: tuple[str, ...]
-    #: Static keyword arguments of the example (e.g. causal=True).
-    static: Mapping[str, Any] = field(default_factory=dict)
-    block_axes: tuple[BlockAxis, ...] = ()
-    #: "module:Class" of the kernel's block-size dataclass (built with the block fields as keywords).
-    block_class: str | None = None
-    #: Turns block fields into the wrapper's keyword arguments (default: block_sizes=block_class(**blocks)).
-    block_kwargs: Callable[[Mapping[str, int]], dict[str, Any]] | None = None
-    #: Whether the wrapper takes chip= (the bundled kernels do).
-    takes_chip: bool = True
-    #: Blocks to compare the advisor's choice with when the wrapper has no default (e.g. the tutorial's).
-    reference_blocks: Mapping[str, int] | None = None
-    #: Extra keyword arguments of the reference only (e.g. mha_reference's ab=None).
-    reference_static: Mapping[str, Any] = field(default_factory=dict)
-    #: perfmodel op model of the call (an OpCost), for kernels without a pl.CostEstimate from perfmodel.
-    op_model: Callable[[Mapping[str, ShapeSpec], Mapping[str, Any]], Any] | None = None
-    #: The production-sized call the compile matrix compiles (bundled kernels; None: not in the matrix).
-    production: ProductionCall | None = None
-
-    @property
-    def tunable(self) -> bool:
-        return bool(self.block_axes)
+class KernelEntry(kernel_spec.KernelEntry):
+    """A kernel's catalog entry: the data of :class:`kernels.spec.KernelEntry` with what perfmodel does with it
+    (load the wrapper, parse --shape texts, build the call with perfmodel's chip). :func:`as_entry` makes one of
+    a kernel folder's entries."""
 
     def wrapper(self) -> Callable:
         return load(self.function, "KERNEL")
@@ -188,55 +132,18 @@ def pallas_chips() -> tuple[str, ...]:
     """The chips the attention, grouped-matmul and sampling kernels keep defaults for (the others fall back, see
     their blocks.py): the registry's chips (hwspecs/ and $PERFMODEL_HW_PATH) whose spec sets
     ``compiler.bundled_pallas_kernels``, oldest first. Read when tuning, not at import: a kernel's entry.py names
-    this function (``TunedKernel(chips=pallas_chips)``)."""
+    :func:`kernels.perf.pallas_chips`, which asks this function (``TunedKernel(chips=pallas_chips)``)."""
     from perfmodel.hw.registry import all_chips
 
     chips = sorted((c for c in all_chips() if c.compiler.bundled_pallas_kernels), key=lambda c: (c.year, c.name))
     return tuple(c.name for c in chips)
 
 
-@dataclass(frozen=True, kw_only=True)
-class TunedConfig:
-    """One dtype configuration of a kernel's defaults table and the representative problem it is tuned on."""
-
-    #: Key in the JSON and in the kernel's lookup: "bf16", "fp32", or matmul's "bf16 x int8".
-    key: str
-    #: --shape strings of the representative problem.
-    shapes: tuple[str, ...]
-    #: Static keyword arguments of this configuration (e.g. matmul's quantize_x=True for "int8 x int8").
-    static: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TunedKernel:
-    """What ``perfmodel tune --write`` tunes for one bundled kernel (its folder's ``entry.py`` says)."""
-
-    #: kernels/<kernel>/ package, whose tuned.json holds the result.
-    kernel: str
-    #: Catalog entry the advisor runs (e.g. the token-major variant of kv_cache_update).
-    entry: str
-    #: The representative problem in words (goes into the JSON's "about").
-    problem: str
-    #: Production configuration first: lookups without a dtype use the first one.
-    configs: tuple[TunedConfig, ...]
-    #: The chips tuned: names, or a function returning them called when tuning (e.g. :func:`pallas_chips`); None:
-    #: every TPU chip in the registry.
-    chips: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
-    #: Extra static arguments of the wrapper, built when tuning (e.g. a PRNG key).
-    extra: Callable[[], dict[str, Any]] | None = None
-    #: Extra fields stored with each choice, from its blocks and the shapes (e.g. paged_attention's tokens).
-    derived: Callable[[Mapping[str, int], Mapping[str, Any]], dict[str, Any]] | None = None
-    #: A sentence about how to read the choice (goes into the JSON's "about").
-    note: str = ""
-    #: With ``--compile``: also compile this many of the model's fastest candidates outside robust_choice's pool
-    #: (raised VMEM limits within MAX_RAISED_VMEM_FRACTION of the physical VMEM) where the pool kept only
-    #: candidates within the default scoped limit, so the compiler-backed time, not the model's, decides
-    #: whether raising the limit pays (0: the pool only).
-    compile_raised: int = 0
-
-    def chip_names(self) -> tuple[str, ...] | None:
-        """The chips tuned (:attr:`chips` called where it is a function); None: every TPU chip in the registry."""
-        return tuple(self.chips()) if callable(self.chips) else self.chips
+def as_entry(entry: kernel_spec.KernelEntry) -> KernelEntry:
+    """The catalog entry of a kernel folder's :class:`kernels.spec.KernelEntry` (``entry`` itself when it is one)."""
+    if isinstance(entry, KernelEntry):
+        return entry
+    return KernelEntry(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)})
 
 
 def load(target: str, flag: str) -> Any:
@@ -321,7 +228,7 @@ def bundled() -> tuple[KernelEntry, ...]:
     """The bundled kernels' entries, each from its folder's ``entry.py`` (``kernels.BUNDLED`` lists the folders)."""
     import kernels
 
-    return tuple(e for name in kernels.BUNDLED for e in _kernel_module(name).ENTRIES)
+    return tuple(as_entry(e) for name in kernels.BUNDLED for e in _kernel_module(name).ENTRIES)
 
 
 @functools.cache

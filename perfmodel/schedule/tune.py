@@ -1,6 +1,6 @@
 """Block-size advisor: enumerate legal block sizes, rank them by the schedule model's expected time.
 
-Candidates per block field (see :class:`perfmodel.schedule.catalog.BlockAxis`):
+Candidates per block field (see :class:`kernels.spec.BlockAxis`):
 multiples of the field's tiling alignment, doubling from its minimum up to
 the dimension it tiles (rounded up to the alignment), plus the whole
 dimension; fields marked ``divides`` keep only divisors of the dimension.
@@ -23,10 +23,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from kernels import spec as kernel_spec
+from kernels.spec import BlockAxis
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import DEFAULT_CHIP
 from perfmodel.hw.spec import ChipSpec
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, entries, get_entry
+from perfmodel.schedule.catalog import KernelEntry, as_entry, entries, get_entry
 from perfmodel.schedule.results import Analysis
 from perfmodel.units import binary
 
@@ -168,7 +170,7 @@ def _evaluate(entry: KernelEntry, specs: Mapping, args: Sequence[Any], blocks: M
     return _candidate(blocks or {}, a)
 
 
-def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | ChipSpec = DEFAULT_CHIP, *,
+def tune(kernel: str | kernel_spec.KernelEntry, shapes: Sequence[str] = (), chip: str | ChipSpec = DEFAULT_CHIP, *,
          extra: Mapping[str, Any] | None = None, max_evaluated: int = MAX_EVALUATED,
          prune_slack: float = 0.0, progress: Callable[..., None] | None = None) -> TuneResult:
     """Rank the legal block sizes of a catalog kernel for these shapes on chip.
@@ -179,7 +181,7 @@ def tune(kernel: str | KernelEntry, shapes: Sequence[str] = (), chip: str | Chip
     """
     from perfmodel.schedule.analyze import resolve_chip
 
-    entry = kernel if isinstance(kernel, KernelEntry) else get_entry(kernel)
+    entry = as_entry(kernel) if isinstance(kernel, kernel_spec.KernelEntry) else get_entry(kernel)
     if not entry.tunable:
         tunable = ", ".join(e.name for e in entries() if e.tunable)
         raise InputError(f"KERNEL '{entry.name}' has no block sizes the advisor enumerates; tunable kernels: {tunable}")

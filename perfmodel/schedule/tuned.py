@@ -18,9 +18,10 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from kernels.spec import TunedKernel
 from kernels.tuned import load_tuned_file, tuned_path
 from perfmodel.errors import InputError
-from perfmodel.schedule.catalog import TunedKernel, get_entry, get_tuned_kernel, tuned_kernels
+from perfmodel.schedule.catalog import get_entry, get_tuned_kernel, tuned_kernels
 from perfmodel.schedule.tune import Candidate, TuneResult, tune
 
 #: Candidates this close to the best expected time count as ties when picking a stored default.

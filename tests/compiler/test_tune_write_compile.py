@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from perfmodel.schedule.catalog import TunedConfig, get_tuned_kernel
+from kernels.spec import TunedConfig
+from perfmodel.schedule.catalog import get_tuned_kernel
 from perfmodel.schedule.tuned import write_tuned_defaults
 
 pytestmark = [pytest.mark.needs_libtpu, pytest.mark.slow]

@@ -13,10 +13,9 @@ from jax.experimental.pallas.ops.tpu import matmul as jmm
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.analyze import analyze
+from kernels.spec import BlockAxis, TunedConfig
 from kernels.tuned import load_tuned_defaults, load_tuned_file
 from perfmodel.schedule.catalog import (
-    BlockAxis,
-    TunedConfig,
     get_entry,
     get_tuned_kernel,
     pallas_chips,
