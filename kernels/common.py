@@ -6,9 +6,6 @@ import importlib
 import inspect
 from typing import Any, Callable, Sequence
 
-# kernels/matmul still imports DEFAULT_CHIP from here while it is converted to import it from kernels.perf.
-from kernels.perf import DEFAULT_CHIP as DEFAULT_CHIP
-
 
 def interpret_params(interpret: bool) -> Any:
     """What to pass as ``pallas_call(interpret=...)``.

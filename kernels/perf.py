@@ -81,6 +81,13 @@ def rms_norm_cost(**params: Any) -> Any:
     return _estimate(rms_norm(**params))
 
 
+def gemm_cost(**params: Any) -> Any:
+    """pl.CostEstimate of ``perfmodel.model.gemm.gemm(**params)``."""
+    from perfmodel.model.gemm import gemm
+
+    return _estimate(gemm(**params))
+
+
 def grouped_gemm_cost(**params: Any) -> Any:
     """pl.CostEstimate of ``perfmodel.model.gemm.grouped_gemm(**params)``."""
     from perfmodel.model.gemm import grouped_gemm

@@ -13,11 +13,13 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kernels import tiling
 from kernels.matmul.variants import TunedKey
-from perfmodel.hw.spec import ChipSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kernels.perf import ChipSpec
 
 
 #: x tiles (``bm x bk``) of internal scratch Mosaic's bf16 matmul keeps when it stages the LHS.
@@ -35,7 +37,7 @@ class MatmulVariant:
     small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
     ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
     2 when the next row block is quantized ahead; ``float_codes``: held in bf16 for the bf16 MXU,
-    :func:`perfmodel.model.gemm.blockwise_codes_on_bf16_mxu`); ``scale_rows``: rows of the resident
+    :func:`kernels.matmul.rules.blockwise_codes_on_bf16_mxu`); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
     (int4 weights; blockwise scales at large bm), int8 with ``x_codes`` (bf16 with ``float_codes``); ``x_share_rows``
     (quantize_x's lookahead): the streamed x block is that many rows of the row (the share of the next row block

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kernels.matmul.variants import BY_NAME, Variant
-from perfmodel.schedule.catalog import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
+from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
 ENTRIES = (
     KernelEntry(
@@ -34,7 +34,7 @@ SQUARE_VARIANTS = ("bf16", "fp32", "bf16 x int8", "fp32 x int8", "bf16 x fp8", "
                    "w4a8")
 #: Blockwise weight scales (one per 128 rows of K) where the call runs another route than with per-channel ones: w8a8
 #: and w4a8 at large M (on chips whose MXU is deeper than a scale group the codes go to the bf16 MXU,
-#: perfmodel.model.gemm.blockwise_codes_on_bf16_mxu) and bf16 x int4 at decode (int4_decode_on_int8_mxu runs
+#: kernels.matmul.rules.blockwise_codes_on_bf16_mxu) and bf16 x int4 at decode (int4_decode_on_int8_mxu runs
 #: per-channel calls on the int8 MXU, blockwise ones on v6e stay on the bf16 MXU).
 BLOCKWISE_SQUARE_VARIANTS = ("w8a8 blockwise", "w4a8 blockwise")
 BLOCKWISE_DECODE_VARIANTS = ("bf16 x int4 blockwise",)

@@ -36,15 +36,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels.common import DEFAULT_CHIP, interpret_params, with_ref_names
-from kernels import tiling
+from kernels.common import interpret_params, with_ref_names
+from kernels import perf, tiling
 from kernels.matmul.blocks import (MatmulBlockSizes, MatmulVariant, code_dtype, default_block_sizes, fp8_as_is,
                                    w_dequant_dtype)
 from kernels.matmul.reference import ACTIVATIONS, SCALE_BLOCK, scale_kind_of
+from kernels.matmul.rules import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
+                                  has_bf16_vpu, has_fast_int8_mxu, int4_decode_on_int8_mxu, quantizes_in_bf16)
+from kernels.perf import DEFAULT_CHIP
 from kernels.quant import (INT4_PACK_ROWS, int8_codes, int8_codes_bf16, int8_scale, int8_scale_bf16,
                           split_int8_codes)
-from perfmodel.model.gemm import (BLOCKWISE_PARTIAL_MAX_ROWS, SPLIT_LO_STEPS, blockwise_codes_on_bf16_mxu,
-                                  has_bf16_vpu, has_fast_int8_mxu, int4_decode_on_int8_mxu, quantizes_in_bf16)
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 #: Largest x row block ([bm, K rounded up to bk]) kept resident in VMEM across the column blocks (decode GEMMs).
@@ -69,7 +70,7 @@ INT4_UNPACK_COLS = 256
 
 def scales_in_bf16(spec: Any) -> bool:
     """Whether int4 blockwise scales are multiplied in bf16 (on the widened codes) rather than f32 on ``spec`` (a
-    ChipSpec): on chips with a bf16 VPU (perfmodel.model.gemm.has_bf16_vpu, the spec's
+    ChipSpec): on chips with a bf16 VPU (kernels.matmul.rules.has_bf16_vpu, the spec's
     compiler.vpu_bf16_arithmetic). Compiled at the bench_matmul_variants problems, v6e's decode step drops from
     4,438 to 2,246 bundles and its 8192^3 prefill from 1.34 to 1.31 ms; v5e's decode step grows (3,411 -> 4,272)
     though its prefill shrinks, so it keeps f32."""
@@ -725,7 +726,7 @@ def make_plan(x: Any, w: Any, *, bias: Any = None, activation: str = "none", w_s
 
 def quantizes_x_in_bf16(chip: Any, x_dtype: Any) -> bool:
     """Whether quantize_x makes bf16 x's codes from a bf16 product (kernels.quant.int8_codes_bf16): on chips with a
-    bf16 VPU (perfmodel.model.gemm.quantizes_in_bf16, which the op model's count of the quantization's VPU ops asks
+    bf16 VPU (kernels.matmul.rules.quantizes_in_bf16, which the op model's count of the quantization's VPU ops asks
     too), where that is one multiply and one packing conversion per bf16 vreg instead of
     widening both halves to f32, multiplying and converting each (v6e, 8192^3 w8a8: the step's share of the next row
     block from about 1,300 to 690 bundles; 715 -> 670 us with the amax pass's change). matmul_reference(
@@ -813,12 +814,9 @@ def _scale_rows(bk: int, k: int) -> int:
 def cost_estimate(plan: MatmulPlan) -> pl.CostEstimate:
     """The kernel's CostEstimate: the perfmodel GEMM model's algorithmic counts (chip=None). quantize_x: int8 x
     codes made from x's dtype (bf16 x int4's two code planes at decode are counted as the bf16 x int4 GEMM)."""
-    from perfmodel.model.core import to_cost_estimate
-    from perfmodel.model.gemm import gemm
-
     epilogue = (("bias",) if plan.has_bias else ()) + ((plan.activation,) if plan.activation != "none" else ())
     x_name = tiling.matmul_dtype_name(plan.x_dtype)
-    cost = gemm(
+    return perf.gemm_cost(
         m=plan.m, n=plan.n, k=plan.k,
         lhs_dtype="int8" if plan.quantize_x else x_name,
         rhs_dtype="int4" if plan.int4 else tiling.matmul_dtype_name(plan.w_dtype),
@@ -827,7 +825,6 @@ def cost_estimate(plan: MatmulPlan) -> pl.CostEstimate:
         scale_block=SCALE_BLOCK if plan.blockwise else None,
         epilogue=epilogue, chip=None,
     )
-    return to_cost_estimate(cost)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "interpret"))

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.quant import quantize_int8, quantize_int8_bf16, unpack_int4
-from perfmodel.model.gemm import DEFAULT_SCALE_BLOCK
+from kernels.matmul.rules import DEFAULT_SCALE_BLOCK
 
 #: Epilogue activations by name. gelu is the tanh approximation (jax.nn.gelu's default).
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

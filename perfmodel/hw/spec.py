@@ -140,7 +140,7 @@ class Compiler:
     deviceless_topology: str | None
     #: bf16 elementwise arithmetic (multiply, add, max) runs on the VPU in bf16 rather than widened to f32 (v6e,
     #: 7x). The bundled matmul then makes dynamic int8 codes of bf16 activations from a bf16 product and scales
-    #: int4 blockwise weights in bf16 (perfmodel.model.gemm.quantizes_in_bf16).
+    #: int4 blockwise weights in bf16 (kernels.matmul.rules.quantizes_in_bf16).
     vpu_bf16_arithmetic: bool | None
     #: Mosaic keeps the VMEM temporaries of bf16/int8 values at their width; false: widened through f32, so a
     #: kernel body needs more (f32) VMEM (v2-v4). The bundled kernels' VMEM estimates read it

@@ -30,8 +30,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kernels import spec as kernel_spec
 from kernels.spec import BlockAxis, TunedKernel
-# kernels/matmul/entry.py imports these from here until it is converted to import them from kernels.spec.
-from kernels.spec import ProductionCall as ProductionCall, TunedConfig as TunedConfig
 from perfmodel.errors import InputError
 from perfmodel.hw.spec import ChipSpec
 from perfmodel.schedule.shapes import ShapeSpec, abstract, materialize, parse_shape

@@ -12,7 +12,7 @@ Prints figures; not collected by pytest. Run: ``.venv/bin/python tests/benchmark
 * prefill: M=K=N=8192 (the problem the square defaults are tuned on) at the tuned defaults; floor = 2*M*N*K
   over the peak MXU rate of the dtype the MXU runs ("MXU": int8 for w8a8 and w4a8, bf16 for every weight-only
   variant, whose weights are converted to bf16 in VMEM, and for blockwise w8a8 / w4a8 where the kernel holds the
-  codes in bf16, perfmodel.model.gemm.blockwise_codes_on_bf16_mxu); the issue's target is 1.15x; "vs int8 floor"
+  codes in bf16, kernels.matmul.rules.blockwise_codes_on_bf16_mxu); the issue's target is 1.15x; "vs int8 floor"
   is the int8 x int8 rows' time over the int8 MXU floor whichever MXU runs them.
 
 Compiler-backed time: :func:`perfmodel.schedule.compiled.compiled_time` (per grid step, the larger of the

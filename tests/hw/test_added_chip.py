@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from kernels.matmul.rules import quantizes_in_bf16
 from perfmodel.cli.main import main
 from perfmodel.harness.compile_matrix import chips as matrix_chips
 from perfmodel.compiler.toolchain import compile_targets, topology_for
 from perfmodel.hw.registry import ENV_VAR, get_chip
-from perfmodel.model.gemm import quantizes_in_bf16
 from perfmodel.schedule.catalog import pallas_chips
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "hwspecs" / "tpu-v6e.yaml"

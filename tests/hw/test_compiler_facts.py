@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from kernels.matmul.rules import has_bf16_vpu, quantizes_in_bf16
 from perfmodel.harness.compile_matrix import chips as matrix_chips
 from perfmodel.compiler.toolchain import CompilerUnavailable, compile_targets, deviceless_topology, topology_for
 from perfmodel.errors import SpecError
 from perfmodel.hw import get_chip, load_spec_file
 from perfmodel.hw.spec import Compiler
-from perfmodel.model.gemm import has_bf16_vpu, quantizes_in_bf16
 from perfmodel.schedule.catalog import pallas_chips
 
 #: chip -> (deviceless_topology, vpu_bf16_arithmetic, mosaic_narrow_vmem_temporaries, bundled_pallas_kernels):

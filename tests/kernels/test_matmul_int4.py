@@ -230,7 +230,7 @@ def test_bf16_x_int4_at_decode_keeps_the_bf16_path_for_a_16_row_block():
 
 def test_int4_decode_on_int8_mxu_rule():
     from kernels import tiling
-    from perfmodel.model.gemm import SPLIT_X_MAX_ROWS, int4_decode_on_int8_mxu as rule
+    from kernels.matmul.rules import SPLIT_X_MAX_ROWS, int4_decode_on_int8_mxu as rule
 
     kw = dict(lhs_dtype="bf16", rhs_dtype="int4", out_dtype="bf16")
     v4, v5e, v6e, v7 = (tiling.tpu_chip(c) for c in ("tpu-v4", "tpu-v5e", "tpu-v6e", "tpu-7x"))

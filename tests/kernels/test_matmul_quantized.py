@@ -399,7 +399,7 @@ def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
 
 def test_blockwise_codes_on_bf16_mxu_rule():
     from kernels import tiling
-    from perfmodel.model.gemm import BLOCKWISE_PARTIAL_MAX_ROWS, blockwise_codes_on_bf16_mxu as rule
+    from kernels.matmul.rules import BLOCKWISE_PARTIAL_MAX_ROWS, blockwise_codes_on_bf16_mxu as rule
 
     v5e, v6e = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v6e")
     # v6e's MXU is 256 deep, a scale group 128 rows: above 128 rows the codes go to the bf16 MXU.

@@ -14,9 +14,6 @@ KERNELS = ROOT / "kernels"
 
 #: The one kernels/ module that imports perfmodel.
 INTERFACE = "kernels/perf.py"
-#: Folders whose modules may still import perfmodel directly: kernels/matmul is being converted to go through
-#: kernels/perf.py; remove it from here once it is.
-PENDING: tuple[str, ...] = ("kernels/matmul/",)
 
 
 def _modules() -> list[str]:
@@ -58,13 +55,12 @@ def test_the_scan_sees_imports_at_every_level():
                                          "line 8: perfmodel.units"]
 
 
-def test_the_pending_folders_exist():
-    assert all((ROOT / folder).is_dir() for folder in PENDING)
+def test_the_interface_exists():
     assert INTERFACE in _modules()
 
 
 def test_only_the_interface_imports_perfmodel():
-    checked = [m for m in _modules() if m != INTERFACE and not m.startswith(PENDING)]
+    checked = [m for m in _modules() if m != INTERFACE]
     found = {m: hits for m in checked if (hits := perfmodel_imports((ROOT / m).read_text()))}
     assert not found, "import perfmodel only through kernels/perf.py; found: " + "; ".join(
         f"{m} {', '.join(hits)}" for m, hits in found.items())
