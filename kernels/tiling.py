@@ -281,6 +281,17 @@ def tuned_block_table(kernel: str, make: Callable[[Mapping[str, Any]], T]) -> di
     return {chip: {config: make(entry) for config, entry in configs.items()} for chip, configs in stored.items()}
 
 
+def tuned_entry_chip(table: Mapping[str, Any], chip: str) -> str:
+    """The chip whose tuned entry a kernel takes on ``chip``: the one policy of every bundled kernel (and so of
+    the op models, which read the kernels' defaults) for a chip its tuned.json has no entry for, such as a chip
+    just added as a hwspec YAML file: ``chip`` itself when the table has it, else the reference chip
+    ``kernels.perf.DEFAULT_CHIP`` (the generation the model is calibrated on), whose blocks the kernel then fits
+    to the chip (dtype tiles, VMEM) as it fits its own. ``perfmodel tune --write`` adds the chip's own entry."""
+    from kernels.perf import DEFAULT_CHIP
+
+    return chip if chip in table else DEFAULT_CHIP
+
+
 def tuned_blocks(table: Mapping[str, Mapping[str, T]], chip: str, config: str | None = None) -> T | None:
     """The chip's blocks for ``config``; its first (production) configuration when ``config`` is None or not
     stored for the chip; None when the table has no entry for the chip."""

@@ -22,6 +22,7 @@ from kernels.tiling import (
     sublane_multiple,
     tuned_block_table,
     tuned_blocks,
+    tuned_entry_chip,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -183,10 +184,11 @@ def default_block_sizes(chip: str, *, q_dtype: Any = "bfloat16", kv_dtype: Any =
     while a step would overflow ``vmem_limit``: block_q halved first, then block_kv, then the compute slice.
 
     Large GQA groups multiply the per-step query state, f32 doubles every buffer, hence the shrinking.
-    ValueError naming ``chip`` if the JSON has no defaults for it (chips before tpu-v4).
+    A chip the JSON lacks takes :func:`kernels.tiling.tuned_entry_chip`'s defaults; ValueError naming ``chip``
+    if even that chip has none.
     """
     table = default_block_table()
-    sizes = tuned_blocks(table, chip, matmul_dtype_name(q_dtype))
+    sizes = tuned_blocks(table, tuned_entry_chip(table, chip), matmul_dtype_name(q_dtype))
     if sizes is None:
         known = ", ".join(table)
         raise ValueError(

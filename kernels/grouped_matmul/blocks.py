@@ -74,5 +74,8 @@ FALLBACK_BLOCK_SIZES = _b(256, 512, 512)
 
 def default_block_sizes(chip: str, lhs_name: str, rhs_name: str, *, m: int | None = None) -> GroupedMatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its "... decode" blocks when ``m`` (all groups' rows) is at
-    most matmul's DECODE_MAX_M and it has them; FALLBACK_BLOCK_SIZES when not listed."""
-    return pair_blocks(default_block_table().get(chip, {}), f"{lhs_name} x {rhs_name}", m, FALLBACK_BLOCK_SIZES)
+    most matmul's DECODE_MAX_M and it has them (a chip the table lacks: :func:`kernels.tiling.tuned_entry_chip`'s);
+    FALLBACK_BLOCK_SIZES when the pair is not listed."""
+    table = default_block_table()
+    return pair_blocks(table.get(tiling.tuned_entry_chip(table, chip), {}), f"{lhs_name} x {rhs_name}", m,
+                       FALLBACK_BLOCK_SIZES)

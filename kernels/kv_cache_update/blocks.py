@@ -118,8 +118,10 @@ FALLBACK_BLOCK_SIZES = KvCacheUpdateBlockSizes(tokens_per_block=32)
 
 
 def default_block_sizes(chip: str) -> KvCacheUpdateBlockSizes:
-    """The chip's tuned token-major blocks; FALLBACK_BLOCK_SIZES for a chip the JSON lacks."""
-    return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES
+    """The chip's tuned token-major blocks (a chip the JSON lacks: :func:`kernels.tiling.tuned_entry_chip`'s;
+    FALLBACK_BLOCK_SIZES if even that chip has none)."""
+    table = default_block_table()
+    return tiling.tuned_blocks(table, tiling.tuned_entry_chip(table, chip)) or FALLBACK_BLOCK_SIZES
 
 
 #: Tokens per grid step of the head-major kernel (all of a block's DMAs are in flight together).

@@ -214,8 +214,10 @@ def default_block_sizes(chip: str, x_name: str, w_name: str, *, m: int | None = 
                         blockwise: bool = False) -> MatmulBlockSizes:
     """The table's blocks for (chip, operand dtypes), its decode blocks when ``m <= DECODE_MAX_M`` and it has
     them; with blockwise weight scales its "<pair> blockwise" or "<pair> blockwise decode" blocks first when it has
-    them (int8 x int8 and w4a8; bf16 x int4 at decode); FALLBACK_BLOCK_SIZES when not listed."""
-    configs, key = default_block_table().get(chip, {}), TunedKey(x=x_name, w=w_name)
+    them (int8 x int8 and w4a8; bf16 x int4 at decode); a chip the table lacks takes
+    :func:`kernels.tiling.tuned_entry_chip`'s; FALLBACK_BLOCK_SIZES when the pair is not listed."""
+    table = default_block_table()
+    configs, key = table.get(tiling.tuned_entry_chip(table, chip), {}), TunedKey(x=x_name, w=w_name)
     if blockwise:
         text = replace(key, blockwise=True, decode=m is not None and m <= DECODE_MAX_M).text()
         if text in configs:

@@ -21,6 +21,7 @@ from kernels.tiling import (
     round_up,
     tuned_block_table,
     tuned_blocks,
+    tuned_entry_chip,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,10 +138,11 @@ def default_block_sizes(chip: str, *, page_size: int, pages_per_seq: int) -> Pag
     """The largest lane-aligned divisor of ``pages_per_seq`` within the chip's tuned token target
     (the smallest such divisor when none is within it).
 
-    ValueError naming ``chip`` if the JSON has no defaults for it (chips before tpu-v4), or ``page_table`` if
-    no number of pages is lane aligned and divides the table's width.
+    A chip the JSON lacks takes :func:`kernels.tiling.tuned_entry_chip`'s target. ValueError naming ``chip`` if
+    even that chip has none, or ``page_table`` if no number of pages is lane aligned and divides the table's
+    width.
     """
-    target = tuned_blocks(default_tokens_table(), chip)
+    target = tuned_blocks(default_tokens_table(), tuned_entry_chip(default_tokens_table(), chip))
     if target is None:
         known = ", ".join(default_tokens_table())
         raise ValueError(

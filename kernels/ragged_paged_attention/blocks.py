@@ -32,6 +32,7 @@ from kernels.tiling import (
     tpu_chip,
     tuned_block_table,
     tuned_blocks,
+    tuned_entry_chip,
 )
 
 #: Lane-replicated width of the running max / sum scratch (one vreg row).
@@ -165,11 +166,11 @@ DEFAULT_BLOCK_SIZES = TunedChipTable(default_block_table)
 
 
 def default_block_sizes(chip: str, *, q_dtype, page_size: int) -> RaggedPagedAttentionBlockSizes:
-    """The chip's tuned defaults for q's dtype (its bf16 ones when that dtype is not tuned; tpu-v5e's for a
-    chip the JSON lacks), fitted to the dtype (block_q a sublane multiple) and page size (block_kv whole pages)."""
+    """The chip's tuned defaults for q's dtype (its bf16 ones when that dtype is not tuned;
+    :func:`kernels.tiling.tuned_entry_chip`'s for a chip the JSON lacks), fitted to the dtype (block_q a sublane multiple) and page size (block_kv whole pages)."""
     table = default_block_table()
     key = matmul_dtype_name(q_dtype)
-    base = tuned_blocks(table, tpu_chip(chip).name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
+    base = tuned_blocks(table, tuned_entry_chip(table, tpu_chip(chip).name), key)
     if base is None:
         raise ValueError(f"chip: no ragged_paged_attention block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
                          "regenerate kernels/ragged_paged_attention/tuned.json or pass block_sizes=...")

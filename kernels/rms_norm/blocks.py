@@ -107,5 +107,7 @@ FALLBACK_BLOCK_SIZES = RmsNormBlockSizes(block_tokens=128)
 
 
 def default_block_sizes(chip: str) -> RmsNormBlockSizes:
-    """The chip's tuned blocks (FALLBACK_BLOCK_SIZES for a chip the JSON lacks); fit them with :meth:`fitted`."""
-    return tiling.tuned_blocks(default_block_table(), chip) or FALLBACK_BLOCK_SIZES
+    """The chip's tuned blocks (a chip the JSON lacks: :func:`kernels.tiling.tuned_entry_chip`'s;
+    FALLBACK_BLOCK_SIZES if even that chip has none); fit them with :meth:`fitted`."""
+    table = default_block_table()
+    return tiling.tuned_blocks(table, tiling.tuned_entry_chip(table, chip)) or FALLBACK_BLOCK_SIZES

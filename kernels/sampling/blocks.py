@@ -29,6 +29,7 @@ from kernels.tiling import (
     tpu_chip,
     tuned_block_table,
     tuned_blocks,
+    tuned_entry_chip,
 )
 
 F32_BYTES = 4
@@ -120,14 +121,14 @@ DEFAULT_BLOCK_SIZES = TunedChipTable(default_block_table)
 
 
 def default_block_sizes(chip: str, *, logits_dtype, vocab: int) -> SamplingBlockSizes:
-    """The chip's tuned defaults for the logits' dtype (its f32 ones when that dtype is not tuned; tpu-v5e's
+    """The chip's tuned defaults for the logits' dtype (its f32 ones when that dtype is not tuned; :func:`kernels.tiling.tuned_entry_chip`'s
     for a chip the JSON lacks), fitted to the call: block_b rounded up to the dtype's sublane tile, block_v
     shrunk to a small vocabulary, then block_b halved while the resident rows (with a noise stream, the
     largest need) would overflow the chip's scoped VMEM."""
     spec = tpu_chip(chip)
     table = default_block_table()
     key = matmul_dtype_name(logits_dtype)
-    base = tuned_blocks(table, spec.name, key) or tuned_blocks(table, DEFAULT_CHIP, key)
+    base = tuned_blocks(table, tuned_entry_chip(table, spec.name), key)
     if base is None:
         raise ValueError(f"chip: no sampling block-size defaults for '{chip}' or {DEFAULT_CHIP}; "
                          "regenerate kernels/sampling/tuned.json or pass block_sizes=...")

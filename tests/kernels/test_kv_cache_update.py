@@ -21,7 +21,7 @@ from kernels.kv_cache_update import (
     kv_cache_update,
     kv_cache_update_reference,
 )
-from kernels.kv_cache_update.blocks import FALLBACK_BLOCK_SIZES, default_block_sizes
+from kernels.kv_cache_update.blocks import default_block_sizes
 from perfmodel.errors import InputError, UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
@@ -381,10 +381,11 @@ def test_default_table_entries_fit_each_chip(chip_name):
 
 def test_one_stored_configuration_and_a_fallback():
     # The stored defaults themselves: tests/kernels/test_contract.py. One configuration per chip (int8 caches, the
-    # larger VMEM need, which the bf16 path reuses), and a chip the JSON lacks takes the fallback.
+    # larger VMEM need, which the bf16 path reuses), and a chip the JSON lacks takes tpu-v5e's (every kernel's
+    # policy, kernels.tiling.tuned_entry_chip).
     stored = load_tuned_file("kv_cache_update")["defaults"]
     assert all(len(configs) == 1 for configs in stored.values())
-    assert default_block_sizes("my-chip.yaml") == FALLBACK_BLOCK_SIZES
+    assert default_block_sizes("my-chip.yaml") == default_block_sizes("tpu-v5e")
 
 
 @pytest.mark.parametrize("chip_name", sorted(DEFAULT_BLOCK_SIZES))

@@ -238,10 +238,12 @@ def test_decode_rows_take_the_decode_defaults():
 
 
 def test_chips_and_pairs_the_json_lacks_fall_back():
-    # tpu-v5e has no fp8 MXU rate, so its table has no fp8 pair; a chip spec file has no entry at all.
+    # tpu-v5e has no fp8 MXU rate, so its table has no fp8 pair: the fallback blocks. A chip spec file has no entry
+    # at all: the reference chip's (kernels.tiling.tuned_entry_chip, every kernel's policy).
     assert "bf16 x fp8" not in load_tuned_defaults("matmul")["tpu-v5e"]
     assert default_block_sizes("tpu-v5e", "bf16", "fp8") == FALLBACK_BLOCK_SIZES
-    assert default_block_sizes("my-chip.yaml", "bf16", "bf16") == FALLBACK_BLOCK_SIZES
+    assert default_block_sizes("my-chip.yaml", "bf16", "bf16") == default_block_sizes("tpu-v5e", "bf16", "bf16")
+    assert default_block_sizes("my-chip.yaml", "bf16", "bf16") != FALLBACK_BLOCK_SIZES
 
 
 @pytest.mark.parametrize("chip_name", sorted(default_block_table()))

@@ -298,9 +298,9 @@ def test_default_tokens_come_from_the_tuned_json():
 def test_default_block_sizes_errors():
     with pytest.raises(ValueError, match=r"page_table: 12 pages per sequence of 16 tokens admit no compute block"):
         default_block_sizes("tpu-v5e", page_size=16, pages_per_seq=12)
-    # Chips before tpu-v4 have no tuned defaults (the documented fallback is this error).
-    with pytest.raises(ValueError, match=r"chip: no paged_attention block-size defaults for 'tpu-v3'"):
-        default_block_sizes("tpu-v3", page_size=16, pages_per_seq=16)
+    # A chip the JSON lacks (tpu-v3) takes tpu-v5e's target (kernels.tiling.tuned_entry_chip, every kernel's policy).
+    assert default_block_sizes("tpu-v3", page_size=16, pages_per_seq=16) == default_block_sizes(
+        "tpu-v5e", page_size=16, pages_per_seq=16)
 
 
 @pytest.mark.parametrize("value", [0, -2, True, 2.0])

@@ -13,7 +13,6 @@ import pytest
 
 from kernels.quant import quantize_int8
 from kernels.rms_norm import DEFAULT_BLOCK_SIZES, RmsNormBlockSizes, default_block_sizes, rms_norm, rms_norm_reference
-from kernels.rms_norm.blocks import FALLBACK_BLOCK_SIZES
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
@@ -130,10 +129,10 @@ def test_default_blocks_shrink_to_fit_vmem():
     assert fitted == RmsNormBlockSizes(block_tokens=64)
 
 
-def test_a_chip_the_json_lacks_takes_the_fallback():
+def test_a_chip_the_json_lacks_takes_the_reference_chips_blocks():
     # The stored defaults themselves: tests/kernels/test_contract.py. A chip the JSON lacks (e.g. a spec file)
-    # takes the documented fallback.
-    assert default_block_sizes("my-chip.yaml") == FALLBACK_BLOCK_SIZES
+    # takes tpu-v5e's (kernels.tiling.tuned_entry_chip, every kernel's policy); the fallback only without it.
+    assert default_block_sizes("my-chip.yaml") == default_block_sizes("tpu-v5e")
 
 
 @pytest.mark.parametrize("chip_name", sorted(DEFAULT_BLOCK_SIZES))
