@@ -14,6 +14,7 @@ independent, and Pallas drops the out-of-range writes. Hidden may be any size
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -30,17 +31,45 @@ from kernels.rms_norm.blocks import RmsNormBlockSizes, default_block_sizes
 _FLOAT_INPUTS = ("float32", "bfloat16")
 
 
-def _rms_norm_kernel(*refs: Any, eps: float, quantize: bool) -> None:
+@dataclass(frozen=True, kw_only=True)
+class RmsNormPlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
+    size the VMEM check, the pallas_call (grid, BlockSpecs, compiler params, cost estimate) and the kernel body.
+    Hashable: the jitted function and the body take it as a static argument."""
+
+    tokens: int
+    hidden: int
+    #: numpy dtype names of x, of residual (and the new residual) and of out (int8 when quantizing).
+    x_dtype: str
+    residual_dtype: str
+    out_dtype: str
+    eps: float
+    #: out stored as int8 codes with one f32 scale per row.
+    quantize: bool
+    #: Rows per grid step: the blocks' block_tokens clamped to tokens rounded up to the row-blocked dtypes' sublane
+    #: tile.
+    block_tokens: int
+    #: The raised scoped-VMEM limit the call compiles with (None: the chip's default).
+    vmem_limit_bytes: int | None
+
+    @property
+    def n_blocks(self) -> int:
+        """Row blocks (the one grid axis)."""
+        return tiling.cdiv(self.tokens, self.block_tokens)
+
+
+def _rms_norm_kernel(*refs: Any, plan: RmsNormPlan) -> None:
+    """One grid step of ``plan``: refs x, residual, weight, then out (quantizing: q and scale), new residual."""
     x_ref, r_ref, w_ref = refs[:3]  # x_ref, r_ref: [bt, hidden]; w_ref: [1, hidden]
-    if quantize:
+    if plan.quantize:
         q_ref, s_ref, y_ref = refs[3:]  # q_ref: [bt, hidden] int8; s_ref: [bt, 1] f32; y_ref: [bt, hidden]
     else:
         o_ref, y_ref = refs[3:]  # o_ref: [bt, hidden] x dtype; y_ref: [bt, hidden] residual dtype
     y = x_ref[...].astype(jnp.float32) + r_ref[...].astype(jnp.float32)
     y_ref[...] = y.astype(y_ref.dtype)
     ms = jnp.mean(y * y, axis=-1, keepdims=True)
-    out = y * jax.lax.rsqrt(ms + eps) * w_ref[...].astype(jnp.float32)
-    if quantize:
+    out = y * jax.lax.rsqrt(ms + plan.eps) * w_ref[...].astype(jnp.float32)
+    if plan.quantize:
         q, scale = quantize_int8(out, axis=-1)
         q_ref[...] = q
         s_ref[...] = scale
@@ -94,6 +123,15 @@ def rms_norm(
       (out [tokens, hidden] in x.dtype, new_residual [tokens, hidden] in residual.dtype), or with
       quantize (out int8 [tokens, hidden], scales f32 [tokens], new_residual).
     """
+    plan = make_plan(x, residual, weight, eps=eps, quantize=quantize, block_sizes=block_sizes, chip=chip)
+    return _rms_norm_jit(x, residual, weight, plan=plan, interpret=interpret)
+
+
+def make_plan(x: Any, residual: Any, weight: Any, *, eps: float = 1e-6, quantize: bool = False,
+              block_sizes: RmsNormBlockSizes | None = None, chip: Any = DEFAULT_CHIP) -> RmsNormPlan:
+    """Validate everything static about a :func:`rms_norm` call (ValueError naming the argument) and fix its plan:
+    the rows per grid step (the chip's tuned default fitted to the VMEM budget unless given, clamped to the
+    problem) and the VMEM limit. Arrays are read for their shapes and dtypes only (jax.ShapeDtypeStruct will do)."""
     _check_inputs(x, residual, weight, eps)
     spec = tiling.tpu_chip(chip)
     tokens, hidden = x.shape
@@ -106,39 +144,36 @@ def rms_norm(
         raise ValueError(f"block_sizes: expected a RmsNormBlockSizes, got {type(block_sizes).__name__}")
     vmem_limit = block_sizes.check(**dtypes, chip=spec)
     rows = max(tiling.sublane_multiple(d) for d in (x.dtype, residual.dtype, out_dtype))
-    block_tokens = min(block_sizes.block_tokens, tiling.round_up(tokens, rows))
-    return _rms_norm_jit(
-        x, residual, weight, eps=float(eps), quantize=bool(quantize), block_tokens=block_tokens,
-        vmem_limit_bytes=vmem_limit, interpret=interpret,
+    return RmsNormPlan(
+        tokens=tokens, hidden=hidden, x_dtype=jnp.dtype(x.dtype).name, residual_dtype=jnp.dtype(residual.dtype).name,
+        out_dtype=out_dtype.name, eps=float(eps), quantize=bool(quantize),
+        block_tokens=min(block_sizes.block_tokens, tiling.round_up(tokens, rows)), vmem_limit_bytes=vmem_limit,
     )
 
 
-def cost_estimate(*, tokens: int, hidden: int, x_dtype: Any, residual_dtype: Any, quantize: bool) -> pl.CostEstimate:
+def cost_estimate(plan: RmsNormPlan) -> pl.CostEstimate:
     """The kernel's CostEstimate: perfmodel's fused residual-add RMSNorm model, algorithmic counts (chip=None).
 
     The model takes one activation dtype (x's) and prices quantize=True as an int8 output.
     """
     return perf.rms_norm_cost(
-        tokens=tokens, hidden=hidden, dtype=tiling.matmul_dtype_name(x_dtype), residual=True,
-        out_dtype="int8" if quantize else None, fused=True, chip=None,
+        tokens=plan.tokens, hidden=plan.hidden, dtype=tiling.matmul_dtype_name(plan.x_dtype), residual=True,
+        out_dtype="int8" if plan.quantize else None, fused=True, chip=None,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "quantize", "block_tokens", "vmem_limit_bytes", "interpret"))
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
 def _rms_norm_jit(
     x: jax.Array,
     residual: jax.Array,
     weight: jax.Array,
     *,
-    eps: float,
-    quantize: bool,
-    block_tokens: int,
-    vmem_limit_bytes: int | None,
+    plan: RmsNormPlan,
     interpret: bool,
 ) -> tuple[jax.Array, ...]:
-    tokens, hidden = x.shape
+    tokens, hidden, block_tokens, quantize = plan.tokens, plan.hidden, plan.block_tokens, plan.quantize
     row_spec = pl.BlockSpec((block_tokens, hidden), lambda i: (i, 0))
-    residual_out = jax.ShapeDtypeStruct((tokens, hidden), residual.dtype)
+    residual_out = jax.ShapeDtypeStruct((tokens, hidden), jnp.dtype(plan.residual_dtype))
     if quantize:
         out_shape = (
             jax.ShapeDtypeStruct((tokens, hidden), jnp.int8),
@@ -147,20 +182,19 @@ def _rms_norm_jit(
         )
         out_specs = (row_spec, pl.BlockSpec((block_tokens, 1), lambda i: (i, 0)), row_spec)
     else:
-        out_shape = (jax.ShapeDtypeStruct((tokens, hidden), x.dtype), residual_out)
+        out_shape = (jax.ShapeDtypeStruct((tokens, hidden), jnp.dtype(plan.out_dtype)), residual_out)
         out_specs = (row_spec, row_spec)
     out_names = ["q_ref", "scale_ref"] if quantize else ["o_ref"]
     ref_names = ["x_ref", "residual_ref", "weight_ref", *out_names, "new_residual_ref"]
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_rms_norm_kernel, eps=eps, quantize=quantize), ref_names),
+        with_ref_names(functools.partial(_rms_norm_kernel, plan=plan), ref_names),
         out_shape=out_shape,
-        grid=(tiling.cdiv(tokens, block_tokens),),
+        grid=(plan.n_blocks,),
         in_specs=[row_spec, row_spec, pl.BlockSpec((1, hidden), lambda i: (0, 0))],
         out_specs=out_specs,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(
-            tokens=tokens, hidden=hidden, x_dtype=x.dtype, residual_dtype=residual.dtype, quantize=quantize
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=cost_estimate(plan),
         interpret=interpret_params(interpret),
         name="rms_norm",
     )
