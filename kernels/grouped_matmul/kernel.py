@@ -150,37 +150,90 @@ def panel_columns(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: Gro
     return cols if row_major < column_major else 1
 
 
-def _step_mode(mode_ref: Any, col_ref: Any, p: Any, s: Any, *, cols: int, n_j: int) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class GroupedMatmulPlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
+    size the VMEM check, the pallas_call (grid, BlockSpecs, compiler params, cost estimate) and the kernel body.
+    Hashable: the jitted function and the body take it as a static argument."""
+
+    m: int
+    k: int
+    n: int
+    #: Experts (rhs's G).
+    groups: int
+    #: numpy dtype names of lhs, rhs and the output.
+    lhs_dtype: str
+    rhs_dtype: str
+    out_dtype: str
+    #: The blocks clamped to the problem (:func:`effective_block_sizes`).
+    blocks: GroupedMatmulBlockSizes
+    #: Per-channel weight scales (rhs_scale given).
+    scaled: bool
+    #: Column blocks per panel (:func:`call_order`): 1 is column-major.
+    cols: int
+    #: The lhs row block [bm, n_k * bk] stays in VMEM across the K steps and visits.
+    lhs_resident: bool
+    #: The raised scoped-VMEM limit the call compiles with (None: the chip's default).
+    vmem_limit_bytes: int | None
+
+    @property
+    def n_j(self) -> int:
+        """Column blocks."""
+        return tiling.cdiv(self.n, self.blocks.bn)
+
+    @property
+    def n_k(self) -> int:
+        """K steps (grid axis 2, innermost)."""
+        return tiling.cdiv(self.k, self.blocks.bk)
+
+    @property
+    def panels(self) -> int:
+        """Panels of ``cols`` column blocks (grid axis 0, "parallel"); the last may be a tail of fewer."""
+        return tiling.cdiv(self.n_j, self.cols)
+
+    @property
+    def k_tail(self) -> int | None:
+        """Valid columns of the last K block when bk does not divide K (the kernel masks the rest), else None."""
+        return None if self.k % self.blocks.bk == 0 else self.k - (self.n_k - 1) * self.blocks.bk
+
+    @property
+    def precision(self) -> Any:
+        """The dot's precision: HIGHEST for f32 lhs (bf16 splits), else DEFAULT."""
+        return jax.lax.Precision.HIGHEST if self.lhs_dtype == "float32" else jax.lax.Precision.DEFAULT
+
+
+def _step_mode(plan: GroupedMatmulPlan, mode_ref: Any, col_ref: Any, p: Any, s: Any) -> Any:
     """Step s of panel p's mode: a no-op where its column is past the last column block (the last panel's tail)."""
-    if n_j % cols == 0:
+    if plan.n_j % plan.cols == 0:
         return mode_ref[s]
-    return jnp.where(p * cols + col_ref[s] < n_j, mode_ref[s], NOOP)
+    return jnp.where(p * plan.cols + col_ref[s] < plan.n_j, mode_ref[s], NOOP)
 
 
 def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_ref: Any, col_ref: Any,
-                    bounds_ref: Any, *refs: Any, n_k: int, bk: int, k_tail: int | None, groups: int, scaled: bool,
-                    lhs_resident: bool, cols: int, n_j: int, precision: Any) -> None:
-    """One (panel, step, kk) grid step. Refs: lhs ([bm, bk], or the resident [bm, n_k * bk] row block), rhs
-    [bk, bn] of the step's group, [rhs_scale [1, bn]], out [bm, bn], acc [bm, bn] f32."""
+                    bounds_ref: Any, *refs: Any, plan: GroupedMatmulPlan) -> None:
+    """One (panel, step, kk) grid step of ``plan``. Refs: lhs ([bm, bk], or the resident [bm, n_k * bk] row
+    block), rhs [bk, bn] of the step's group, [rhs_scale [1, bn]], out [bm, bn], acc [bm, bn] f32."""
+    n_k, bk, k_tail = plan.n_k, plan.blocks.bk, plan.k_tail
     lhs_ref, rhs_ref = refs[:2]
-    scale_ref = refs[2] if scaled else None
+    scale_ref = refs[2] if plan.scaled else None
     o_ref, acc_ref = refs[-2:]
     v, kk = pl.program_id(1), pl.program_id(2)
-    mode = _step_mode(mode_ref, col_ref, pl.program_id(0), v, cols=cols, n_j=n_j)
+    mode = _step_mode(plan, mode_ref, col_ref, pl.program_id(0), v)
 
     @pl.when(mode == COMPUTE)
     def _step() -> None:
         # One copy of the body for every K step (no per-step variants: the compiler schedules one region).
-        if lhs_resident:
+        if plan.lhs_resident:
             x = lhs_ref[:, pl.ds(pl.multiple_of(kk * bk, tiling.LANES), bk)]
         else:
             x = lhs_ref[...]
-        w = mxu_operand(rhs_ref[...], x.dtype, x.shape[0], rhs_ref.shape[-1])  # int8 -> lhs dtype (exact); fp8 maybe as is
+        # int8 -> lhs dtype (exact); fp8 maybe as is
+        w = mxu_operand(rhs_ref[...], x.dtype, x.shape[0], rhs_ref.shape[-1])
         if k_tail is not None:  # columns past K in the last K block (garbage there times zero can be NaN)
             valid = jnp.where(kk == n_k - 1, k_tail, bk)
             x = jnp.where(jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < valid, x, jnp.zeros_like(x))
             w = jnp.where(jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < valid, w, jnp.zeros_like(w))
-        product = jnp.dot(x, w, preferred_element_type=jnp.float32, precision=precision)
+        product = jnp.dot(x, w, preferred_element_type=jnp.float32, precision=plan.precision)
         if n_k == 1:
             acc_ref[...] = product
         else:  # the first K step starts the sum (a select, not a zeroing pass: the scratch may hold NaN)
@@ -196,7 +249,7 @@ def _grouped_kernel(group_ref: Any, lhs_tile_ref: Any, out_tile_ref: Any, mode_r
         rows = out_tile_ref[v] * bm + jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
         mine = (rows >= bounds_ref[g]) & (rows < bounds_ref[g + 1]) & (mode == COMPUTE)
         # Rows of other groups keep what their visits store; rows past every group are zeros.
-        kept = jnp.where(rows < bounds_ref[groups], o_ref[...], jnp.zeros_like(o_ref))
+        kept = jnp.where(rows < bounds_ref[plan.groups], o_ref[...], jnp.zeros_like(o_ref))
         o_ref[...] = jnp.where(mine, y.astype(o_ref.dtype), kept)
 
 
@@ -291,6 +344,18 @@ def grouped_matmul(
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
+    plan = make_plan(lhs, rhs, group_sizes, rhs_scale=rhs_scale, block_sizes=block_sizes, chip=chip,
+                     out_dtype=out_dtype)
+    return _grouped_jit(lhs, rhs, group_sizes, rhs_scale, plan=plan, interpret=interpret)
+
+
+def make_plan(lhs: Any, rhs: Any, group_sizes: Any, *, rhs_scale: Any = None,
+              block_sizes: GroupedMatmulBlockSizes | None = None, chip: Any = DEFAULT_CHIP,
+              out_dtype: Any = None) -> GroupedMatmulPlan:
+    """Validate a :func:`grouped_matmul` call (ValueError naming the argument) and fix its plan: the blocks (the
+    chip's tuned defaults unless given, clamped to the problem), the grid order and the VMEM limit. lhs, rhs and
+    rhs_scale are read for their shapes and dtypes (jax.ShapeDtypeStruct will do); ``group_sizes`` is an array or a
+    tracer, its values checked when concrete."""
     _check_inputs(lhs, rhs, group_sizes, rhs_scale, out_dtype)
     (m, k), n = lhs.shape, rhs.shape[2]
     _check_sizes(group_sizes, m)
@@ -309,9 +374,10 @@ def grouped_matmul(
     blocks = effective_block_sizes(block_sizes, m, k, n, rows)
     order = call_order(spec, m=m, k=k, n=n, groups=rhs.shape[0], blocks=blocks, lhs_dtype=lhs.dtype,
                        rhs_dtype=rhs.dtype, out_dtype=out_dtype, scaled=rhs_scale is not None)
-    return _grouped_jit(lhs, rhs, group_sizes, rhs_scale, blocks=blocks, out_dtype=out_dtype,
-                        lhs_resident=order.lhs_resident, cols=order.cols, vmem_limit_bytes=order.vmem_limit_bytes,
-                        interpret=interpret)
+    return GroupedMatmulPlan(m=m, k=k, n=n, groups=rhs.shape[0], lhs_dtype=jnp.dtype(lhs.dtype).name,
+                             rhs_dtype=jnp.dtype(rhs.dtype).name, out_dtype=out_dtype.name, blocks=blocks,
+                             scaled=rhs_scale is not None, cols=order.cols, lhs_resident=order.lhs_resident,
+                             vmem_limit_bytes=order.vmem_limit_bytes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,31 +415,28 @@ def call_order(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: Groupe
     return CallOrder(cols=1, lhs_resident=resident, vmem_limit_bytes=check(resident))
 
 
-def cost_estimate(*, m: int, k: int, n: int, groups: int, lhs_dtype: Any, rhs_dtype: Any, out_dtype: Any,
-                  scaled: bool) -> pl.CostEstimate:
+def cost_estimate(plan: GroupedMatmulPlan) -> pl.CostEstimate:
     """The kernel's CostEstimate: perfmodel's grouped GEMM model (chip=None) with the M rows split evenly over
     the G groups (the sizes are data; the estimate is made at trace time)."""
     name = tiling.matmul_dtype_name
-    return perf.grouped_gemm_cost(group_sizes=perf.uniform_group_sizes(m, groups), n=n, k=k, m=m,
-                                  lhs_dtype=name(lhs_dtype), rhs_dtype=name(rhs_dtype), out_dtype=name(out_dtype),
-                                  weight_scale="per-channel" if scaled else "none", chip=None)
+    return perf.grouped_gemm_cost(group_sizes=perf.uniform_group_sizes(plan.m, plan.groups), n=plan.n, k=plan.k,
+                                  m=plan.m, lhs_dtype=name(plan.lhs_dtype), rhs_dtype=name(plan.rhs_dtype),
+                                  out_dtype=name(plan.out_dtype),
+                                  weight_scale="per-channel" if plan.scaled else "none", chip=None)
 
 
-@functools.partial(jax.jit, static_argnames=("blocks", "out_dtype", "lhs_resident", "cols", "vmem_limit_bytes",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
 def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_scale: jax.Array | None, *,
-                 blocks: GroupedMatmulBlockSizes, out_dtype: Any, lhs_resident: bool, cols: int,
-                 vmem_limit_bytes: int | None, interpret: bool) -> jax.Array:
-    (m, k), (groups, _, n) = lhs.shape, rhs.shape
-    bm, bk, bn = blocks.bm, blocks.bk, blocks.bn
-    n_k, n_j = tiling.cdiv(k, bk), tiling.cdiv(n, bn)
-    k_tail = None if k % bk == 0 else k - (n_k - 1) * bk
+                 plan: GroupedMatmulPlan, interpret: bool) -> jax.Array:
+    m, n, groups, cols = plan.m, plan.n, plan.groups, plan.cols
+    bm, bk, bn = plan.blocks.bm, plan.blocks.bk, plan.blocks.bn
+    n_k, n_j = plan.n_k, plan.n_j
     meta = step_metadata(visit_metadata(group_sizes, m=m, bm=bm), cols=cols)
     last_k = n_k - 1
 
     def kk_of(p: Any, s: Any, kk: Any, mode_ref: Any, col_ref: Any) -> Any:
         # Zero / no-op steps stay on the previous step's K block (no copy).
-        return jnp.where(_step_mode(mode_ref, col_ref, p, s, cols=cols, n_j=n_j) == COMPUTE, kk, last_k)
+        return jnp.where(_step_mode(plan, mode_ref, col_ref, p, s) == COMPUTE, kk, last_k)
 
     def col_of(p: Any, s: Any, col_ref: Any) -> Any:
         # The step's column block (the last panel's steps past N stay on its last block).
@@ -383,43 +446,40 @@ def _grouped_jit(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_sca
         # Zero / no-op steps stay on the panel's last column block, the last compute step's (no copy).
         if cols == 1:
             return p
-        computing = _step_mode(mode_ref, col_ref, p, s, cols=cols, n_j=n_j) == COMPUTE
+        computing = _step_mode(plan, mode_ref, col_ref, p, s) == COMPUTE
         return jnp.where(computing, col_of(p, s, col_ref), jnp.minimum(p * cols + cols - 1, n_j - 1))
 
-    if lhs_resident:
+    if plan.lhs_resident:
         lhs_spec = pl.BlockSpec((bm, n_k * bk), lambda p, s, kk, g, lt, ot, mode, c, b: (lt[s], 0))
     else:
         lhs_spec = pl.BlockSpec((bm, bk), lambda p, s, kk, g, lt, ot, mode, c, b: (lt[s], kk_of(p, s, kk, mode, c)))
     rhs_spec = pl.BlockSpec((pl.Squeezed(), bk, bn),
-                            lambda p, s, kk, g, lt, ot, mode, c, b: (g[s], kk_of(p, s, kk, mode, c), rhs_col_of(p, s, mode, c)))
+                            lambda p, s, kk, g, lt, ot, mode, c, b: (g[s], kk_of(p, s, kk, mode, c),
+                                                                     rhs_col_of(p, s, mode, c)))
     operands, in_specs = [lhs, rhs], [lhs_spec, rhs_spec]
-    if rhs_scale is not None:
+    if plan.scaled:
         operands.append(rhs_scale.astype(jnp.float32).reshape(groups, 1, n))
         in_specs.append(pl.BlockSpec((pl.Squeezed(), 1, bn),
                                      lambda p, s, kk, g, lt, ot, mode, c, b: (g[s], 0, rhs_col_of(p, s, mode, c))))
-    precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-    kernel = functools.partial(_grouped_kernel, n_k=n_k, bk=bk, k_tail=k_tail, groups=groups,
-                               scaled=rhs_scale is not None, lhs_resident=lhs_resident, cols=cols, n_j=n_j,
-                               precision=precision)
+    kernel = functools.partial(_grouped_kernel, plan=plan)
     names = ["group_ref", "lhs_tile_ref", "out_tile_ref", "mode_ref", "col_ref", "bounds_ref", "lhs_ref", "rhs_ref"]
-    names += ["rhs_scale_ref"] * (rhs_scale is not None) + ["o_ref", "acc_ref"]
+    names += ["rhs_scale_ref"] * plan.scaled + ["o_ref", "acc_ref"]
     call = pl.pallas_call(
         with_ref_names(kernel, names),
-        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(plan.out_dtype)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=6,
-            grid=(tiling.cdiv(n_j, cols), meta["used"], n_k),
+            grid=(plan.panels, meta["used"], n_k),
             in_specs=in_specs,
             out_specs=pl.BlockSpec((bm, bn), lambda p, s, kk, g, lt, ot, mode, c, b: (ot[s], col_of(p, s, c))),
             scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-                                             vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(m=m, k=k, n=n, groups=groups, lhs_dtype=lhs.dtype, rhs_dtype=rhs.dtype,
-                                    out_dtype=out_dtype, scaled=rhs_scale is not None),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=cost_estimate(plan),
         interpret=interpret_params(interpret),
         name="grouped_matmul",
     )
-    with jax.named_scope(f"grouped_matmul[{blocks.label()}]"):
+    with jax.named_scope(f"grouped_matmul[{plan.blocks.label()}]"):
         return call(meta["group"], meta["lhs_tile"], meta["out_tile"], meta["mode"], meta["col"], meta["bounds"],
                     *operands)
