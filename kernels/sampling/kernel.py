@@ -83,6 +83,64 @@ class Filters:
     logprobs: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplingPlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
+    size the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate) and the kernel body.
+    Hashable: the jitted function and the body take it as a static argument."""
+
+    batch: int
+    vocab: int
+    #: numpy dtype name of the logits (float32 or bfloat16).
+    logits_dtype: str
+    #: The draw: "greedy" (no key, seeds or noise), "key" (hashed per-row seeds) or "noise" (pre-drawn uniforms).
+    mode: str
+    filters: Filters
+    #: Rows per grid step and vocabulary entries per grid step and pass chunk (the checked block sizes).
+    block_b: int
+    block_v: int
+
+    @property
+    def row_blocks(self) -> int:
+        """Row blocks (the first grid axis)."""
+        return pl.cdiv(self.batch, self.block_b)
+
+    @property
+    def vocab_blocks(self) -> int:
+        """Vocabulary blocks (the last grid axis, and the resident copy's leading dimension)."""
+        return pl.cdiv(self.vocab, self.block_v)
+
+    @property
+    def padded(self) -> int:
+        """Padding rows of the last row block."""
+        return self.row_blocks * self.block_b - self.batch
+
+    @property
+    def width(self) -> int:
+        """Lanes the passes fold a chunk into (:func:`lane_group`)."""
+        return lane_group(self.block_v)
+
+    @property
+    def n_top(self) -> int:
+        """Top-n log-probabilities returned (0: none)."""
+        return self.filters.logprobs or 0
+
+    @property
+    def resident(self) -> bool:
+        """Whether phase 0 keeps the whole row block in VMEM for phase 1's passes."""
+        return self.mode != "greedy" or self.n_top > 0
+
+    @property
+    def phases(self) -> int:
+        """Grid phases (:func:`phases_of`)."""
+        return phases_of(self.mode, self.n_top)
+
+    @property
+    def rows_dtype(self) -> str:
+        """Dtype of the resident rows: f32 where penalties or a bias adjust the logits, else the logits'."""
+        return "float32" if (self.filters.penalties or self.filters.bias) else self.logits_dtype
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True, kw_only=True)
 class Sampled:
@@ -185,11 +243,7 @@ def sampling(
                        frequency_penalty=frequency_penalty, repetition_penalty=repetition_penalty)
     filters = Filters(top_k=top_k is not None, top_p=top_p is not None, min_p=min_p is not None,
                       penalties=token_counts is not None, bias=bias is not None, logprobs=logprobs)
-    if block_sizes is None:
-        block_sizes = default_block_sizes(chip, logits_dtype=logits.dtype, vocab=vocab)
-    block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip,
-                         greedy=mode == "greedy", penalties=filters.penalties,
-                         bias=filters.bias, top_logprobs=logprobs or 0)
+    plan = make_plan(logits, mode=mode, filters=filters, block_sizes=block_sizes, chip=chip)
     if mode == "key":
         seeds = rng.row_seeds(key, batch) if seeds is None else seeds.astype(jnp.int32)
     else:
@@ -197,7 +251,7 @@ def sampling(
     counts = None if token_counts is None else token_counts.astype(jnp.int32)
     out = _sampling(logits, noise, counts, bias, opts.inv_temperature, opts.greedy, opts.top_k, opts.top_p,
                     opts.min_p, opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty, seeds,
-                    mode=mode, filters=filters, block_sizes=block_sizes, chip=chip, interpret=interpret)
+                    plan=plan, interpret=interpret)
     ids, threshold = out[0], out[1]
     if logprobs is not None:
         n = logprobs
@@ -205,6 +259,22 @@ def sampling(
         top_lp = out[4] if n else jnp.zeros((batch, 0), jnp.float32)
         return Sampled(ids=ids, threshold=threshold, logprob=out[2], top_ids=top_ids, top_logprobs=top_lp)
     return (ids, threshold) if return_threshold else ids
+
+
+def make_plan(logits, *, mode: str, filters: Filters, block_sizes: SamplingBlockSizes | None = None,
+              chip: str = DEFAULT_CHIP) -> SamplingPlan:
+    """The plan of a :func:`sampling` call whose arguments passed its checks (``mode`` and ``filters`` as it
+    derives them): the chip's defaults fitted to the dtype and vocabulary unless ``block_sizes`` is given, then
+    the blocks' checks (sublane tiling, the chip's scoped VMEM; ValueError naming the field). ``logits`` is read
+    for its shape and dtype only (a jax.ShapeDtypeStruct will do)."""
+    batch, vocab = logits.shape
+    if block_sizes is None:
+        block_sizes = default_block_sizes(chip, logits_dtype=logits.dtype, vocab=vocab)
+    block_sizes.validate(vocab=vocab, logits_dtype=logits.dtype, with_noise=mode == "noise", chip=chip,
+                         greedy=mode == "greedy", penalties=filters.penalties,
+                         bias=filters.bias, top_logprobs=filters.logprobs or 0)
+    return SamplingPlan(batch=batch, vocab=vocab, logits_dtype=jnp.dtype(logits.dtype).name, mode=mode,
+                        filters=filters, block_b=block_sizes.block_b, block_v=block_sizes.block_v)
 
 
 def lane_group(block_v: int) -> int:
@@ -224,22 +294,17 @@ def _packed_options(inv_temperature, top_p, min_p, greedy, presence, frequency, 
     return opts_f, opts_i
 
 
-@functools.partial(jax.jit, static_argnames=("mode", "filters", "block_sizes", "chip", "interpret"))
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
 def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p, min_p, presence, frequency,
-              repetition, seeds, *, mode: str, filters: Filters, block_sizes: SamplingBlockSizes, chip: str,
-              interpret: bool):
-    batch, vocab = logits.shape
-    block_b, block_v = block_sizes.block_b, block_sizes.block_v
-    row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
-    padded = row_blocks * block_b - batch
-    width = lane_group(block_v)
-    n_top = filters.logprobs or 0
+              repetition, seeds, *, plan: SamplingPlan, interpret: bool):
+    batch, vocab, mode, filters = plan.batch, plan.vocab, plan.mode, plan.filters
+    block_b, block_v = plan.block_b, plan.block_v
+    row_blocks, vocab_blocks = plan.row_blocks, plan.vocab_blocks
+    width = plan.width
+    n_top = plan.n_top
     opts_f, opts_i = _packed_options(inv_temperature, top_p, min_p, greedy, presence, frequency, repetition, top_k,
-                                     seeds, padded=padded, vocab=vocab)
-    resident = mode != "greedy" or n_top > 0
-    phases = 2 if resident else 1
+                                     seeds, padded=plan.padded, vocab=vocab)
     last = vocab_blocks - 1
-    rows_dtype = jnp.float32 if (filters.penalties or filters.bias) else logits.dtype
 
     # Phase 0 streams the vocabulary; phase 1 holds the last block (no refetch).
     streamed = pl.BlockSpec((block_b, block_v), lambda i, p, j: (i, j * (1 - p) + last * p))
@@ -273,25 +338,24 @@ def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p
             names += ["top_ids_ref", "top_lp_ref"]
     lanes = pltpu.VMEM((block_b, width), jnp.float32)
     row = pltpu.VMEM((block_b, 1), jnp.float32)
-    scratch = [pltpu.VMEM((vocab_blocks if resident else 1, block_b, block_v), rows_dtype)]
+    scratch = [pltpu.VMEM((vocab_blocks if plan.resident else 1, block_b, block_v), jnp.dtype(plan.rows_dtype))]
     names.append("rows_ref")
     scratch += [lanes] * 3 + [row] * 4
     names += ["max_v_ref", "arg_v_ref", "sum_v_ref", "max_ref", "arg_ref", "lse_ref", "cut_ref"]
     if mode != "greedy":
         scratch += [lanes] * 3
         names += ["best_v_ref", "pick_v_ref", "bestz_v_ref"]
-    kernel = with_ref_names(functools.partial(_sampling_kernel, vocab=vocab, mode=mode, filters=filters,
-                                              width=width), names)
+    kernel = with_ref_names(functools.partial(_sampling_kernel, plan=plan), names)
     call = pl.pallas_call(
         kernel,
-        grid=(row_blocks, phases, vocab_blocks),
+        grid=(row_blocks, plan.phases, vocab_blocks),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
         scratch_shapes=scratch,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(batch, vocab, logits.dtype, mode, filters),
+        cost_estimate=_cost_estimate(plan),
         name="sampling",
     )
     with jax.named_scope(f"sampling_bb{block_b}_bv{block_v}_{mode}"):
@@ -299,14 +363,15 @@ def _sampling(logits, noise, counts, bias, inv_temperature, greedy, top_k, top_p
     return tuple(o[:, 0] if o.shape[1] == 1 and k < 3 else o for k, o in enumerate(outs))
 
 
-def _cost_estimate(batch: int, vocab: int, dtype, mode: str, filters: Filters):
+def _cost_estimate(plan: SamplingPlan):
     """pl.CostEstimate from perfmodel's sampling model (threshold method, worst-case bisection passes).
 
     The model assumes hardware random bits; with pre-drawn noise the kernel also
     reads the [batch, vocab] f32 noise, which is added to ``bytes_accessed``.
     """
+    batch, vocab, mode, filters = plan.batch, plan.vocab, plan.mode, plan.filters
     random = mode != "greedy"
-    estimate = perf.sampling_cost(batch=batch, vocab=vocab, dtype=np.dtype(dtype).name, temperature=random,
+    estimate = perf.sampling_cost(batch=batch, vocab=vocab, dtype=plan.logits_dtype, temperature=random,
                                   top_k=vocab if random and filters.top_k else None,
                                   top_p=1.0 if random and filters.top_p else None,
                                   min_p=0.0 if random and filters.min_p else None, penalties=filters.penalties,
@@ -339,9 +404,8 @@ def _any(flags: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(flags, 1.0, 0.0)) > 0.0
 
 
-def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode: str, filters: Filters,
-                     width: int):
-    """Refs (see ``_sampling`` for which are present):
+def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, plan: SamplingPlan):
+    """The kernel body of ``plan``'s call. Refs (see ``_sampling`` for which are present):
 
     opts_f_ref [block_b, 7] f32: 1/temperature, top_p, min_p, greedy (1.0 / 0.0), presence, frequency, repetition;
     opts_i_ref [block_b, 2] int32: top_k (clamped to vocab), seed;
@@ -354,13 +418,14 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
     z + gumbel, its index and its z (the draw); per-row [block_b, 1] f32: max of z, its first index, log-sum-exp
     of z, the threshold of the kept set.
     """
+    vocab, mode, filters, width = plan.vocab, plan.mode, plan.filters, plan.width
     refs = list(refs)
     counts_ref = refs.pop(0) if filters.penalties else None
     bias_ref = refs.pop(0) if filters.bias else None
     noise_ref = refs.pop(0) if mode == "noise" else None
     ids_ref, thr_ref = refs.pop(0), refs.pop(0)
     lp_ref = refs.pop(0) if filters.logprobs is not None else None
-    n_top = filters.logprobs or 0
+    n_top = plan.n_top
     top_ids_ref, top_lp_ref = (refs.pop(0), refs.pop(0)) if n_top else (None, None)
     rows_ref, max_v_ref, arg_v_ref, sum_v_ref, max_ref, arg_ref, lse_ref, cut_ref = refs[:8]
     best_v_ref, pick_v_ref, bestz_v_ref = refs[8:11] if mode != "greedy" else (None, None, None)
@@ -419,7 +484,7 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
                                 **(penalty if filters.penalties else {}))
             x = jnp.where(lane_iota < vocab - offset, x, -jnp.inf)
             z = x * inv_t
-            if phases_of(mode, n_top) == 2:  # the passes of phase 1 read the resident copy (see _resident_z)
+            if plan.phases == 2:  # the passes of phase 1 read the resident copy (see _resident_z)
                 rows_ref[j, :, lanes] = (z if rows_ref.dtype == jnp.float32 else x).astype(rows_ref.dtype)
             better = z > top_v  # strict: each lane keeps its first occurrence
             new_top = jnp.where(better, z, top_v)
@@ -439,10 +504,10 @@ def _sampling_kernel(opts_f_ref, opts_i_ref, logits_ref, *refs, vocab: int, mode
             max_ref[...], arg_ref[...] = top, index
             if with_lse:
                 lse_ref[...] = top + jnp.log(jnp.sum(sum_v * jnp.exp(top_v - top), axis=1, keepdims=True))
-            if phases_of(mode, n_top) == 1:
+            if plan.phases == 1:
                 _finish(index, top, top)
 
-    if phases_of(mode, n_top) == 1:
+    if plan.phases == 1:
         return
 
     if mode == "greedy":  # top-n log-probabilities of a greedy call: one phase-1 step does them

@@ -51,6 +51,41 @@ class Verified:
     num_accepted: jax.Array
 
 
+@dataclass(frozen=True, kw_only=True)
+class RejectionPlan:
+    """Static facts of one :func:`rejection_sample` call, made once from its arguments, the chip and the blocks
+    (:func:`make_plan`): they size the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate)
+    and the kernel body. Hashable: the jitted function and the body take it as a static argument."""
+
+    batch: int
+    vocab: int
+    #: Draft tokens per row (K); position K is the bonus position (no draft).
+    draft_tokens: int
+    #: Rows per grid step and vocabulary entries per grid step (the checked block sizes).
+    block_b: int
+    block_v: int
+
+    @property
+    def positions(self) -> int:
+        """K + 1 positions (the first grid axis)."""
+        return self.draft_tokens + 1
+
+    @property
+    def row_blocks(self) -> int:
+        """Row blocks (the second grid axis)."""
+        return pl.cdiv(self.batch, self.block_b)
+
+    @property
+    def vocab_blocks(self) -> int:
+        """Vocabulary blocks (the last grid axis)."""
+        return pl.cdiv(self.vocab, self.block_v)
+
+    @property
+    def width(self) -> int:
+        """Lanes the kernel folds a block into (:func:`kernels.sampling.kernel.lane_group`)."""
+        return lane_group(self.block_v)
+
+
 def _check(draft_token_ids, draft_probs, target_probs) -> tuple[int, int, int]:
     if target_probs.ndim != 3:
         raise ValueError(f"target_probs must be [K + 1, batch, vocab], got shape {target_probs.shape}")
@@ -122,29 +157,38 @@ def rejection_sample(draft_token_ids: jax.Array, draft_probs: jax.Array, target_
     """
     k, batch, vocab = _check(draft_token_ids, draft_probs, target_probs)
     seeds_kb = _position_seeds(key, seeds, batch, k + 1)
+    plan = make_plan(target_probs, block_sizes=block_sizes, chip=chip)
+    p_d, q_d, resampled = _rejection(draft_token_ids.astype(jnp.int32), draft_probs, target_probs, seeds_kb,
+                                     plan=plan, interpret=interpret)
+    return _combine(draft_token_ids, p_d, q_d, resampled, seeds_kb)
+
+
+def make_plan(target_probs, *, block_sizes: SamplingBlockSizes | None = None,
+              chip: str = DEFAULT_CHIP) -> RejectionPlan:
+    """The plan of a :func:`rejection_sample` call whose arrays and randomness passed its checks: the sampling
+    kernel's defaults for f32 and the vocabulary unless ``block_sizes`` is given, then the chip's scoped-VMEM
+    check (ValueError). ``target_probs`` [K + 1, batch, vocab] is read for its shape only."""
+    k1, batch, vocab = target_probs.shape
     if block_sizes is None:
         block_sizes = default_block_sizes(chip, logits_dtype=jnp.float32, vocab=vocab)
     check_vmem(rejection_vmem_bytes(block_sizes, vocab=vocab), tpu_chip(chip),
                f"block_sizes (block_b={block_sizes.block_b}, block_v={block_sizes.block_v})",
                fix="use a smaller block_b or block_v")
-    p_d, q_d, resampled = _rejection(draft_token_ids.astype(jnp.int32), draft_probs, target_probs, seeds_kb,
-                                     block_sizes=block_sizes, interpret=interpret)
-    return _combine(draft_token_ids, p_d, q_d, resampled, seeds_kb)
+    return RejectionPlan(batch=batch, vocab=vocab, draft_tokens=k1 - 1, block_b=block_sizes.block_b,
+                         block_v=block_sizes.block_v)
 
 
-@functools.partial(jax.jit, static_argnames=("block_sizes", "interpret"))
-def _rejection(draft_token_ids, draft_probs, target_probs, seeds_kb, *, block_sizes: SamplingBlockSizes,
-               interpret: bool):
-    k1, batch, vocab = target_probs.shape
-    k = k1 - 1
-    block_b, block_v = block_sizes.block_b, block_sizes.block_v
-    row_blocks, vocab_blocks = pl.cdiv(batch, block_b), pl.cdiv(vocab, block_v)
-    width = lane_group(block_v)
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
+def _rejection(draft_token_ids, draft_probs, target_probs, seeds_kb, *, plan: RejectionPlan, interpret: bool):
+    k1, batch, vocab, k = plan.positions, plan.batch, plan.vocab, plan.draft_tokens
+    block_b, block_v = plan.block_b, plan.block_v
+    row_blocks, vocab_blocks = plan.row_blocks, plan.vocab_blocks
+    width = plan.width
     # Per (position, row): the draft token (-1 at the bonus position: nothing to gather) and the seed.
     drafts = jnp.concatenate([draft_token_ids.T, jnp.full((1, batch), -1, jnp.int32)], axis=0)
     opts = jnp.stack([drafts, seeds_kb], axis=2)  # [K + 1, batch, 2]
     column = pl.BlockSpec((None, block_b, 1), lambda p, i, j: (p, i, 0))
-    kernel = with_ref_names(functools.partial(_rejection_kernel, vocab=vocab, bonus=k, width=width),
+    kernel = with_ref_names(functools.partial(_rejection_kernel, plan=plan),
                             ["opts_ref", "target_ref", "draft_ref", "pd_ref", "qd_ref", "pick_ref",
                              "pd_v_ref", "qd_v_ref", "best_v_ref", "pick_v_ref"])
     lanes = pltpu.VMEM((block_b, width), jnp.float32)
@@ -163,7 +207,7 @@ def _rejection(draft_token_ids, draft_probs, target_probs, seeds_kb, *, block_si
         scratch_shapes=[lanes] * 4,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(batch, vocab, k),
+        cost_estimate=_cost_estimate(plan),
         name="rejection_sample",
     )
     with jax.named_scope(f"rejection_sample_bb{block_b}_bv{block_v}"):
@@ -171,14 +215,17 @@ def _rejection(draft_token_ids, draft_probs, target_probs, seeds_kb, *, block_si
     return p_d[..., 0], q_d[..., 0], pick[..., 0]
 
 
-def _cost_estimate(batch: int, vocab: int, k: int):
-    return perf.rejection_sampling_cost(batch=batch, vocab=vocab, draft_tokens=k)
+def _cost_estimate(plan: RejectionPlan):
+    """pl.CostEstimate from perfmodel's rejection-sampling model."""
+    return perf.rejection_sampling_cost(batch=plan.batch, vocab=plan.vocab, draft_tokens=plan.draft_tokens)
 
 
 def _rejection_kernel(opts_ref, target_ref, draft_ref, pd_ref, qd_ref, pick_ref, pd_v_ref, qd_v_ref, best_v_ref,
-                      pick_v_ref, *, vocab: int, bonus: int, width: int):
-    """opts_ref [block_b, 2] int32 (draft token, seed) of position p; target_ref / draft_ref [block_b, block_v]
-    probabilities of vocab block j; outputs [block_b, 1]: p(d), q(d), the residual draw; lane-wide state."""
+                      pick_v_ref, *, plan: RejectionPlan):
+    """The kernel body of ``plan``'s call. opts_ref [block_b, 2] int32 (draft token, seed) of position p;
+    target_ref / draft_ref [block_b, block_v] probabilities of vocab block j; outputs [block_b, 1]: p(d), q(d), the
+    residual draw; lane-wide state."""
+    vocab, bonus, width = plan.vocab, plan.draft_tokens, plan.width
     p, j = pl.program_id(0), pl.program_id(2)
     block_b, block_v = target_ref.shape
     lane_iota = lax.broadcasted_iota(jnp.int32, (block_b, width), 1)
