@@ -88,15 +88,63 @@ _FLOAT_INPUTS = ("float32", "bfloat16")
 PADDING_SLOT = -1
 
 
+@dataclass(frozen=True, kw_only=True)
+class KvCacheUpdatePlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`, and
+    :func:`make_pages_plan` for an int8 ``kv_pages``): they size the VMEM and SMEM checks, the pallas_call (grid,
+    BlockSpecs, scratch, compiler params, cost estimate) and the kernel body. Hashable: the jitted functions and the
+    bodies take it as a static argument."""
+
+    #: "head-major", "token-major" or "combined" (kv_pages_update's int8 form included).
+    layout: str
+    num_tokens: int
+    kv_heads: int
+    head_dim: int
+    num_pages: int
+    page_size: int
+    #: numpy dtype names of new_k / new_v and of the cache(s).
+    new_dtype: str
+    cache_dtype: str
+    #: int8 cache(s): quantize on write, with f32 scales.
+    quantize: bool
+    #: Tokens per grid step, clamped to num_tokens.
+    tokens_per_block: int
+    #: The scoped-VMEM limit the call compiles with (None: the chip's default).
+    vmem_limit_bytes: int | None
+
+    @property
+    def n_blocks(self) -> int:
+        """Token blocks (the one grid axis)."""
+        return tiling.cdiv(self.num_tokens, self.tokens_per_block)
+
+    @property
+    def padded_tokens(self) -> int:
+        """num_tokens rounded up to whole blocks (the length of the scalar-prefetched per-token arrays)."""
+        return tiling.round_up(self.num_tokens, self.tokens_per_block)
+
+    @property
+    def granule(self) -> int:
+        """Head-major: rows of a cache page one DMA moves (:func:`row_granule` of the cache dtype)."""
+        return row_granule(self.cache_dtype)
+
+    def cost_estimate(self) -> pl.CostEstimate:
+        """The call's CostEstimate (the module's :func:`cost_estimate` at the plan's sizes and layout)."""
+        return cost_estimate(
+            num_tokens=self.num_tokens, kv_heads=self.kv_heads, head_dim=self.head_dim, page_size=self.page_size,
+            new_dtype=self.new_dtype, cache_dtype=self.cache_dtype, layout=self.layout,
+        )
+
+
 
 # ----- head-major: blocks of tokens in call order, each row written through its row granule -----
 
 def _head_major_kernel(pages_ref: Any, rows_ref: Any, lead_ref: Any, full_ref: Any, *refs: Any,
-                       quantize: bool, tokens_per_block: int, granule: int) -> None:
+                       plan: KvCacheUpdatePlan) -> None:
     # Scalar prefetch (SMEM, one entry per token, padded to whole blocks): pages_ref / rows_ref: its cache page
     # and row (-1 = skip); lead_ref: the block-local index of the block's first token on its row granule (whose
     # VMEM buffer assembles the granule); full_ref: 1 on a lead whose granule the block writes completely (no
     # read). Quantizing, the same two for the page scale rows.
+    quantize, tokens_per_block, granule = plan.quantize, plan.tokens_per_block, plan.granule
     if quantize:
         scale_lead_ref, scale_full_ref = refs[:2]
         refs = refs[2:]
@@ -204,7 +252,7 @@ def _head_major_plan(slot_mapping: jax.Array, *, page_size: int, granule: int, t
 
 @functools.partial(
     jax.jit,
-    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    static_argnames=("plan", "interpret"),
     donate_argnames=("k_cache", "v_cache", "k_scale_cache", "v_scale_cache"),
 )
 def _head_major_jit(
@@ -216,53 +264,47 @@ def _head_major_jit(
     k_scale_cache: jax.Array | None,
     v_scale_cache: jax.Array | None,
     *,
-    tokens_per_block: int,
-    vmem_limit_bytes: int | None,
+    plan: KvCacheUpdatePlan,
     interpret: bool,
 ) -> tuple[jax.Array, ...]:
-    num_tokens, kv_heads, head_dim = new_k.shape
-    _, num_pages, page_size, _ = k_cache.shape
-    quantize = k_scale_cache is not None
+    kv_heads, head_dim, page_size = plan.kv_heads, plan.head_dim, plan.page_size
+    quantize, granule = plan.quantize, plan.granule
     caches = [k_cache, v_cache] + ([k_scale_cache, v_scale_cache] if quantize else [])
-    granule = row_granule(k_cache.dtype)
-    plan = _head_major_plan(slot_mapping, page_size=page_size, granule=granule, tokens_per_block=tokens_per_block,
-                            quantize=quantize)
+    prefetch = _head_major_plan(slot_mapping, page_size=page_size, granule=granule,
+                                tokens_per_block=plan.tokens_per_block, quantize=quantize)
     hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
-    bt = tokens_per_block
-    token_spec = pl.BlockSpec((bt, kv_heads, head_dim), lambda i, *plan_refs: (i, 0, 0))
-    scratch = [pltpu.VMEM((bt, kv_heads, granule, head_dim), k_cache.dtype)] * 2
+    bt = plan.tokens_per_block
+    token_spec = pl.BlockSpec((bt, kv_heads, head_dim), lambda i, *prefetch_refs: (i, 0, 0))
+    scratch = [pltpu.VMEM((bt, kv_heads, granule, head_dim), jnp.dtype(plan.cache_dtype))] * 2
     if quantize:
         scratch += [pltpu.VMEM((bt, kv_heads, 1, page_size), jnp.float32)] * 2
     scratch.append(pltpu.SemaphoreType.DMA((2,)))
-    first_cache_input = len(plan) + 2  # operands: the plan (scalar prefetch), new_k, new_v, caches...
+    first_cache_input = len(prefetch) + 2  # operands: the scalar prefetch, new_k, new_v, caches...
     cache_names = ["k_cache", "v_cache"] + (["k_scale_cache", "v_scale_cache"] if quantize else [])
     plan_names = ["pages_ref", "rows_ref", "lead_ref", "full_ref"] + (
         ["scale_lead_ref", "scale_full_ref"] if quantize else [])
     ref_names = (plan_names + ["new_k_ref", "new_v_ref"] + [f"{c}_in_ref" for c in cache_names]
                  + [f"{c}_ref" for c in cache_names] + [f"{c}_rows_buf" for c in cache_names] + ["sems"])
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_head_major_kernel, quantize=quantize, tokens_per_block=bt,
-                                         granule=granule), ref_names),
+        with_ref_names(functools.partial(_head_major_kernel, plan=plan), ref_names),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in caches],
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(plan),
-            grid=(tiling.cdiv(num_tokens, bt),),
+            num_scalar_prefetch=len(prefetch),
+            grid=(plan.n_blocks,),
             in_specs=[token_spec, token_spec] + [hbm_spec] * len(caches),
             out_specs=[hbm_spec] * len(caches),
             scratch_shapes=scratch,
         ),
         input_output_aliases={first_cache_input + c: c for c in range(len(caches))},
         # "arbitrary": a granule split over two blocks is read by the second only after the first wrote it back.
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(
-            num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-            new_dtype=new_k.dtype, cache_dtype=k_cache.dtype, layout="head-major",
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=plan.cost_estimate(),
         interpret=interpret_params(interpret),
         name="kv_cache_update",
     )
     with jax.named_scope("kv_cache_update[layout=head-major]"):
-        return tuple(call(*plan, new_k, new_v, *caches))
+        return tuple(call(*prefetch, new_k, new_v, *caches))
 
 
 # ----- input checks and the public wrapper -----
@@ -375,6 +417,60 @@ def _check_smem(what: str, smem_bytes: int, spec: Any, num_tokens: int) -> None:
                          f"{spec.name}'s {smem} B; split the update into smaller calls")
 
 
+def _token_blocks(block_sizes: Any, spec: Any, *, kv_heads: int, head_dim: int, num_tokens: int, block_dtype: Any,
+                  quantize: bool, combined: bool) -> tuple[int, int | None]:
+    """Token-major and combined: (tokens_per_block, vmem_limit_bytes) of the blocks (the chip's tuned default unless
+    given) after their VMEM check and the SMEM check of the padded slot mapping."""
+    if block_sizes is None:
+        block_sizes = default_block_sizes(spec.name)
+    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
+        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
+    vmem_limit = block_sizes.check(
+        kv_heads=kv_heads, head_dim=head_dim, new_dtype=block_dtype, quantize=quantize, chip=spec,
+        num_tokens=num_tokens, combined=combined,
+    )
+    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
+    _check_smem("padded to the token block", tiling.round_up(num_tokens, tokens_per_block) * 4, spec, num_tokens)
+    return tokens_per_block, vmem_limit
+
+
+def make_plan(new_k: Any, new_v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, *, k_scale_cache: Any = None,
+              v_scale_cache: Any = None, layout: str = DEFAULT_LAYOUT,
+              block_sizes: KvCacheUpdateBlockSizes | None = None, chip: Any = DEFAULT_CHIP) -> KvCacheUpdatePlan:
+    """Validate everything static about a :func:`kv_cache_update` call (ValueError naming the argument; slot values
+    too when concrete) and fix its plan: tokens per grid step, the VMEM limit, and the SMEM check of the
+    scalar-prefetched slots. Other arrays are read for their shapes and dtypes only."""
+    quantize, shapes = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache,
+                                     layout)
+    spec = tiling.tpu_chip(chip)
+    num_tokens, kv_heads, head_dim = new_k.shape
+    if layout == "head-major":
+        if block_sizes is not None:
+            raise ValueError("block_sizes: only layout='token-major' or 'combined' takes block sizes "
+                             f"(head-major blocks are {HEAD_MAJOR_TOKENS_PER_BLOCK} tokens); drop block_sizes or pass "
+                             "layout='token-major'")
+        tokens_per_block = min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)
+        need = head_major_vmem_bytes(kv_heads=kv_heads, page_size=shapes.page_size, head_dim=head_dim,
+                                     new_dtype=new_k.dtype, cache_dtype=k_cache.dtype, quantize=quantize,
+                                     num_tokens=num_tokens)
+        vmem_limit = tiling.compile_vmem_limit_bytes(need, spec,
+                                                     f"layout='head-major' (pages of {shapes.page_size} tokens)",
+                                                     fix="split the kv heads over several calls")
+        plan_arrays = 6 if quantize else 4
+        _check_smem("the head-major plan, padded to the token block",
+                    plan_arrays * 4 * tiling.round_up(num_tokens, tokens_per_block), spec, num_tokens)
+    else:
+        tokens_per_block, vmem_limit = _token_blocks(
+            block_sizes, spec, kv_heads=kv_heads, head_dim=head_dim, num_tokens=num_tokens, block_dtype=new_k.dtype,
+            quantize=quantize, combined=layout == "combined",
+        )
+    return KvCacheUpdatePlan(
+        layout=layout, num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, num_pages=shapes.num_pages,
+        page_size=shapes.page_size, new_dtype=jnp.dtype(new_k.dtype).name, cache_dtype=jnp.dtype(k_cache.dtype).name,
+        quantize=quantize, tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit,
+    )
+
+
 def kv_cache_update(
     new_k: jax.Array,
     new_v: jax.Array,
@@ -409,44 +505,16 @@ def kv_cache_update(
       (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache);
       (kv_pages,) for layout="combined".
     """
-    quantize, shapes = _check_inputs(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache, v_scale_cache,
-                                     layout)
-    spec = tiling.tpu_chip(chip)
-    num_tokens, kv_heads, head_dim = new_k.shape
+    plan = make_plan(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache=k_scale_cache,
+                     v_scale_cache=v_scale_cache, layout=layout, block_sizes=block_sizes, chip=chip)
     slots = slot_mapping.astype(jnp.int32)
-    if layout == "head-major":
-        if block_sizes is not None:
-            raise ValueError("block_sizes: only layout='token-major' or 'combined' takes block sizes (head-major blocks are "
-                             f"{HEAD_MAJOR_TOKENS_PER_BLOCK} tokens); drop block_sizes or pass layout='token-major'")
-        tokens_per_block = min(HEAD_MAJOR_TOKENS_PER_BLOCK, num_tokens)
-        need = head_major_vmem_bytes(kv_heads=kv_heads, page_size=shapes.page_size, head_dim=head_dim,
-                                     new_dtype=new_k.dtype, cache_dtype=k_cache.dtype, quantize=quantize,
-                                     num_tokens=num_tokens)
-        vmem_limit = tiling.compile_vmem_limit_bytes(need, spec, f"layout='head-major' (pages of {shapes.page_size} tokens)",
-                                                     fix="split the kv heads over several calls")
-        plan_arrays = 6 if quantize else 4
-        _check_smem("the head-major plan, padded to the token block",
-                    plan_arrays * 4 * tiling.round_up(num_tokens, tokens_per_block), spec, num_tokens)
-        return _head_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
-                               tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret)
-    if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name)
-    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
-        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
-    vmem_limit = block_sizes.check(
-        kv_heads=kv_heads, head_dim=head_dim, new_dtype=new_k.dtype, quantize=quantize, chip=spec,
-        num_tokens=num_tokens, combined=layout == "combined",
-    )
-    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
-    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
-    _check_smem("padded to the token block", padded_tokens * 4, spec, num_tokens)
-    if layout == "combined":
-        return (_combined_jit(new_k, new_v, k_cache, slots, tokens_per_block=tokens_per_block,
-                              vmem_limit_bytes=vmem_limit, interpret=interpret),)
-    return _token_major_jit(
-        new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache,
-        tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit, interpret=interpret,
-    )
+    if plan.layout == "head-major":
+        return _head_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache, plan=plan,
+                               interpret=interpret)
+    if plan.layout == "combined":
+        return (_combined_jit(new_k, new_v, k_cache, slots, plan=plan, interpret=interpret),)
+    return _token_major_jit(new_k, new_v, k_cache, v_cache, slots, k_scale_cache, v_scale_cache, plan=plan,
+                            interpret=interpret)
 
 
 def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
@@ -468,6 +536,17 @@ def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slo
         (out,) = kv_cache_update(new_k, new_v, kv_pages, None, slot_mapping, layout="combined",
                                  block_sizes=block_sizes, chip=chip, interpret=interpret)
         return out
+    plan = make_pages_plan(new_k, new_v, kv_pages, slot_mapping, kv_scales=kv_scales, block_sizes=block_sizes,
+                           chip=chip)
+    slots = jnp.asarray(slot_mapping, jnp.int32)
+    return _combined_int8_jit(new_k, new_v, kv_pages, kv_scales, slots, plan=plan, interpret=interpret)
+
+
+def make_pages_plan(new_k: Any, new_v: Any, kv_pages: Any, slot_mapping: Any, *, kv_scales: Any,
+                    block_sizes: KvCacheUpdateBlockSizes | None = None, chip: Any = DEFAULT_CHIP) -> KvCacheUpdatePlan:
+    """:func:`make_plan` of a :func:`kv_pages_update` call with an int8 ``kv_pages`` (layout "combined", quantize on
+    write): the same input checks with kv_pages taken at new_k's dtype, then ``kv_scales``; the token blocks are
+    checked as blocks of int8 cache rows (the rows are quantized before the kernel)."""
     _check_inputs(new_k, new_v, _AsDtype(kv_pages, new_k.dtype), None,
                   slot_mapping, None, None, "combined")
     num_pages, page_size, combined, _ = kv_pages.shape
@@ -477,17 +556,15 @@ def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slo
         raise ValueError(f"kv_scales: an int8 kv_pages needs float32 per-token scales {want}, got {got}")
     spec = tiling.tpu_chip(chip)
     num_tokens, kv_heads, head_dim = new_k.shape
-    slots = jnp.asarray(slot_mapping, jnp.int32)
-    if block_sizes is None:
-        block_sizes = default_block_sizes(spec.name)
-    elif not isinstance(block_sizes, KvCacheUpdateBlockSizes):
-        raise ValueError(f"block_sizes: expected a KvCacheUpdateBlockSizes, got {type(block_sizes).__name__}")
-    vmem_limit = block_sizes.check(kv_heads=kv_heads, head_dim=head_dim, new_dtype=kv_pages.dtype, quantize=False,
-                                   chip=spec, num_tokens=num_tokens, combined=True)
-    tokens_per_block = min(block_sizes.tokens_per_block, num_tokens)
-    _check_smem("padded to the token block", tiling.round_up(num_tokens, tokens_per_block) * 4, spec, num_tokens)
-    return _combined_int8_jit(new_k, new_v, kv_pages, kv_scales, slots, tokens_per_block=tokens_per_block,
-                              vmem_limit_bytes=vmem_limit, interpret=interpret)
+    tokens_per_block, vmem_limit = _token_blocks(
+        block_sizes, spec, kv_heads=kv_heads, head_dim=head_dim, num_tokens=num_tokens, block_dtype=kv_pages.dtype,
+        quantize=False, combined=True,
+    )
+    return KvCacheUpdatePlan(
+        layout="combined", num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, num_pages=num_pages,
+        page_size=page_size, new_dtype=jnp.dtype(new_k.dtype).name, cache_dtype=jnp.dtype(kv_pages.dtype).name,
+        quantize=True, tokens_per_block=tokens_per_block, vmem_limit_bytes=vmem_limit,
+    )
 
 
 class _AsDtype:
@@ -514,8 +591,9 @@ def cost_estimate(*, num_tokens: int, kv_heads: int, head_dim: int, page_size: i
 
 # ----- token-major: blocks of tokens, one DMA per token -----
 
-def _token_major_kernel(slots_ref: Any, *refs: Any, tokens_per_block: int, quantize: bool) -> None:
+def _token_major_kernel(slots_ref: Any, *refs: Any, plan: KvCacheUpdatePlan) -> None:
     # slots_ref: [num_tokens_padded] int32 SMEM (scalar prefetch), -1 = skip
+    tokens_per_block, quantize = plan.tokens_per_block, plan.quantize
     k_ref, v_ref = refs[:2]  # [tokens_per_block, kv_heads, head_dim] VMEM blocks of the new tokens
     n_caches = 4 if quantize else 2
     # refs[2 : 2 + n_caches]: the aliased cache inputs (HBM); written through the outputs below.
@@ -562,7 +640,7 @@ def _copy_rows(slots_ref: Any, tokens_per_block: int, copies: Any) -> None:
 # ----- combined: K and V interleaved in one cache, one DMA per token -----
 
 def _combined_kernel(slots_ref: Any, k_ref: Any, v_ref: Any, kv_in_ref: Any, kv_ref: Any, rows_ref: Any,
-                     sem: Any, *, tokens_per_block: int) -> None:
+                     sem: Any, *, plan: KvCacheUpdatePlan) -> None:
     # slots_ref: [num_tokens_padded] int32 SMEM (scalar prefetch), -1 = skip
     # k_ref, v_ref: [tokens_per_block, kv_heads, head_dim] VMEM blocks of the new tokens
     # kv_in_ref / kv_ref: the aliased cache [num_slots, 2 * kv_heads, head_dim] in HBM (written through kv_ref)
@@ -571,43 +649,39 @@ def _combined_kernel(slots_ref: Any, k_ref: Any, v_ref: Any, kv_in_ref: Any, kv_
     for h in range(k_ref.shape[1]):  # one sublane per store: row 2h <- K of head h, 2h + 1 <- its V
         rows_ref[:, pl.ds(2 * h, 1), :] = k_ref[:, pl.ds(h, 1), :]
         rows_ref[:, pl.ds(2 * h + 1, 1), :] = v_ref[:, pl.ds(h, 1), :]
-    _copy_rows(slots_ref, tokens_per_block,
+    _copy_rows(slots_ref, plan.tokens_per_block,
                lambda t, slot: [pltpu.make_async_copy(rows_ref.at[t], kv_ref.at[slot], sem.at[0])])
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    static_argnames=("plan", "interpret"),
     donate_argnames=("kv_pages",),
 )
 def _combined_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
-                  tokens_per_block: int, vmem_limit_bytes: int | None, interpret: bool) -> jax.Array:
-    num_tokens, kv_heads, head_dim = new_k.shape
-    num_pages, page_size = kv_pages.shape[:2]
-    flat = kv_pages.reshape(num_pages * page_size, 2 * kv_heads, head_dim)  # leading dims only: a bitcast
-    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
-    slots = jnp.pad(slot_mapping, (0, padded_tokens - num_tokens), constant_values=PADDING_SLOT)
+                  plan: KvCacheUpdatePlan, interpret: bool) -> jax.Array:
+    kv_heads, head_dim, tokens_per_block = plan.kv_heads, plan.head_dim, plan.tokens_per_block
+    flat = kv_pages.reshape(plan.num_pages * plan.page_size, 2 * kv_heads, head_dim)  # leading dims only: a bitcast
+    slots = jnp.pad(slot_mapping, (0, plan.padded_tokens - plan.num_tokens), constant_values=PADDING_SLOT)
     token_spec = pl.BlockSpec((tokens_per_block, kv_heads, head_dim), lambda i, slots_ref: (i, 0, 0))
     hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_combined_kernel, tokens_per_block=tokens_per_block),
+        with_ref_names(functools.partial(_combined_kernel, plan=plan),
                        ["slots_ref", "new_k_ref", "new_v_ref", "kv_pages_in_ref", "kv_pages_ref", "rows_buf",
                         "sem"]),
         out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(tiling.cdiv(num_tokens, tokens_per_block),),
+            grid=(plan.n_blocks,),
             in_specs=[token_spec, token_spec, hbm_spec],
             out_specs=hbm_spec,
-            scratch_shapes=[pltpu.VMEM((tokens_per_block, 2 * kv_heads, head_dim), kv_pages.dtype),
+            scratch_shapes=[pltpu.VMEM((tokens_per_block, 2 * kv_heads, head_dim), jnp.dtype(plan.cache_dtype)),
                             pltpu.SemaphoreType.DMA((1,))],
         ),
         input_output_aliases={3: 0},  # operands: slots (scalar prefetch), new_k, new_v, kv_pages
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(
-            num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-            new_dtype=new_k.dtype, cache_dtype=kv_pages.dtype,
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=plan.cost_estimate(),
         interpret=interpret_params(interpret),
         name="kv_cache_update",
     )
@@ -617,45 +691,44 @@ def _combined_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_
 
 
 def _combined_rows_kernel(slots_ref: Any, rows_ref: Any, kv_in_ref: Any, kv_ref: Any, sem: Any, *,
-                          tokens_per_block: int) -> None:
+                          plan: KvCacheUpdatePlan) -> None:
     # rows_ref: [tokens_per_block, 2 * kv_heads, head_dim] VMEM block of the new tokens' cache rows, K/V interleaved
     # kv_in_ref / kv_ref: the aliased cache [num_slots, 2 * kv_heads, head_dim] in HBM (written through kv_ref)
     del kv_in_ref
-    _copy_rows(slots_ref, tokens_per_block,
+    _copy_rows(slots_ref, plan.tokens_per_block,
                lambda t, slot: [pltpu.make_async_copy(rows_ref.at[t], kv_ref.at[slot], sem.at[0])])
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    static_argnames=("plan", "interpret"),
     donate_argnames=("kv_pages", "kv_scales"),
 )
 def _combined_int8_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, kv_scales: jax.Array,
-                       slot_mapping: jax.Array, *, tokens_per_block: int, vmem_limit_bytes: int | None,
+                       slot_mapping: jax.Array, *, plan: KvCacheUpdatePlan,
                        interpret: bool) -> tuple[jax.Array, jax.Array]:
-    num_tokens, kv_heads, head_dim = new_k.shape
-    num_pages, page_size = kv_pages.shape[:2]
-    num_slots = num_pages * page_size
+    num_tokens, kv_heads, head_dim = plan.num_tokens, plan.kv_heads, plan.head_dim
+    tokens_per_block = plan.tokens_per_block
+    num_slots = plan.num_pages * plan.page_size
     kq, ks = quantize_int8(new_k, axis=-1)  # [T, kv_heads, head_dim] int8, [T, kv_heads, 1] f32
     vq, vs = quantize_int8(new_v, axis=-1)
     rows = jnp.stack([kq, vq], axis=2).reshape(num_tokens, 2 * kv_heads, head_dim)
     scale_rows = jnp.stack([ks[..., 0], vs[..., 0]], axis=2).reshape(num_tokens, 2 * kv_heads)
     flat = kv_pages.reshape(num_slots, 2 * kv_heads, head_dim)  # leading dims only: a bitcast
-    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
-    slots = jnp.pad(slot_mapping, (0, padded_tokens - num_tokens), constant_values=PADDING_SLOT)
+    slots = jnp.pad(slot_mapping, (0, plan.padded_tokens - num_tokens), constant_values=PADDING_SLOT)
     row_spec = pl.BlockSpec((tokens_per_block, 2 * kv_heads, head_dim), lambda i, slots_ref: (i, 0, 0))
     hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_combined_rows_kernel, tokens_per_block=tokens_per_block),
+        with_ref_names(functools.partial(_combined_rows_kernel, plan=plan),
                        ["slots_ref", "rows_ref", "kv_pages_in_ref", "kv_pages_ref", "sem"]),
         out_shape=jax.ShapeDtypeStruct(flat.shape, flat.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(tiling.cdiv(num_tokens, tokens_per_block),),
+            num_scalar_prefetch=1, grid=(plan.n_blocks,),
             in_specs=[row_spec, hbm_spec], out_specs=hbm_spec, scratch_shapes=[pltpu.SemaphoreType.DMA((1,))]),
         input_output_aliases={2: 0},  # operands: slots (scalar prefetch), rows, kv_pages
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-                                    new_dtype=new_k.dtype, cache_dtype=kv_pages.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=plan.cost_estimate(),
         interpret=interpret_params(interpret),
         name="kv_cache_update",
     )
@@ -668,7 +741,7 @@ def _combined_int8_jit(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("tokens_per_block", "vmem_limit_bytes", "interpret"),
+    static_argnames=("plan", "interpret"),
     donate_argnames=("k_cache", "v_cache", "k_scale_cache", "v_scale_cache"),
 )
 def _token_major_jit(
@@ -680,17 +753,14 @@ def _token_major_jit(
     k_scale_cache: jax.Array | None,
     v_scale_cache: jax.Array | None,
     *,
-    tokens_per_block: int,
-    vmem_limit_bytes: int | None,
+    plan: KvCacheUpdatePlan,
     interpret: bool,
 ) -> tuple[jax.Array, ...]:
-    num_tokens, kv_heads, head_dim = new_k.shape
-    quantize = k_scale_cache is not None
+    kv_heads, head_dim, tokens_per_block, quantize = plan.kv_heads, plan.head_dim, plan.tokens_per_block, plan.quantize
     caches = [k_cache, v_cache] + ([k_scale_cache, v_scale_cache] if quantize else [])
     shapes = [c.shape for c in caches]
     flat = [c.reshape(c.shape[0] * c.shape[1], *c.shape[2:]) for c in caches]  # leading dims only: a bitcast
-    padded_tokens = tiling.round_up(num_tokens, tokens_per_block)
-    slots = jnp.pad(slot_mapping, (0, padded_tokens - num_tokens), constant_values=PADDING_SLOT)
+    slots = jnp.pad(slot_mapping, (0, plan.padded_tokens - plan.num_tokens), constant_values=PADDING_SLOT)
     token_spec = pl.BlockSpec((tokens_per_block, kv_heads, head_dim), lambda i, slots_ref: (i, 0, 0))
     hbm_spec = pl.BlockSpec(memory_space=pl.ANY)
     scratch = []
@@ -705,22 +775,19 @@ def _token_major_jit(
     ref_names = (["slots_ref", "new_k_ref", "new_v_ref"] + [f"{c}_in_ref" for c in cache_names]
                  + [f"{c}_ref" for c in cache_names] + scratch_names)
     call = pl.pallas_call(
-        with_ref_names(functools.partial(_token_major_kernel, tokens_per_block=tokens_per_block, quantize=quantize),
-                       ref_names),
+        with_ref_names(functools.partial(_token_major_kernel, plan=plan), ref_names),
         out_shape=[jax.ShapeDtypeStruct(c.shape, c.dtype) for c in flat],
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(tiling.cdiv(num_tokens, tokens_per_block),),
+            grid=(plan.n_blocks,),
             in_specs=[token_spec, token_spec] + [hbm_spec] * len(caches),
             out_specs=[hbm_spec] * len(caches),
             scratch_shapes=scratch,
         ),
         input_output_aliases={first_cache_input + c: c for c in range(len(caches))},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), vmem_limit_bytes=vmem_limit_bytes),
-        cost_estimate=cost_estimate(
-            num_tokens=num_tokens, kv_heads=kv_heads, head_dim=head_dim, page_size=k_cache.shape[1],
-            new_dtype=new_k.dtype, cache_dtype=k_cache.dtype,
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
+                                             vmem_limit_bytes=plan.vmem_limit_bytes),
+        cost_estimate=plan.cost_estimate(),
         interpret=interpret_params(interpret),
         name="kv_cache_update",
     )
