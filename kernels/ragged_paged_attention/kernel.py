@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +65,7 @@ from kernels.ragged_paged_attention.blocks import (
     LANES,
     QUANT_KV_DTYPES,
     STATS_LANES,
+    KvRowLayout,
     RaggedPagedAttentionBlockSizes,
     default_block_sizes,
     kv_row_layout,
@@ -88,6 +90,56 @@ QUANT_Q_DTYPES = ("bfloat16", "float32")
 #: Head dims under one vreg's 128 lanes the kernel takes: two heads share a 128-lane window of q and the output
 #: (loaded whole and split, stored as one window); K/V pages keep their 64-lane rows (Mosaic pads them in VMEM).
 HALF_LANE_HEAD_DIMS = (64,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaggedPagedAttentionPlan:
+    """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
+    size the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate) and drive the kernel body.
+    Hashable: the jitted function and the body take it as a static argument."""
+
+    total_tokens: int
+    q_heads: int
+    head_dim: int
+    kv_heads: int
+    num_pages: int
+    page_size: int
+    max_seqs: int
+    pages_per_seq: int
+    #: numpy dtype names of q (and the output) and of kv_pages.
+    q_dtype: str
+    kv_dtype: str
+    sm_scale: float
+    sliding_window: int | None
+    soft_cap: float | None
+    #: The validated blocks (the chip's defaults fitted to the dtype and page size unless given).
+    blocks: RaggedPagedAttentionBlockSizes
+    #: Layout of kv_scales (:func:`kv_scale_layout`): 'none' for a bf16 / f32 cache, else 'per-token' / 'per-page'.
+    kv_scale: str
+    #: The MXU takes the cache's 8-bit codes as they are (:func:`native_kv_operand`).
+    native_codes: bool
+    #: bf16 K/V split through 32-bit rows (False in interpret mode, which cannot bitcast a ref).
+    packed_pairs: bool
+
+    @property
+    def group(self) -> int:
+        """q heads per KV head (GQA)."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def quantized(self) -> bool:
+        """An int8 / fp8 cache read with kv_scales."""
+        return self.kv_scale != "none"
+
+    @property
+    def pages_per_block(self) -> int:
+        """Pages of one KV block."""
+        return self.blocks.pages_per_block(self.page_size)
+
+    @property
+    def layout(self) -> KvRowLayout | None:
+        """VMEM row layout of a bf16 / f32 cache's KV block; None for a quantized cache (unpadded rows)."""
+        return None if self.quantized else kv_row_layout(np.dtype(self.kv_dtype), self.kv_heads)
 
 
 def ragged_paged_attention(
@@ -135,6 +187,21 @@ def ragged_paged_attention(
     Under a jit, page ids are clamped into the cache. Raises ValueError naming the argument at fault.
     """
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(-1)
+    plan = make_plan(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=sm_scale,
+                     sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks, kv_scales=kv_scales,
+                     block_sizes=block_sizes, chip=chip, interpret=interpret)
+    return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, kv_scales,
+                                   plan=plan, interpret=interpret)
+
+
+def make_plan(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, *, sm_scale: float | None = None,
+              sliding_window: int | None = None, soft_cap: float | None = None, sinks=None, kv_scales=None,
+              block_sizes: RaggedPagedAttentionBlockSizes | None = None, chip: str = DEFAULT_CHIP,
+              interpret: bool = False) -> RaggedPagedAttentionPlan:
+    """Validate a :func:`ragged_paged_attention` call (ValueError naming the argument) and fix its plan: the blocks
+    (the chip's defaults unless given), the scale, and how the kernel reads the cache. Shapes, dtypes and blocks are
+    checked always; page ids, lengths and ``cu_q_lens`` when they are concrete."""
+    num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(-1)
     _check_shapes(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks)
     _check_kv_scales(kv_pages, kv_scales, chip)
     if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
@@ -151,12 +218,15 @@ def ragged_paged_attention(
     _check_smem(page_table, q.shape[0], block_sizes.block_q, chip)
     _check_values(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs)
     scale = 1.0 / math.sqrt(q.shape[2]) if sm_scale is None else float(sm_scale)
-    return _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, kv_scales,
-                                   sm_scale=scale,
-                                   sliding_window=sliding_window,
-                                   soft_cap=None if soft_cap is None else float(soft_cap),
-                                   block_sizes=block_sizes, chip=chip, interpret=interpret,
-                                   packed_pairs=not (interpret or _interpret_mode_forced()))
+    num_pages = kv_pages.shape[0]
+    return RaggedPagedAttentionPlan(
+        total_tokens=q.shape[0], q_heads=q.shape[1], head_dim=q.shape[2], kv_heads=kv_heads, num_pages=num_pages,
+        page_size=page_size, max_seqs=page_table.shape[0], pages_per_seq=page_table.shape[1],
+        q_dtype=np.dtype(q.dtype).name, kv_dtype=np.dtype(kv_pages.dtype).name, sm_scale=scale,
+        sliding_window=sliding_window, soft_cap=None if soft_cap is None else float(soft_cap), blocks=block_sizes,
+        kv_scale=kv_scale_layout(kv_scales),
+        native_codes=kv_scales is not None and native_kv_operand(q.dtype, kv_pages.dtype, chip),
+        packed_pairs=not (interpret or _interpret_mode_forced()))
 
 
 def _interpret_mode_forced() -> bool:
@@ -340,31 +410,23 @@ def _sequence_ranges(cu_q_lens, num_seqs, *, total_tokens: int, block_q: int):
     return (jnp.sum(ends_before, axis=1, dtype=jnp.int32), jnp.sum(starts_before_end, axis=1, dtype=jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap", "block_sizes", "chip",
-                                             "interpret", "packed_pairs"))
+@functools.partial(jax.jit, static_argnames=("plan", "interpret"))
 def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sinks, kv_scales, *,
-                            sm_scale: float,
-                            sliding_window: int | None, soft_cap: float | None,
-                            block_sizes: RaggedPagedAttentionBlockSizes, chip: str, interpret: bool,
-                            packed_pairs: bool = True):
-    total_tokens, q_heads, head_dim = q.shape
-    num_pages, page_size, combined, _ = kv_pages.shape
-    kv_heads = combined // 2
-    pages_per_seq = page_table.shape[1]
-    group = q_heads // kv_heads
-    block_q, block_kv = block_sizes.block_q, block_sizes.block_kv
-    pages_per_block = block_sizes.pages_per_block(page_size)
+                            plan: RaggedPagedAttentionPlan, interpret: bool):
+    total_tokens, q_heads, head_dim = plan.total_tokens, plan.q_heads, plan.head_dim
+    num_pages, page_size, kv_heads = plan.num_pages, plan.page_size, plan.kv_heads
+    combined = 2 * kv_heads
+    group = plan.group
+    block_q, block_kv = plan.blocks.block_q, plan.blocks.block_kv
     rows = group * block_q
     seq_lo, seq_hi = _sequence_ranges(cu_q_lens, num_seqs, total_tokens=total_tokens, block_q=block_q)
     # Validated on the way in: every page id the kernel may copy lies inside the cache (bounds checks off).
     safe_table = jnp.clip(page_table, 0, num_pages - 1).reshape(-1)
-    quantized = kv_scales is not None
-    if quantized:  # a page's tokens x (K, V of every head) as one [page_size * 2 * kv_heads, head_dim] slab
+    layout = plan.layout
+    if plan.quantized:  # a page's tokens x (K, V of every head) as one [page_size * 2 * kv_heads, head_dim] slab
         kv_hbm = kv_pages.reshape(num_pages, page_size * combined, head_dim)
         kv_scratch = pltpu.VMEM((2, block_kv * combined, head_dim), kv_pages.dtype)
-        layout = None
     else:  # [num_pages, page_size, words, pack, head_dim]: a token's 32-bit rows (the same bytes, a free view)
-        layout = kv_row_layout(kv_pages.dtype, kv_heads)
         kv_hbm = kv_pages.reshape(num_pages, page_size, layout.words, layout.pack, head_dim)
         kv_scratch = pltpu.VMEM((2, block_kv, layout.stride, layout.pack, head_dim), kv_pages.dtype)
     # Sink logits, lane-replicated: one [1, STATS_LANES] row per q head (-inf-like when off: no extra term).
@@ -372,9 +434,8 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
         (jnp.full((q_heads,), MASK_VALUE, jnp.float32) if sinks is None else sinks.astype(jnp.float32))[:, None],
         (q_heads, STATS_LANES))
 
-    native_codes = quantized and native_kv_operand(q.dtype, kv_pages.dtype, chip)
     scale_inputs, scale_specs, scale_scratch, scale_names = [], [], [], []
-    if quantized:
+    if plan.quantized:
         scale_inputs = [block_scales(kv_scales, page_table, kv_lens, page_size=page_size, block_kv=block_kv)]
         scale_specs = [pl.BlockSpec(memory_space=pl.ANY)]
         scale_scratch = [pltpu.VMEM((2, combined, block_kv), jnp.float32), pltpu.SemaphoreType.DMA((2,))]
@@ -400,10 +461,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
             *scale_scratch,
         ],
     )
-    kernel = functools.partial(_ragged_paged_attention_kernel, sm_scale=sm_scale, group=group, kv_heads=kv_heads,
-                               page_size=page_size, pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
-                               sliding_window=sliding_window, soft_cap=soft_cap, packed_pairs=packed_pairs,
-                               quantized=quantized, native_codes=native_codes, layout=layout)
+    kernel = functools.partial(_ragged_paged_attention_kernel, plan=plan)
     names = ["kv_lens", "page_table", "cu_q_lens", "seq_lo", "seq_hi", "q", "sinks", "kv_pages"]
     names += scale_names[:1] + ["o", "kv_buf", "sems", "m", "l", "acc", "q1", "m1", "l1", "acc1"] + scale_names[1:]
     kernel = with_ref_names(kernel, tuple(names))
@@ -413,7 +471,7 @@ def _ragged_paged_attention(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seq
         out_shape=jax.ShapeDtypeStruct((total_tokens, q_heads * head_dim), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), disable_bounds_checks=True),
         interpret=interpret_params(interpret),
-        cost_estimate=_cost_estimate(q, kv_pages, page_table, block_q, block_kv, kv_scale_layout(kv_scales)),
+        cost_estimate=cost_estimate(plan),
         name="ragged_paged_attention",
     )
     with jax.named_scope(f"ragged_paged_attention_bq{block_q}_bkv{block_kv}"):
@@ -460,16 +518,15 @@ def assumed_lengths(*, total_tokens: int, max_seqs: int, pages_per_seq: int, num
     return q_lens, np.maximum(q_lens, share_tokens)
 
 
-def _cost_estimate(q, kv_pages, page_table, block_q: int, block_kv: int, kv_scale: str):
+def cost_estimate(plan: RaggedPagedAttentionPlan) -> pl.CostEstimate:
     """pl.CostEstimate from perfmodel's ragged paged attention model at the assumed lengths."""
-    total_tokens, q_heads, head_dim = q.shape
-    num_pages, page_size, combined, _ = kv_pages.shape
-    q_lens, kv_lens = assumed_lengths(total_tokens=total_tokens, max_seqs=page_table.shape[0],
-                                      pages_per_seq=page_table.shape[1], num_pages=num_pages, page_size=page_size)
+    q_lens, kv_lens = assumed_lengths(total_tokens=plan.total_tokens, max_seqs=plan.max_seqs,
+                                      pages_per_seq=plan.pages_per_seq, num_pages=plan.num_pages,
+                                      page_size=plan.page_size)
     return perf.ragged_paged_attention_cost(
-        query_lens=q_lens, context_lens=kv_lens, q_heads=q_heads, kv_heads=combined // 2, head_dim=head_dim,
-        page_size=page_size, kv_dtype=np.dtype(kv_pages.dtype).name, q_dtype=np.dtype(q.dtype).name,
-        block_q=block_q, block_kv=block_kv, kv_scale=kv_scale)
+        query_lens=q_lens, context_lens=kv_lens, q_heads=plan.q_heads, kv_heads=plan.kv_heads,
+        head_dim=plan.head_dim, page_size=plan.page_size, kv_dtype=plan.kv_dtype, q_dtype=plan.q_dtype,
+        block_q=plan.blocks.block_q, block_kv=plan.blocks.block_kv, kv_scale=plan.kv_scale)
 
 
 def _lanes(stats, width: int):
@@ -605,19 +662,12 @@ def _ragged_paged_attention_kernel(
     sinks_ref,  # VMEM [q_heads, STATS_LANES] f32: sink logit per q head, lane-replicated
     kv_hbm_ref,  # HBM [num_pages, page_size, words, pack, head_dim] (layout), quantized [num_pages, page_size * 2 * kv_heads, head_dim]
     *refs,  # (quantized) scales_hbm_ref, then o_ref, the scratch below, (quantized) scale_buf, scale_sems
-    sm_scale: float,
-    group: int,
-    kv_heads: int,
-    page_size: int,
-    pages_per_block: int,
-    pages_per_seq: int,
-    sliding_window: int | None,
-    soft_cap: float | None,
-    packed_pairs: bool,
-    quantized: bool = False,
-    native_codes: bool = False,
-    layout=None,
+    plan: RaggedPagedAttentionPlan,
 ):
+    sm_scale, group, kv_heads, page_size = plan.sm_scale, plan.group, plan.kv_heads, plan.page_size
+    pages_per_block, pages_per_seq = plan.pages_per_block, plan.pages_per_seq
+    sliding_window, soft_cap, packed_pairs = plan.sliding_window, plan.soft_cap, plan.packed_pairs
+    quantized, native_codes, layout = plan.quantized, plan.native_codes, plan.layout
     # scales_hbm_ref: HBM [max_seqs * blocks_per_seq, 2 * kv_heads, block_kv] f32 (block_scales), quantized only.
     # o_ref: VMEM [block_q, q_heads * head_dim]. Scratch:
     # kv_buf: VMEM [2, block_kv, stride, pack, head_dim]: two slots of one KV block (all heads), each token's
