@@ -159,6 +159,31 @@ def check_positive_int(field: str, value: Any) -> None:
         raise ValueError(f"block_sizes.{field}={value!r} must be a positive int")
 
 
+class GemmGrid:
+    """The grid counts of a GEMM call's plan (a frozen dataclass with ``m``, ``n``, ``k`` and ``blocks``, a
+    :class:`GemmTile`): shared by the matmul kernels' plans."""
+
+    m: int
+    n: int
+    k: int
+    blocks: "GemmTile"
+
+    @property
+    def n_i(self) -> int:
+        """Row blocks."""
+        return cdiv(self.m, self.blocks.bm)
+
+    @property
+    def n_j(self) -> int:
+        """Column blocks."""
+        return cdiv(self.n, self.blocks.bn)
+
+    @property
+    def n_k(self) -> int:
+        """K steps (the innermost grid axis)."""
+        return cdiv(self.k, self.blocks.bk)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GemmTile:
     """A GEMM grid step's tile lhs[bm, bk] @ rhs[bk, bn] -> out[bm, bn] (the matmul kernels' block sizes derive

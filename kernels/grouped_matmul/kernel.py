@@ -151,7 +151,7 @@ def panel_columns(chip: Any, *, m: int, k: int, n: int, groups: int, blocks: Gro
 
 
 @dataclass(frozen=True, kw_only=True)
-class GroupedMatmulPlan:
+class GroupedMatmulPlan(tiling.GemmGrid):
     """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
     size the VMEM check, the pallas_call (grid, BlockSpecs, compiler params, cost estimate) and the kernel body.
     Hashable: the jitted function and the body take it as a static argument."""
@@ -175,16 +175,6 @@ class GroupedMatmulPlan:
     lhs_resident: bool
     #: The raised scoped-VMEM limit the call compiles with (None: the chip's default).
     vmem_limit_bytes: int | None
-
-    @property
-    def n_j(self) -> int:
-        """Column blocks."""
-        return tiling.cdiv(self.n, self.blocks.bn)
-
-    @property
-    def n_k(self) -> int:
-        """K steps (grid axis 2, innermost)."""
-        return tiling.cdiv(self.k, self.blocks.bk)
 
     @property
     def panels(self) -> int:

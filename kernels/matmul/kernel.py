@@ -82,7 +82,7 @@ EAGER_EPILOGUE_MAX_K_STEPS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
-class MatmulPlan:
+class MatmulPlan(tiling.GemmGrid):
     """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
     size the VMEM check, the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate) and the kernel
     body. Hashable: the jitted function and the body take it as a static argument."""
@@ -117,21 +117,6 @@ class MatmulPlan:
     bf16_scaling: bool
     #: The raised scoped-VMEM limit the call compiles with (None: the chip's default).
     vmem_limit_bytes: int | None
-
-    @property
-    def n_i(self) -> int:
-        """Row blocks (grid axis 0)."""
-        return tiling.cdiv(self.m, self.blocks.bm)
-
-    @property
-    def n_j(self) -> int:
-        """Column blocks (grid axis 1)."""
-        return tiling.cdiv(self.n, self.blocks.bn)
-
-    @property
-    def n_k(self) -> int:
-        """K steps (grid axis 2, innermost)."""
-        return tiling.cdiv(self.k, self.blocks.bk)
 
     @property
     def k_tail(self) -> int | None:

@@ -83,8 +83,28 @@ class Filters:
     logprobs: int | None = None
 
 
+class RowVocabGrid:
+    """The row and vocabulary block counts of a sampling kernel's plan (a frozen dataclass with ``batch``,
+    ``vocab``, ``block_b`` and ``block_v``): shared by :class:`SamplingPlan` and the rejection sampler's plan."""
+
+    batch: int
+    vocab: int
+    block_b: int
+    block_v: int
+
+    @property
+    def row_blocks(self) -> int:
+        """Row blocks (a grid axis)."""
+        return pl.cdiv(self.batch, self.block_b)
+
+    @property
+    def vocab_blocks(self) -> int:
+        """Vocabulary blocks (the last grid axis, and the resident copy's leading dimension)."""
+        return pl.cdiv(self.vocab, self.block_v)
+
+
 @dataclass(frozen=True, kw_only=True)
-class SamplingPlan:
+class SamplingPlan(RowVocabGrid):
     """Static facts of one call, made once from its arguments, the chip and the blocks (:func:`make_plan`): they
     size the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate) and the kernel body.
     Hashable: the jitted function and the body take it as a static argument."""
@@ -99,16 +119,6 @@ class SamplingPlan:
     #: Rows per grid step and vocabulary entries per grid step and pass chunk (the checked block sizes).
     block_b: int
     block_v: int
-
-    @property
-    def row_blocks(self) -> int:
-        """Row blocks (the first grid axis)."""
-        return pl.cdiv(self.batch, self.block_b)
-
-    @property
-    def vocab_blocks(self) -> int:
-        """Vocabulary blocks (the last grid axis, and the resident copy's leading dimension)."""
-        return pl.cdiv(self.vocab, self.block_v)
 
     @property
     def padded(self) -> int:

@@ -33,7 +33,7 @@ from kernels.common import interpret_params, with_ref_names
 from kernels.perf import DEFAULT_CHIP
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
-from kernels.sampling.kernel import MAX_VOCAB, lane_group
+from kernels.sampling.kernel import MAX_VOCAB, RowVocabGrid, lane_group
 from kernels.tiling import check_vmem, tpu_chip
 
 #: Vocab index whose hash gives a position's acceptance uniform (never a token's index).
@@ -52,7 +52,7 @@ class Verified:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RejectionPlan:
+class RejectionPlan(RowVocabGrid):
     """Static facts of one :func:`rejection_sample` call, made once from its arguments, the chip and the blocks
     (:func:`make_plan`): they size the pallas_call (grid, BlockSpecs, scratch, compiler params, cost estimate)
     and the kernel body. Hashable: the jitted function and the body take it as a static argument."""
@@ -69,16 +69,6 @@ class RejectionPlan:
     def positions(self) -> int:
         """K + 1 positions (the first grid axis)."""
         return self.draft_tokens + 1
-
-    @property
-    def row_blocks(self) -> int:
-        """Row blocks (the second grid axis)."""
-        return pl.cdiv(self.batch, self.block_b)
-
-    @property
-    def vocab_blocks(self) -> int:
-        """Vocabulary blocks (the last grid axis)."""
-        return pl.cdiv(self.vocab, self.block_v)
 
     @property
     def width(self) -> int:
