@@ -17,6 +17,7 @@ reported apart. A point measured faster than its floor is a model error (``beats
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Sequence
@@ -35,6 +36,11 @@ COLLECTIVE_OPS = ("all-gather", "reduce-scatter", "all-reduce")
 def _flags(params: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
     return " ".join(f"--{k.replace('_', '-')} {v}" if v is not True else f"--{k.replace('_', '-')}"
                     for k, v in params.items() if k not in skip)
+
+
+def _predict_command(op: str, params: dict[str, Any], chip: str) -> str:
+    group = "collective " if op in COLLECTIVE_OPS else ""
+    return f"perfmodel predict {group}{op} --hw {chip} {_flags(params)}".strip()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +70,8 @@ class ValidationPoint:
     target: str | None = None
     shapes: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
+    #: Ops whose floors and expected times add up to the measurement, each (predict op, its parameters).
+    parts: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def is_fit(self) -> bool:
@@ -76,9 +84,9 @@ class ValidationPoint:
             name = f"--config {self.model}/config.json" if self.hf_config else self.model
             return "; ".join(f"perfmodel predict model {name} --hw {self.chip} {_flags(s, skip=('count',))}"
                              + (f" (x{s['count']})" if s.get("count", 1) != 1 else "") for s in self.steps)
-        if self.op is not None:
-            group = "collective " if self.op in COLLECTIVE_OPS else ""
-            return f"perfmodel predict {group}{self.op} --hw {self.chip} {_flags(self.params or {})}".strip()
+        if self.op is not None or self.parts:
+            return "; ".join(_predict_command(op, params, self.chip)
+                             for op, params in (self.parts or ((self.op, self.params or {}),)))
         return (f"perfmodel analyze {self.target} --hw {self.chip} "
                 + " ".join(f"--shape {s}" for s in self.shapes) + " " + " ".join(f"--arg {a}" for a in self.args))
 
@@ -165,6 +173,8 @@ class ValidationReport:
     small_count: int
     chips: tuple[str, ...]
     pairs: tuple[PairRow, ...] = ()
+    #: Points of the selected groups with no op model yet (id, group, reason).
+    not_modelled: tuple[Any, ...] = ()
 
     @property
     def beats_floor(self) -> tuple[str, ...]:
@@ -233,12 +243,15 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
             expected += count * float(pred.expected_s)
             calls += count
         return ValidationRow(point=p, floor_s=floor, expected_s=expected + calls * dispatch, dispatch_s=calls * dispatch)
-    if p.op is not None:
+    if p.op is not None or p.parts:
         from perfmodel.predict.ops import predict_op
 
-        (pred,) = predict_op(p.op, p.params or {}, chips=[chip]).predictions
-        return ValidationRow(point=p, floor_s=float(pred.roofline.floor_s),
-                             expected_s=float(pred.roofline.expected_s) + dispatch, dispatch_s=dispatch)
+        floor = expected = 0.0
+        for op, params in p.parts or ((p.op, p.params or {}),):
+            (pred,) = predict_op(op, params, chips=[chip]).predictions
+            floor += float(pred.roofline.floor_s)
+            expected += float(pred.roofline.expected_s)
+        return ValidationRow(point=p, floor_s=floor, expected_s=expected + dispatch, dispatch_s=dispatch)
     from perfmodel.schedule.analyze import analyze
     from perfmodel.schedule.binding import bind_function
 
@@ -273,14 +286,25 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
                    kernels: bool = True, progress: Callable[[str], None] | None = None) -> ValidationReport:
     """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall."""
     from perfmodel.errors import InputError
+    from perfmodel.harness import tokamax_validation as tokamax
 
-    pts = list(points) if points is not None else load_points(kernels=kernels)
-    known = sorted({p.group for p in pts})
+    skipped: list[Any] = []
+    if points is not None:
+        pts = list(points)
+    else:
+        pts = load_points(kernels=kernels)
+        if any(g.startswith(tokamax.GROUP_PREFIX) for g in groups):
+            more, skipped = tokamax.load_points()
+            pts += more
+    known = sorted({p.group for p in pts} | {tokamax.GROUP_PREFIX})
     for g in groups:
         if g not in known:
             raise InputError(f"`group` '{g}': no such group; one of {', '.join(known)}", fields=("group",))
     if groups:
-        pts = [p for p in pts if p.group in groups]
+        # "tokamax" selects every tokamax group.
+        pts = [p for p in pts if p.group in groups
+               or (tokamax.GROUP_PREFIX in groups and p.group.startswith(tokamax.GROUP_PREFIX + "-"))]
+        skipped = [s for s in skipped if s.group in groups or tokamax.GROUP_PREFIX in groups]
     rows = []
     for p in pts:
         if progress is not None:
@@ -297,7 +321,7 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
     pairs = tuple(PairRow(id=q["id"], what=q["what"], base=by_id[q["base"]], fast=by_id[q["fast"]])
                   for q in (load_pairs() if points is None else ()) if q["base"] in by_id and q["fast"] in by_id)
     return ValidationReport(
-        pairs=pairs,
+        pairs=pairs, not_modelled=tuple(skipped),
         rows=tuple(rows), groups=tuple(summaries), overall=summarize(rows),
         held_out=summarize([r for r in rows if not r.point.is_fit]), fit=summarize([r for r in rows if r.point.is_fit]),
         small_within_2x=sum(1 for r in small if 0.5 <= r.expected_s / r.point.measured_s <= 2.0),
@@ -343,6 +367,11 @@ def report_text(report: ValidationReport) -> str:
         out.append(table(["pair", "what", "measured speedup", "predicted speedup", "error"],
                          [[q.id, q.what, f"{q.measured_speedup:.2f}x", f"{q.predicted_speedup:.2f}x", _pct(q.error)]
                           for q in report.pairs], align="llrrr"))
+    if report.not_modelled:
+        reasons = Counter(s.reason for s in report.not_modelled)
+        out.append("")
+        out.append(f"not modelled ({len(report.not_modelled)} points): "
+                   + "; ".join(f"{n} x {why}" for why, n in reasons.items()))
     beats = report.beats_floor
     out.append(f"measurements faster than their floor: {', '.join(beats)}" if beats
                else "no measurement is faster than its floor")
@@ -365,4 +394,5 @@ def report_records(report: ValidationReport) -> dict[str, Any]:
     return {"points": points, "groups": to_jsonable(list(report.groups)), "overall": to_jsonable(report.overall),
             "held_out": to_jsonable(report.held_out), "fit": to_jsonable(report.fit),
             "small_within_2x": report.small_within_2x, "small_count": report.small_count,
-            "chips": list(report.chips), "beats_floor": list(report.beats_floor), "pairs": pairs}
+            "chips": list(report.chips), "beats_floor": list(report.beats_floor), "pairs": pairs,
+            "not_modelled": to_jsonable(list(report.not_modelled))}

@@ -1,0 +1,206 @@
+"""tokamax's real-TPU timings (the calibration subset shipped in ``perfmodel/data/validation/``) as validation
+points of ``perfmodel validate --group tokamax``.
+
+Each timed tokamax call (one jitted op on ONE JAX device: the whole chip on v5e, one of the two TensorCores of a
+TPU7x, hence ``tpu-7x/core``) becomes the perfmodel ops that do its work, summed:
+
+* ``ragged_dot`` (both implementations): the grouped GEMM of its group sizes; a ragged contracting dimension (the weight-gradient form, out[g] = lhs[rows of
+  g]^T @ rhs[rows of g]) as one GEMM per group whose K is the group's rows;
+* XLA ``attention``: the two batched GEMMs of logits and output and one elementwise pass over the f32 logits
+  (softmax); its ``vjp`` five GEMMs and two passes;
+* Pallas ``flash_attention`` forward: the flash-attention op model with the recorded blocks;
+* XLA ``linear_softmax_cross_entropy_loss``: the logits GEMM and a pass over the logits (forward), plus the two
+  gradient GEMMs (``vjp``);
+* ``normalization``: one elementwise pass.
+
+What has no op model yet (triangle multiplication, backward flash attention, the fused Pallas cross-entropy,
+which never writes its logits) is listed as not modelled, with the reason. The subset is split in two by a fixed
+hash of each point's id: the ``fit`` half is what perfmodel's constants may be fitted on, the other half is held
+out; the validation report prints both errors. The rest of tokamax's cache is the held-out set this project is
+judged on and is not used here.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from perfmodel.harness.published_validation import ValidationPoint
+
+TOKAMAX_FILE = "validation/tokamax_tpu_calibration.yaml"
+#: The prefix of every tokamax group (``--group tokamax`` selects them all).
+GROUP_PREFIX = "tokamax"
+#: tokamax's device kind -> (perfmodel chip of ONE JAX device, short name in group names).
+CHIPS = {"TPU v5 lite": ("tpu-v5e", "v5e"), "TPU7x": ("tpu-7x/core", "7x")}
+#: Role of the half of the subset constants may be fitted on.
+FIT_ROLE = "fit:tokamax-subset"
+#: Array dtype names of the recorded arguments -> perfmodel's.
+_DTYPES = {"bf16": "bf16", "f32": "fp32", "f16": "fp16", "i32": "int32", "bool": "bool"}
+#: Operand dtype of the MXU for a dot precision tokamax records ("BF16_BF16_F32": bf16 operands, f32 sums).
+_PRECISION_OPERANDS = {"BF16_BF16_F32": "bf16", "DEFAULT": None}
+_ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]$")
+
+Part = tuple[str, dict[str, Any]]
+
+
+class NotModelled(Exception):
+    """A recorded call perfmodel has no op model for (the message says which)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    id: str
+    group: str
+    reason: str
+
+
+def array(text: str) -> tuple[str, list[int]]:
+    """``"bf16[8,2048,8,256]"`` -> ("bf16", [8, 2048, 8, 256])."""
+    m = _ARRAY.match(text)
+    if m is None:
+        raise ValueError(f"not an array spec: {text!r}")
+    return _DTYPES[m.group(1)], [int(d) for d in m.group(2).split(",") if d]
+
+
+def group_sizes(value: Any) -> list[int]:
+    """Recorded group sizes: a list, or tokamax's ``{num_groups, total_size}`` whose representative sizes are
+    tokamax's ``generate_group_sizes(m=total_size, num_groups, seed=0)``: ``total_size`` draws of a group id,
+    uniform with replacement from numpy's default_rng(0), counted per group."""
+    if isinstance(value, dict):
+        g, m = int(value["num_groups"]), int(value["total_size"])
+        ids = np.random.default_rng(0).choice(g, (m,), replace=True)
+        return [int(c) for c in np.bincount(ids, minlength=g)]
+    return [int(v) for v in value]
+
+
+def _mxu_dtype(args: dict[str, Any], dtype: str) -> str:
+    operands = _PRECISION_OPERANDS.get((args.get("precision") or ["DEFAULT"])[0])
+    return operands or dtype
+
+
+def _ragged_dot(args: dict[str, Any]) -> list[Part]:
+    ldt, lhs = array(args["lhs"])
+    rdt, rhs = array(args["rhs"])
+    dn = args["ragged_dot_dimension_numbers"]
+    (lc, rc), _ = dn["dot_dimension_numbers"]
+    sizes = group_sizes(args["group_sizes"])
+    dtypes = {"lhs_dtype": ldt, "rhs_dtype": rdt, "out_dtype": ldt}
+    if dn["rhs_group_dimensions"] == [0] and lc == [1] and len(rhs) == 3:
+        # out[rows of g] = lhs[rows of g] @ rhs[g] (rhs [G, K, N], or [G, N, K] contracting its last dim).
+        m, k = lhs
+        n = rhs[2] if rc == [1] else rhs[1]
+        # The Pallas kernel's tile_m is not passed as the row tile: counting a tile that straddles two groups
+        # once per group puts 7x-rd-fwd-pl-030 (8 groups of the seed-0 sizes, tile_m 512) above its measurement.
+        return [("gemm", {"m": m, "n": n, "k": k, "group_sizes": ",".join(map(str, sizes)), **dtypes})]
+    if dn["rhs_group_dimensions"] == [] and lc == [0] and rc == [0]:
+        # out[g] = lhs[rows of g]^T @ rhs[rows of g]: [K, N] per group, K = lhs's other dim, N = rhs's.
+        used, counts = np.unique([s for s in sizes if s > 0], return_counts=True)
+        return [("gemm", {"m": lhs[1], "n": rhs[1], "k": int(s), "batch": int(c), **dtypes})
+                for s, c in zip(used, counts)]
+    raise NotModelled(f"ragged_dot dimension numbers {dn} (only row-ragged lhs or ragged contraction)")
+
+
+def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:
+    """Attention as XLA runs it: logits = q k^T and out = softmax(logits) v, batched over batch x q heads (k/v
+    heads broadcast to the query heads), f32 logits written and read by one softmax pass; the backward recomputes
+    the logits and adds dP = dO v^T, dV = P^T dO, dQ = dS k, dK = dS^T q and a second pass (dS)."""
+    dt, (*lead, s, hq, d) = array(args["q"])  # [..., seq, heads, head_dim]: leading dims are batch
+    _, (*_, t, _, dv) = array(args["v"])
+    b = int(np.prod(lead))
+    op_dt = _mxu_dtype(args, dt)
+    batch = b * hq
+    qk = {"batch": batch, "m": s, "n": t, "k": d, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": "fp32"}
+    pv = {"batch": batch, "m": s, "n": dv, "k": t, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": dt}
+    softmax = ("copy", {"array_elements": batch * s * t, "dtype": op_dt, "elementwise": True})
+    parts: list[Part] = [("gemm", qk), softmax, ("gemm", pv)]
+    if backward:
+        dp = {**qk}  # dO [s, dv] x v^T [dv, t]
+        dvk = {"batch": batch, "m": t, "n": dv, "k": s, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": dt}
+        dq = {"batch": batch, "m": s, "n": d, "k": t, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": dt}
+        dk = {"batch": batch, "m": t, "n": d, "k": s, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": dt}
+        parts = [("gemm", qk), softmax, ("gemm", dp), ("gemm", dvk), softmax, ("gemm", dq), ("gemm", dk)]
+    return parts
+
+
+def _flash_attention(args: dict[str, Any], config: dict[str, Any]) -> list[Part]:
+    dt, (*lead, s, hq, d) = array(args["q"])
+    _, (*_, t, hkv, _) = array(args["k"])
+    b = int(np.prod(lead))
+    mask = args.get("mask") or {}
+    return [("attention", {"batch": b, "q_len": s, "kv_len": t, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
+                           "causal": bool(mask.get("is_causal")), "dtype": dt,
+                           "block_q": int(config["block_q"]), "block_kv": int(config["block_kv"])})]
+
+
+def _cross_entropy(args: dict[str, Any], backward: bool) -> list[Part]:
+    """x [B, H] @ w [H, V] -> f32 logits, one pass over them (log-sum-exp and the label's logit); the backward
+    recomputes them and adds dx = dlogits w^T and dw = x^T dlogits."""
+    xdt, (b, h) = array(args["x"])
+    wdt, (_, v) = array(args["w"])
+    logits = ("gemm", {"m": b, "n": v, "k": h, "lhs_dtype": xdt, "rhs_dtype": wdt, "out_dtype": "fp32"})
+    softmax = ("copy", {"array_elements": b * v, "dtype": "fp32", "elementwise": True})
+    if not backward:
+        return [logits, softmax]
+    dx = ("gemm", {"m": b, "n": h, "k": v, "lhs_dtype": "fp32", "rhs_dtype": wdt, "out_dtype": xdt})
+    dw = ("gemm", {"m": h, "n": v, "k": b, "lhs_dtype": xdt, "rhs_dtype": "fp32", "out_dtype": wdt})
+    return [logits, softmax, dx, dw]
+
+
+def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
+             config: dict[str, Any]) -> list[Part]:
+    """The perfmodel ops (predict op name, parameters) whose times add up to one recorded tokamax call."""
+    pallas = implementation.startswith("pallas")
+    if op == "ragged_dot" and not backward:
+        return _ragged_dot(args)
+    if op == "attention" and not pallas:
+        return _logit_gemms(args, backward)
+    if op == "flash_attention" and pallas and not backward:
+        return _flash_attention(args, config)
+    if op == "linear_softmax_cross_entropy_loss" and not pallas:
+        return _cross_entropy(args, backward)
+    if op == "normalization" and not backward:
+        dt, dims = array(args["x"])
+        return [("copy", {"array_elements": int(np.prod(dims)), "dtype": dt, "elementwise": True})]
+    raise NotModelled(f"{op} {'vjp' if backward else 'fwd'} ({implementation}): no op model yet")
+
+
+def group_name(chip_short: str, op: str, backward: bool, implementation: str) -> str:
+    impl = "pallas" if implementation.startswith("pallas") else implementation.replace("_", "-")
+    short = {"linear_softmax_cross_entropy_loss": "cross-entropy"}.get(op, op.replace("_", "-"))
+    return f"{GROUP_PREFIX}-{chip_short}-{short}-{'vjp' if backward else 'fwd'}-{impl}"
+
+
+def role(point_id: str) -> str:
+    """The fixed split of the subset: even CRC-32 of the id -> fit, odd -> held out."""
+    return FIT_ROLE if zlib.crc32(point_id.encode()) % 2 == 0 else "held-out"
+
+
+def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Skipped]]:
+    """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no op model."""
+    import yaml
+
+    if text is None:
+        text = resources.files("perfmodel.data").joinpath(TOKAMAX_FILE).read_text()
+    data = yaml.safe_load(text)
+    cite = data["cite_as"]
+    points, skipped = [], []
+    for p in data["points"]:
+        chip, short = CHIPS[p["chip"]]
+        backward = p["pass"].startswith("vjp")
+        group = group_name(short, p["op"], backward, p["implementation"])
+        try:
+            parts = parts_of(p["op"], backward, p["implementation"], p["args"], p.get("config") or {})
+        except NotModelled as e:
+            skipped.append(Skipped(id=p["id"], group=group, reason=str(e)))
+            continue
+        points.append(ValidationPoint(
+            id=p["id"], group=group, chip=chip, source=f"{cite}: {p['src']}", role=role(p["id"]),
+            measured_s=float(p["measured"]["median_ms"]) * 1e-3, includes_dispatch=False,
+            timed=f"tokamax {p['op']} {p['pass']} ({p['implementation']}), device span of one jitted call",
+            parts=tuple(parts)))
+    return points, skipped
