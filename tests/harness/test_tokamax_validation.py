@@ -1,0 +1,141 @@
+"""tokamax's real-TPU timings as validation points: the recorded calls turned into perfmodel ops, the fit /
+held-out split, and `perfmodel validate --group tokamax` through click's runner."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.harness import published_validation as pv
+from perfmodel.harness import tokamax_validation as tv
+from perfmodel.hw.registry import get_chip
+from perfmodel.predict.ops import predict_op
+
+#: The calibration subset's size (perfmodel/data/validation/tokamax_tpu_calibration.yaml).
+SUBSET_POINTS = 374
+
+
+def run(*args, code=0):
+    result = CliRunner().invoke(main, ["validate", *args])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return tv.load_points()
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads(run("--group", "tokamax", "--json"))
+
+
+def test_array_spec():
+    assert tv.array("bf16[8,2048,8,256]") == ("bf16", [8, 2048, 8, 256])
+    assert tv.array("f32[]") == ("fp32", [])
+    with pytest.raises(ValueError, match="not an array spec"):
+        tv.array("bf16(8)")
+
+
+def test_group_sizes_list_and_tokamax_representative_sizes():
+    assert tv.group_sizes([4096, 0, 5]) == [4096, 0, 5]
+    sizes = tv.group_sizes({"num_groups": 256, "total_size": 131072})
+    # 131,072 draws over 256 groups: every row in some group, 512 rows per group on average.
+    assert len(sizes) == 256 and sum(sizes) == 131072 and min(sizes) >= 0
+    assert sizes == tv.group_sizes({"num_groups": 256, "total_size": 131072})  # seed 0: the same every time
+    assert len(set(sizes)) > 1  # a multinomial draw, not an even split
+
+
+def _ragged(lhs, rhs, contract, group_dims, sizes):
+    return {"lhs": lhs, "rhs": rhs, "group_sizes": sizes, "ragged_dot_dimension_numbers": {
+        "dot_dimension_numbers": [contract, [[], []]], "lhs_ragged_dimensions": [0], "rhs_group_dimensions": group_dims}}
+
+
+def test_ragged_dot_row_ragged_and_transposed_weights():
+    (op, p), = tv.parts_of("ragged_dot", False, "xla",
+                           _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    assert op == "gemm" and (p["m"], p["k"], p["n"]) == (512, 256, 1024) and p["group_sizes"] == "128,0,384,0"
+    # rhs [G, N, K] contracting its last dim: N is rhs's middle dim.
+    (_, p), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu",
+                          _ragged("bf16[512,256]", "bf16[4,1024,256]", [[1], [2]], [0], [128, 0, 384, 0]), {})
+    assert (p["k"], p["n"]) == (256, 1024)
+
+
+def test_ragged_contraction_is_one_gemm_per_group():
+    # out[g] = lhs[rows of g]^T @ rhs[rows of g]: groups of 128, 128 and 256 rows (one empty) ->
+    # 2 GEMMs of K=128 and 1 of K=256, each [256 x K] @ [K x 1024]: 2 x 256 x 1024 x 512 rows = 268,435,456 FLOPs.
+    parts = tv.parts_of("ragged_dot", False, "xla",
+                        _ragged("bf16[512,256]", "bf16[512,1024]", [[0], [0]], [], [128, 0, 128, 256]), {})
+    assert sorted((p["k"], p["batch"]) for _, p in parts) == [(128, 2), (256, 1)]
+    assert all((p["m"], p["n"]) == (256, 1024) for _, p in parts)
+    assert sum(2 * p["m"] * p["n"] * p["k"] * p["batch"] for _, p in parts) == 268_435_456
+
+
+def test_unknown_layouts_and_ops_are_not_modelled():
+    with pytest.raises(tv.NotModelled, match="dimension numbers"):
+        tv.parts_of("ragged_dot", False, "xla", _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [1], [1]), {})
+    with pytest.raises(tv.NotModelled, match="triangle_multiplication fwd"):
+        tv.parts_of("triangle_multiplication", False, "xla", {}, {})
+
+
+def test_attention_and_cross_entropy_parts():
+    args = {"q": "bf16[2,1,128,4,64]", "k": "bf16[2,1,256,4,64]", "v": "bf16[2,1,256,4,64]",
+            "precision": ["BF16_BF16_F32", "BF16_BF16_F32"]}
+    qk, softmax, pv_ = tv.parts_of("attention", False, "xla", args, {})
+    # Leading dims are batch: 2 x 1 x 4 heads = 8 GEMMs of [128 x 64] @ [64 x 256] -> f32 logits.
+    assert qk == ("gemm", {"batch": 8, "m": 128, "n": 256, "k": 64, "lhs_dtype": "bf16", "rhs_dtype": "bf16",
+                           "out_dtype": "fp32"})
+    assert softmax[1]["array_elements"] == 8 * 128 * 256 and pv_[1]["k"] == 256
+    assert len(tv.parts_of("attention", True, "xla", args, {})) == 7
+    ce = {"x": "f32[1024,4096]", "w": "bf16[4096,151936]"}
+    logits, _ = tv.parts_of("linear_softmax_cross_entropy_loss", False, "xla", ce, {})
+    assert (logits[1]["m"], logits[1]["k"], logits[1]["n"]) == (1024, 4096, 151936)
+    assert len(tv.parts_of("linear_softmax_cross_entropy_loss", True, "xla", ce, {})) == 4
+
+
+def test_every_subset_point_is_loaded_or_listed(loaded):
+    points, skipped = loaded
+    assert len(points) + len(skipped) == SUBSET_POINTS
+    assert {p.chip for p in points} == {"tpu-v5e", "tpu-7x/core"}  # one JAX device: one TensorCore of a 7x
+    assert all(p.group.startswith("tokamax-") and p.parts for p in points)
+    roles = {p.role for p in points}
+    assert roles == {tv.FIT_ROLE, "held-out"}
+    fit = sum(p.is_fit for p in points)
+    assert 0.35 < fit / len(points) < 0.65  # the CRC-32 split is about even
+    assert all(s.reason for s in skipped)
+
+
+def test_parts_add_up():
+    parts = (("gemm", {"m": 1024, "n": 1024, "k": 1024}), ("copy", {"array_elements": 1 << 20}))
+    p = pv.ValidationPoint(id="two", group="g", chip="tpu-v5e", source="test", role="held-out", measured_s=1e-3,
+                           includes_dispatch=False, timed="made up", parts=parts)
+    row = pv.evaluate_point(p)
+    each = [predict_op(op, params, chips=[get_chip("tpu-v5e")]).predictions[0].roofline for op, params in parts]
+    assert row.floor_s == pytest.approx(sum(float(r.floor_s) for r in each))
+    assert row.expected_s == pytest.approx(sum(float(r.expected_s) for r in each))
+    assert p.command.count("perfmodel predict") == 2 and "; " in p.command
+
+
+def test_validate_tokamax_groups(report, loaded):
+    points, skipped = loaded
+    groups = {p["group"] for p in report["points"]}
+    assert groups == {p.group for p in points} and len(groups) >= 10
+    assert report["beats_floor"] == [] and all(p["measured_s"] >= p["floor_s"] for p in report["points"])
+    assert report["fit"]["count"] > 0 and report["held_out"]["count"] > 0
+    assert len(report["not_modelled"]) == len(skipped)
+    assert all(p["command"].startswith("perfmodel predict") for p in report["points"])
+    assert not any(g.startswith("tokamax") for g in {p["group"] for p in json.loads(
+        run("--group", "xla-matmul", "--json"))["points"]})  # only when asked
+
+
+def test_validate_one_tokamax_group_text():
+    out = run("--group", "tokamax-v5e-ragged-dot-fwd-pallas")
+    assert "v5e-rd-fwd-pl-002" in out and "7x-" not in out and "median |err|" in out
+
+
+def test_unknown_tokamax_group_names_the_flag():
+    out = run("--group", "tokamax-v9-nope", code=2)
+    assert "--group" in out and "no such group" in out and "Traceback" not in out
