@@ -150,6 +150,8 @@ class ErrorSummary:
     #: The error of largest magnitude (signed) and its point.
     worst_error: float | None
     worst_id: str | None
+    #: Median of measured / expected (above 1: the model is optimistic); None with no points.
+    median_measured_over_expected: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,7 +189,9 @@ def summarize(rows: Sequence[ValidationRow]) -> ErrorSummary:
         return ErrorSummary(count=0, median_abs_error=None, worst_error=None, worst_id=None)
     worst = max(rows, key=lambda r: abs(r.error))
     return ErrorSummary(count=len(rows), median_abs_error=statistics.median(abs(r.error) for r in rows),
-                        worst_error=worst.error, worst_id=worst.point.id)
+                        worst_error=worst.error, worst_id=worst.point.id,
+                        median_measured_over_expected=statistics.median(r.point.measured_s / r.expected_s
+                                                                        for r in rows))
 
 
 def _published(text: str | None) -> dict[str, Any]:
@@ -337,8 +341,9 @@ def _pct(x: float | None) -> str:
 
 def _summary_cells(s: ErrorSummary) -> list[str]:
     if not s.count:
-        return ["0", "-", "-"]
-    return [str(s.count), f"{s.median_abs_error * 100:.1f}%", f"{_pct(s.worst_error)} ({s.worst_id})"]
+        return ["0", "-", "-", "-"]
+    return [str(s.count), f"{s.median_abs_error * 100:.1f}%", f"{s.median_measured_over_expected:.2f}",
+            f"{_pct(s.worst_error)} ({s.worst_id})"]
 
 
 def report_text(report: ValidationReport) -> str:
@@ -356,8 +361,8 @@ def report_text(report: ValidationReport) -> str:
               for g in report.groups]
     groups.append(["all", f"{len(report.chips)} chips", *_summary_cells(report.held_out),
                    *_summary_cells(report.fit)[:2]])
-    out.append(table(["group", "chips", "held-out n", "median |err|", "worst", "fit n", "fit median |err|"], groups,
-                     align="lllrrlrr"[:7]))
+    out.append(table(["group", "chips", "held-out n", "median |err|", "median meas/exp", "worst", "fit n",
+                      "fit median |err|"], groups, align="llrrrlrr"))
     out.append("")
     out.append(f"expected = device model + host dispatch where the timing includes it; error = expected / measured - 1; "
                f"small ops (floor < {seconds(SMALL_OP_FLOOR_S)}) within 2x: {report.small_within_2x} of "
