@@ -13,7 +13,7 @@ _EXPORTS = {
     "head_major_vmem_bytes": "kernels.kv_cache_update.blocks",
     "DEFAULT_LAYOUT": "kernels.kv_cache_update.blocks",
     "LAYOUTS": "kernels.kv_cache_update.blocks",
-    "PADDING_SLOT": "kernels.kv_cache_update.kernel",
+    "PADDING_SLOT": "kernels.kv_cache_update.plan",
     "kv_cache_update": "kernels.kv_cache_update.kernel",
     "kv_pages_update": "kernels.kv_cache_update.kernel",
     "kv_cache_update_reference": "kernels.kv_cache_update.reference",

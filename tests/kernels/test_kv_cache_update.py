@@ -205,7 +205,7 @@ def test_head_major_plan_hand_worked():
     # full = a lead whose 2 rows the block writes: none.
     # Quantized, the page scale rows (key = page): 2, 5, 2, -1 | 2, 5, 2, -1 -> lead 0, 1, 0, 3 | 0, 1, 0, 3;
     # never full (8 rows a page).
-    from kernels.kv_cache_update.kernel import _head_major_plan
+    from kernels.kv_cache_update.body import _head_major_plan
 
     slots = jnp.array([19, 42, 16, -1, 18, 43, 17], jnp.int32)
     pages, rows, lead, full, slead, sfull = (np.asarray(a).tolist() for a in _head_major_plan(
@@ -460,7 +460,7 @@ def test_head_major_traffic_model_hand_worked():
     # and V 2-row granules, 2 * 8 * 2 * 128 * 2 B = 8192 B -> 12292 B; write the granules back, 8192 B; the rows
     # written are 4096 B (cache writes 2.0x the rows).
     from perfmodel.model.kvcache import kv_cache_update as model
-    from kernels.kv_cache_update.kernel import cost_estimate
+    from kernels.kv_cache_update.plan import cost_estimate
 
     bf16 = model(num_tokens=1, kv_heads=8, head_dim=128, page_size=16, layout="head-major")
     assert (bf16.hbm_read_bytes, bf16.hbm_write_bytes, bf16.metrics["kv_bytes_written"]) == (12292, 8192, 4096)
