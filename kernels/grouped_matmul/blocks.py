@@ -1,20 +1,21 @@
 """Block sizes of the grouped matmul kernel: the validated dataclass and per-chip defaults.
 
 The defaults are data chosen by the block-size advisor (``perfmodel tune --compile --write grouped_matmul``) and
-stored in ``kernels/grouped_matmul/tuned.json`` (chip -> "LHS x RHS" dtypes -> blocks); see
-:func:`default_block_table`. A tile of the grouped matmul is the bundled matmul's tile (an lhs row tile, one
-expert's weight tile, an f32 accumulator), so its VMEM need is the matmul's (:class:`kernels.matmul.blocks.
-MatmulBlockSizes`) plus the masked store's temporaries.
+stored in ``kernels/grouped_matmul/tuned.json`` (chip -> "LHS x RHS" dtypes -> blocks, keyed by
+:class:`kernels.grouped_matmul.variants.TunedKey`); see :func:`default_block_table`. A tile of the grouped matmul
+is the bundled matmul's tile (an lhs row tile, one expert's weight tile, an f32 accumulator), so its VMEM need is
+the matmul's (:class:`kernels.matmul.blocks.MatmulBlockSizes`) plus the masked store's temporaries.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kernels import tiling
-from kernels.matmul.blocks import MatmulBlockSizes, MatmulVariant, pair_blocks
+from kernels.grouped_matmul.variants import TunedKey
+from kernels.matmul.blocks import DECODE_MAX_M, MatmulBlockSizes, MatmulVariant
 
 if TYPE_CHECKING:  # pragma: no cover
     from kernels.perf import ChipSpec
@@ -77,5 +78,8 @@ def default_block_sizes(chip: str, lhs_name: str, rhs_name: str, *, m: int | Non
     most matmul's DECODE_MAX_M and it has them (a chip the table lacks: :func:`kernels.tiling.tuned_entry_chip`'s);
     FALLBACK_BLOCK_SIZES when the pair is not listed."""
     table = default_block_table()
-    return pair_blocks(table.get(tiling.tuned_entry_chip(table, chip), {}), f"{lhs_name} x {rhs_name}", m,
-                       FALLBACK_BLOCK_SIZES)
+    configs, key = table.get(tiling.tuned_entry_chip(table, chip), {}), TunedKey(lhs=lhs_name, rhs=rhs_name)
+    decode = replace(key, decode=True).text()
+    if m is not None and m <= DECODE_MAX_M and decode in configs:
+        return configs[decode]
+    return configs.get(key.text(), FALLBACK_BLOCK_SIZES)

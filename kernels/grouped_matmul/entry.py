@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kernels.grouped_matmul.variants import VARIANTS
 from kernels.perf import pallas_chips
 from kernels.spec import BlockAxis, KernelEntry, ProductionCall, TunedConfig, TunedKernel
 
@@ -30,28 +31,13 @@ ENTRIES = (
     ),
 )
 
-#: Operand dtype pairs of the defaults table: (key, rhs --shape dtype, per-channel scales).
-PAIRS: tuple[tuple[str, str, bool], ...] = (
-    ("bf16 x bf16", "bf16", False),
-    ("bf16 x int8", "int8", True),
-    ("bf16 x fp8", "fp8", True),
-)
-
-
 def _configs() -> tuple[TunedConfig, ...]:
-    configs = []
-    for key, rhs, scaled in PAIRS:
-        shapes = [f"lhs={TOKENS}x{HIDDEN}:bf16", f"rhs={EXPERTS}x{HIDDEN}x{WIDTH}:{rhs}", _GROUPS]
-        if scaled:
-            shapes.append(f"rhs_scale={EXPERTS}x{WIDTH}:f32")
-        configs.append(TunedConfig(key=key, shapes=tuple(shapes)))
-    for key, rhs, scaled in PAIRS:  # decode: a few rows per expert against every expert's weights, HBM-bound
-        shapes = [f"lhs={DECODE_TOKENS}x{HIDDEN}:bf16", f"rhs={EXPERTS}x{HIDDEN}x{WIDTH}:{rhs}",
-                  f"group_sizes={EXPERTS}:int32={DECODE_TOKENS // EXPERTS}"]
-        if scaled:
-            shapes.append(f"rhs_scale={EXPERTS}x{WIDTH}:f32")
-        configs.append(TunedConfig(key=f"{key} decode", shapes=tuple(shapes)))
-    return tuple(configs)
+    """The tuned table's configurations: every variant on the MoE problem, then on the decode problem (a few rows
+    per expert against every expert's weights, HBM-bound)."""
+    problems = ((TOKENS, False), (DECODE_TOKENS, True))
+    return tuple(TunedConfig(key=v.tuned_key(decode=decode).text(),
+                             shapes=v.shapes(m, HIDDEN, WIDTH, experts=EXPERTS))
+                 for m, decode in problems for v in VARIANTS)
 
 
 TUNED = TunedKernel(

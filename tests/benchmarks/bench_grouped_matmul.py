@@ -24,22 +24,17 @@ import argparse
 import os
 import sys
 
+from kernels.grouped_matmul.entry import EXPERTS, HIDDEN as K, WIDTH as N
+from kernels.grouped_matmul.variants import BY_NAME, VARIANTS
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-EXPERTS, K, N = 8, 4096, 14336
 #: case -> M (token rows, split evenly over the experts).
 CASES = {"decode": 64, "large": 8192}
-#: variant -> (rhs dtype, per-channel scales, weight bytes per element).
-VARIANTS = {"bf16": ("bf16", False, 2), "bf16 x int8": ("int8", True, 1), "bf16 x fp8": ("fp8", True, 1)}
-#: Variants run by default (fp8: ``--variants "bf16 x fp8" --chips tpu-v6e``; tpu-v5e has no fp8 MXU path).
-DEFAULT_VARIANTS = ("bf16", "bf16 x int8")
+#: Variants run by default (kernels/grouped_matmul/variants.py; fp8: ``--variants "bf16 x fp8" --chips tpu-v6e``,
+#: tpu-v5e has no fp8 MXU path).
+DEFAULT_VARIANTS = tuple(v.name for v in VARIANTS if v.rhs != "fp8")
 CHIPS = ("tpu-v5e", "tpu-v6e")
-
-
-def _shapes(m: int, variant: str) -> list[str]:
-    rhs, scaled, _ = VARIANTS[variant]
-    shapes = [f"lhs={m}x{K}:bf16", f"rhs={EXPERTS}x{K}x{N}:{rhs}", f"group_sizes={EXPERTS}:int32={m // EXPERTS}"]
-    return shapes + ([f"rhs_scale={EXPERTS}x{N}:f32"] if scaled else [])
 
 
 def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int] | None = None) -> dict:
@@ -47,17 +42,16 @@ def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int
     from perfmodel.schedule.inspection import compile_inspection
 
     chip = get_chip(chip_name)
-    m = CASES[case]
-    _, scaled, itemsize = VARIANTS[variant]
+    m, v = CASES[case], BY_NAME[variant]
     block_map = dict(zip(("bm", "bk", "bn"), blocks)) if blocks else None
     row = {"variant": variant, "case": case, "chip": chip.name}
     try:
-        got = compile_inspection("grouped_matmul", _shapes(m, variant), block_map, (), chip.name)
+        got = compile_inspection("grouped_matmul", list(v.shapes(m, K, N, experts=EXPERTS)), block_map, (), chip.name)
     except Exception as exc:  # a benchmark reports what failed and goes on
         return {**row, "error": str(exc).splitlines()[0][:160]}
     (ck,) = got.compiled_kernels
     loop = ck.compile.loop
-    weight_bytes = EXPERTS * K * N * itemsize + (EXPERTS * N * 4 if scaled else 0)
+    weight_bytes = EXPERTS * K * N * v.rhs_itemsize + (EXPERTS * N * 4 if v.scaled else 0)
     if case == "decode":
         floor = weight_bytes / chip.memory.hbm_bw_bytes_per_s_per_chip
     else:
@@ -66,7 +60,7 @@ def measure(variant: str, case: str, chip_name: str, blocks: tuple[int, int, int
     if blocks is None:  # the kernel's defaults (its tuned decode entry at M <= 64), clamped to the problem
         from kernels.grouped_matmul.blocks import default_block_sizes
 
-        d = default_block_sizes(chip.name, "bf16", VARIANTS[variant][0], m=m)
+        d = default_block_sizes(chip.name, v.lhs, v.rhs, m=m)
         blocks = (min(d.bm, m), min(d.bk, K), min(d.bn, N))
     return {**row, "blocks": "x".join(map(str, blocks)),
             "step_bundles": ck.time.mean_step_bundles, "spills": loop.vector_spills, "fills": loop.vector_fills,
