@@ -40,9 +40,9 @@ CHUNK_TEMPORARIES = 2
 CHUNK_TEMPORARIES_GREEDY = 1.25
 #: Extra f32 chunk temporaries of the top-n log-probability passes (v4 needs the most: 11.03 MB at 64 x 128256).
 CHUNK_TEMPORARIES_TOP_N = 0.75
-#: Lanes of the lane-wide state (kernel.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
+#: Lanes of the lane-wide state (plan.LANE_GROUP; the kernel uses 128 when block_v is not a multiple of it).
 LANE_STATE = 256
-#: f32 option columns per row (kernel.N_OPTS_F).
+#: f32 option columns per row (plan.N_OPTS_F).
 OPTION_COLUMNS_F = 7
 
 

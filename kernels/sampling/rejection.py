@@ -33,7 +33,7 @@ from kernels.common import interpret_params, with_ref_names
 from kernels.perf import DEFAULT_CHIP
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
-from kernels.sampling.kernel import MAX_VOCAB, RowVocabGrid, lane_group
+from kernels.sampling.plan import MAX_VOCAB, RowVocabGrid, lane_group
 from kernels.tiling import check_vmem, tpu_chip
 
 #: Vocab index whose hash gives a position's acceptance uniform (never a token's index).
@@ -72,7 +72,7 @@ class RejectionPlan(RowVocabGrid):
 
     @property
     def width(self) -> int:
-        """Lanes the kernel folds a block into (:func:`kernels.sampling.kernel.lane_group`)."""
+        """Lanes the kernel folds a block into (:func:`kernels.sampling.plan.lane_group`)."""
         return lane_group(self.block_v)
 
 

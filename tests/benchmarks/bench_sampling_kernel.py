@@ -14,7 +14,7 @@ cycles. Passes are labelled in program order by the variant's known sequence of 
 
 Whole call: phase 0 (streaming the logits once) is HBM-bound; the passes over VMEM are the threshold searches,
 whose number depends on the data. For the top-k+top-p variant the script counts them with
-``kernels.sampling.kernel.search_passes`` (the kernel's own search, in interpret mode on this host) on three
+``kernels.sampling.search.search_passes`` (the kernel's own search, in interpret mode on this host) on three
 kinds of 64 x vocab rows, as compiled, without the capture pass, and without the lane-maxima brackets too, and
 prints the searches' cycles per row block (passes x chunks x bundles per chunk, plus 32 halvings per small
 selection) against the roofline (one read of the row block's logits from HBM).
@@ -30,23 +30,13 @@ import subprocess
 import sys
 import tempfile
 
+from kernels.sampling.variants import VARIANTS as SAMPLING_VARIANTS
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-#: variant -> (keyword options of the call, labels of its chunk loops in program order).
-VARIANTS = {
-    "top-k": (dict(temperature=0.8, top_k=50), ("lane top-5 capture", "top-k count")),
-    "top-p": (dict(temperature=0.8, top_p=0.9), ("top-p mass of kept set", "top-p count+mass")),
-    "top-k+top-p": (dict(temperature=0.8, top_k=50, top_p=0.9),
-                    ("lane top-5 capture", "top-k count", "top-p mass of kept set", "top-p count+mass")),
-    "greedy": (dict(greedy=True), ()),
-    "penalties+bias": (dict(temperature=0.8, top_k=50, token_counts=True, logit_bias=True, presence_penalty=0.5,
-                            frequency_penalty=0.2, repetition_penalty=1.1), ("lane top-5 capture", "top-k count")),
-    "logprobs-5": (dict(temperature=0.8, top_k=50, top_p=0.9, logprobs=5),
-                   ("lane top-5 capture", "top-k count", "top-p mass of kept set", "top-p count+mass",
-                    "top-n logprob")),
-    # Speculative decoding, 4 draft tokens: target [5, batch, vocab] and draft [4, batch, vocab] f32 probabilities.
-    "rejection-k4": (dict(rejection=4), ()),
-}
+#: The variants (kernels/sampling/variants.py), by name; each call's arrays are its --shape texts at --batch and
+#: --vocab, its static options the table's, its chunk loops labelled by the table's passes.
+VARIANTS = {v.name: v for v in SAMPLING_VARIANTS}
 CHIPS = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-7x")
 
 
@@ -56,34 +46,21 @@ def _child(request: dict) -> None:
     import jax.numpy as jnp
     from jax.experimental import topologies
 
-    from kernels.sampling import sampling
+    import kernels.sampling
     from perfmodel.compiler.toolchain import topology_for
+    from perfmodel.schedule.shapes import parse_shape
 
     topo = topologies.get_topology_desc(topology_for(request["chip"]), "tpu")
-    device = topo.devices[0]
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    logits = jax.ShapeDtypeStruct((request["batch"], request["vocab"]), jnp.dtype(request["dtype"]),
-                                  sharding=sharding)
-    opts = dict(request["options"])
-    if "rejection" in opts:
-        from kernels.sampling import rejection_sample
+    sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
+    v = VARIANTS[request["variant"]]
+    specs = [parse_shape(text) for text in v.shapes(request["batch"], request["vocab"])]
+    arrays = {s.name: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype), sharding=sharding) for s in specs}
+    fn, opts = getattr(kernels.sampling, v.function), v.kwargs
 
-        k, (batch, vocab) = opts["rejection"], logits.shape
-        specs = [jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in
-                 (((batch, k), jnp.int32), ((k, batch, vocab), jnp.float32), ((k + 1, batch, vocab), jnp.float32))]
-        compiled = jax.jit(lambda t, d, p: rejection_sample(t, d, p, key=jax.random.key(0), chip=request["chip"])
-                           ).trace(*specs).lower(lowering_platforms=("tpu",)).compile()
-        _report(compiled)
-        return
-    draw = {} if opts.pop("greedy", False) else {"key": jax.random.key(0)}
-    arrays = {name: jax.ShapeDtypeStruct(logits.shape, dtype, sharding=sharding)
-              for name, dtype in (("token_counts", jnp.int32), ("logit_bias", jnp.float32)) if opts.pop(name, False)}
+    def call(named):
+        return fn(**named, **opts, chip=request["chip"])
 
-    def fn(x, named):
-        return sampling(x, chip=request["chip"], **draw, **named, **opts)
-
-    compiled = jax.jit(fn).trace(logits, arrays).lower(lowering_platforms=("tpu",)).compile()
-    _report(compiled)
+    _report(jax.jit(call).trace(arrays).lower(lowering_platforms=("tpu",)).compile())
 
 
 def _report(compiled) -> None:
@@ -98,18 +75,19 @@ def _report(compiled) -> None:
     print("@@RESULT@@" + json.dumps({"ok": True, "scoped_vmem_bytes": vmem}))
 
 
-def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "float32") -> dict:
+def measure(chip: str, variant: str, *, batch: int, vocab: int) -> dict:
     """Compile one variant for ``chip`` in a child; read its schedule dumps; per-chunk-loop stats."""
     from kernels.sampling import default_block_sizes
     from perfmodel.compiler.bundles import grid_loop, loop_stats
     from perfmodel.compiler.toolchain import worker_environment
     from perfmodel.compiler.worker import _op_files, read_schedule
 
-    options, labels = VARIANTS[variant]
+    v = VARIANTS[variant]
+    options, labels, dtype = v.kwargs, v.passes, v.logits_dtype
     blocks = default_block_sizes(chip, logits_dtype=dtype, vocab=vocab)
     dump = tempfile.mkdtemp(prefix="perfmodel-bench-sampling-")
     try:
-        request = dict(chip=chip, batch=batch, vocab=vocab, dtype=dtype, options=options)
+        request = dict(chip=chip, batch=batch, vocab=vocab, variant=variant)
         proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(request)], capture_output=True,
                               text=True, env=worker_environment(dump), timeout=900)
         if "@@RESULT@@" not in proc.stdout:
@@ -129,7 +107,7 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
     innermost = [lp for lp in sched.loops
                  if not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in sched.loops)]
     chunk_loops = [lp for lp in innermost if lp is not grid and lp.trip_count == chunks]
-    from kernels.sampling.kernel import MAX_BISECTION_STEPS
+    from kernels.sampling.search import MAX_BISECTION_STEPS
 
     halvings = [loop_stats(sched, lp).weighted_bundles for lp in sorted(innermost, key=lambda lp: lp.start)
                 if lp is not grid and lp.trip_count == MAX_BISECTION_STEPS and lp.trip_count != chunks]
@@ -138,11 +116,10 @@ def measure(chip: str, variant: str, *, batch: int, vocab: int, dtype: str = "fl
         st = loop_stats(sched, lp)
         passes.append(dict(label=labels[i] if i < len(labels) else f"loop {i}", bundles=st.weighted_bundles,
                            spills=st.vector_spills, fills=st.vector_fills))
-    estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=False,
-                                 greedy=bool(options.get("greedy")),
-                                 penalties="token_counts" in options, bias="logit_bias" in options,
+    estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=False, greedy=not v.seeds,
+                                 penalties="token_counts" in v.vocab_arrays, bias="logit_bias" in v.vocab_arrays,
                                  top_logprobs=options.get("logprobs") or 0)
-    if "rejection" in options:  # two f32 streams, nothing resident
+    if v.function == "rejection_sample":  # two f32 streams, nothing resident
         estimate = blocks.vmem_bytes(vocab=vocab, logits_dtype=dtype, with_noise=True, greedy=True)
     return dict(scoped_vmem_bytes=child["scoped_vmem_bytes"], vmem_estimate_bytes=estimate, block_b=blocks.block_b, block_v=blocks.block_v, chunks=chunks, program_bundles=len(sched.bundles),
                 grid_body_bundles=body.bundles, grid_spills=body.vector_spills, grid_fills=body.vector_fills,
@@ -177,7 +154,7 @@ def test_rows(kind: str, batch: int, vocab: int) -> "np.ndarray":
 def search_cycles(r: dict, *, batch: int, vocab: int, floor: float) -> None:
     """Print the top-k + top-p searches' cycles per row block on three kinds of rows: as the kernel runs them, and
     without the capture pass, and without the brackets too."""
-    from kernels.sampling.kernel import MAX_BISECTION_STEPS, search_passes
+    from kernels.sampling.search import MAX_BISECTION_STEPS, search_passes
 
     capture, topk, mass, countmass = (p["bundles"] for p in r["passes"][:4])
     # Four selections of 32 halvings on small arrays (the k-th largest captured value, top-p on the captured values,
@@ -185,7 +162,7 @@ def search_cycles(r: dict, *, batch: int, vocab: int, floor: float) -> None:
     # schedule, so each counts at their mean.
     halving = sum(r["bracket_halving_bundles"]) / max(1, len(r["bracket_halving_bundles"]))
     chunks = r["chunks"]
-    opts = VARIANTS["top-k+top-p"][0]
+    opts = VARIANTS["top-k+top-p"].kwargs
     for kind in ("normal", "spiky", "zipf"):
         rows = test_rows(kind, batch, vocab)
         for label, flags in (("as compiled", {}), ("no capture", dict(capture=False)),
@@ -210,11 +187,26 @@ def search_cycles(r: dict, *, batch: int, vocab: int, floor: float) -> None:
                   f"of its logits ({chunks * floor / 1e3:.1f}k)")
 
 
+def _variant_names(text: str) -> list[str]:
+    """The variant names of a comma-separated list; a piece that is no name joins the next (names such as
+    "penalties, bias and masks" hold commas)."""
+    names, piece = [], ""
+    for part in text.split(","):
+        piece = f"{piece},{part}" if piece else part
+        if piece.strip() in VARIANTS:
+            names.append(piece.strip())
+            piece = ""
+    if piece:
+        raise SystemExit(f"--variants: unknown variant {piece.strip()!r}; known: {', '.join(VARIANTS)}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
     ap.add_argument("--chips", default="tpu-v5e")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated names of kernels/sampling/variants.py (names may contain commas)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--json", action="store_true")
@@ -224,7 +216,7 @@ def main() -> None:
         return
     rows = []
     for chip in args.chips.split(","):
-        for variant in args.variants.split(","):
+        for variant in _variant_names(args.variants):
             r = measure(chip, variant, batch=args.batch, vocab=args.vocab)
             r.update(chip=chip, variant=variant)
             rows.append(r)
@@ -241,7 +233,7 @@ def main() -> None:
                       f"{r['bracket_halving_bundles']} bundles per halving (32 halvings each)")
             if variant == "top-k+top-p" and len(r["passes"]) >= 4:
                 search_cycles(r, batch=args.batch, vocab=args.vocab, floor=floor)
-            if variant.startswith("rejection"):  # one grid step streams a target and a draft block
+            if VARIANTS[variant].function == "rejection_sample":  # one grid step streams a target and a draft block
                 print(f"{chip:8s} {variant:12s} grid step {r['grid_body_bundles']} bundles vs HBM floor of its 2 "
                       f"blocks {2 * floor:.0f} cycles: {r['grid_body_bundles'] / (2 * floor):.2f}x")
             print(f"{chip:8s} {variant:12s} grid body {r['grid_body_bundles']} bundles, spills {r['grid_spills']} "

@@ -555,7 +555,7 @@ def test_rejection_sampler_checks_its_vmem_by_hand():
                          key=jax.random.key(0), block_sizes=Blocks(block_b=512, block_v=8192), interpret=True)
 
 
-# --- threshold searches: the lane-maxima brackets (kernels.sampling.kernel.search_passes runs the kernel's search)
+# --- threshold searches: the lane-maxima brackets (kernels.sampling.search.search_passes runs the kernel's search)
 
 
 def _kept(rows: np.ndarray, cuts: np.ndarray) -> np.ndarray:
@@ -565,7 +565,7 @@ def _kept(rows: np.ndarray, cuts: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("options", [dict(top_k=5), dict(top_p=0.8), dict(top_k=7, top_p=0.6)],
                          ids=["top-k", "top-p", "top-k+top-p"])
 def test_brackets_change_the_passes_not_the_kept_sets(options):
-    from kernels.sampling.kernel import search_passes
+    from kernels.sampling.search import search_passes
 
     rows = np.random.default_rng(3).normal(0, 2.5, (16, 1000)).astype(np.float32)
     with_cuts, with_passes = search_passes(rows, block_v=512, **options)
@@ -585,7 +585,7 @@ def test_brackets_change_the_passes_not_the_kept_sets(options):
 
 
 def test_a_top_k_in_distinct_lanes_is_found_by_the_brackets_probe_alone():
-    from kernels.sampling.kernel import search_passes
+    from kernels.sampling.search import search_passes
 
     # 8 rows x 2048 (block_v 512: 256-lane groups, so lane l holds columns l, l + 256, ... l + 1792). The 3 largest
     # values sit in lanes 0, 1 and 2 (columns 0, 257, 514), everything else is below them: the 3rd largest lane
@@ -603,7 +603,7 @@ def test_a_top_k_in_distinct_lanes_is_found_by_the_brackets_probe_alone():
 
 @pytest.mark.parametrize("top_k, captured_only", [(3, 1), (6, 0)])
 def test_the_capture_pass_holds_the_top_k_set_unless_a_lane_overflows(top_k, captured_only):
-    from kernels.sampling.kernel import CAPTURE_SLOTS, search_passes
+    from kernels.sampling.search import CAPTURE_SLOTS, search_passes
 
     # 8 rows x 2048 (256-lane groups): lane 0 holds columns 0, 256, ..., 1792; put 9, 8, 7, 6, 5, 4 in its first
     # six and everything else in [-1, 1). The capture pass keeps lane 0's 5 largest (9 to 5; the 4 is not kept).
