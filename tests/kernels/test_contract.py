@@ -178,7 +178,7 @@ def _paged_attention(specs, static, used):
 
 
 def _ragged_paged_attention(specs, static, used):
-    from kernels.ragged_paged_attention.kernel import assumed_lengths
+    from kernels.ragged_paged_attention.plan import assumed_lengths
     from perfmodel.model.attention import ragged_paged_attention
 
     total_tokens, q_heads, head_dim = specs["q"].shape

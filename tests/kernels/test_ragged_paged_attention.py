@@ -19,7 +19,7 @@ from kernels.ragged_paged_attention import (
     ragged_paged_attention_reference,
 )
 from kernels.ragged_paged_attention.blocks import kv_row_layout
-from kernels.ragged_paged_attention.kernel import assumed_lengths, scalar_prefetch_bytes
+from kernels.ragged_paged_attention.plan import assumed_lengths, scalar_prefetch_bytes
 from perfmodel.hw.registry import get_chip
 from perfmodel.schedule.shapes import parse_shape
 from kernels.tuned import load_tuned_file
@@ -610,7 +610,7 @@ def test_op_model_quantized_bytes_by_hand(layout, gather_read):
 
 def test_token_order_of_one_kv_head():
     # 8 tokens, one KV head: words hold tokens (0, 1), (2, 3), ...; K comes out as tokens 0, 2, 4, 6, 1, 3, 5, 7.
-    from kernels.ragged_paged_attention.kernel import token_order
+    from kernels.ragged_paged_attention.body import token_order
 
     assert token_order(8, 1).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
     assert token_order(8, 2).tolist() == list(range(8))
@@ -623,6 +623,6 @@ def test_token_order_of_one_kv_head():
     (jnp.bfloat16, jnp.int8, "tpu-v6e", False),  # no 'bf16 x int8' pair: widened to bf16 on the VPU
 ])
 def test_which_codes_feed_the_mxu_as_they_are(q_dtype, kv_dtype, chip, native):
-    from kernels.ragged_paged_attention.kernel import native_kv_operand
+    from kernels.ragged_paged_attention.plan import native_kv_operand
 
     assert native_kv_operand(q_dtype, kv_dtype, chip) is native
