@@ -25,6 +25,7 @@ _COMMANDS = {
     "xla": "perfmodel.cli.xla:xla",
     "serve": "perfmodel.cli.serve:serve",
     "plan": "perfmodel.cli.plan:plan",
+    "profile": "perfmodel.cli.profile:profile",
 }
 
 _HELP = """How fast can this LLM-inference kernel be on this chip, and why not faster?
