@@ -95,7 +95,7 @@ class TunedConfig:
     key: str
     #: --shape strings of the representative problem.
     shapes: tuple[str, ...]
-    #: Static keyword arguments of this configuration (e.g. matmul's quantize_x=True for "int8 x int8").
+    #: Static keyword arguments of this configuration (e.g. matmul's quantize_activations=True for "int8 x int8").
     static: Mapping[str, Any] = field(default_factory=dict)
 
 

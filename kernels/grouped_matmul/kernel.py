@@ -47,7 +47,8 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import perf, tiling
 from kernels.common import interpret_params, with_ref_names
 from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
-from kernels.matmul.kernel import X_RESIDENT_MAX_BYTES, _check_fp8_support, mxu_operand
+from kernels.matmul.body import mxu_operand
+from kernels.matmul.plan import X_RESIDENT_MAX_BYTES, _check_fp8_support
 from kernels.perf import DEFAULT_CHIP
 
 _FLOAT_INPUTS = ("float32", "bfloat16")

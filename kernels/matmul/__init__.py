@@ -11,7 +11,7 @@ _EXPORTS = {
     "MatmulBlockSizes": "kernels.matmul.blocks",
     "default_block_sizes": "kernels.matmul.blocks",
     "matmul": "kernels.matmul.kernel",
-    "quantizes_x_in_bf16": "kernels.matmul.kernel",
+    "quantizes_x_in_bf16": "kernels.matmul.plan",
     "ACTIVATIONS": "kernels.matmul.reference",
     "matmul_reference": "kernels.matmul.reference",
 }

@@ -33,20 +33,20 @@ F32_W_SPLIT_TILES = 0.5
 class MatmulVariant:
     """What a call adds to the VMEM of the plain kernel.
 
-    ``x_row``: the width of a resident x row block (K rounded up to bk; it replaces the x tile: quantize_x, and
-    small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
-    ``x_codes``: quantize_x's int8 codes of that row and its per-token scales (``code_slots`` row blocks of them:
-    2 when the next row block is quantized ahead; ``float_codes``: held in bf16 for the bf16 MXU,
+    ``x_row``: the width of a resident x row block (K rounded up to bk; it replaces the x tile: quantize_activations,
+    and small row blocks of decode GEMMs, fetched once per row block instead of once per column block);
+    ``x_codes``: quantize_activations's int8 codes of that row and its per-token scales (``code_slots`` row blocks of
+    them: 2 when the next row block is quantized ahead; ``float_codes``: held in bf16 for the bf16 MXU,
     :func:`kernels.matmul.rules.blockwise_codes_on_bf16_mxu`); ``scale_rows``: rows of the resident
     [rows, bn] f32 block of blockwise weight scales (0: none); ``w_dequant``: one dequantized w tile in x's dtype
     (int4 weights; blockwise scales at large bm), int8 with ``x_codes`` (bf16 with ``float_codes``); ``x_share_rows``
-    (quantize_x's lookahead): the streamed x block is that many rows of the row (the share of the next row block
-    a step quantizes), plus one single-buffered [bm, x_row] block (row block 0).
+    (quantize_activations's lookahead): the streamed x block is that many rows of the row (the share of the next row
+    block a step quantizes), plus one single-buffered [bm, x_row] block (row block 0).
     """
 
     x_row: int | None = None
     x_codes: bool = False
-    #: Row blocks of codes (and scales) held: 2 when quantize_x quantizes the next row block ahead.
+    #: Row blocks of codes (and scales) held: 2 when quantize_activations quantizes the next row block ahead.
     code_slots: int = 1
     float_codes: bool = False
     #: Two stacked int8 code planes of x (bf16 x int4 at decode on the int8 MXU): twice the code rows and the
@@ -62,7 +62,7 @@ T = TypeVar("T")
 
 
 def w_dequant_dtype(x_dtype: Any, *, x_codes: bool, float_codes: bool = False) -> Any:
-    """The dtype of the dequantized w tile (``w_dequant``): int8 codes against quantize_x's int8 x codes, bf16
+    """The dtype of the dequantized w tile (``w_dequant``): int8 codes against quantize_activations's int8 x codes, bf16
     against codes held in bf16 (``float_codes``), else x's dtype (the kernel's scratch and the VMEM estimate both
     take it from here)."""
     if float_codes:
@@ -71,7 +71,7 @@ def w_dequant_dtype(x_dtype: Any, *, x_codes: bool, float_codes: bool = False) -
 
 
 def code_dtype(*, float_codes: bool) -> str:
-    """The dtype quantize_x's x codes are held in: int8 for the int8 MXU, bf16 (exact) for the bf16 MXU."""
+    """The dtype quantize_activations's x codes are held in: int8 for the int8 MXU, bf16 (exact) for the bf16 MXU."""
     return "bfloat16" if float_codes else "int8"
 
 
@@ -131,7 +131,7 @@ class MatmulBlockSizes(tiling.GemmTile):
             codes = (buf((acc_rows, variant.x_row or self.bk), code_dtype(float_codes=variant.float_codes))
                      + buf((self.bm, 1), "float32"))
             need += variant.code_slots * codes + buf((acc_rows, self.bn), "int32")
-        if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_x's int8 x)
+        if variant.w_dequant:  # the dequantized w tile (int8 codes against quantize_activations's int8 x)
             need += buf((self.bk, self.bn), w_dequant_dtype(x_dtype, x_codes=variant.x_codes,
                                                             float_codes=variant.float_codes))
         if tiling.itemsize_bytes(x_dtype) == 4:

@@ -27,8 +27,8 @@ TUNED_SHAPE_MNK = (8192, 8192, 8192)
 DECODE_SHAPE_MNK = (64, 14336, 4096)
 #: The variants (kernels/matmul/variants.py) tuned at each problem, in the JSON's order. The square problem: each
 #: operand pair (int8 and fp8 weights with per-channel scales); int8 x int8 (w8a8: bf16 activations quantized per
-#: token in the kernel, quantize_x; chips without an int8 MXU path, v4 and 7x, reject it and store nothing); bf16 x
-#: int4 (packed weights unpacked in VMEM onto the bf16 MXU path); w4a8 (those unpacked to int8 codes against the
+#: token in the kernel, quantize_activations; chips without an int8 MXU path, v4 and 7x, reject it and store nothing);
+#: bf16 x int4 (packed weights unpacked in VMEM onto the bf16 MXU path); w4a8 (those unpacked to int8 codes against the
 #: x codes on the int8 MXU path; v4 and 7x store nothing, as for int8 x int8).
 SQUARE_VARIANTS = ("bf16", "fp32", "bf16 x int8", "fp32 x int8", "bf16 x fp8", "fp32 x fp8", "w8a8", "bf16 x int4",
                    "w4a8")
@@ -59,7 +59,7 @@ TUNED = TunedKernel(
     kernel="matmul", entry="matmul",
     configs=tuple(_tuned_config(variant, decode=decode) for variant, decode in TUNED_VARIANTS), compile_raised=1,
     problem=("an M=N=K=%d GEMM with a fused bias (and per-channel scales for int8/fp8/int4 weights; \"int8 x int8\": "
-             "bf16 activations quantized in the kernel, quantize_x=True; \"bf16 x int4\": packed weights, "
+             "bf16 activations quantized in the kernel, quantize_activations=True; \"bf16 x int4\": packed weights, "
              "w_dtype='int4'; \"int8 x int4\": both, w4a8; \"... blockwise\": those two, and bf16 x int4 at "
              "decode, with one scale per 128 rows of K); \"... decode\": x=%dx%d against w=%dx%d, the blocks of "
              "calls with at most %d rows"

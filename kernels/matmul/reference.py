@@ -47,17 +47,17 @@ def matmul_reference(
     bias: jax.Array | None = None,
     activation: str = "none",
     w_scale: jax.Array | None = None,
-    quantize_x: bool = False,
+    quantize_activations: bool = False,
     w_dtype: str | None = None,
     out_dtype=None,
     bf16_codes: bool = False,
 ) -> jax.Array:
     """activation((x @ (w * w_scale)) + bias) in f32, cast to out_dtype (default x.dtype).
 
-    ``w_scale``: [N] per output channel or [cdiv(K, 128), N] per 128 rows of K. ``quantize_x``: x is first
+    ``w_scale``: [N] per output channel or [cdiv(K, 128), N] per 128 rows of K. ``quantize_activations``: x is first
     quantized per token to int8 (kernels/quant.py) and the product is (q @ w) * x_scale, as the kernel's
     int8 x int8 path computes it (exact integer sums). ``w_dtype="int4"``: w is packed two codes per byte
-    (kernels/quant.py's pack_int4) and is unpacked to [K, N] codes first. ``bf16_codes`` (with quantize_x and
+    (kernels/quant.py's pack_int4) and is unpacked to [K, N] codes first. ``bf16_codes`` (with quantize_activations and
     bf16 x): the codes come from a bf16 product (kernels/quant.py's quantize_int8_bf16), as the kernel makes
     them on chips with a bf16 VPU (kernels.matmul.quantizes_x_in_bf16).
     """
@@ -66,7 +66,7 @@ def matmul_reference(
         w = unpack_int4(w, x.shape[1])
     x32 = x.astype(jnp.float32)
     x_scale = None
-    if quantize_x:
+    if quantize_activations:
         if bf16_codes and x.dtype != jnp.bfloat16:
             raise ValueError(f"bf16_codes: x must be bfloat16 (got {x.dtype}); f32 x is quantized in f32")
         q, x_scale = quantize_int8_bf16(x, axis=-1) if bf16_codes else quantize_int8(x32, axis=-1)

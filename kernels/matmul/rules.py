@@ -31,14 +31,14 @@ def has_bf16_vpu(chip: object | None) -> bool:
 def quantizes_in_bf16(chip: object | None, source_dtype: str) -> bool:
     """Whether dynamic per-token int8 quantization of ``source_dtype`` activations makes its codes from a bf16
     product (bf16 activations on a chip with a bf16 VPU, :func:`has_bf16_vpu`): the bundled matmul's
-    quantize_x (kernels.quant.int8_codes_bf16) and the op model's count of its VPU ops both ask this."""
+    quantize_activations (kernels.quant.int8_codes_bf16) and the op model's count of its VPU ops both ask this."""
     return has_bf16_vpu(chip) and source_dtype == "bf16"
 
 
 def has_fast_int8_mxu(chip: object) -> bool:
     """Whether the chip has an int8 x int8 MXU path faster than bf16 (the spec's pair and an int8 rate above
-    bf16's): v5e, v5p, v6e; not v4 (int8 at the bf16 rate) or 7x (no int8 rate). The bundled matmul's quantize_x
-    check and :func:`int4_decode_on_int8_mxu` both ask this."""
+    bf16's): v5e, v5p, v6e; not v4 (int8 at the bf16 rate) or 7x (no int8 rate). The bundled matmul's
+    quantize_activations check and :func:`int4_decode_on_int8_mxu` both ask this."""
     int8, bf16 = chip.matmul_rate("int8"), chip.matmul_rate("bf16")
     return bool(chip.supports_matmul("int8", "int8") and int8 is not None and (bf16 is None or int8 > bf16))
 

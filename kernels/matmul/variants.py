@@ -1,5 +1,5 @@
-"""The bundled matmul's variants (its code paths: activation and weight dtypes, weight scales, quantize_x) and the
-typed keys of its tuned table, listed once (no jax).
+"""The bundled matmul's variants (its code paths: activation and weight dtypes, weight scales, quantize_activations) and
+the typed keys of its tuned table, listed once (no jax).
 
 The compile checks (tests/compiler/kernel_variants.py), the variants benchmark
 (tests/benchmarks/bench_matmul_variants.py) and the tuned configurations (kernels/matmul/entry.py) all take the
@@ -18,7 +18,7 @@ _SHAPE_DTYPE = {"bf16": "bf16", "fp32": "f32", "int8": "int8", "fp8": "fp8", "in
 @dataclass(frozen=True, kw_only=True)
 class TunedKey:
     """One configuration of the matmul tuned table (kernels/matmul/tuned.json): the MXU's operand dtypes ("int8"
-    activations: quantize_x's codes of float x), blockwise weight scales, and decode-sized calls (at most
+    activations: quantize_activations's codes of float x), blockwise weight scales, and decode-sized calls (at most
     blocks.DECODE_MAX_M rows)."""
 
     x: str
@@ -35,14 +35,15 @@ class TunedKey:
 class Variant:
     """One code path of the matmul: ``x`` activations (bf16 or fp32) against ``w`` weights (x's own dtype, int8,
     fp8 or packed int4), their ``scales`` ("none", "per-channel": [N], "per-block": one per 128 rows of K), and
-    ``quantize_x`` (x quantized per token to int8 codes in the kernel: int8 x int8, w4a8 with int4 weights)."""
+    ``quantize_activations`` (x quantized per token to int8 codes in the kernel: int8 x int8, w4a8 with int4
+    weights)."""
 
     #: The variant's label in test ids, the benchmark's --variants and its table.
     name: str
     x: str = "bf16"
     w: str
     scales: str = "none"
-    quantize_x: bool = False
+    quantize_activations: bool = False
 
     @property
     def blockwise(self) -> bool:
@@ -50,10 +51,10 @@ class Variant:
         return self.scales == "per-block"
 
     def static(self) -> dict[str, Any]:
-        """The matmul's static keyword arguments of the variant: quantize_x, then w_dtype (int4)."""
+        """The matmul's static keyword arguments of the variant: quantize_activations, then w_dtype (int4)."""
         static: dict[str, Any] = {}
-        if self.quantize_x:
-            static["quantize_x"] = True
+        if self.quantize_activations:
+            static["quantize_activations"] = True
         if self.w == "int4":
             static["w_dtype"] = "int4"
         return static
@@ -69,8 +70,9 @@ class Variant:
         return tuple(shapes)
 
     def tuned_key(self, *, decode: bool = False) -> TunedKey:
-        """The variant's configuration in the tuned table (quantize_x: int8 codes on the MXU)."""
-        return TunedKey(x="int8" if self.quantize_x else self.x, w=self.w, blockwise=self.blockwise, decode=decode)
+        """The variant's configuration in the tuned table (quantize_activations: int8 codes on the MXU)."""
+        return TunedKey(x="int8" if self.quantize_activations else self.x, w=self.w, blockwise=self.blockwise,
+                        decode=decode)
 
 
 #: Every variant, bf16 activations first (the order of the benchmark's table), then fp32 activations.
@@ -78,13 +80,13 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(name="bf16", w="bf16"),
     Variant(name="bf16 x int8", w="int8", scales="per-channel"),
     Variant(name="bf16 x int8 blockwise", w="int8", scales="per-block"),
-    Variant(name="w8a8", w="int8", scales="per-channel", quantize_x=True),
-    Variant(name="w8a8 blockwise", w="int8", scales="per-block", quantize_x=True),
+    Variant(name="w8a8", w="int8", scales="per-channel", quantize_activations=True),
+    Variant(name="w8a8 blockwise", w="int8", scales="per-block", quantize_activations=True),
     Variant(name="bf16 x int4", w="int4", scales="per-channel"),
     Variant(name="bf16 x int4 blockwise", w="int4", scales="per-block"),
     Variant(name="bf16 x fp8", w="fp8", scales="per-channel"),
-    Variant(name="w4a8", w="int4", scales="per-channel", quantize_x=True),
-    Variant(name="w4a8 blockwise", w="int4", scales="per-block", quantize_x=True),
+    Variant(name="w4a8", w="int4", scales="per-channel", quantize_activations=True),
+    Variant(name="w4a8 blockwise", w="int4", scales="per-block", quantize_activations=True),
     Variant(name="fp32", x="fp32", w="fp32"),
     Variant(name="fp32 x int8", x="fp32", w="int8", scales="per-channel"),
     Variant(name="fp32 x fp8", x="fp32", w="fp8", scales="per-channel"),

@@ -58,9 +58,9 @@ def precision_option(fn: Any) -> Any:
 @click.option("--weight-scale", type=click.Choice(["none", "per-channel", "per-block"]), default=None,
               help="Scales of quantized weights (default per-channel when --rhs-dtype is quantized).")
 @click.option("--scale-block", type=int, default=None, help="K rows per scale with --weight-scale per-block (128).")
-@click.option("--lhs-source-dtype", default=None, help="With a quantized --lhs-dtype: the dtype the activations are "
-              "read in and quantized from per token inside the kernel (dynamic quantization fused in, the bundled "
-              "matmul's quantize_x), e.g. --lhs-dtype int8 --lhs-source-dtype bf16.")
+@click.option("--quantize-activations", is_flag=True, default=None, help="Quantize the activations (read in "
+              "--lhs-dtype, bf16 or fp32) per token to int8 codes inside the kernel for the MXU (dynamic quantization "
+              "fused in, the bundled matmul's quantize_activations): w8a8 with --rhs-dtype int8, w4a8 with int4.")
 @click.option("--epilogue", default="", metavar="LIST", help="Fused epilogue: comma list of bias, residual, relu, "
               "gelu, silu, sigmoid, tanh.")
 @click.option("--groups", type=int, default=None, help="Grouped GEMM (mixture of experts, the bundled "

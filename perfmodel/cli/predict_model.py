@@ -59,8 +59,8 @@ Examples:
               "(default 128).")
 @click.option("--quantize-activations", is_flag=True,
               help="int8 x int8 / int8 x int4 weight GEMMs (with --weight-dtype int8 or int4: w8a8, w4a8): "
-                   "activations quantized per token inside each GEMM, as the bundled matmul's quantize_x; MoE "
-                   "expert GEMMs keep float activations.")
+                   "activations quantized per token inside each GEMM, as the bundled matmul's "
+                   "quantize_activations; MoE expert GEMMs keep float activations.")
 @click.option("--kv-dtype", default=None, help="KV cache (default: --act-dtype); int8/fp8 get per-token f32 scales.")
 @click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel degree (chips over ICI).")
 @click.option("--page-size", type=int, default=16, show_default=True, help="KV-cache page size in tokens.")

@@ -98,7 +98,7 @@ def gemm(
     scale_block: Num | None = None,
     epilogue: Sequence[str] | str = (),
     precision: str | None = None,
-    lhs_source_dtype: str | None = None,
+    quantize_activations: bool = False,
     chip: object | None = None,
 ) -> OpCost:
     """Cost of a (batched) GEMM; see the module docstring for what is counted.
@@ -109,24 +109,29 @@ def gemm(
     ``weight_scale``: None picks "per-channel" when rhs_dtype is quantized
     (int8/int4/fp8) and nothing otherwise; "per-block" uses ``scale_block``
     rows of K per scale (default 128). A quantized lhs carries one scale per
-    row (per-token). ``lhs_source_dtype``: the dtype a quantized lhs is read in when it is quantized
-    per token inside the kernel (dynamic quantization fused in, as the bundled matmul's ``quantize_x``):
-    HBM reads the activations at that dtype, no lhs scales are read, and the VPU pays
-    :data:`DYNAMIC_QUANT_OPS_PER_ELEMENT` per activation element. ``epilogue``: names from perfmodel.model.elementwise
-    (bias, residual, relu, gelu, silu, ...). ``chip=None`` assumes native
+    row (per-token). ``quantize_activations``: the float lhs (read from HBM in ``lhs_dtype``) is quantized per
+    token to int8 codes inside the kernel (dynamic activation quantization fused in, w8a8 / w4a8, as the bundled
+    matmul's ``quantize_activations``): the int8 codes are the MXU operand, no lhs scales are read, and the VPU
+    pays :data:`DYNAMIC_QUANT_OPS_PER_ELEMENT` per activation element. ``epilogue``: names from
+    perfmodel.model.elementwise (bias, residual, relu, gelu, silu, ...). ``chip=None`` assumes native
     dtype paths and no padding (the counts for a pl.CostEstimate).
     """
     m, n, k, batch = sizes("m", m), sizes("n", n), sizes("k", k), sizes("batch", batch)
-    lhs, rhs, out = parse_dtype(lhs_dtype, "`lhs_dtype`"), parse_dtype(rhs_dtype, "`rhs_dtype`"), parse_dtype(
+    lhs_read, rhs, out = parse_dtype(lhs_dtype, "`lhs_dtype`"), parse_dtype(rhs_dtype, "`rhs_dtype`"), parse_dtype(
         out_dtype, "`out_dtype`")
+    if quantize_activations and is_quantized(lhs_read):
+        raise InputError(f"`quantize_activations`: quantizes float activations to int8 codes in the kernel, but "
+                         f"`lhs_dtype` {lhs_read} is quantized already; give the dtype read from HBM (e.g. "
+                         f"`lhs_dtype` bf16) or drop `quantize_activations`")
+    lhs = "int8" if quantize_activations else lhs_read  # the MXU's lhs operand
     weight_scale, block = resolve_weight_scale(rhs, weight_scale, scale_block)
     ep = parse_epilogue(epilogue)
     tiles = chip_tiles(chip)
     # Dynamically quantized activations against blockwise scales: the codes may go to the bf16 MXU instead.
-    float_codes = (lhs_source_dtype is not None and is_quantized(lhs) and weight_scale == "per-block"
+    float_codes = (quantize_activations and weight_scale == "per-block"
                    and blockwise_codes_on_bf16_mxu(chip, m, block, out_dtype=out))
     # bf16 x int4 at decode: two int8 code planes of the activations on the int8 MXU (twice the rows issued).
-    split = lhs_source_dtype is None and int4_decode_on_int8_mxu(
+    split = not quantize_activations and int4_decode_on_int8_mxu(
         chip, m, lhs_dtype=lhs, rhs_dtype=rhs, out_dtype=out, blockwise=weight_scale == "per-block",
         scale_block=block)
     path = matmul_path(chip, "bf16" if float_codes else "int8" if split else lhs, rhs, precision)
@@ -166,19 +171,14 @@ def gemm(
         else:  # native quantized MXU path: each K-block's partial sum is scaled and added in f32
             vpu, vpu_plain = vpu + 2 * groups * out_padded, vpu_plain + 2 * groups * out_plain
             notes.append("per-block scales on a native quantized path: partial sums scaled per K block on the VPU")
-    lhs_read = lhs
-    if lhs_source_dtype is not None:
-        lhs_read = parse_dtype(lhs_source_dtype, "`lhs_source_dtype`")
-        if not is_quantized(lhs) or is_quantized(lhs_read):
-            raise InputError(f"`lhs_source_dtype` {lhs_read}: dynamic quantization reads float activations "
-                             f"into a quantized `lhs_dtype` (got {lhs}); e.g. lhs_dtype int8, lhs_source_dtype bf16")
+    if quantize_activations:
         in_bf16 = quantizes_in_bf16(chip, lhs_read)
         ops = DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16 if in_bf16 else DYNAMIC_QUANT_OPS_PER_ELEMENT
         vpu, vpu_plain = vpu + ops * batch * tiles.vreg_elements(m, k), vpu_plain + ops * batch * m * k
         notes.append("activations quantized per token in the kernel (max|x|, scale, round, clip)"
                      + (f"; {chip.name}: codes from a bf16 product on its bf16 VPU" if in_bf16 else ""))
     if is_quantized(lhs):
-        if lhs_source_dtype is None:
+        if not quantize_activations:
             scale_bytes = scale_bytes + batch * m * SCALE_BYTES
         vpu, vpu_plain = vpu + out_padded, vpu_plain + out_plain
     if out != "fp32":

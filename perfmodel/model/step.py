@@ -57,7 +57,7 @@ class Step:
     #: K rows per scale with ``weight_scale`` per-block.
     scale_block: int | None = None
     #: int8 x int8 (w8a8) or int8 x int4 (w4a8) weight GEMMs: activations read in ``act_dtype`` and quantized per
-    #: token inside each GEMM (the bundled matmul's ``quantize_x``); the MoE expert GEMMs keep ``act_dtype``
+    #: token inside each GEMM (the bundled matmul's ``quantize_activations``); the MoE expert GEMMs keep ``act_dtype``
     #: activations (the bundled grouped_matmul has no in-kernel quantization).
     quantize_activations: bool = False
     #: Mixed only: new tokens of each sequence in this step (prefill chunks > 1, decode tokens 1; a speculative
@@ -74,7 +74,7 @@ class Step:
         kw: dict[str, Any] = dict(lhs_dtype=self.act_dtype, rhs_dtype=self.weight_dtype, out_dtype=self.act_dtype,
                                   weight_scale=self.weight_scale, scale_block=self.scale_block)
         if self.quantize_activations and in_kernel_quantization:
-            kw.update(lhs_dtype="int8", lhs_source_dtype=self.act_dtype)
+            kw.update(quantize_activations=True)
         return kw
 
     @property

@@ -99,8 +99,9 @@ def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any
         return models.gemm(chip=chip, **params)
     if groups is not None and group_sizes is not None:
         raise InputError("give one of `groups` (even split) and `group_sizes`", fields=("groups", "group_sizes"))
-    unsupported = [f for f in ("scale_block", "lhs_source_dtype", "precision") if params.get(f) not in (None, "default")]
-    unsupported += [f for f in ("epilogue",) if params.get(f)] + [f for f in ("batch",) if params.get(f, 1) != 1]
+    unsupported = [f for f in ("scale_block", "precision") if params.get(f) not in (None, "default")]
+    unsupported += [f for f in ("quantize_activations", "epilogue") if params.get(f)]
+    unsupported += [f for f in ("batch",) if params.get(f, 1) != 1]
     if unsupported:
         raise InputError(f"`{unsupported[0]}`: not modelled for a grouped GEMM (the grouped kernel has none)",
                          fields=(unsupported[0],))

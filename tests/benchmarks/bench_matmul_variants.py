@@ -44,7 +44,7 @@ def _plan(variant: str, case: str, chip: str):
     import jax
     import jax.numpy as jnp
 
-    from kernels.matmul.kernel import make_plan
+    from kernels.matmul.plan import make_plan
     from perfmodel.schedule.shapes import parse_shape
 
     m, k, n = CASES[case]
@@ -60,8 +60,9 @@ def measure(variant: str, case: str, chip_name: str) -> dict:
     chip = get_chip(chip_name)
     m, k, n = CASES[case]
     v = VARIANTS[variant]
-    # The MXU dtype of the floor: int8 with quantize_x, bf16 for every weight-only variant (converted in VMEM).
-    mxu_dtype = "int8" if v.quantize_x else "bf16"
+    # The MXU dtype of the floor: int8 with quantize_activations, bf16 for every weight-only variant (converted in
+    # VMEM).
+    mxu_dtype = "int8" if v.quantize_activations else "bf16"
     args = tuple(f"{name}={value}" for name, value in v.static().items())
     row = {"variant": variant, "case": case, "chip": chip.name}
     if v.w == "fp8" and "fp8" not in chip.compute.matmul_flops_per_s_per_chip:

@@ -423,16 +423,16 @@ def test_gather_requires_rows():
 
 def test_gemm_dynamic_activation_quantization():
     # M=8, K=N=128 on v5e, int8 x int8: activations read as bf16 (8*128*2 = 2048 B) + int8 weights 16384 B
-    # + per-channel scales 512 B = 18944 B; without --lhs-source-dtype int8 activations (1024 B) and 8 f32
-    # per-token scales (32 B): 17952 B.
-    args = ("gemm", "--hw", "v5e", "-m", "8", "-n", "128", "-k", "128", "--lhs-dtype", "int8", "--rhs-dtype", "int8")
-    fused = run_json(*args, "--lhs-source-dtype", "bf16")[0]
-    plain = run_json(*args)[0]
+    # + per-channel scales 512 B = 18944 B; int8 activations quantized outside (--lhs-dtype int8) are 1024 B and 8
+    # f32 per-token scales (32 B): 17952 B.
+    args = ("gemm", "--hw", "v5e", "-m", "8", "-n", "128", "-k", "128", "--rhs-dtype", "int8")
+    fused = run_json(*args, "--lhs-dtype", "bf16", "--quantize-activations")[0]
+    plain = run_json(*args, "--lhs-dtype", "int8")[0]
     assert fused["cost"]["hbm_read_bytes"] == 18944 and plain["cost"]["hbm_read_bytes"] == 17952
-    result = CliRunner().invoke(main, ["predict", "gemm", "--hw", "v5e", "-m", "8", "-n", "128", "-k", "128",
-                                       "--lhs-source-dtype", "bf16"])
-    assert result.exit_code != 0
-    assert "--lhs-source-dtype" in result.output and "Traceback" not in result.output
+    assert fused["cost"]["mxu_dtype"] == "int8"
+    result = CliRunner().invoke(main, ["predict", "gemm", *args[1:], "--lhs-dtype", "int8", "--quantize-activations"])
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1
+    assert "--quantize-activations" in result.output and "Traceback" not in result.output
 
 
 def test_a_sweep_names_an_option_by_its_flag():

@@ -89,7 +89,8 @@ def test_no_profile_is_one_line_exit_2(tmp_path, missing):
     res = _run(target, "--hw", "v5e")
     assert res.exit_code == 2
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and str(target) in lines[0] and "jax.profiler.trace" in lines[0]
+    # the path is named (long paths are shortened in the middle, so its last part is checked)
+    assert len(lines) == 1 and target.name in lines[0] and "jax.profiler.trace" in lines[0]
 
 
 def test_plot_writes_a_png(profile_dir, tmp_path):

@@ -13,7 +13,7 @@ from perfmodel.compiler.api import CompileCall
 from perfmodel.hw.registry import get_chip
 
 #: case -> (M, K, N): decode (64 rows: the "... decode" defaults) and a prefill-sized call of several row blocks
-#: (the square defaults clamped to it; quantize_x quantizes the next row block ahead on single-core chips).
+#: (the square defaults clamped to it; quantize_activations quantizes the next row block ahead on single-core chips).
 MATMUL_CASES = {"decode": (64, 4096, 14336), "prefill": (2048, 4096, 4096)}
 #: case -> token rows over the experts of grouped_matmul's tuned problem (kernels/grouped_matmul/entry.py: 8 experts,
 #: K=4096, N=14336, rows split evenly).
@@ -41,15 +41,15 @@ def _grouped_call(variant: str, case: str) -> CompileCall:
 def refusal(variant: str, chip_name: str) -> str | None:
     """The one-line error the wrapper gives where the chip has no MXU path for the variant (the rule is the
     wrapper's own check), else None."""
-    from kernels.matmul.kernel import _check_fp8_support, _check_int8_mxu
+    from kernels.matmul.plan import _check_fp8_support, _check_int8_mxu
 
     chip = get_chip(chip_name)
     v = BY_NAME.get(variant)
-    if v is not None and v.quantize_x:
+    if v is not None and v.quantize_activations:
         try:
             _check_int8_mxu(chip)
         except ValueError:
-            return "quantize_x: .* has no int8 x int8 MXU path"
+            return "quantize_activations: .* has no int8 x int8 MXU path"
     if "fp8" in variant:
         try:
             _check_fp8_support(chip, "bfloat16", "float8_e4m3fn")

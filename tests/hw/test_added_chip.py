@@ -51,8 +51,8 @@ def _run(*args: str) -> str:
     return result.output
 
 
-QUANTIZED_GEMM = ("-m", "64", "-n", "8192", "-k", "8192", "--lhs-dtype", "int8", "--rhs-dtype", "int8",
-                  "--lhs-source-dtype", "bf16")
+QUANTIZED_GEMM = ("-m", "64", "-n", "8192", "-k", "8192", "--lhs-dtype", "bf16", "--rhs-dtype", "int8",
+                  "--quantize-activations")
 QUANTIZED_MODEL = ("--weight-dtype", "int8", "--quantize-activations", "--batch", "8", "--context", "1024")
 BF16_CODES = "codes from a bf16 product on its bf16 VPU"
 

@@ -67,7 +67,7 @@ def test_v5e_and_v5p_keep_two_different_facts():
 
 
 def test_the_functions_that_replaced_the_lists_answer_as_the_lists_did():
-    from kernels.matmul.kernel import scales_in_bf16
+    from kernels.matmul.plan import scales_in_bf16
     from kernels.tiling import narrow_vmem_temporaries
 
     specs = [get_chip(n) for n in EXPECTED]

@@ -109,11 +109,11 @@ def _gemm(specs, static, used):
     x, w = specs["x"], specs["w"]
     activation = static.get("activation", "none")
     epilogue = (("bias",) if "bias" in specs else ()) + ((activation,) if activation != "none" else ())
-    quantize_x = bool(static.get("quantize_x", False))
+    quantize_activations = bool(static.get("quantize_activations", False))
     # w_dtype="int4": w is [K/2, N] uint8 holding two int4 codes per byte; the model reads int4 weights.
     rhs = "int4" if static.get("w_dtype") == "int4" else _dt(w)
-    return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype="int8" if quantize_x else _dt(x),
-                lhs_source_dtype=_dt(x) if quantize_x else None, rhs_dtype=rhs, out_dtype=_dt(x),
+    return gemm(m=x.shape[0], k=x.shape[1], n=w.shape[1], lhs_dtype=_dt(x), rhs_dtype=rhs, out_dtype=_dt(x),
+                quantize_activations=quantize_activations,
                 weight_scale=_scale_kind(specs.get("w_scale")), epilogue=epilogue, chip=None)
 
 
@@ -303,10 +303,10 @@ CONTRACTS: dict[str, Contract] = {
             # call raises the limit to 46 MiB * 1.25.
             Case(id="raised-vmem-limit", shapes=("x=4096x4096:bf16", "w=4096x4096:bf16"),
                  blocks={"bm": 1024, "bk": 2048, "bn": 2048}, vmem_limit=int(46 * 2**20 * 1.25)),
-            # int8 x int8 (quantize_x) at its tuned defaults on every chip with an int8 MXU path (v4 and 7x refuse
-            # it); decode-sized M: the defaults clamp bm to 64.
+            # int8 x int8 (quantize_activations) at its tuned defaults on every chip with an int8 MXU path (v4 and 7x
+            # refuse it); decode-sized M: the defaults clamp bm to 64.
             *(Case(id=f"w8a8-{chip}", shapes=("x=64x8192:bf16", "w=8192x8192:int8", "w_scale=8192:f32"),
-                   static={"quantize_x": True}, chip=chip,
+                   static={"quantize_activations": True}, chip=chip,
                    # At least the 2*M*N*K MACs, the int8 weights and the bf16 activations once.
                    floor={"flops": 2 * 64 * 8192 * 8192, "bytes_accessed": 8192 * 8192 + 64 * 8192 * 2})
               for chip in ("tpu-v5e", "tpu-v5p", "tpu-v6e")),

@@ -16,7 +16,7 @@ from kernels.matmul import MatmulBlockSizes, default_block_sizes, default_block_
 from kernels.matmul.blocks import FALLBACK_BLOCK_SIZES
 from kernels.matmul.blocks import DECODE_MAX_M
 from kernels.matmul.entry import TUNED
-from kernels.matmul.kernel import make_plan
+from kernels.matmul.plan import make_plan
 from perfmodel.errors import UnknownChipError
 from perfmodel.hw.registry import get_chip
 from kernels.tuned import load_tuned_defaults
@@ -258,11 +258,11 @@ def test_stored_defaults_pass_the_check_within_the_default_scoped_vmem_unless_ma
     for key, entry in stored.items():
         # Each configuration's call as tuned (kernels/matmul/entry.py): its shapes, with a bias (the epilogue
         # fused: a bias row, plus the per-channel scale row of quantized weights; blockwise scales are the
-        # variant's scale rows), and its static arguments (quantize_x, w_dtype), planned as the wrapper plans it
-        # at the stored blocks. "... decode" entries are tuned on the decode problem (64 rows against the whole
-        # weight matrix); "int8 x int8" is quantize_x on bf16 activations (a resident row, the codes, the
-        # lookahead's shares); "bf16 x int4" counts the packed tile as an int8 [bk, bn] one, plus the unpacked tile
-        # (two code planes of x at decode on int8-MXU chips); "... blockwise": one scale per 128 rows of K (the
+        # variant's scale rows), and its static arguments (quantize_activations, w_dtype), planned as the wrapper
+        # plans it at the stored blocks. "... decode" entries are tuned on the decode problem (64 rows against the
+        # whole weight matrix); "int8 x int8" is quantize_activations on bf16 activations (a resident row, the codes,
+        # the lookahead's shares); "bf16 x int4" counts the packed tile as an int8 [bk, bn] one, plus the unpacked
+        # tile (two code planes of x at decode on int8-MXU chips); "... blockwise": one scale per 128 rows of K (the
         # codes in bf16 on v6e: the variant's float_codes).
         arrays = {s.name: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype))
                   for s in map(parse_shape, configs[key].shapes)}

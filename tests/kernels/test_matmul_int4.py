@@ -1,6 +1,6 @@
 """The matmul's packed int4 weights (w_dtype="int4") in interpret mode against matmul_reference, on the bf16 path
-and on the int8 one (w4a8: quantize_x), the packing helper's nibble order, input errors, and the op model's int4
-weight bytes."""
+and on the int8 one (w4a8: quantize_activations), the packing helper's nibble order, input errors, and the op model's
+int4 weight bytes."""
 
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ def test_int4_weights_match_the_reference(shape, blockwise):
 
 
 def test_int4_blockwise_scales_in_bf16_on_chips_with_bf16_scaling():
-    # tpu-v6e multiplies blockwise scales in bf16 (kernel.scales_in_bf16: its spec's compiler.vpu_bf16_arithmetic):
+    # tpu-v6e multiplies blockwise scales in bf16 (plan.scales_in_bf16: its spec's compiler.vpu_bf16_arithmetic):
     # one more bf16 rounding of each scale (rel 2^-9) than tpu-v5e's f32 product; both stay within the bf16
     # tolerance of the reference, and the two differ (the bf16 path is taken).
-    from kernels.matmul.kernel import scales_in_bf16
+    from kernels.matmul.plan import scales_in_bf16
     from perfmodel.hw.registry import get_chip
 
     assert scales_in_bf16(get_chip("tpu-v6e")) and not scales_in_bf16(get_chip("tpu-v5e"))
@@ -79,12 +79,12 @@ def test_int4_blockwise_scales_in_bf16_on_chips_with_bf16_scaling():
 
 @pytest.mark.parametrize("blockwise", [False, True], ids=["per-channel", "blockwise"])
 def test_int4_unpacked_in_a_loop_when_the_tile_is_large(monkeypatch, blockwise):
-    from kernels.matmul import kernel as kernel_module
+    from kernels.matmul import body as body_module
 
     # INT4_INLINE_MAX_UNITS = 0: every tile takes the looped unpacking (_unpack_int4_tile) instead of the unrolled
     # per-chunk one. M = 24, K = 520 (three bk = 256 K blocks, the last 8 columns valid), N = 136 (a second,
     # 8-column block): shapes no other test traces, so no cached trace of the unrolled path is reused.
-    monkeypatch.setattr(kernel_module, "INT4_INLINE_MAX_UNITS", 0)
+    monkeypatch.setattr(body_module, "INT4_INLINE_MAX_UNITS", 0)
     m, k, n = 24, 520, 136
     x = jax.random.normal(jax.random.key(5), (m, k), jnp.float32).astype(jnp.bfloat16)
     wp, s = _weights(6, k, n, blockwise)
@@ -104,7 +104,8 @@ def test_int4_at_large_bm_with_two_k_blocks():
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)), **TOL)
 
 
-#: w4a8 (quantize_x with int4 weights): exact int32 sums of the int8 x codes and int4 w codes, scales in f32, bf16 out.
+#: w4a8 (quantize_activations with int4 weights): exact int32 sums of the int8 x codes and int4 w codes, scales in
+#: f32, bf16 out.
 W4A8_TOL = dict(rtol=8e-3, atol=8e-3)
 
 
@@ -119,8 +120,9 @@ def test_w4a8_int4_weights_on_the_int8_path_match_the_reference(shape, blocks, b
     x = jax.random.normal(jax.random.key(11), (m, k), jnp.float32).astype(jnp.bfloat16)
     wp, s = _weights(12, k, n, blockwise)
     bias = jax.random.normal(jax.random.key(13), (n,), jnp.float32)
-    out = matmul(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_x=True, block_sizes=blocks, interpret=True)
-    ref = matmul_reference(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_x=True)
+    out = matmul(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_activations=True, block_sizes=blocks,
+                 interpret=True)
+    ref = matmul_reference(x, wp, w_scale=s, bias=bias, w_dtype="int4", quantize_activations=True)
     assert out.shape == (m, n) and out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref.astype(jnp.float32)),
                                **W4A8_TOL)
@@ -131,7 +133,7 @@ def test_w4a8_hand_worked():
     # scale 0.5: (127 * 3 + (-64) * (-2)) * 1 * 0.5 = (381 + 128) / 2 = 254.5 (f32 out, exact).
     x = jnp.zeros((16, 2), jnp.bfloat16).at[0].set(jnp.array([127.0, -63.5], jnp.bfloat16))
     wp = pack_int4(jnp.array([[3], [-2]], jnp.int32))
-    out = matmul(x, wp, w_scale=jnp.array([0.5], jnp.float32), w_dtype="int4", quantize_x=True,
+    out = matmul(x, wp, w_scale=jnp.array([0.5], jnp.float32), w_dtype="int4", quantize_activations=True,
                  out_dtype=jnp.float32, interpret=True)
     assert float(out[0, 0]) == 254.5 and float(jnp.abs(out[1:]).max()) == 0.0
 
@@ -139,7 +141,7 @@ def test_w4a8_hand_worked():
 @pytest.mark.parametrize("case, match", [
     ("shape", r"w: w_dtype='int4' takes two codes per byte.*\[256, N\].*pack_int4"),
     ("no-scale", r"w_scale: int4 weights need scales"),
-    ("quantize_x-v4", r"quantize_x: tpu-v4 has no int8 x int8 MXU path"),
+    ("quantize_activations-v4", r"quantize_activations: tpu-v4 has no int8 x int8 MXU path"),
     ("bk", r"block_sizes: bk=128 must be a multiple of 256"),
     ("w_dtype", r"w_dtype='int2' is not known"),
 ])
@@ -152,8 +154,8 @@ def test_bad_int4_input_names_it(case, match):
         w = jnp.zeros((150, 128), jnp.uint8)
     elif case == "no-scale":
         kwargs.pop("w_scale")
-    elif case == "quantize_x-v4":  # int4 weights go to the int8 MXU with quantize_x; v4 has none
-        kwargs.update(quantize_x=True, chip="tpu-v4")
+    elif case == "quantize_activations-v4":  # int4 weights go to the int8 MXU with quantize_activations; v4 has none
+        kwargs.update(quantize_activations=True, chip="tpu-v4")
     elif case == "bk":
         kwargs["block_sizes"] = MatmulBlockSizes(bm=16, bk=128, bn=128)
     elif case == "w_dtype":

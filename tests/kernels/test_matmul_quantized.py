@@ -1,5 +1,5 @@
 """The matmul's quantized variants in interpret mode against matmul_reference: int8 x int8 with per-token
-activation quantization fused in (quantize_x), blockwise (one scale per 128 rows of K) int8 / fp8 weights, at
+activation quantization fused in (quantize_activations), blockwise (one scale per 128 rows of K) int8 / fp8 weights, at
 aligned and unaligned shapes; the int8-MXU refusal on chips without one; the op model's dynamic-quantization
 terms."""
 
@@ -18,9 +18,9 @@ from kernels.quant import quantize_int8
 #: the final bf16 rounding (rel 2^-8). Weight-only blockwise scales are folded into the weights in x's dtype
 #: (one more bf16 rounding per weight, rel 2^-9, averaged over K), so bf16 needs the usual 1.6e-2.
 TOL = {
-    ("bfloat16", "quantize_x"): dict(rtol=8e-3, atol=8e-3),
+    ("bfloat16", "quantize_activations"): dict(rtol=8e-3, atol=8e-3),
     ("bfloat16", "weight_only"): dict(rtol=1.6e-2, atol=1.6e-2),
-    ("float32", "quantize_x"): dict(rtol=1e-5, atol=1e-5),
+    ("float32", "quantize_activations"): dict(rtol=1e-5, atol=1e-5),
     ("float32", "weight_only"): dict(rtol=2e-5, atol=2e-5),
 }
 SMALL = MatmulBlockSizes(bm=32, bk=256, bn=128)
@@ -60,16 +60,16 @@ def test_int8_x_int8_with_per_token_quantization(shape, blockwise):
     x = _x(1, m, k, jnp.bfloat16)
     _, wq, s = _weights(2, k, n, blockwise)
     bias = jnp.linspace(-1.0, 1.0, n, dtype=jnp.float32)
-    out = matmul(x, wq, w_scale=s, bias=bias, quantize_x=True, block_sizes=SMALL, interpret=True)
-    _check(out, matmul_reference(x, wq, w_scale=s, bias=bias, quantize_x=True), "quantize_x")
+    out = matmul(x, wq, w_scale=s, bias=bias, quantize_activations=True, block_sizes=SMALL, interpret=True)
+    _check(out, matmul_reference(x, wq, w_scale=s, bias=bias, quantize_activations=True), "quantize_activations")
 
 
 def test_quantize_x_from_f32_activations():
     x = _x(3, 40, 300, jnp.float32)
     _, wq, s = _weights(4, 300, 200, False)
-    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=MatmulBlockSizes(bm=32, bk=128, bn=128),
+    out = matmul(x, wq, w_scale=s, quantize_activations=True, block_sizes=MatmulBlockSizes(bm=32, bk=128, bn=128),
                  interpret=True)
-    _check(out, matmul_reference(x, wq, w_scale=s, quantize_x=True), "quantize_x")
+    _check(out, matmul_reference(x, wq, w_scale=s, quantize_activations=True), "quantize_activations")
 
 
 def test_quantize_x_is_close_to_the_unquantized_product():
@@ -77,7 +77,7 @@ def test_quantize_x_is_close_to_the_unquantized_product():
     # of the row max; over K = 512 terms of weights ~ 1/sqrt(K) the error stays well under 0.1 (outputs O(1)).
     x = _x(5, 64, 512, jnp.bfloat16)
     w, wq, s = _weights(6, 512, 256, False)
-    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=SMALL, interpret=True)
+    out = matmul(x, wq, w_scale=s, quantize_activations=True, block_sizes=SMALL, interpret=True)
     exact = matmul_reference(x, w.astype(jnp.float32).astype(jnp.bfloat16))
     assert float(jnp.max(jnp.abs(out.astype(jnp.float32) - exact.astype(jnp.float32)))) < 0.1
 
@@ -87,7 +87,7 @@ def test_hand_worked_int8_x_int8():
     # w codes [[1], [1]] with per-channel scale 0.5: int32 sum 64 - 127 = -63; * 2/127 * 0.5 = -0.49606...
     x = jnp.array([[1.0, -2.0]], jnp.float32)
     w = jnp.array([[1], [1]], jnp.int8)
-    out = matmul(x, w, w_scale=jnp.array([0.5]), quantize_x=True, interpret=True)
+    out = matmul(x, w, w_scale=jnp.array([0.5]), quantize_activations=True, interpret=True)
     np.testing.assert_allclose(np.asarray(out), [[-63 * (2 / 127) * 0.5]], rtol=1e-6)
 
 
@@ -110,7 +110,7 @@ def test_blockwise_int8_weights_dequantized_at_large_bm():
     _check(out, matmul_reference(x, wq, w_scale=s), "weight_only")
 
 
-#: (M, K, N, blocks, chip) for quantize_x's row groups and K steps:
+#: (M, K, N, blocks, chip) for quantize_activations's row groups and K steps:
 #: * M = 80 at bm = 96: one row block of three 32-row groups (the last partly past M), quantized at its first
 #:   step; K = 300 at bk = 128: a first, a middle and a masked last K step (44 valid columns); N = 200: two
 #:   column blocks, the second reading the codes the first step made.
@@ -146,9 +146,9 @@ def test_int8_x_int8_row_groups_and_k_steps(case, blockwise):
     # Rows of very different magnitudes: a scale written to the wrong rows, slot or row block shows.
     x = _x(15, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
     _, wq, s = _weights(16, k, n, blockwise)
-    out = matmul(x, wq, w_scale=s, quantize_x=True, block_sizes=blocks, chip=chip, interpret=True)
-    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=quantizes_x_in_bf16(chip, x.dtype))
-    _check(out, ref, "quantize_x")
+    out = matmul(x, wq, w_scale=s, quantize_activations=True, block_sizes=blocks, chip=chip, interpret=True)
+    ref = matmul_reference(x, wq, w_scale=s, quantize_activations=True, bf16_codes=quantizes_x_in_bf16(chip, x.dtype))
+    _check(out, ref, "quantize_activations")
 
 
 def test_codes_from_a_bf16_product_on_bf16_vpus():
@@ -160,12 +160,12 @@ def test_codes_from_a_bf16_product_on_bf16_vpus():
     m, k, n = 64, 384, 256
     x = _x(21, m, k, jnp.bfloat16) * jnp.linspace(0.1, 10.0, m, dtype=jnp.float32)[:, None].astype(jnp.bfloat16)
     _, wq, s = _weights(22, k, n, False)
-    out = matmul(x, wq, w_scale=s, quantize_x=True, chip="tpu-v6e", out_dtype=jnp.float32,
+    out = matmul(x, wq, w_scale=s, quantize_activations=True, chip="tpu-v6e", out_dtype=jnp.float32,
                  block_sizes=MatmulBlockSizes(bm=32, bk=128, bn=128), interpret=True)
-    bf16_ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=True, out_dtype=jnp.float32)
-    f32_ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, out_dtype=jnp.float32)
-    _check(out, bf16_ref, "quantize_x")
-    tol = TOL[("float32", "quantize_x")]
+    bf16_ref = matmul_reference(x, wq, w_scale=s, quantize_activations=True, bf16_codes=True, out_dtype=jnp.float32)
+    f32_ref = matmul_reference(x, wq, w_scale=s, quantize_activations=True, out_dtype=jnp.float32)
+    _check(out, bf16_ref, "quantize_activations")
+    tol = TOL[("float32", "quantize_activations")]
     assert not np.allclose(np.asarray(out), np.asarray(f32_ref), **tol)
     # Both quantizations stay close to the unquantized product (per-token int8: ~1% of each row's scale).
     exact = matmul_reference(x, wq, w_scale=s, out_dtype=jnp.float32)
@@ -177,7 +177,7 @@ def test_codes_from_a_bf16_product_on_bf16_vpus():
 def test_bf16_codes_reference_needs_bf16_x():
     x = jnp.ones((8, 128), jnp.float32)
     with pytest.raises(ValueError, match="bf16_codes: x must be bfloat16"):
-        matmul_reference(x, jnp.ones((128, 128), jnp.int8), w_scale=jnp.ones((128,)), quantize_x=True,
+        matmul_reference(x, jnp.ones((128, 128), jnp.int8), w_scale=jnp.ones((128,)), quantize_activations=True,
                          bf16_codes=True)
 
 
@@ -213,14 +213,14 @@ def test_int8_codes_from_a_bf16_product_hand_worked():
     (7, 2, 7),  # a prime count of groups and cdiv(7, 2) = 4: the whole row block at the first step
 ])
 def test_lookahead_share_groups_divide_the_row_block_and_cover_it(groups, steps, per_step):
-    from kernels.matmul.kernel import lookahead_share_groups
+    from kernels.matmul.plan import lookahead_share_groups
 
     assert lookahead_share_groups(groups, steps) == per_step
 
 
 def test_lookahead_needs_a_next_row_block_two_steps_and_one_core():
     from kernels import tiling
-    from kernels.matmul.kernel import _lookahead
+    from kernels.matmul.plan import _lookahead
 
     v5e, v5p = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v5p")
     b = MatmulBlockSizes(bm=64, bk=128, bn=128)
@@ -234,7 +234,7 @@ def test_lookahead_needs_a_next_row_block_two_steps_and_one_core():
 
 def test_megacore_decode_quantizes_at_each_column_block():
     from kernels import tiling
-    from kernels.matmul.kernel import quantizes_each_column_block as each_j
+    from kernels.matmul.plan import quantizes_each_column_block as each_j
 
     v5e, v5p = tiling.tpu_chip("tpu-v5e"), tiling.tpu_chip("tpu-v5p")
     b = MatmulBlockSizes(bm=64, bk=128, bn=128)
@@ -259,7 +259,8 @@ def test_single_k_step_skips_the_accumulator():
 
 
 def test_decode_chunk_widths():
-    from kernels.matmul.kernel import _col_chunk, _quant_chunk
+    from kernels.matmul.body import _quant_chunk
+    from kernels.matmul.plan import _col_chunk
 
     # bm = 64: 64 KiB / (4 B * 64 rows) = 256 columns of f32 partial sums; bn = 1024 splits into 4.
     assert _col_chunk(64, 1024) == 256
@@ -267,7 +268,7 @@ def test_decode_chunk_widths():
     assert (_col_chunk(8, 1024), _col_chunk(64, 384)) == (1024, 384)
     # bm = 512 > 128: the whole bn.
     assert _col_chunk(512, 1024) == 1024
-    # quantize_x, 32-row groups: 64 KiB / (4 B * 32 rows) = 512 columns; bk = 640 is not a multiple of 512,
+    # quantize_activations, 32-row groups: 64 KiB / (4 B * 32 rows) = 512 columns; bk = 640 is not a multiple of 512,
     # nor of 384 or 256: 128 divides it.
     assert (_quant_chunk(32, 2048), _quant_chunk(32, 640)) == (512, 128)
 
@@ -301,12 +302,12 @@ def test_blockwise_scales_differ_from_per_channel():
 def test_quantize_x_refused_without_an_int8_mxu(chip):
     x = jnp.ones((32, 128), jnp.bfloat16)
     wq = jnp.ones((128, 128), jnp.int8)
-    with pytest.raises(ValueError, match=rf"quantize_x: {chip} has no int8 x int8 MXU path faster than bf16"):
-        matmul(x, wq, w_scale=jnp.ones((128,)), quantize_x=True, chip=chip, interpret=True)
+    with pytest.raises(ValueError, match=rf"quantize_activations: {chip} has no int8 x int8 MXU path faster than bf16"):
+        matmul(x, wq, w_scale=jnp.ones((128,)), quantize_activations=True, chip=chip, interpret=True)
 
 
 @pytest.mark.parametrize("case, match", [
-    ("bf16_weights", r"quantize_x: the int8 MXU path needs int8 or packed int4 \(w_dtype=.int4.\) weights"),
+    ("bf16_weights", r"quantize_activations: the int8 MXU path needs int8 or packed int4 \(w_dtype=.int4.\) weights"),
     ("scale_shape", r"w_scale: expected a float array of shape \(128,\) \(per channel\) or \(2, 128\)"),
     ("bm_not_32", r"block_sizes.bm=16 must be a multiple of 32"),
 ])
@@ -314,9 +315,9 @@ def test_bad_quantized_input_names_it(case, match):
     x = jnp.ones((32, 256), jnp.bfloat16)
     wq = jnp.ones((256, 128), jnp.int8)
     calls = {
-        "bf16_weights": lambda: matmul(x, jnp.ones((256, 128), jnp.bfloat16), quantize_x=True),
+        "bf16_weights": lambda: matmul(x, jnp.ones((256, 128), jnp.bfloat16), quantize_activations=True),
         "scale_shape": lambda: matmul(x, wq, w_scale=jnp.ones((3, 128))),
-        "bm_not_32": lambda: matmul(x, wq, w_scale=jnp.ones((128,)), quantize_x=True,
+        "bm_not_32": lambda: matmul(x, wq, w_scale=jnp.ones((128,)), quantize_activations=True,
                                     block_sizes=MatmulBlockSizes(bm=16, bk=128, bn=128)),
     }
     with pytest.raises(ValueError, match=match):
@@ -329,13 +330,15 @@ def test_op_model_reads_bf16_activations_and_counts_their_quantization():
 
     # M=8, K=N=128, chip=None (no padding): weights 128*128 int8 = 16384 B, activations read as bf16
     # 8*128*2 = 2048 B, per-channel scales 128*4 = 512 B, no per-token scales from HBM: 18944 B.
-    # Without lhs_source_dtype the lhs is read as int8 (1024 B) plus 8 per-token f32 scales (32 B): 17952 B.
-    fused = gemm(m=8, n=128, k=128, lhs_dtype="int8", rhs_dtype="int8", lhs_source_dtype="bf16")
+    # int8 activations quantized outside (no quantize_activations) are read as int8 (1024 B) plus 8 per-token f32
+    # scales (32 B): 17952 B.
+    fused = gemm(m=8, n=128, k=128, lhs_dtype="bf16", rhs_dtype="int8", quantize_activations=True)
     plain = gemm(m=8, n=128, k=128, lhs_dtype="int8", rhs_dtype="int8")
     assert fused.hbm_read_bytes == 18944 and plain.hbm_read_bytes == 17952
+    assert fused.mxu_dtype == plain.mxu_dtype == "int8"
     assert fused.vpu_ops - plain.vpu_ops == DYNAMIC_QUANT_OPS_PER_ELEMENT * 8 * 128
-    with pytest.raises(InputError, match=r"`lhs_source_dtype` bf16: dynamic quantization .* \(got bf16\)"):
-        gemm(m=8, n=128, k=128, lhs_source_dtype="bf16")
+    with pytest.raises(InputError, match=r"`quantize_activations`: .* `lhs_dtype` int8 is quantized already"):
+        gemm(m=8, n=128, k=128, lhs_dtype="int8", rhs_dtype="int8", quantize_activations=True)
 
 
 def test_op_model_counts_the_bf16_codes_on_a_bf16_vpu():
@@ -350,11 +353,11 @@ def test_op_model_counts_the_bf16_codes_on_a_bf16_vpu():
     assert quantizes_x_in_bf16("tpu-v6e", jnp.bfloat16) and not quantizes_x_in_bf16("tpu-v6e", jnp.float32)
     # M=256, K=N=1024 (whole vregs on both chips): the quantization's VPU ops are 7 (f32 codes) or 4 (bf16
     # codes) per activation element, 256 * 1024 of them; nothing else differs between the two reads.
-    kw = dict(m=256, n=1024, k=1024, lhs_dtype="int8", rhs_dtype="int8")
+    kw = dict(m=256, n=1024, k=1024, rhs_dtype="int8")
     for chip, ops in ((v5e, DYNAMIC_QUANT_OPS_PER_ELEMENT), (v6e, DYNAMIC_QUANT_OPS_PER_ELEMENT_BF16)):
-        fused = gemm(**kw, lhs_source_dtype="bf16", chip=chip)
-        f32_source = gemm(**kw, lhs_source_dtype="fp32", chip=chip)
-        plain = gemm(**kw, chip=chip)
+        fused = gemm(**kw, lhs_dtype="bf16", quantize_activations=True, chip=chip)
+        f32_source = gemm(**kw, lhs_dtype="fp32", quantize_activations=True, chip=chip)
+        plain = gemm(**kw, lhs_dtype="int8", chip=chip)
         assert fused.vpu_ops - plain.vpu_ops == ops * 256 * 1024
         assert f32_source.vpu_ops - fused.vpu_ops == (DYNAMIC_QUANT_OPS_PER_ELEMENT - ops) * 256 * 1024
 
@@ -371,7 +374,7 @@ FLOAT_CODE_CASES = [
 @pytest.mark.parametrize("case", FLOAT_CODE_CASES)
 @pytest.mark.parametrize("int4", [False, True], ids=["w8a8", "w4a8"])
 def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
-    from kernels.matmul.kernel import make_plan
+    from kernels.matmul.plan import make_plan
     from kernels.quant import pack_int4
 
     m, k, n, blocks = case
@@ -380,18 +383,19 @@ def test_blockwise_int8_x_int8_on_the_bf16_mxu_at_large_bm(case, int4):
     if int4:  # codes in [-8, 7]: the int8 codes halved and clipped
         wq = jnp.clip(wq // 16, -8, 7).astype(jnp.int8)
     w = pack_int4(wq) if int4 else wq
-    kw = dict(w_scale=s, quantize_x=True, w_dtype="int4" if int4 else None, block_sizes=blocks, chip="tpu-v6e")
+    kw = dict(w_scale=s, quantize_activations=True, w_dtype="int4" if int4 else None, block_sizes=blocks,
+              chip="tpu-v6e")
     variant = make_plan(x, w, **kw).variant
     assert variant.float_codes and variant.w_dequant
     # An f32 output keeps the exact int32 sums (the int8 route, its partial products scaled per group).
     assert not make_plan(x, w, out_dtype=jnp.float32, **kw).variant.float_codes
     blocks = MatmulBlockSizes(bm=blocks.bm, bk=512, bn=blocks.bn) if int4 else blocks
-    out = matmul(x, w, w_scale=s, quantize_x=True, w_dtype="int4" if int4 else None, block_sizes=blocks,
+    out = matmul(x, w, w_scale=s, quantize_activations=True, w_dtype="int4" if int4 else None, block_sizes=blocks,
                  chip="tpu-v6e", interpret=True)
     # The codes are exact in bf16; the weights times their scales are rounded to bf16 (rel 2^-9 each, the scale
     # too: bf16 scaling on v6e), as the weight-only blockwise path does: its tolerance, the absolute part relative
     # to the largest output (rows scaled up to 10x: a rounding error of the large rows shows on small outputs).
-    ref = matmul_reference(x, wq, w_scale=s, quantize_x=True, bf16_codes=True).astype(jnp.float32)
+    ref = matmul_reference(x, wq, w_scale=s, quantize_activations=True, bf16_codes=True).astype(jnp.float32)
     tol = TOL[("bfloat16", "weight_only")]
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(ref), rtol=tol["rtol"],
                                atol=tol["atol"] * float(jnp.max(jnp.abs(ref))))
@@ -415,7 +419,7 @@ def test_op_model_follows_the_blockwise_route():
     from perfmodel.model.gemm import gemm
 
     v5e, v6e = get_chip("tpu-v5e"), get_chip("tpu-v6e")
-    kw = dict(n=8192, k=8192, lhs_dtype="int8", rhs_dtype="int8", lhs_source_dtype="bf16", weight_scale="per-block")
+    kw = dict(n=8192, k=8192, lhs_dtype="bf16", rhs_dtype="int8", quantize_activations=True, weight_scale="per-block")
     # Large M on v6e: the bf16 MXU, the scales folded into the weights (K x N VPU work, not 2 x groups x M x N).
     big = gemm(m=8192, chip=v6e, **kw)
     assert big.mxu_dtype == "bf16" and any("bf16 MXU" in note for note in big.notes)
