@@ -14,6 +14,7 @@ _COMMANDS = {
     "hw": "perfmodel.cli.hw:hw",
     "predict": "perfmodel.cli.predict:predict",
     "analyze": "perfmodel.cli.analyze:analyze",
+    "baseline": "perfmodel.cli.baseline:baseline",
     "cache": "perfmodel.cli.cache:cache",
     "tune": "perfmodel.cli.analyze:tune",
     "inspect": "perfmodel.cli.inspect:inspect_cmd",
