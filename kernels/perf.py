@@ -61,15 +61,15 @@ def flash_attention_cost(**params: Any) -> Any:
 
 
 def paged_attention_cost(**params: Any) -> Any:
-    """pl.CostEstimate of ``perfmodel.model.attention.paged_decode_attention(**params)``."""
-    from perfmodel.model.attention import paged_decode_attention
+    """pl.CostEstimate of ``perfmodel.model.paged_attention.paged_decode_attention(**params)``."""
+    from perfmodel.model.paged_attention import paged_decode_attention
 
     return _estimate(paged_decode_attention(**params))
 
 
 def ragged_paged_attention_cost(**params: Any) -> Any:
-    """pl.CostEstimate of ``perfmodel.model.attention.ragged_paged_attention(**params)``."""
-    from perfmodel.model.attention import ragged_paged_attention
+    """pl.CostEstimate of ``perfmodel.model.paged_attention.ragged_paged_attention(**params)``."""
+    from perfmodel.model.paged_attention import ragged_paged_attention
 
     return _estimate(ragged_paged_attention(**params))
 

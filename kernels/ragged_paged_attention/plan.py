@@ -202,7 +202,7 @@ def is_quantized(kv_dtype) -> bool:
 
 def kv_scale_layout(kv_scales) -> str:
     """'per-token' ([num_pages, page_size, 2 * kv_heads]) or 'per-page' ([num_pages, 2 * kv_heads]) by rank; 'none'
-    without scales (the op model's names, perfmodel.model.attention.KV_SCALES)."""
+    without scales (the op model's names, perfmodel.model.paged_attention.KV_SCALES)."""
     if kv_scales is None:
         return "none"
     return "per-token" if len(kv_scales.shape) == 3 else "per-page"

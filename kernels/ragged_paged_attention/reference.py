@@ -54,7 +54,7 @@ def ragged_paged_attention_reference(
 
 #: Largest finite float8_e4m3fn (the fp8 quantizer maps each slice's max |x| to it).
 FP8_E4M3_MAX = 448.0
-#: Scale layouts of a quantized combined cache (perfmodel.model.attention.KV_SCALES names).
+#: Scale layouts of a quantized combined cache (perfmodel.model.paged_attention.KV_SCALES names).
 KV_SCALE_LAYOUTS = ("per-token", "per-page")
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.errors import InputError
-from perfmodel.model import attention, collectives, core, fused, kvcache, memops, sampling
+from perfmodel.model import attention, collectives, core, fused, kvcache, memops, paged_attention, sampling
 from perfmodel.model.core import UNITS, OpCost, Roofline, evaluate
 from perfmodel.model.dtypes import DTYPES, default_kv_scale, matmul_path
 from perfmodel.model.gemm import gemm, grouped_gemm, uniform_group_sizes
@@ -203,13 +203,13 @@ def _attention_ops(cfg: ModelConfig, sh: Shard, step: Step, chip: Any) -> list[_
         for label, layers, window in _attention_kinds(cfg):
             if step.phase == MIXED:
                 q_lens, lens = ragged_lens(step, window)
-                cost = attention.ragged_paged_attention(
+                cost = paged_attention.ragged_paged_attention(
                     query_lens=q_lens, context_lens=lens, q_heads=sh.q_heads, kv_heads=sh.kv_heads,
                     head_dim=cfg.head_dim, page_size=step.page_size, kv_dtype=step.kv_dtype, q_dtype=act,
                     kv_scale=kv_scale, chip=chip)
             elif step.phase == "decode":
                 lens, batch = _decode_lens(step, window)
-                cost = attention.paged_decode_attention(
+                cost = paged_attention.paged_decode_attention(
                     context_lens=lens, batch=batch, q_heads=sh.q_heads, kv_heads=sh.kv_heads, head_dim=cfg.head_dim,
                     page_size=step.page_size, kv_dtype=step.kv_dtype, q_dtype=act, kv_scale=kv_scale, chip=chip)
             else:
@@ -261,13 +261,13 @@ def sequence_attention_ops(cfg: ModelConfig, step: Step, chip: Any, query_lens: 
     c = np.asarray(context_lens, dtype=np.int64)[:, None]
     act, kv_scale = step.act_dtype, default_kv_scale(step.kv_dtype)
     if cfg.mla is None:
-        return [(label, layers, attention.ragged_paged_attention(
+        return [(label, layers, paged_attention.ragged_paged_attention(
             query_lens=q, context_lens=window_lens(q, c, window), q_heads=sh.q_heads,
             kv_heads=sh.kv_heads, head_dim=cfg.head_dim, page_size=step.page_size, kv_dtype=step.kv_dtype,
             q_dtype=act, kv_scale=kv_scale, chip=chip)) for label, layers, window in _attention_kinds(cfg)]
     m, L = cfg.mla, cfg.num_layers
     if np.all(q == 1):
-        return [("mla_attention", L, attention.mla_decode(
+        return [("mla_attention", L, paged_attention.mla_decode(
             context_lens=c, batch=None, q_heads=sh.q_heads, page_size=step.page_size, kv_lora_rank=m.kv_lora_rank,
             rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act, chip=chip))]
     if np.any(q == 1):
@@ -343,7 +343,7 @@ def _mla_absorbed(cfg: ModelConfig, sh: Shard, step: Step, chip: Any, *, tokens:
     return [
         _OpRow(block="attention", name="q_absorb", count=L, cost=_named(
             gemm(m=tokens, n=m.kv_lora_rank, k=m.qk_nope_head_dim, **absorb), "q_absorb")),
-        _OpRow(block="attention", name="mla_attention", count=L, cost=attention.mla_decode(
+        _OpRow(block="attention", name="mla_attention", count=L, cost=paged_attention.mla_decode(
             context_lens=context_lens, batch=batch, q_heads=sh.q_heads, page_size=step.page_size,
             kv_lora_rank=m.kv_lora_rank, rope_head_dim=m.qk_rope_head_dim, kv_dtype=step.kv_dtype, q_dtype=act,
             chip=chip)),

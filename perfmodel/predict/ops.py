@@ -125,7 +125,7 @@ def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, k
 def decode_attention(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
                      batch: Any = None, q_heads: Any = 32, kv_heads: Any = None, **params: Any) -> Any:
     """One paged decode step; contexts from :func:`context_lengths`, KV heads default to the query heads."""
-    from perfmodel.model.attention import paged_decode_attention
+    from perfmodel.model.paged_attention import paged_decode_attention
 
     lens, b = context_lengths(context, context_lens, context_dist, batch)
     with blame_context(context_field(context, context_lens, context_dist)):
@@ -136,7 +136,7 @@ def decode_attention(*, chip: Any, context: Any = None, context_lens: Any = None
 def ragged_attention(*, chip: Any, query_lens: Any, context_lens: Any, q_heads: Any = 32, kv_heads: Any = None,
                      **params: Any) -> Any:
     """A mixed batch of prefill chunks and decode tokens; lengths as lists or VALUExCOUNT text."""
-    from perfmodel.model.attention import ragged_paged_attention
+    from perfmodel.model.paged_attention import ragged_paged_attention
 
     queries, contexts = length_list(query_lens, "query_lens"), length_list(context_lens, "context_lens")
     with blame_context("context_lens"):
@@ -147,7 +147,7 @@ def ragged_attention(*, chip: Any, query_lens: Any, context_lens: Any, q_heads: 
 def mla_decode(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
                batch: Any = None, **params: Any) -> Any:
     """DeepSeek-style MLA decode; contexts from :func:`context_lengths`."""
-    from perfmodel.model.attention import mla_decode as model
+    from perfmodel.model.paged_attention import mla_decode as model
 
     lens, b = context_lengths(context, context_lens, context_dist, batch)
     with blame_context(context_field(context, context_lens, context_dist)):

@@ -164,7 +164,7 @@ def _flash_attention(specs, static, used):
 
 
 def _paged_attention(specs, static, used):
-    from perfmodel.model.attention import paged_decode_attention
+    from perfmodel.model.paged_attention import paged_decode_attention
 
     batch, q_heads, head_dim = specs["q"].shape
     kv_heads, _, page_size, _ = specs["k_pages"].shape
@@ -179,7 +179,7 @@ def _paged_attention(specs, static, used):
 
 def _ragged_paged_attention(specs, static, used):
     from kernels.ragged_paged_attention.plan import assumed_lengths
-    from perfmodel.model.attention import ragged_paged_attention
+    from perfmodel.model.paged_attention import ragged_paged_attention
 
     total_tokens, q_heads, head_dim = specs["q"].shape
     num_pages, page_size, combined_heads, _ = specs["kv_pages"].shape
@@ -776,7 +776,7 @@ def test_ragged_op_model_kv_bytes_equal_the_interpreters_page_copies():
     # the bytes the kernel's DMAs moved in interpret mode: 67 pages, where q blocks per sequence and page-wise
     # causal reads would give 56.
     from kernels.ragged_paged_attention import RaggedPagedAttentionBlockSizes, ragged_paged_attention
-    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+    from perfmodel.model.paged_attention import ragged_paged_attention as ragged_model
     from tests.schedule.recorder import record_traffic
 
     q_lens, kv_lens = np.array([1, 30, 21, 1]), np.array([17, 200, 150, 129])

@@ -569,7 +569,7 @@ def test_quantized_kv_bytes_equal_the_interpreters_copies():
     # The decode tokens of "mixed" (kv 17, 100 and 33 tokens) and two chunks, int8 per-token scales, q blocks of 16,
     # KV blocks of 128 tokens: the op model's kernel-side KV bytes (pages + one scale block per KV block fetched)
     # equal what the kernel's DMAs moved in interpret mode.
-    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+    from perfmodel.model.paged_attention import ragged_paged_attention as ragged_model
     from tests.schedule.recorder import record_traffic
 
     q_lens, kv_lens = [1, 37, 1, 5, 1], [17, 60, 100, 5, 33]
@@ -594,7 +594,7 @@ def test_op_model_quantized_bytes_by_hand(layout, gather_read):
     # 19 pages, 3 KV blocks. Pages 19 x 16 x 4 rows x 128 x 1 B = 155648 B; the kernel's scale blocks 3 x 4 rows x
     # 128 x 4 B = 6144 B. The gather reads the table's 19 pages of scales (per token 19 x 16 x 4 x 4 B = 4864 B, per
     # page 19 x 4 x 4 B = 304 B) and writes cdiv(19, 8) = 3 blocks of 2048 B.
-    from perfmodel.model.attention import ragged_paged_attention as ragged_model
+    from perfmodel.model.paged_attention import ragged_paged_attention as ragged_model
 
     cost = ragged_model(query_lens=[1], context_lens=[300], q_heads=4, kv_heads=2, head_dim=128, page_size=16,
                         kv_dtype="int8", kv_scale=layout, block_q=16, block_kv=128)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from perfmodel.errors import InputError
-from perfmodel.model.attention import (flash_attention, floor_sum, kv_tiles, mla_decode, paged_decode_attention,
-                                       ragged_paged_attention, visible_pairs)
+from perfmodel.model.attention import flash_attention, floor_sum, kv_tiles, visible_pairs
 from perfmodel.model.core import evaluate
+from perfmodel.model.paged_attention import mla_decode, paged_decode_attention, ragged_paged_attention
 
 # ----------------------------------------------------------------------------- counting helpers vs brute force
 

@@ -8,12 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from perfmodel.hw import get_chip
-from perfmodel.model.attention import flash_attention, mla_decode, paged_decode_attention, ragged_paged_attention
+from perfmodel.model.attention import flash_attention
 from perfmodel.model.collectives import all_gather, all_reduce, reduce_scatter
 from perfmodel.model.core import UNITS, evaluate
 from perfmodel.model.fused import dequant_gemm, rms_norm, rope, swiglu
 from perfmodel.model.gemm import gemm
 from perfmodel.model.kvcache import kv_cache_update, kv_gather
+from perfmodel.model.paged_attention import mla_decode, paged_decode_attention, ragged_paged_attention
 from perfmodel.model.sampling import sampling
 
 CHIPS = ("tpu-v5e", "tpu-v6e")
