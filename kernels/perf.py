@@ -1,4 +1,5 @@
-"""The bundled kernels' one interface to perfmodel: chip specs, the default chip, and CostEstimates from its op models.
+"""The bundled kernels' one interface to perfmodel: chip specs, the chip a call runs on, the default chip, and
+CostEstimates from its op models.
 
 No other ``kernels/`` module imports perfmodel (``tests/kernels/test_standalone.py`` checks it), so a kernel
 folder copied into another project needs perfmodel only through the functions here. Each imports perfmodel
@@ -21,6 +22,31 @@ def __getattr__(name: str) -> Any:
 
         return DEFAULT_CHIP
     raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+
+
+def resolve_chip(chip: str | None, *, interpret: bool = False) -> str:
+    """The chip a kernel call is built for (its tuned blocks and VMEM budget): ``chip`` when given; else the TPU
+    the call is traced for, read from its JAX device kind through perfmodel's registry -- the abstract mesh's
+    device when one is set (perfmodel's ``analyze`` traces under the chip it models), else ``jax.devices()[0]`` on
+    a TPU backend; else, in interpret mode, ``DEFAULT_CHIP``. Lowering for a TPU from a host without one
+    (``jax.export``, a deviceless compile) has no device to ask: the chip must be given (ValueError)."""
+    if chip is not None:
+        return chip
+    import jax
+
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None and getattr(device, "platform", None) == "tpu":
+        return chip_spec(device.device_kind).name
+    first = jax.devices()[0]
+    if first.platform == "tpu":
+        return chip_spec(first.device_kind).name
+    if interpret:
+        from perfmodel.hw.registry import DEFAULT_CHIP
+
+        return DEFAULT_CHIP
+    raise ValueError(f"chip: no TPU to ask which chip this call is for (JAX's devices are {first.platform}); "
+                     "pass chip= (e.g. chip='tpu-v6e') when lowering for a TPU from another host, or run with "
+                     "interpret=True")
 
 
 def chip_spec(chip: str) -> ChipSpec:

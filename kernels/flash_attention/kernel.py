@@ -34,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernels import perf
 from kernels.common import interpret_params, with_ref_names
 from kernels.flash_attention.blocks import FlashAttentionBlockSizes, default_block_sizes
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 from kernels.tiling import (FLOAT_DTYPES, LANES, SUBLANES_32BIT, check_dtype, div, scoped_vmem_limit_bytes,
                             tpu_chip)
 
@@ -417,7 +417,7 @@ def flash_attention(
     q_segment_ids: jax.Array | None = None,  # [batch, q_len]
     kv_segment_ids: jax.Array | None = None,  # [batch, kv_len]
     block_sizes: FlashAttentionBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
 ) -> jax.Array:  # [batch, q_heads, q_len, head_dim], q's dtype
     """Prefill attention: softmax(q k^T * sm_scale + mask) v over whole sequences.
@@ -438,8 +438,10 @@ def flash_attention(
         the causal / window mask). A query with no visible key at all outputs zeros.
       block_sizes: tile sizes; default: the tuned defaults of ``chip``.
       chip: TPU whose block defaults and VMEM budget apply.
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic.
     """
+    chip = resolve_chip(chip, interpret=interpret)
     plan = make_plan(q, k, v, causal=causal, sliding_window=sliding_window, sm_scale=sm_scale,
                      block_sizes=block_sizes, chip=chip, logit_soft_cap=logit_soft_cap, sinks=sinks,
                      q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)

@@ -49,7 +49,7 @@ from kernels.common import interpret_params, with_ref_names
 from kernels.grouped_matmul.blocks import GroupedMatmulBlockSizes, default_block_sizes
 from kernels.matmul.body import mxu_operand
 from kernels.matmul.plan import X_RESIDENT_MAX_BYTES, _check_fp8_support
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import DEFAULT_CHIP, resolve_chip
 
 _FLOAT_INPUTS = ("float32", "bfloat16")
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -313,7 +313,7 @@ def grouped_matmul(
     group_sizes: jax.Array,
     rhs_scale: jax.Array | None = None,
     block_sizes: GroupedMatmulBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
     out_dtype: Any = None,
 ) -> jax.Array:
@@ -329,12 +329,14 @@ def grouped_matmul(
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the operand dtypes,
         its "... decode" entry when M <= 64.
       chip: TPU whose VMEM budget and fp8 support are checked (name, alias or spec path).
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default lhs's).
 
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
+    chip = resolve_chip(chip, interpret=interpret)
     plan = make_plan(lhs, rhs, group_sizes, rhs_scale=rhs_scale, block_sizes=block_sizes, chip=chip,
                      out_dtype=out_dtype)
     return _grouped_jit(lhs, rhs, group_sizes, rhs_scale, plan=plan, interpret=interpret)

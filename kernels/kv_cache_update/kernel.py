@@ -80,7 +80,7 @@ from kernels.kv_cache_update.body import (
     _token_major_kernel,
 )
 from kernels.kv_cache_update.plan import PADDING_SLOT, KvCacheUpdatePlan, make_pages_plan, make_plan
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 from kernels.quant import quantize_int8
 
 
@@ -290,7 +290,7 @@ def kv_cache_update(
     v_scale_cache: jax.Array | None = None,
     layout: str = DEFAULT_LAYOUT,
     block_sizes: KvCacheUpdateBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Write each new token's K/V into its paged cache slot, in place (see the module docstring for layouts).
@@ -313,6 +313,7 @@ def kv_cache_update(
       (k_cache, v_cache), or for int8 caches (k_cache, v_cache, k_scale_cache, v_scale_cache);
       (kv_pages,) for layout="combined".
     """
+    chip = resolve_chip(chip, interpret=interpret)
     plan = make_plan(new_k, new_v, k_cache, v_cache, slot_mapping, k_scale_cache=k_scale_cache,
                      v_scale_cache=v_scale_cache, layout=layout, block_sizes=block_sizes, chip=chip)
     slots = slot_mapping.astype(jnp.int32)
@@ -327,7 +328,7 @@ def kv_cache_update(
 
 def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slot_mapping: jax.Array, *,
                     kv_scales: jax.Array | None = None, block_sizes: KvCacheUpdateBlockSizes | None = None,
-                    chip: str = DEFAULT_CHIP, interpret: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                    chip: str | None = None, interpret: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """:func:`kv_cache_update` with ``layout="combined"``: the updated ``kv_pages`` (donated, in place).
 
     An int8 ``kv_pages`` quantizes on write, per (token, head) over head_dim (kernels.quant.quantize_int8), with
@@ -337,6 +338,7 @@ def kv_pages_update(new_k: jax.Array, new_v: jax.Array, kv_pages: jax.Array, slo
     token's ``[2 * kv_heads, head_dim]`` int8 slab with one DMA, and the scales are scattered by XLA (64 B a token
     at 8 KV heads: a DMA each would write whole padded f32 tiles).
     """
+    chip = resolve_chip(chip, interpret=interpret)
     if kv_pages.dtype != jnp.int8:
         if kv_scales is not None:
             raise ValueError(f"kv_scales: a {jnp.dtype(kv_pages.dtype).name} kv_pages takes no scales; drop "

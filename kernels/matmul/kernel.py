@@ -23,7 +23,7 @@ from kernels import tiling
 from kernels.matmul.blocks import MatmulBlockSizes, code_dtype, w_dequant_dtype
 from kernels.matmul.body import _matmul_kernel
 from kernels.matmul.plan import MatmulPlan, cost_estimate, make_plan
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 
 
 def matmul(
@@ -36,7 +36,7 @@ def matmul(
     quantize_activations: bool = False,
     w_dtype: str | None = None,
     block_sizes: MatmulBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
     out_dtype: Any = None,
 ) -> jax.Array:
@@ -64,12 +64,14 @@ def matmul(
       block_sizes: tile sizes; default from ``default_block_table()[chip]`` (tuned data) for the MXU operand
         dtypes ("int8 x int8" with quantize_activations), its "... decode" entry when M <= 64 (blocks.DECODE_MAX_M).
       chip: TPU whose VMEM budget and fp8 / int8 support are checked (name, alias or spec path).
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU) instead of compiling with Mosaic.
       out_dtype: output dtype (default x.dtype).
 
     Returns:
       [M, N] array of out_dtype. Raises ValueError naming the argument on bad input.
     """
+    chip = resolve_chip(chip, interpret=interpret)
     plan = make_plan(x, w, bias=bias, activation=activation, w_scale=w_scale,
                      quantize_activations=quantize_activations, w_dtype=w_dtype, block_sizes=block_sizes, chip=chip,
                      out_dtype=out_dtype)

@@ -50,7 +50,7 @@ from kernels.tiling import (
     tpu_chip,
 )
 from kernels.paged_attention.blocks import PagedAttentionBlockSizes, default_block_sizes
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 
 #: Finite "minus infinity" for masked scores (no inf - inf = NaN in the max update).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -488,7 +488,7 @@ def paged_attention(
     v_scales: jax.Array | None = None,
     sm_scale: float | None = None,
     block_sizes: PagedAttentionBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: "bool | pltpu.InterpretParams" = False,
 ) -> jax.Array:  # [batch, q_heads, head_dim], q's dtype
     """Decode attention of one query token per sequence over a paged KV cache.
@@ -507,12 +507,14 @@ def paged_attention(
       sm_scale: score scale; default ``1 / sqrt(head_dim)``.
       block_sizes: pages per compute block; default from the chip's token target.
       chip: TPU whose defaults and VMEM budget apply.
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU) instead of Mosaic; or the
         ``pltpu.InterpretParams`` to run it with (e.g. a race check on two cores).
 
     Shapes and dtypes are checked at trace time; page-table and length values
     are range-checked here when they are concrete arrays (not under an outer jit).
     """
+    chip = resolve_chip(chip, interpret=interpret)
     if (k_pages.ndim == 4 and page_table.ndim == 2 and lengths.ndim == 1
             and page_table.shape[0] == lengths.shape[0]):
         check_values(page_table, lengths, num_pages=k_pages.shape[1], page_size=k_pages.shape[2])

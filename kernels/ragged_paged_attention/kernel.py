@@ -58,7 +58,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import interpret_params, with_ref_names
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 from kernels.ragged_paged_attention.blocks import STATS_LANES, RaggedPagedAttentionBlockSizes
 from kernels.ragged_paged_attention.body import MASK_VALUE, _ragged_paged_attention_kernel, token_order
 from kernels.ragged_paged_attention.plan import RaggedPagedAttentionPlan, cost_estimate, make_plan
@@ -78,7 +78,7 @@ def ragged_paged_attention(
     sinks: jax.Array | None = None,
     kv_scales: jax.Array | None = None,
     block_sizes: RaggedPagedAttentionBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
 ) -> jax.Array:
     """Causal GQA attention of a ragged batch of sequences over a combined K/V paged cache.
@@ -99,6 +99,7 @@ def ragged_paged_attention(
         per token, or ``[num_pages, 2 * kv_heads]`` per page. Required for a quantized cache, refused otherwise.
       block_sizes: tile sizes; the chip's defaults when None.
       chip: TPU whose defaults and scoped-VMEM budget apply.
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU).
 
     Returns:
@@ -108,6 +109,7 @@ def ragged_paged_attention(
     ``cu_q_lens`` are checked when they are concrete (not under an outer jit).
     Under a jit, page ids are clamped into the cache. Raises ValueError naming the argument at fault.
     """
+    chip = resolve_chip(chip, interpret=interpret)
     num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(-1)
     plan = make_plan(q, kv_pages, kv_lens, page_table, cu_q_lens, num_seqs, sm_scale=sm_scale,
                      sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks, kv_scales=kv_scales,

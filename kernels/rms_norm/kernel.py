@@ -24,7 +24,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels.common import interpret_params, with_ref_names
 from kernels import perf, tiling
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import DEFAULT_CHIP, resolve_chip
 from kernels.quant import quantize_int8
 from kernels.rms_norm.blocks import RmsNormBlockSizes, default_block_sizes
 
@@ -104,7 +104,7 @@ def rms_norm(
     eps: float = 1e-6,
     quantize: bool = False,
     block_sizes: RmsNormBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Fused ``y = x + residual; out = rms_norm(y) * weight`` as one Pallas TPU kernel.
@@ -117,12 +117,14 @@ def rms_norm(
       block_sizes: rows per grid step; default from ``DEFAULT_BLOCK_SIZES[chip]``
         (halved until it fits the chip's scoped VMEM for this hidden size).
       chip: TPU whose VMEM budget is checked.
+        None (default): the TPU the call runs on (kernels.perf.resolve_chip).
       interpret: run in Pallas TPU interpret mode (CPU).
 
     Returns:
       (out [tokens, hidden] in x.dtype, new_residual [tokens, hidden] in residual.dtype), or with
       quantize (out int8 [tokens, hidden], scales f32 [tokens], new_residual).
     """
+    chip = resolve_chip(chip, interpret=interpret)
     plan = make_plan(x, residual, weight, eps=eps, quantize=quantize, block_sizes=block_sizes, chip=chip)
     return _rms_norm_jit(x, residual, weight, plan=plan, interpret=interpret)
 

@@ -54,7 +54,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels import perf
 from kernels.common import interpret_params, with_ref_names
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import resolve_chip
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes
 from kernels.sampling.body import _sampling_kernel
@@ -112,7 +112,7 @@ def sampling(
     logprobs: int | None = None,
     return_threshold: bool = False,
     block_sizes: SamplingBlockSizes | None = None,
-    chip: str = DEFAULT_CHIP,
+    chip: str | None = None,
     interpret: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array] | Sampled:
     """Sample one token per row of ``logits`` [batch, vocab] (f32 or bf16).
@@ -137,6 +137,7 @@ def sampling(
     Raises ValueError naming the argument for bad shapes, dtypes, ranges
     (checked when concrete) or block sizes.
     """
+    chip = resolve_chip(chip, interpret=interpret)
     if logits.ndim != 2:
         raise ValueError(f"logits must be [batch, vocab], got shape {logits.shape}")
     batch, vocab = logits.shape

@@ -30,7 +30,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernels import perf
 from kernels.common import interpret_params, with_ref_names
-from kernels.perf import DEFAULT_CHIP
+from kernels.perf import DEFAULT_CHIP, resolve_chip
 from kernels.sampling import rng
 from kernels.sampling.blocks import SamplingBlockSizes, default_block_sizes
 from kernels.sampling.plan import MAX_VOCAB, RowVocabGrid, lane_group
@@ -138,13 +138,14 @@ def rejection_vmem_bytes(blocks: SamplingBlockSizes, *, vocab: int) -> int:
 
 def rejection_sample(draft_token_ids: jax.Array, draft_probs: jax.Array, target_probs: jax.Array, *,
                      key: jax.Array | None = None, seeds: jax.Array | None = None,
-                     block_sizes: SamplingBlockSizes | None = None, chip: str = DEFAULT_CHIP,
+                     block_sizes: SamplingBlockSizes | None = None, chip: str | None = None,
                      interpret: bool = False) -> Verified:
     """Verify K draft tokens per row against the target model (see the module docstring for the layout).
 
     Randomness: ``key`` or per-request ``seeds``. Raises ValueError naming the argument for bad shapes or
     dtypes. Block sizes: the sampling kernel's (``block_b`` rows x ``block_v`` vocabulary entries per step).
     """
+    chip = resolve_chip(chip, interpret=interpret)
     k, batch, vocab = _check(draft_token_ids, draft_probs, target_probs)
     seeds_kb = _position_seeds(key, seeds, batch, k + 1)
     plan = make_plan(target_probs, block_sizes=block_sizes, chip=chip)

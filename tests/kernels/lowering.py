@@ -45,3 +45,26 @@ def traced_cost_estimate(fn: Callable[..., Any], *args: Any) -> Any:
     if len(found) != 1:
         raise ValueError(f"expected one pallas_call in the traced function, found {len(found)}")
     return found[0]
+
+
+_BODY_RE = re.compile(r"body\\22: \\22([A-Za-z0-9+/=]+)")
+
+
+def mosaic_bodies(module_text: str) -> list[str]:
+    """The Mosaic kernels a module carries, as MLIR text without source locations: what two traces of one call
+    compare equal on when only the Python lines they were traced from differ."""
+    import base64
+
+    from jax._src.interpreters import mlir
+    from jax._src.lib import tpu
+    from jaxlib.mlir import ir
+
+    bodies = []
+    for payload in _BODY_RE.findall(module_text):
+        ctx = mlir.make_ir_context()
+        tpu.register_dialect(ctx)
+        with ctx, ir.Location.unknown():
+            ctx.allow_unregistered_dialects = True
+            module = ir.Module.parse(base64.b64decode(payload))
+            bodies.append(module.operation.get_asm(enable_debug_info=False))
+    return bodies

@@ -785,7 +785,7 @@ def test_ragged_op_model_kv_bytes_equal_the_interpreters_page_copies():
     page_table = jnp.asarray(np.arange(64, dtype=np.int32).reshape(4, 16)[:, ::-1].copy())
     cu_q_lens = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32))
     blocks = RaggedPagedAttentionBlockSizes(block_q=16, block_kv=128)
-    rec = record_traffic(lambda *a: ragged_paged_attention(*a, block_sizes=blocks), q, kv_pages,
+    rec = record_traffic(lambda *a: ragged_paged_attention(*a, block_sizes=blocks, chip="tpu-v5e"), q, kv_pages,
                          jnp.asarray(kv_lens, jnp.int32), page_table, cu_q_lens, jnp.asarray([4], jnp.int32))
     cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=4, kv_heads=2, head_dim=128, page_size=16,
                         block_q=16, block_kv=128, pages_per_seq=16)

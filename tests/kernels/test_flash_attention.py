@@ -425,6 +425,7 @@ KV = _sds((1, 2, 256, 128))
         (Q, KV, KV, dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
     ],
 )
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_input_raises_value_error_naming_the_argument(q, k, v, kwargs, match):
     fn = jax.jit(lambda q, k, v: flash_attention(q, k, v, **kwargs))
     with pytest.raises(ValueError, match=match):

@@ -202,7 +202,7 @@ def test_row_major_reads_each_row_tile_once():
     blocks = GroupedMatmulBlockSizes(bm=32, bk=128, bn=128)
     assert panel_columns(get_chip("tpu-v5e"), m=64, k=256, n=512, groups=2, blocks=blocks, lhs_itemsize=4,
                          rhs_itemsize=4) == 4
-    rec = record_traffic(lambda a, b, c: grouped_matmul(lhs=a, rhs=b, group_sizes=c, block_sizes=blocks), lhs, rhs, gs)
+    rec = record_traffic(lambda a, b, c: grouped_matmul(lhs=a, rhs=b, group_sizes=c, block_sizes=blocks, chip="tpu-v5e"), lhs, rhs, gs)
     lhs_reads = [t for t in rec.transfers if t.role == "input" and "lhs" in t.name]
     assert sum(t.nbytes for t in lhs_reads) == 64 * 256 * 4
     np.testing.assert_allclose(np.asarray(rec.outputs), np.asarray(grouped_matmul_reference(lhs, rhs, gs)),
@@ -224,7 +224,7 @@ def test_weights_of_an_empty_group_are_never_read():
     lhs, rhs, _ = _operands(64, 256, 256, 4, "float32")
     gs = jnp.asarray([30, 0, 34, 0], jnp.int32)
     blocks = GroupedMatmulBlockSizes(bm=64, bk=128, bn=128)
-    rec = record_traffic(lambda a, b, c: grouped_matmul(lhs=a, rhs=b, group_sizes=c, block_sizes=blocks), lhs, rhs, gs)
+    rec = record_traffic(lambda a, b, c: grouped_matmul(lhs=a, rhs=b, group_sizes=c, block_sizes=blocks, chip="tpu-v5e"), lhs, rhs, gs)
     rhs_reads = [t for t in rec.transfers if t.role == "input" and "rhs" in t.name]
     assert sorted({t.block_indices for t in rhs_reads}) == [(g, kk, j) for g in (0, 2) for kk in (0, 1) for j in (0, 1)]
     assert sum(t.nbytes for t in rhs_reads) == 8 * 128 * 128 * 4

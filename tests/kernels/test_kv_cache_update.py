@@ -569,6 +569,7 @@ def _bad_call(case: str) -> None:
         ("gpu_name", r"unknown chip 'tpu-v99'"),
     ],
 )
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_input_raises_value_error_naming_it(case, match):
     with pytest.raises(ValueError, match=match):
         _bad_call(case)
@@ -580,6 +581,7 @@ def test_reference_rejects_an_unknown_layout():
         kv_cache_update_reference(new, new, new, new, jnp.zeros(1, jnp.int32), layout="rows")
 
 
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_too_many_tokens_for_smem_is_refused():
     # tpu-v5e SMEM is 1 MiB; half of it is 524288 B.
     # Token-major: 131073 tokens pad to the block of 4: 131076 slots * 4 B = 524304 B > 524288 B.

@@ -318,6 +318,7 @@ def _bad_call(case: str) -> None:
         ("block_type", r"block_sizes: expected a MatmulBlockSizes, got tuple"),
     ],
 )
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_input_raises_value_error_naming_it(case, match):
     with pytest.raises(ValueError, match=match):
         _bad_call(case)

@@ -311,6 +311,7 @@ def test_quantize_x_refused_without_an_int8_mxu(chip):
     ("scale_shape", r"w_scale: expected a float array of shape \(128,\) \(per channel\) or \(2, 128\)"),
     ("bm_not_32", r"block_sizes.bm=16 must be a multiple of 32"),
 ])
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_quantized_input_names_it(case, match):
     x = jnp.ones((32, 256), jnp.bfloat16)
     wq = jnp.ones((256, 128), jnp.int8)

@@ -365,6 +365,7 @@ S8 = _sds((2, 64, 32), jnp.float32)
         ((Q, KP, KP, PT, LN), dict(chip="h100-sxm"), r"chip: 'h100-sxm' is a GPU"),
     ],
 )
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_shapes_raise_value_error_naming_the_argument(args, kwargs, match):
     fn = jax.jit(lambda *a: paged_attention(*a, **kwargs))
     with pytest.raises(ValueError, match=match):

@@ -576,7 +576,7 @@ def test_quantized_kv_bytes_equal_the_interpreters_copies():
     batch = make_batch(8, q_lens, kv_lens, q_heads=4, kv_heads=2, page_size=16, dtype=jnp.bfloat16, spare_seqs=0)
     quant, scales, _ = quantized(batch, jnp.int8, "per-token")
     blocks = Blocks(block_q=16, block_kv=128)
-    rec = record_traffic(lambda *a: ragged_paged_attention(*a[:6], kv_scales=a[6], block_sizes=blocks),
+    rec = record_traffic(lambda *a: ragged_paged_attention(*a[:6], kv_scales=a[6], block_sizes=blocks, chip="tpu-v5e"),
                          *quant.args(), scales)
     cost = ragged_model(query_lens=q_lens, context_lens=kv_lens, q_heads=4, kv_heads=2, head_dim=HEAD_DIM,
                         page_size=16, kv_dtype="int8", kv_scale="per-token", block_q=16, block_kv=128,

@@ -187,6 +187,7 @@ def test_default_table_entries_fit_each_chip(chip_name):
         ("unknown_chip", r"unknown chip 'tpu-v99'"),
     ],
 )
+@pytest.mark.usefixtures("traced_on_v5e")
 def test_bad_input_raises_value_error_naming_it(case, match):
     x = jnp.ones((16, 128), jnp.bfloat16)
     w = jnp.ones((128,), jnp.float32)
