@@ -22,6 +22,13 @@ _MEASURE_HELP = """Run a bundled kernel on the JAX backend that is present and t
 predictions for the same call (op floor and the schedule model's expected time).
 
 \b
+--timer device (the default where a trace can be read) runs the timed calls under jax.profiler.trace
+and reads the trace with xprof: per call the device span (first op start to last op end), the
+kernel's own op events and host dispatch (wall - span) apart, the wall clock kept as a cross-check;
+the record's measured time is the span. --timer wall times each call with the wall clock alone. On the
+CPU backend the trace's ops are XLA:CPU's: the device times are the host's.
+
+\b
 On a TPU the kernel is compiled (mode "compiled"). On CPU or GPU a Pallas TPU kernel can only
 run in interpret mode: the record says so, the time is printed as "interpret-mode wall time (not
 TPU performance)" and its efficiency is null. Predictions are for --hw, else for the device's chip.
@@ -72,10 +79,14 @@ def parse_block_sweep(texts: Sequence[str]) -> dict[str, list[int]] | None:
               help="Untimed calls first (the first one compiles).")
 @click.option("--out", default=None, type=click.Path(dir_okay=False), metavar="RESULTS.jsonl",
               help="Append each record to this JSON Lines file as soon as it is finished.")
+@click.option("--timer", type=click.Choice(["device", "wall"]), default=None,
+              help="device: a profiler trace of the calls (device span, kernel events, dispatch apart); wall: the "
+                   "wall clock per call. Default: device where the trace can be read, else wall (the record says "
+                   "which and why).")
 @json_option
 @user_errors
 def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args: tuple[str, ...], hw: str | None,
-            repeat: int, warmup: int, out: str | None, as_json: bool) -> None:
+            repeat: int, warmup: int, out: str | None, timer: str | None, as_json: bool) -> None:
     from perfmodel.harness.measure import Case, block_sets, run_cases
     from perfmodel.harness.render import record_text
     from perfmodel.schedule.binding import parse_arg
@@ -96,7 +107,8 @@ def measure(kernel: str, shapes: tuple[str, ...], blocks: tuple[str, ...], args:
             if not as_json:
                 echo_text(record_text(record))
 
-        records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show)
+        records = run_cases(cases, hw=hw, warmup=warmup, repeat=repeat, out=out, on_record=show,
+                            timer=timer or "auto")
     if as_json:
         echo_json(records)
     elif out is not None:

@@ -10,11 +10,26 @@ Pallas TPU kernel can only run in TPU interpret mode (mode "interpret"): the
 time is the host's wall time of an emulation, recorded and printed as such,
 never as kernel performance, and its efficiency is null.
 
-Timing: ``warmup`` untimed calls (the first compiles), then ``repeat`` calls
-each timed with ``time.perf_counter`` around the call and
-``jax.block_until_ready``: wall time per call, host dispatch included. On a
-TPU the round trip of a trivial jitted call is timed the same way and kept as
-the dispatch estimate. Predictions: the schedule model
+Timing: ``warmup`` untimed calls (the first compiles), then ``repeat`` timed
+calls, by one of two timers (``timer``):
+
+* "wall": each call timed with ``time.perf_counter`` around the call and
+  ``jax.block_until_ready``: wall time per call, host dispatch included. On a
+  TPU the round trip of a trivial jitted call is timed the same way and kept
+  as the dispatch estimate.
+* "device": the ``repeat`` calls run under ``jax.profiler.trace``, each in a
+  trace annotation of its own, and the trace is read with xprof's converters
+  (:func:`perfmodel.harness.profile.read_timeline`). Per call: the device span
+  (first op start to last op end of the ops that start in the call's window),
+  the kernel's own op events summed (those named like the call's kernel custom
+  call; every op when the compiled module has none, e.g. on the CPU backend),
+  the wall clock of the same call (the cross-check) and host dispatch = wall -
+  span, reported apart. The record's measured time is the span's median.
+* "auto" (the CLI's default): "device" where the trace can be taken and read,
+  else "wall", with a note saying why; "device" asked for and not readable is
+  a one-line InputError (exit 2).
+
+Predictions: the schedule model
 (:func:`perfmodel.schedule.analyze.analyze`) gives the op floor and the
 expected device time.
 
@@ -23,8 +38,11 @@ jax is imported inside the functions that need it, never at import time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import re
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,9 +51,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from perfmodel.errors import InputError, PerfmodelError
 from perfmodel.harness.records import (
+    DISPATCH_TIMER,
     INTERPRET_LABEL,
+    SPAN_TIMER,
     ArraySpec,
     CallPrediction,
+    DeviceTrace,
     Record,
     Timing,
     append_record,
@@ -45,10 +66,23 @@ from perfmodel.harness.records import (
 from perfmodel.hw.spec import ChipSpec
 
 SOURCE = "perfmodel measure"
+#: `timer` values: the two timers, and "auto" (device where a trace can be read, wall otherwise).
+TIMER_CHOICES = ("device", "wall", "auto")
+#: Name of the trace annotation around each timed call (its index appended): the call's window in the trace.
+CALL_MARK = "perfmodel-measure-call-"
+#: Custom-call targets that are host callbacks (io_callback, pure_callback), not a kernel.
+_CALLBACK = re.compile(r"callback", re.IGNORECASE)
+_LOWERED_CUSTOM_CALL = re.compile(r"custom_call\s*@([\w$.\-]+)")
+_COMPILED_CUSTOM_CALL = re.compile(r'^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=.*\bcustom-call\(.*custom_call_target="([^"]+)"')
+_KERNEL_NAME = re.compile(r'kernel_name\s*=\s*"?([\w.\-]+)')
 
 
 class MeasurementError(PerfmodelError):
     """A kernel failed while being measured; the message says how many records were saved."""
+
+
+class DeviceTimerError(InputError):
+    """The device timer's trace could not be taken or read (exit 2 when `timer` device was asked for)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +171,117 @@ def time_calls(fn: Callable, args: Sequence[Any], *, warmup: int, repeat: int,
         jax.block_until_ready(fn(*args))
         times.append(clock() - start)
     return times
+
+
+def kernel_ops(fn: Callable, args: Sequence[Any]) -> tuple[frozenset[str], str]:
+    """(op names that are the call's kernel, how they were chosen). The lowered module's custom calls that are
+    not host callbacks are the kernel (a Pallas / Mosaic / Triton call); only then is the call compiled (cached
+    by jax where it can) to read those instructions' names, and any kernel_name they carry, from the HLO the
+    trace's op events are named by. No such custom call (an XLA-only function, the CPU backend's interpret
+    mode): an empty set, meaning every op of the call."""
+    lowered = fn.lower(*args)
+    targets = sorted({t for t in _LOWERED_CUSTOM_CALL.findall(lowered.as_text()) if not _CALLBACK.search(t)})
+    if not targets:
+        return frozenset(), "every XLA op of the call: its module has no kernel custom call"
+    names: set[str] = set()
+    for line in lowered.compile().as_text().splitlines():
+        m = _COMPILED_CUSTOM_CALL.match(line)
+        if m and not _CALLBACK.search(m.group(2)):
+            names.add(m.group(1))
+            names.update(_KERNEL_NAME.findall(line))
+    return frozenset(names), f"ops named as the call's custom call(s) ({', '.join(targets)}) or their kernel_name"
+
+
+def device_times(fn: Callable, args: Sequence[Any], *, warmup: int, repeat: int,
+                 clock: Callable[[], float] = time.perf_counter) -> DeviceTrace:
+    """Per-call device span, kernel events, wall clock and host dispatch of ``repeat`` calls (after ``warmup``
+    untimed ones) run under jax.profiler.trace; DeviceTimerError when the trace cannot be taken or read."""
+    import jax
+
+    from perfmodel.harness import profile as prof
+
+    try:
+        import xprof.convert.raw_to_tool_data  # noqa: F401  (the trace's reader: fail before running anything)
+    except ImportError as exc:
+        raise DeviceTimerError(f"`timer` device: xprof is not importable ({exc}); install it or give `timer` "
+                               "wall", fields=("timer",)) from None
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    kernels, match = kernel_ops(fn, args)
+    walls: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="perfmodel-measure-trace-") as tmp:
+        try:
+            with jax.profiler.trace(tmp):
+                for i in range(repeat):
+                    with jax.profiler.TraceAnnotation(f"{CALL_MARK}{i}"):
+                        start = clock()
+                        jax.block_until_ready(fn(*args))
+                        walls.append(clock() - start)
+        except RuntimeError as exc:  # e.g. another trace already running in this process
+            raise DeviceTimerError(f"`timer` device: jax.profiler.trace failed: {_first_line(exc).rstrip('.')}; give `timer` "
+                                   "wall", fields=("timer",)) from None
+        try:
+            timeline = prof.read_timeline(tmp)
+        except PerfmodelError as exc:
+            raise DeviceTimerError(f"`timer` device: the trace of the calls cannot be read: {_first_line(exc).rstrip('.')}; "
+                                   "give `timer` wall", fields=("timer",)) from None
+    return per_call_times(timeline, walls, kernels=kernels, kernel_match=match)
+
+
+def per_call_times(timeline: Any, walls: Sequence[float], *, kernels: frozenset[str],
+                   kernel_match: str) -> DeviceTrace:
+    """The DeviceTrace of a timeline whose calls are marked by CALL_MARK annotations. A call's ops are those that
+    start at or after its mark and before the next call's (each call blocks until ready inside its mark, so its
+    device work cannot start later); its span runs from the first op's start to the last op's end; its kernel
+    time is the time the kernel's own ops cover (``kernels`` empty: every op is the kernel's)."""
+    import numpy as np
+
+    marks = sorted((e for e in timeline.host if e.name.startswith(CALL_MARK)), key=lambda e: e.start_s)
+    if len(marks) != len(walls):
+        raise DeviceTimerError(f"`timer` device: the trace holds {len(marks)} of the {len(walls)} call marks "
+                               f"({CALL_MARK}N); give `timer` wall", fields=("timer",))
+    spans, kernel_times, counts = [], [], []
+    matched = False
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start_s if i + 1 < len(marks) else float("inf")
+        ops = [o for o in timeline.ops if mark.start_s <= o.start_s < end]
+        if not ops:
+            raise DeviceTimerError(f"`timer` device: no op event in call {i + 1}'s window of the trace "
+                                   f"({timeline.op_source}); give `timer` wall", fields=("timer",))
+        spans.append(max(o.end_s for o in ops) - min(o.start_s for o in ops))
+        own = [o for o in ops if not kernels or o.name in kernels]
+        matched = matched or bool(own)
+        kernel_times.append(covered_s(own))
+        counts.append(len(ops))
+    dispatch = [w - s for w, s in zip(walls, spans)]
+    med = lambda xs: float(np.median(np.asarray(xs, dtype=float)))  # noqa: E731
+    return DeviceTrace(
+        events=timeline.op_source, span_s=med(spans), span_times_s=tuple(float(x) for x in spans),
+        kernel_s=med(kernel_times) if matched else None,
+        kernel_times_s=tuple(float(x) for x in kernel_times) if matched else (),
+        kernel_ops=tuple(sorted(kernels)), kernel_match=kernel_match if matched or not kernels else
+        f"{kernel_match}: no op event of the trace matched {', '.join(sorted(kernels))}",
+        wall_s=med(walls), wall_times_s=tuple(float(x) for x in walls), dispatch_s=med(dispatch),
+        dispatch_times_s=tuple(float(x) for x in dispatch), ops_per_call=tuple(counts))
+
+
+def covered_s(events: Sequence[Any]) -> float:
+    """Seconds covered by the events (their durations summed, a stretch where several overlap counted once: ops
+    on concurrent lines, e.g. GPU streams or a CPU callback's inner ops, are not double counted)."""
+    total, end = 0.0, -float("inf")
+    for e in sorted(events, key=lambda e: e.start_s):
+        if e.end_s > end:
+            total += e.end_s - max(e.start_s, end)
+            end = e.end_s
+    return total
+
+
+def device_timing(trace: DeviceTrace, *, warmup: int) -> Timing:
+    """The record's Timing of a device-timed run: the spans' median and spread, dispatch measured apart."""
+    t = timing(trace.span_times_s, warmup=warmup, dispatch_s=None)
+    return dataclasses.replace(t, includes_dispatch=False, dispatch_s=trace.dispatch_s,
+                               dispatch_source=f"{DISPATCH_TIMER} of the same calls (median)", timer=SPAN_TIMER,
+                               device_trace=trace)
 
 
 def dispatch_round_trip(*, warmup: int, repeat: int) -> float:
@@ -270,7 +415,7 @@ def block_sets(entry: Any, sweeps: Mapping[str, Sequence[int]] | None) -> list[d
 
 
 def measure_case(case: Case, *, chip: ChipChoice, backend: Backend, warmup: int, repeat: int,
-                 dispatch_s: float | None) -> Record:
+                 dispatch_s: float | None, timer: str = "wall") -> Record:
     """Time one case and predict it; a finished Record."""
     import jax
     from jax.experimental.pallas import tpu as pltpu
@@ -287,13 +432,22 @@ def measure_case(case: Case, *, chip: ChipChoice, backend: Backend, warmup: int,
                               dispatch_s=dispatch_s if dispatch_s is not None else DEFAULT_HOST_DISPATCH.seconds)
     args = entry.arguments(run_specs)
     fn = jax.jit(entry.make_function(run_specs, blocks, chip.chip, extra=static))
-    if backend.mode == "interpret":
-        with pltpu.force_tpu_interpret_mode():
-            times = time_calls(fn, args, warmup=warmup, repeat=repeat)
-    else:
-        times = time_calls(fn, args, warmup=warmup, repeat=repeat)
-    t = timing(times, warmup=warmup, dispatch_s=dispatch_s)
     notes = list(chip.notes)
+    with pltpu.force_tpu_interpret_mode() if backend.mode == "interpret" else contextlib.nullcontext():
+        trace = None
+        if timer in ("device", "auto"):
+            try:
+                trace = device_times(fn, args, warmup=warmup, repeat=repeat)
+            except DeviceTimerError as exc:
+                if timer == "device":
+                    raise
+                notes.append(f"timer: wall clock (the device timer could not be used: {exc})")
+        if trace is not None:
+            t = device_timing(trace, warmup=warmup)
+        else:
+            t = timing(time_calls(fn, args, warmup=warmup, repeat=repeat), warmup=warmup, dispatch_s=dispatch_s)
+    if trace is not None and backend.name == "cpu":
+        notes.append("device timer on the cpu backend: the op events are XLA:CPU's, so the times are the host's")
     if backend.mode == "interpret":
         notes.append(f"{INTERPRET_LABEL}: Pallas TPU interpret mode on the {backend.name} backend emulates the "
                      "kernel on the host; its time says nothing about TPU speed")
@@ -313,8 +467,10 @@ def measure_case(case: Case, *, chip: ChipChoice, backend: Backend, warmup: int,
 
 
 def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat: int = 5,
-              out: str | Path | None = None, on_record: Callable[[Record], None] | None = None) -> list[Record]:
-    """Measure every case in order; each finished record is appended to ``out`` (fsynced) at once.
+              out: str | Path | None = None, on_record: Callable[[Record], None] | None = None,
+              timer: str = "wall") -> list[Record]:
+    """Measure every case in order; each finished record is appended to ``out`` (fsynced) at once. ``timer``:
+    "wall", "device" or "auto" (see the module docstring).
 
     A failure stops the run with a one-line MeasurementError saying how many
     records were saved; every record finished before it is in the file.
@@ -322,6 +478,8 @@ def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat:
     if warmup < 0 or repeat < 1:
         raise InputError(f"`repeat` {repeat} / `warmup` {warmup}: need repeat >= 1 and warmup >= 0",
                          fields=("repeat", "warmup"))
+    if timer not in TIMER_CHOICES:
+        raise InputError(f"`timer` {timer!r}: expected one of {', '.join(TIMER_CHOICES)}", fields=("timer",))
     backend = current_backend()
     if backend.mode == "interpret" and any(not c.shapes for c in cases):
         raise InputError(f"`shapes`: the {backend.name} backend runs the kernel in interpret mode on the host; "
@@ -335,7 +493,7 @@ def run_cases(cases: Sequence[Case], *, hw: str | None, warmup: int = 1, repeat:
     for i, case in enumerate(cases):
         try:
             record = measure_case(case, chip=chip, backend=backend, warmup=warmup, repeat=repeat,
-                                  dispatch_s=dispatch_s)
+                                  dispatch_s=dispatch_s, timer=timer)
         except Exception as exc:
             if not records and isinstance(exc, PerfmodelError):
                 raise

@@ -64,6 +64,47 @@ class ArraySpec:
         return "x".join(str(d) for d in self.shape) if self.shape else "scalar"
 
 
+#: The timers a record's numbers come from (each number's record field names its timer).
+WALL_TIMER = "wall clock"
+SPAN_TIMER = "xprof device span"
+KERNEL_TIMER = "xprof kernel events"
+DISPATCH_TIMER = "wall clock - xprof device span"
+#: What ``Timing.measured_s`` (and its spread) can come from.
+TIMERS = (SPAN_TIMER, WALL_TIMER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceTrace:
+    """Per-call times of the timed calls read from a profiler trace of them (jax.profiler.trace, read with xprof's
+    trace_viewer@ converter), each list one entry per call in call order, each median beside it; every number's
+    timer is named in the field beside it."""
+
+    #: Where the op events come from (the devices' "XLA Ops" lines, or the CPU backend's tf_XLA* threads).
+    events: str
+    #: First op start to last op end of each call's ops.
+    span_timer: str = SPAN_TIMER
+    span_s: float
+    span_times_s: tuple[float, ...]
+    #: The time the kernel's own op events of each call cover (durations summed, overlaps counted once); null when
+    #: no event matched the kernel's ops.
+    kernel_timer: str = KERNEL_TIMER
+    kernel_s: float | None = None
+    kernel_times_s: tuple[float, ...] = ()
+    #: The op names that count as the kernel's own (empty: every op of the call) and how they were chosen.
+    kernel_ops: tuple[str, ...] = ()
+    kernel_match: str
+    #: Wall clock of the same calls (the profiler running), up to block_until_ready: the cross-check.
+    wall_timer: str = WALL_TIMER
+    wall_s: float
+    wall_times_s: tuple[float, ...]
+    #: Wall clock - device span of each call: host dispatch (and the profiler's own cost), reported apart.
+    dispatch_timer: str = DISPATCH_TIMER
+    dispatch_s: float
+    dispatch_times_s: tuple[float, ...]
+    #: Op events of each call (nested events left out).
+    ops_per_call: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Timing:
     """What was measured, in seconds."""
@@ -85,6 +126,11 @@ class Timing:
     #: Estimate of that dispatch: the round trip of a trivial jitted call on the same device, or a published figure.
     dispatch_s: float | None = None
     dispatch_source: str | None = None
+    #: The timer of measured_s, min/max/IQR and times_s: "wall clock" (perf_counter around each call) or
+    #: "xprof device span" (from a profiler trace of the calls; then includes_dispatch is false).
+    timer: str = WALL_TIMER
+    #: The trace's per-call numbers (device span, kernel events, wall clock, dispatch); null for the wall timer.
+    device_trace: DeviceTrace | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,10 +274,17 @@ def from_json(obj: Any, where: str) -> Record:
     values = _fields(Record, obj, where, "")
     values["arrays"] = tuple(ArraySpec(**_fields(ArraySpec, a, where, f"arrays[{i}]"))
                              for i, a in enumerate(_list(obj, "arrays", where)))
-    values["timing"] = Timing(**_fields(Timing, obj["timing"], where, "timing"))
+    timing = _fields(Timing, obj["timing"], where, "timing")
+    if timing.get("device_trace") is not None:
+        timing["device_trace"] = DeviceTrace(**_fields(DeviceTrace, timing["device_trace"], where,
+                                                        "timing.device_trace"))
+    values["timing"] = Timing(**timing)
     values["prediction"] = CallPrediction(**_fields(CallPrediction, obj["prediction"], where, "prediction"))
     record = Record(**values)
     _check_numbers(record, where)
+    if record.timing.timer not in TIMERS:
+        raise InputError(f"{where}: field 'timing.timer' is {short(repr(record.timing.timer), 40)}; expected one "
+                         f"of {', '.join(TIMERS)}")
     if record.mode not in MODES:
         raise InputError(f"{where}: field 'mode' is {short(repr(record.mode), 40)}; expected one of {', '.join(MODES)}")
     if record.mode == "interpret" and record.efficiency is not None:
@@ -252,6 +305,16 @@ def _check_numbers(record: Record, where: str) -> None:
                 ("prediction.ideal_hbm_bytes", p.ideal_hbm_bytes), ("prediction.moved_hbm_bytes", p.moved_hbm_bytes),
                 ("prediction.model_factor", p.model_factor), ("efficiency", record.efficiency),
                 *((f"timing.times_s[{i}]", v) for i, v in enumerate(t.times_s)))
+    d = t.device_trace
+    if d is not None:  # dispatch (wall - span) may come out below zero by clock noise: finite only
+        optional += (("timing.device_trace.span_s", d.span_s), ("timing.device_trace.kernel_s", d.kernel_s),
+                     ("timing.device_trace.wall_s", d.wall_s),
+                     *((f"timing.device_trace.span_times_s[{i}]", v) for i, v in enumerate(d.span_times_s)),
+                     *((f"timing.device_trace.kernel_times_s[{i}]", v) for i, v in enumerate(d.kernel_times_s)),
+                     *((f"timing.device_trace.wall_times_s[{i}]", v) for i, v in enumerate(d.wall_times_s)))
+        for key, value in (("dispatch_s", d.dispatch_s), *((f"dispatch_times_s[{i}]", v)
+                                                             for i, v in enumerate(d.dispatch_times_s))):
+            finite(value, f"{where}: field 'timing.device_trace.{key}'")
     for key, value in optional:
         if value is not None:
             finite(value, f"{where}: field '{key}'", nonnegative=True)

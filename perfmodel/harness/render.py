@@ -7,7 +7,7 @@ from typing import Any
 
 from perfmodel.harness.calibrate import Calibration
 from perfmodel.harness.comparison import Comparison
-from perfmodel.harness.records import INTERPRET_LABEL, bound_name
+from perfmodel.harness.records import INTERPRET_LABEL, SPAN_TIMER, bound_name
 from perfmodel.units import percent, seconds, table
 
 
@@ -21,12 +21,24 @@ def record_text(record: Any) -> str:
         spread += f", {t.repeats} repeat{'s' if t.repeats != 1 else ''}{after})"
     lines = [f"{r.kernel}  {r.arrays_text}  blocks: {r.blocks_text}  (grid {_grid(p.grid)})",
              f"  backend {r.backend} ({r.device_kind}), mode {r.mode}, jax {r.jax_version or '?'}"]
-    if r.is_real:
+    d = t.device_trace if t.timer == SPAN_TIMER else None
+    if r.is_real and d is not None:
+        lines.append(f"  measured: {t.statistic} {seconds(t.measured_s)}{spread}; xprof device span per call, host "
+                     "dispatch apart")
+    elif r.is_real:
         dispatch = f"; trivial jitted call {seconds(t.dispatch_s)}" if t.dispatch_s is not None else ""
         lines.append(f"  measured: {t.statistic} {seconds(t.measured_s)}{spread}; wall per call, dispatch "
                      f"included{dispatch}")
+    elif d is not None:
+        lines.append(f"  interpret-mode xprof device span on the host (not TPU performance): {t.statistic} "
+                     f"{seconds(t.measured_s)}{spread}")
     else:
         lines.append(f"  {INTERPRET_LABEL}: {t.statistic} {seconds(t.measured_s)}{spread}")
+    if d is not None:
+        kernel = f"{seconds(d.kernel_s)} ({d.kernel_match})" if d.kernel_s is not None else f"n/a ({d.kernel_match})"
+        lines.append(f"  medians per call: {d.span_timer} {seconds(d.span_s)}; {d.kernel_timer} {kernel}; host "
+                     f"dispatch ({d.dispatch_timer}) {seconds(d.dispatch_s)}; {d.wall_timer} {seconds(d.wall_s)} "
+                     "(cross-check, profiler running)")
     lines.append(f"  predicted on {p.chip}: op floor {seconds(p.op_floor_s)} ({bound_name(p.op_floor_limiter)}), "
                  f"expected {seconds(p.expected_s)} ({p.expected_source}"
                  + (f", {p.schedule_limiter}-limited" if p.schedule_limiter else "") + ")"
@@ -35,7 +47,7 @@ def record_text(record: Any) -> str:
         lines.append(f"  efficiency (op floor / measured): {percent(r.efficiency)}; measured / expected "
                      f"(+dispatch): {t.measured_s / r.expected_wall_s:.2f}x")
     elif not r.is_real:
-        lines.append("  efficiency: n/a (interpret mode: host wall time, not TPU performance)")
+        lines.append("  efficiency: n/a (interpret mode: the host's time, not TPU performance)")
     else:
         lines.append("  efficiency: n/a (prediction is for another chip than the device)")
     lines += [f"  note: {n}" for n in r.notes if not n.startswith(INTERPRET_LABEL)]
