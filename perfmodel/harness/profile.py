@@ -368,13 +368,7 @@ def read_profile(path: str | os.PathLike) -> Profile:
     runs = {x.parent for x in Path(path).glob("**/*.xplane.pb")} if Path(path).is_dir() else set()
     if len(runs) > 1:
         notes.append(f"{len(runs)} profile runs under {short(path)}: read the newest, {xplanes[0].parent.name}")
-    with tempfile.TemporaryDirectory(prefix="perfmodel-profile-") as tmp:
-        # the converters write their caches (and the modules' HLO protos) beside the files they are given
-        links = []
-        for x in xplanes:
-            link = Path(tmp) / x.name
-            link.symlink_to(x.resolve())
-            links.append(str(link))
+    with _linked(xplanes) as links:
         device_type = _device_type(links)
         raw = _tool(links, "hlo_stats")
         rows = _table_rows(json.loads(raw)) if raw else []
@@ -387,7 +381,7 @@ def read_profile(path: str | os.PathLike) -> Profile:
             if not raw:
                 raise ToolFailure(f"xprof's converters found no op in {short(path)} (hlo_stats has no rows, "
                                   "trace_viewer@ no data)")
-            ops, more = _from_trace(raw, _module_ops(Path(tmp), links))
+            ops, more = _from_trace(raw, _module_ops(Path(links[0]).parent, links))
             notes += more
             notes.append("hlo_stats has no rows (the CPU backend): ops are the XLA op events of the trace "
                          f"(threads {XLA_THREAD_PREFIX}*), their FLOPs and bytes from each module's HLO")
@@ -437,7 +431,8 @@ class Timeline:
 
 @contextlib.contextmanager
 def _linked(xplanes: Sequence[Path]) -> Iterator[list[str]]:
-    """Links to the xplane files in a temporary folder: the converters write their caches beside what they read."""
+    """Links to the xplane files in a temporary folder: the converters write their caches (and the modules' HLO
+    protos) beside the files they are given, never into the user's profile."""
     with tempfile.TemporaryDirectory(prefix="perfmodel-profile-") as tmp:
         links = []
         for x in xplanes:
