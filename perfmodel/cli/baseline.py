@@ -1,4 +1,4 @@
-"""``perfmodel baseline write|check FILE``: a deviceless performance-regression gate (thin: parse, call
+"""``perfmodel baseline write|check|table FILE``: a deviceless performance-regression gate (thin: parse, call
 :mod:`perfmodel.harness.baseline`, print)."""
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ def _record(calls: Any, workers: int | None, label: str) -> Any:
 def baseline() -> None:
     """Deviceless performance-regression gate: record what the TPU compiler makes of each kernel call (loop-body
     bundles per grid step, compiler-backed time, Mosaic's scoped VMEM, spills and fills, DMA starts) and fail
-    when a later compile grows past a tolerance.
+    when a later compile grows past a tolerance; print a baseline as markdown tables per kernel.
 
     \b
     Examples:
       perfmodel baseline write kernels/baseline.json
       perfmodel baseline check kernels/baseline.json --markdown
+      perfmodel baseline table kernels/baseline.json --write-readme kernels/README.md
       perfmodel baseline check my_baseline.json --calls my_calls.yaml --chips tpu-v5e
     """
 
@@ -119,3 +120,74 @@ def check_cmd(file: str, calls_path: str | None, chips: str | None, workers: int
     if lib.regressions(rows):
         raise UserError(f"{len(lib.regressions(rows))} regression(s) against {file}; if intended, rewrite it in "
                         f"the same commit: perfmodel baseline write {file}", exit_code=1)
+
+
+def _shown(path: str) -> str:
+    """``path`` as a README caption names it: relative to the current folder when inside it (the same text
+    whether given relative or absolute), else as given."""
+    from pathlib import Path
+
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path
+
+
+@baseline.command("table", context_settings=_CTX)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--kernel", default=None, metavar="NAME",
+              help="Only this kernel's table (a record's target, e.g. rms_norm; default: every kernel).")
+@click.option("--write-readme", "readme", type=click.Path(dir_okay=False), default=None, metavar="README",
+              help="Rewrite the tables between <!-- baseline-table: NAME --> and <!-- /baseline-table --> in this "
+                   "markdown file in place (atomically) instead of printing them.")
+@json_option
+@user_errors
+def table_cmd(file: str, kernel: str | None, readme: str | None, as_json: bool) -> None:
+    """Print FILE's figures as one markdown table per kernel (a row per call and chip: loop bundles per grid step,
+    every-step / predicated; compiler-backed time; scoped VMEM; spills / fills and DMA starts per step). Nothing
+    is compiled. With --write-readme, rewrite the README's marked tables (how kernels/README.md is kept).
+
+    \b
+    Examples:
+      perfmodel baseline table kernels/baseline.json --kernel rms_norm
+      perfmodel baseline table kernels/baseline.json --write-readme kernels/README.md
+    """
+    from pathlib import Path
+
+    from perfmodel.compiler.toolchain import compile_targets
+    from perfmodel.errors import InputError
+    from perfmodel.harness import baseline as lib
+
+    stored = lib.read(file)
+    order = tuple(compile_targets())  # oldest generation first, whatever order the file's records are in
+    if readme is None:
+        if as_json:
+            echo_json({"file": file, "libtpu_version": stored.libtpu_version,
+                       "kernels": lib.tables_json(stored.records, order, kernel)})
+        else:  # markdown lines are never wrapped to the terminal (echo_text would break a table row)
+            click.echo(lib.tables_markdown(lib.kernel_tables(stored.records, order, kernel)))
+        return
+    try:
+        text = Path(readme).read_text()
+    except OSError as exc:
+        raise InputError(f"--write-readme {readme}: cannot read it ({exc.strerror or exc}); give the markdown file "
+                         "holding the baseline-table markers, e.g. kernels/README.md") from None
+    tables = lib.kernel_tables(stored.records, order)
+    if kernel is not None:
+        lib.kernel_tables(stored.records, order, kernel)  # an unknown --kernel fails as it does without a README
+    caption = lib.readme_caption(_shown(file), _shown(readme), stored.libtpu_version)
+    only = None if kernel is None else [kernel]
+    marked = [k for k, _, _ in lib.readme_regions(text, readme)]
+    stale = [k for k in lib.stale_regions(text, tables, caption, readme) if only is None or k in only]
+    new = lib.fill_readme(text, tables, caption, where=readme, only=only)
+    if new != text:
+        lib.write_text_atomic(readme, new)
+    without = [k for k in tables if k not in marked and (only is None or k in only)]
+    unchanged = [k for k in marked if k not in stale and (only is None or k in only)]
+    note = f"; no marked region for {', '.join(without)} (add {lib.README_OPEN.format(kernel=without[0])} " \
+           f"... {lib.README_CLOSE} where its table belongs)" if without else ""
+    emit(output_format(as_json),
+         text=lambda: f"{readme}: {len(stale)} table(s) rewritten{' (' + ', '.join(stale) + ')' if stale else ''}, "
+                      f"{len(unchanged)} unchanged{note}",
+         json=lambda: {"readme": readme, "file": file, "rewritten": stale, "unchanged": unchanged,
+                       "without_region": without})
