@@ -18,9 +18,18 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
 @click.option("--no-kernels", is_flag=True, help="Skip the Pallas kernel points (they trace with jax).")
 @click.option("--workers", type=int, default=None, help="serving-sim: processes of the local pool (default: every "
               "core).")
+@click.option("--compile", "with_compile", is_flag=True,
+              help="tokamax groups: also compile each XLA point's call with the TPU compiler (libtpu, deviceless; "
+                   "cached) and print its compiled time and error next to the analytic ones (Pallas points: not "
+                   "compiled, tokamax is not a dependency).")
+@click.option("--sample", type=int, default=None, metavar="N",
+              help="With --compile: at most N XLA points of each tokamax group, evenly spaced (default: all).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --compile: compiles at a time.")
 @json_option
 @user_errors
-def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, as_json: bool) -> None:
+def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, with_compile: bool,
+             sample: int | None, jobs: int, as_json: bool) -> None:
     """Run every published measurement of perfmodel/data/validation/ through the same library calls as
     `perfmodel predict` / `perfmodel analyze` and print measured vs floor vs expected, the error, and the
     median and worst error per group (points used to fit a constant apart from the held-out ones), and the
@@ -32,6 +41,7 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, as_
     Examples:
       perfmodel validate
       perfmodel validate --group gpu-gemm --json
+      perfmodel validate --group tokamax --compile --sample 4
     """
     from perfmodel.harness.published_validation import report_records, report_text, run_validation
 
@@ -46,7 +56,8 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, as_
         if not groups:
             return
     with Progress("validate") as bar:
-        report = run_validation(groups=groups, kernels=not no_kernels, progress=bar)
+        report = run_validation(groups=groups, kernels=not no_kernels, progress=bar, with_compile=with_compile,
+                                sample=sample, jobs=jobs)
     emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))
     if report.beats_floor:
         raise UserError(f"{len(report.beats_floor)} measurement(s) faster than their floor: "

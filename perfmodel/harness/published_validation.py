@@ -72,6 +72,9 @@ class ValidationPoint:
     args: tuple[str, ...] = ()
     #: Ops whose floors and expected times add up to the measurement, each (predict op, its parameters).
     parts: tuple[tuple[str, dict[str, Any]], ...] = ()
+    #: The recorded call as its source gives it (tokamax points: op, pass, implementation, args), for the
+    #: compiler-backed path (:mod:`perfmodel.harness.tokamax_compiled`).
+    call: dict[str, Any] | None = None
 
     @property
     def is_fit(self) -> bool:
@@ -98,11 +101,20 @@ class ValidationRow:
     #: On the measurement's footing: expected device time plus host dispatch where the timing includes it.
     expected_s: float
     dispatch_s: float
+    #: ``--compile`` (tokamax XLA points): the compiled program's time (perfmodel.harness.tokamax_compiled),
+    #: None without one; ``compiled_note`` says why there is none.
+    compiled_expected_s: float | None = None
+    compiled_note: str = ""
 
     @property
     def error(self) -> float:
         """expected / measured - 1 (positive: the model is slower than the measurement)."""
         return self.expected_s / self.point.measured_s - 1
+
+    @property
+    def compiled_error(self) -> float | None:
+        """compiled expected / measured - 1; None without a compiled time."""
+        return None if self.compiled_expected_s is None else self.compiled_expected_s / self.point.measured_s - 1
 
     @property
     def measured_over_floor(self) -> float:
@@ -161,6 +173,17 @@ class GroupSummary:
     all: ErrorSummary
     held_out: ErrorSummary
     fit: ErrorSummary
+    #: ``--compile``: the rows with a compiled time, held-out and fit apart (None without ``--compile``).
+    compiled_held_out: CompiledSummary | None = None
+    compiled_fit: CompiledSummary | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompiledSummary:
+    """The rows that have a compiler-backed time: its errors next to the analytic errors of the same rows."""
+
+    compiled: ErrorSummary
+    analytic: ErrorSummary
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,21 +200,32 @@ class ValidationReport:
     pairs: tuple[PairRow, ...] = ()
     #: Points of the selected groups with no op model yet (id, group, reason).
     not_modelled: tuple[Any, ...] = ()
+    #: Whether compiled times were asked for (``--compile``), and the per-group sample size (None: all).
+    compiled: bool = False
+    sample: int | None = None
 
     @property
     def beats_floor(self) -> tuple[str, ...]:
         return tuple(r.point.id for r in self.rows if r.beats_floor)
 
 
-def summarize(rows: Sequence[ValidationRow]) -> ErrorSummary:
-    """Median |error| and the worst (signed) error of rows."""
+def summarize(rows: Sequence[ValidationRow], *, compiled: bool = False) -> ErrorSummary:
+    """Median |error| and the worst (signed) error of rows (``compiled``: of their compiled times)."""
     if not rows:
         return ErrorSummary(count=0, median_abs_error=None, worst_error=None, worst_id=None)
-    worst = max(rows, key=lambda r: abs(r.error))
-    return ErrorSummary(count=len(rows), median_abs_error=statistics.median(abs(r.error) for r in rows),
-                        worst_error=worst.error, worst_id=worst.point.id,
-                        median_measured_over_expected=statistics.median(r.point.measured_s / r.expected_s
+    error = (lambda r: r.compiled_error) if compiled else (lambda r: r.error)
+    expected = (lambda r: r.compiled_expected_s) if compiled else (lambda r: r.expected_s)
+    worst = max(rows, key=lambda r: abs(error(r)))
+    return ErrorSummary(count=len(rows), median_abs_error=statistics.median(abs(error(r)) for r in rows),
+                        worst_error=error(worst), worst_id=worst.point.id,
+                        median_measured_over_expected=statistics.median(r.point.measured_s / expected(r)
                                                                         for r in rows))
+
+
+def summarize_compiled(rows: Sequence[ValidationRow]) -> CompiledSummary:
+    """The rows with a compiled time: compiled and analytic errors of those same rows."""
+    done = [r for r in rows if r.compiled_expected_s is not None]
+    return CompiledSummary(compiled=summarize(done, compiled=True), analytic=summarize(done))
 
 
 def _published(text: str | None) -> dict[str, Any]:
@@ -287,10 +321,21 @@ def model_config_from_hf(name: str, hf_config: dict[str, Any]) -> Any:
 
 
 def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: Sequence[str] = (),
-                   kernels: bool = True, progress: Callable[[str], None] | None = None) -> ValidationReport:
-    """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall."""
+                   kernels: bool = True, progress: Callable[[str], None] | None = None, with_compile: bool = False,
+                   sample: int | None = None, jobs: int = 1) -> ValidationReport:
+    """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall.
+    ``with_compile``: also a compiler-backed time for each tokamax XLA point (``sample``: at most that many per group,
+    evenly spaced; ``jobs`` compiles at a time), see :mod:`perfmodel.harness.tokamax_compiled`."""
     from perfmodel.errors import InputError
     from perfmodel.harness import tokamax_validation as tokamax
+
+    if (with_compile or sample is not None) and points is None and not any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-")
+                                                   for g in groups):
+        flag = "--compile" if with_compile else "--sample"
+        raise InputError(f"`{flag.lstrip('-')}`: compiled times are for the tokamax groups only; add "
+                         f"--group tokamax (or one tokamax-... group)", fields=(flag.lstrip("-"),))
+    if sample is not None and (not with_compile or sample < 1):
+        raise InputError("`sample`: N >= 1 points per group, with --compile", fields=("sample",))
 
     skipped: list[Any] = []
     if points is not None:
@@ -314,12 +359,18 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
         if progress is not None:
             progress(p.id)
         rows.append(evaluate_point(p))
+    if with_compile:
+        rows = _with_compiled_times(rows, sample=sample, jobs=jobs, progress=progress)
     summaries = []
     for g in dict.fromkeys(r.point.group for r in rows):
         rs = [r for r in rows if r.point.group == g]
         summaries.append(GroupSummary(group=g, chips=tuple(dict.fromkeys(r.point.chip for r in rs)), all=summarize(rs),
                                       held_out=summarize([r for r in rs if not r.point.is_fit]),
-                                      fit=summarize([r for r in rs if r.point.is_fit])))
+                                      fit=summarize([r for r in rs if r.point.is_fit]),
+                                      compiled_held_out=summarize_compiled([r for r in rs if not r.point.is_fit])
+                                      if with_compile else None,
+                                      compiled_fit=summarize_compiled([r for r in rs if r.point.is_fit])
+                                      if with_compile else None))
     small = [r for r in rows if r.small]
     by_id = {r.point.id: r for r in rows}
     pairs = tuple(PairRow(id=q["id"], what=q["what"], base=by_id[q["base"]], fast=by_id[q["fast"]])
@@ -329,7 +380,35 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
         rows=tuple(rows), groups=tuple(summaries), overall=summarize(rows),
         held_out=summarize([r for r in rows if not r.point.is_fit]), fit=summarize([r for r in rows if r.point.is_fit]),
         small_within_2x=sum(1 for r in small if 0.5 <= r.expected_s / r.point.measured_s <= 2.0),
-        small_count=len(small), chips=tuple(dict.fromkeys(r.point.chip for r in rows)))
+        small_count=len(small), chips=tuple(dict.fromkeys(r.point.chip for r in rows)), compiled=with_compile,
+        sample=sample)
+
+
+def _with_compiled_times(rows: Sequence[ValidationRow], *, sample: int | None, jobs: int,
+                         progress: Callable[[str], None] | None) -> list[ValidationRow]:
+    """Rows with the compiled time of each sampled tokamax XLA point (the others say why they have none)."""
+    import dataclasses
+
+    from perfmodel.harness import tokamax_compiled as tc
+
+    xla = [r for r in rows if r.point.call is not None and not r.point.call["implementation"].startswith("pallas")]
+    by_group: dict[str, list[str]] = {}
+    for r in xla:
+        by_group.setdefault(r.point.group, []).append(r.point.id)
+    chosen = tc.sample(by_group, sample)
+    times = tc.compile_points([r.point for r in xla if r.point.id in chosen], jobs=jobs, progress=progress)
+    out = []
+    for r in rows:
+        if r.point.call is None:
+            out.append(r)
+        elif r.point.call["implementation"].startswith("pallas"):
+            out.append(dataclasses.replace(r, compiled_note=tc.PALLAS_REASON))
+        elif r.point.id not in times:
+            out.append(dataclasses.replace(r, compiled_note=tc.NOT_SAMPLED))
+        else:
+            t = times[r.point.id]
+            out.append(dataclasses.replace(r, compiled_expected_s=t.expected_s, compiled_note=t.reason))
+    return out
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -367,6 +446,9 @@ def report_text(report: ValidationReport) -> str:
     out.append(f"expected = device model + host dispatch where the timing includes it; error = expected / measured - 1; "
                f"small ops (floor < {seconds(SMALL_OP_FLOOR_S)}) within 2x: {report.small_within_2x} of "
                f"{report.small_count}")
+    if report.compiled:
+        out.append("")
+        out.append(compiled_text(report))
     if report.pairs:
         out.append("")
         out.append(table(["pair", "what", "measured speedup", "predicted speedup", "error"],
@@ -383,6 +465,44 @@ def report_text(report: ValidationReport) -> str:
     return "\n".join(out)
 
 
+def _ratio(s: ErrorSummary) -> str:
+    return "-" if s.median_measured_over_expected is None else f"{s.median_measured_over_expected:.2f}"
+
+
+def _abs(s: ErrorSummary) -> str:
+    return "-" if s.median_abs_error is None else f"{s.median_abs_error * 100:.1f}%"
+
+
+def compiled_text(report: ValidationReport) -> str:
+    """``--compile``: per group and half, the compiled errors next to the analytic ones of the same points, each
+    compiled point's time, and why the others have none."""
+    from perfmodel.units import seconds, table
+
+    done = [r for r in report.rows if r.compiled_expected_s is not None]
+    points = table(["point", "role", "measured", "analytic", "error", "compiled", "compiled error"],
+                   [[r.point.id, "fit" if r.point.is_fit else "held-out", seconds(r.point.measured_s),
+                     seconds(r.expected_s), _pct(r.error), seconds(r.compiled_expected_s), _pct(r.compiled_error)]
+                    for r in done], align="llrrrrr") if done else "no point has a compiled time"
+    rows = []
+    for g in report.groups:
+        for half, c in (("held-out", g.compiled_held_out), ("fit", g.compiled_fit)):
+            if c is not None and c.compiled.count:
+                rows.append([g.group, half, str(c.compiled.count), _abs(c.analytic), _ratio(c.analytic),
+                             _abs(c.compiled), _ratio(c.compiled)])
+    out = [points, ""]
+    if rows:
+        out.append(table(["group", "half", "compiled n", "analytic median |err|", "analytic meas/exp",
+                          "compiled median |err|", "compiled meas/exp"], rows, align="llrrrrr"))
+    sample = "every XLA point" if report.sample is None else f"at most {report.sample} XLA points per group"
+    out.append(f"compiled = the TPU compiler's program for the recorded XLA call (perfmodel xla: bundles at the clock, "
+               f"HBM bytes at the achievable rate; tpu-7x/core: compiled for tpu-7x, timed on one core), {sample}")
+    notes = Counter(r.compiled_note for r in report.rows
+                    if r.compiled_expected_s is None and r.compiled_note and r.point.call is not None)
+    if notes:
+        out.append("no compiled time: " + "; ".join(f"{n} x {why}" for why, n in notes.items()))
+    return "\n".join(out)
+
+
 def report_records(report: ValidationReport) -> dict[str, Any]:
     """JSON-ready report: every point with its command, and the summaries."""
     from perfmodel.jsonable import to_jsonable
@@ -392,11 +512,19 @@ def report_records(report: ValidationReport) -> dict[str, Any]:
                "includes_dispatch": r.point.includes_dispatch, "command": r.point.command,
                "measured_s": r.point.measured_s, "floor_s": r.floor_s, "expected_s": r.expected_s,
                "host_dispatch_s": r.dispatch_s, "measured_over_floor": r.measured_over_floor, "error": r.error,
-               "beats_floor": r.beats_floor, "small": r.small, "note": r.point.note} for r in report.rows]
+               "beats_floor": r.beats_floor, "small": r.small, "note": r.point.note,
+               **({"compiled_expected_s": r.compiled_expected_s, "compiled_error": r.compiled_error,
+                   "compiled_note": r.compiled_note} if report.compiled else {})} for r in report.rows]
     pairs = [{"id": q.id, "what": q.what, "base": q.base.point.id, "fast": q.fast.point.id,
               "measured_speedup": q.measured_speedup, "predicted_speedup": q.predicted_speedup, "error": q.error}
              for q in report.pairs]
-    return {"points": points, "groups": to_jsonable(list(report.groups)), "overall": to_jsonable(report.overall),
+    groups = to_jsonable(list(report.groups))
+    if not report.compiled:  # the output without --compile stays as it was
+        for g in groups:
+            g.pop("compiled_held_out", None)
+            g.pop("compiled_fit", None)
+    extra = {"compiled": True, "sample": report.sample} if report.compiled else {}
+    return {**extra, "points": points, "groups": groups, "overall": to_jsonable(report.overall),
             "held_out": to_jsonable(report.held_out), "fit": to_jsonable(report.fit),
             "small_within_2x": report.small_within_2x, "small_count": report.small_count,
             "chips": list(report.chips), "beats_floor": list(report.beats_floor), "pairs": pairs,

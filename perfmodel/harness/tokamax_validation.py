@@ -202,5 +202,6 @@ def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Sk
             id=p["id"], group=group, chip=chip, source=f"{cite}: {p['src']}", role=role(p["id"]),
             measured_s=float(p["measured"]["median_ms"]) * 1e-3, includes_dispatch=False,
             timed=f"tokamax {p['op']} {p['pass']} ({p['implementation']}), device span of one jitted call",
-            parts=tuple(parts)))
+            parts=tuple(parts),
+            call={k: p[k] for k in ("op", "pass", "implementation", "args")}))
     return points, skipped

@@ -1,0 +1,153 @@
+"""Compiler-backed times of tokamax's XLA points (perfmodel.harness.tokamax_compiled): the rebuilt functions trace
+with the recorded output shapes, the --sample choice, `perfmodel validate --compile`'s errors and (slow, libtpu)
+a compile through the --compile path."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.compiler.toolchain import available
+from perfmodel.harness import published_validation as pv
+from perfmodel.harness import tokamax_compiled as tc
+from perfmodel.harness import tokamax_validation as tv
+from perfmodel.hw.registry import get_chip
+
+
+def run(*args, code=0):
+    result = CliRunner().invoke(main, ["validate", *args])
+    assert result.exit_code == code, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def points():
+    return {p.id: p for p in tv.load_points()[0]}
+
+
+def traced(point):
+    import jax
+
+    from perfmodel.schedule.binding import bind_function
+
+    call = tc.compiled_call(point.call)
+    fn, arrays = bind_function(call.target, call.shapes, call.args, get_chip(point.chip))
+    return jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), jax.eval_shape(fn, *arrays))
+
+
+# one recorded point of each op kind (ids of perfmodel/data/validation/tokamax_tpu_calibration.yaml)
+@pytest.mark.parametrize("point_id, expected", [
+    # lhs [131072, 7168] x rhs [256, 7168, 1024] (row-ragged, one weight per group)
+    ("v5e-rd-fwd-xla-002", ((131072, 1024), "bfloat16")),
+    # ragged contraction: out [groups, K, N]
+    ("v5e-rd-fwd-xla-028", ((128, 4096, 1536), "bfloat16")),
+    # q [768, 768, 4, 64] with a bias and a boolean mask
+    ("7x-attn-fwd-xla-009", ((768, 768, 4, 64), "bfloat16")),
+    # dq, dk, dv in the inputs' dtype (f16)
+    ("7x-attn-vjp-xla-005", (((8, 2048, 32, 64), "float16"),) * 3),
+    ("7x-lse-fwd-xla-001", ((), "bfloat16")),
+    # dx [B, H], dw [H, V]
+    ("7x-lse-vjp-xla-001", (((1024, 4096), "bfloat16"), ((4096, 151936), "bfloat16"))),
+    ("7x-norm-fwd-xla-002", ((384, 384, 128), "bfloat16")),
+    ("7x-norm-fwd-xla-004", ((128, 384, 384), "bfloat16")),  # normalized over axis 0
+])
+def test_functions_trace_with_the_recorded_output_shapes(points, point_id, expected):
+    got = traced(points[point_id])
+    assert (tuple(got) if isinstance(got, list) else got) == expected
+
+
+def test_attention_with_residuals_returns_the_softmax_statistics(points):
+    p = next(q for q in points.values() if q.call["op"] == "attention" and q.call["pass"].endswith("residuals)"))
+    out, (peak, total) = traced(p)
+    *lead, s, h, _ = out[0]
+    assert peak == total == ((*lead, h, s), "float32")
+
+
+def test_compiled_call_is_a_perfmodel_xla_command(points):
+    call = tc.compiled_call(points["v5e-rd-fwd-xla-002"].call)
+    assert call.target == "perfmodel.harness.tokamax_compiled:ragged_dot"
+    assert call.shapes == ("lhs=131072x7168:bf16", "rhs=256x7168x1024:bf16")
+    assert "rhs_group=[0]" in call.args and call.command.startswith("perfmodel xla perfmodel.harness")
+    assert tc.compiled_call(points["7x-lse-vjp-xla-001"].call).shapes[-1] == "dout=scalar:bf16"
+
+
+def test_pallas_and_unknown_calls_have_no_function(points):
+    pallas = next(p for p in points.values() if p.call["implementation"].startswith("pallas"))
+    with pytest.raises(ValueError, match="tokamax is not a dependency"):
+        tc.compiled_call(pallas.call)
+    with pytest.raises(ValueError, match="no function yet"):
+        tc.compiled_call({"op": "triangle_multiplication", "pass": "fwd", "implementation": "xla", "args": {}})
+
+
+def test_compile_chip_is_the_whole_chip_of_a_core():
+    assert tc.compile_chip("tpu-7x/core") == "tpu-7x"
+    assert tc.compile_chip("tpu-v5e") == "tpu-v5e"
+
+
+def test_sample_is_deterministic_and_evenly_spaced():
+    groups = {"a": [f"a{i}" for i in range(10)], "b": ["b0", "b1"]}
+    chosen = tc.sample(groups, 3)
+    assert chosen == tc.sample(dict(reversed(groups.items())), 3)  # the same whatever the order of the groups
+    assert chosen == {"a0", "a3", "a6", "b0", "b1"}  # every 10/3-th of a; all of the smaller group
+    assert tc.sample(groups, None) == set(groups["a"] + groups["b"])
+    assert tc.sample(groups, 1) == {"a0", "b0"}
+
+
+def test_without_compile_nothing_changes():
+    report = json.loads(run("--group", "tokamax-v5e-ragged-dot-fwd-xla", "--json"))
+    assert "compiled" not in report and "compiled_expected_s" not in report["points"][0]
+    assert "compiled_fit" not in report["groups"][0]
+
+
+@pytest.mark.parametrize("args, flag", [(("--compile",), "--compile"),
+                                        (("--group", "xla-matmul", "--compile"), "--compile"),
+                                        (("--group", "tokamax", "--sample", "2"), "--sample"),
+                                        (("--group", "tokamax", "--compile", "--sample", "0"), "--sample")])
+def test_compile_errors_are_one_line(args, flag):
+    out = run(*args, code=2)
+    assert len(out.strip().splitlines()) == 1 and flag in out
+
+
+def _hand_made_point():
+    """A 256x256x256 row-ragged dot in 2 groups on TPU v5e."""
+    args = {"lhs": "bf16[256,256]", "rhs": "bf16[2,256,256]", "group_sizes": [100, 156],
+            "ragged_dot_dimension_numbers": {"dot_dimension_numbers": [[[1], [1]], [[], []]],
+                                             "lhs_ragged_dimensions": [0], "rhs_group_dimensions": [0]},
+            "precision": ["DEFAULT", "DEFAULT"]}
+    return pv.ValidationPoint(
+        id="hand-rd", group="tokamax-v5e-ragged-dot-fwd-xla", chip="tpu-v5e", source="test", role="held-out",
+        measured_s=10e-6, includes_dispatch=False, timed="test", parts=tuple(tv.parts_of("ragged_dot", False, "xla",
+                                                                                           args, {})),
+        call={"op": "ragged_dot", "pass": "fwd", "implementation": "xla", "args": args})
+
+
+needs_libtpu = pytest.mark.skipif(not available(), reason="libtpu not installed: pip install -e '.[tpu-compiler]'")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_libtpu
+@needs_libtpu
+def test_hand_made_ragged_dot_compiles_for_v5e():
+    report = pv.run_validation([_hand_made_point()], with_compile=True)
+    (row,) = report.rows
+    assert row.compiled_expected_s > 0 and row.compiled_note == ""
+    assert row.compiled_error == pytest.approx(row.compiled_expected_s / 10e-6 - 1)
+    (group,) = report.groups
+    assert group.compiled_held_out.compiled.count == 1 and group.compiled_fit.compiled.count == 0
+    rec = pv.report_records(report)
+    assert rec["compiled"] is True and rec["points"][0]["compiled_expected_s"] == row.compiled_expected_s
+    assert "compiled median |err|" in pv.report_text(report)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_libtpu
+@needs_libtpu
+def test_cli_compile_json_carries_the_compiled_fields():
+    report = json.loads(run("--group", "tokamax-v5e-ragged-dot-fwd-xla", "--compile", "--sample", "1", "--json"))
+    assert report["compiled"] is True and report["sample"] == 1
+    done = [p for p in report["points"] if p["compiled_expected_s"] is not None]
+    assert len(done) == 1 and done[0]["compiled_expected_s"] > 0 and done[0]["compiled_error"] is not None
+    assert {p["compiled_note"] for p in report["points"] if p["compiled_expected_s"] is None} <= {tc.NOT_SAMPLED}
+    (group,) = report["groups"]
+    assert group["compiled_held_out"]["compiled"]["count"] + group["compiled_fit"]["compiled"]["count"] == 1
