@@ -440,10 +440,11 @@ def report_text(report: ValidationReport) -> str:
               for g in report.groups]
     groups.append(["all", f"{len(report.chips)} chips", *_summary_cells(report.held_out),
                    *_summary_cells(report.fit)[:2]])
-    out.append(table(["group", "chips", "held-out n", "median |err|", "median meas/exp", "worst", "fit n",
+    out.append(table(["group", "chips", "held-out n", "median |err|", "meas/exp", "worst", "fit n",
                       "fit median |err|"], groups, align="llrrrlrr"))
     out.append("")
     out.append(f"expected = device model + host dispatch where the timing includes it; error = expected / measured - 1; "
+               "meas/exp = the held-out points' median measured / expected; "
                f"small ops (floor < {seconds(SMALL_OP_FLOOR_S)}) within 2x: {report.small_within_2x} of "
                f"{report.small_count}")
     if report.compiled:

@@ -35,8 +35,6 @@ from perfmodel.harness.published_validation import ValidationPoint
 TOKAMAX_FILE = "validation/tokamax_tpu_calibration.yaml"
 #: The prefix of every tokamax group (``--group tokamax`` selects them all).
 GROUP_PREFIX = "tokamax"
-#: tokamax's device kind -> (perfmodel chip of ONE JAX device, short name in group names).
-CHIPS = {"TPU v5 lite": ("tpu-v5e", "v5e"), "TPU7x": ("tpu-7x/core", "7x")}
 #: Role of the half of the subset constants may be fitted on.
 FIT_ROLE = "fit:tokamax-subset"
 #: Array dtype names of the recorded arguments -> perfmodel's.
@@ -169,6 +167,17 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
     raise NotModelled(f"{op} {'vjp' if backward else 'fwd'} ({implementation}): no op model yet")
 
 
+def device_chip(device_kind: str) -> tuple[str, str]:
+    """(perfmodel chip of ONE JAX device of ``device_kind``, its short name in group names) through the registry:
+    the whole chip where it is one device (TPU v5e: "tpu-v5e", "v5e"), one TensorCore where each is its own device
+    (TPU7x: "tpu-7x/core", "7x")."""
+    from perfmodel.hw.registry import get_chip
+
+    spec = get_chip(device_kind)
+    name = f"{spec.name}/core" if spec.cores.jax_devices_per_chip > 1 else spec.name
+    return name, spec.name.removeprefix(f"{spec.kind}-")
+
+
 def group_name(chip_short: str, op: str, backward: bool, implementation: str) -> str:
     impl = "pallas" if implementation.startswith("pallas") else implementation.replace("_", "-")
     short = {"linear_softmax_cross_entropy_loss": "cross-entropy"}.get(op, op.replace("_", "-"))
@@ -190,7 +199,7 @@ def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Sk
     cite = data["cite_as"]
     points, skipped = [], []
     for p in data["points"]:
-        chip, short = CHIPS[p["chip"]]
+        chip, short = device_chip(p["chip"])
         backward = p["pass"].startswith("vjp")
         group = group_name(short, p["op"], backward, p["implementation"])
         try:

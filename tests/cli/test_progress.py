@@ -53,7 +53,7 @@ def test_validate_passes_a_progress_callback(monkeypatch):
 
     seen = []
 
-    def fake_run(*, groups, kernels, progress):
+    def fake_run(*, groups, kernels, progress, **options):
         seen.append(progress)
         progress("point-1")
         raise InputError("stop here")
