@@ -139,3 +139,29 @@ def test_validate_one_tokamax_group_text():
 def test_unknown_tokamax_group_names_the_flag():
     out = run("--group", "tokamax-v9-nope", code=2)
     assert "--group" in out and "no such group" in out and "Traceback" not in out
+
+
+def _fit_half_median(loaded, group):
+    """Median measured / expected of a group's fit-half points."""
+    import statistics
+
+    points, _ = loaded
+    rows = [pv.evaluate_point(p) for p in points if p.group == group and p.is_fit]
+    return statistics.median(r.point.measured_s / r.expected_s for r in rows)
+
+
+def test_one_7x_core_shares_are_the_fit_of_the_fit_half(loaded):
+    # efficiency.yaml's tpu-7x/core MXU share is fitted on the fit half of the 7x cross-entropy points and its HBM
+    # share on the fit half of the 7x XLA attention forward points: there, measured / expected is 1 (within 5%).
+    assert 0.95 < _fit_half_median(loaded, "tokamax-7x-attention-fwd-xla") < 1.05
+    assert 0.95 < _fit_half_median(loaded, "tokamax-7x-cross-entropy-fwd-xla") < 1.10
+
+
+def test_the_whole_7x_chip_keeps_the_default_shares():
+    from perfmodel.model.core import ACHIEVABLE
+    from perfmodel.model.efficiency import chip_efficiency
+
+    chip, core = chip_efficiency("tpu-7x"), chip_efficiency("tpu-7x/core")
+    assert chip.hbm_share == ACHIEVABLE["hbm"][0] and "bf16" not in chip.mxu_share
+    assert core.hbm_share < chip.hbm_share and core.mxu_share["bf16"] < ACHIEVABLE["mxu"][0]
+    assert "tokamax" in core.fitted_on["hbm_share"] and "tokamax" in core.fitted_on["mxu_share.bf16"]
