@@ -69,6 +69,9 @@ def precision_option(fn: Any) -> Any:
               "list, e.g. 512,0,1536; empty groups cost nothing); M defaults to their sum.")
 @click.option("--block-m", type=int, default=None, help="With --groups / --group-sizes: the kernel's row tile; the "
               "MXU then issues a whole tile per group in it (padded rows counted).")
+@click.option("--implementation", type=click.Choice(["kernel", "xla"]), default=None, help="With --groups / "
+              "--group-sizes: kernel (a grouped-GEMM kernel; default) or xla (jax.lax.ragged_dot as XLA lowers it, at "
+              "the chip's fitted share of a kernel's MXU rate).")
 @precision_option
 @predict_options
 @user_errors

@@ -81,7 +81,7 @@ def _mxu_dtype(args: dict[str, Any], dtype: str) -> str:
     return operands or dtype
 
 
-def _ragged_dot(args: dict[str, Any]) -> list[Part]:
+def _ragged_dot(args: dict[str, Any], pallas: bool) -> list[Part]:
     ldt, lhs = array(args["lhs"])
     rdt, rhs = array(args["rhs"])
     dn = args["ragged_dot_dimension_numbers"]
@@ -94,7 +94,8 @@ def _ragged_dot(args: dict[str, Any]) -> list[Part]:
         n = rhs[2] if rc == [1] else rhs[1]
         # The Pallas kernel's tile_m is not passed as the row tile: counting a tile that straddles two groups
         # once per group puts 7x-rd-fwd-pl-030 (8 groups of the seed-0 sizes, tile_m 512) above its measurement.
-        return [("gemm", {"m": m, "n": n, "k": k, "group_sizes": ",".join(map(str, sizes)), **dtypes})]
+        params = {"m": m, "n": n, "k": k, "group_sizes": ",".join(map(str, sizes)), **dtypes}
+        return [("gemm", params if pallas else {**params, "implementation": "xla"})]
     if dn["rhs_group_dimensions"] == [] and lc == [0] and rc == [0]:
         # out[g] = lhs[rows of g]^T @ rhs[rows of g]: [K, N] per group, K = lhs's other dim, N = rhs's.
         used, counts = np.unique([s for s in sizes if s > 0], return_counts=True)
@@ -154,7 +155,7 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
     """The perfmodel ops (predict op name, parameters) whose times add up to one recorded tokamax call."""
     pallas = implementation.startswith("pallas")
     if op == "ragged_dot" and not backward:
-        return _ragged_dot(args)
+        return _ragged_dot(args, pallas)
     if op == "attention" and not pallas:
         return _logit_gemms(args, backward)
     if op == "flash_attention" and pallas and not backward:

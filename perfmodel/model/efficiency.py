@@ -33,6 +33,9 @@ class ChipEfficiency:
     gpu_tile: tuple[int, int] | None
     #: TensorCore cycles one gathered row costs (per core); None where no gather was measured.
     gather_row_cycles: float | None
+    #: Share of a grouped GEMM kernel's MXU time that XLA's own lowering of ``jax.lax.ragged_dot`` reaches on
+    #: this chip (its Mosaic ragged-dot kernel); None where it was not measured.
+    xla_ragged_dot_share: float | None
     #: Field -> the measurement it was fitted on.
     fitted_on: dict[str, str]
 
@@ -67,6 +70,7 @@ def chip_efficiency(chip_name: str) -> ChipEfficiency:
         hbm_share=float(entry.get("hbm_share", ACHIEVABLE["hbm"][0])),
         gpu_tile=None if tile is None else (int(tile[0]), int(tile[1])),
         gather_row_cycles=_gather_cycles(entry),
+        xla_ragged_dot_share=None if entry.get("xla_ragged_dot_share") is None else float(entry["xla_ragged_dot_share"]),
         fitted_on=dict(entry.get("fitted_on", {})),
     )
 

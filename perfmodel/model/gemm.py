@@ -267,10 +267,16 @@ def grouped_gemm(
     weight_scale: str | None = None,
     scale_block: int | None = None,
     block_m: int | None = None,
+    implementation: str = "kernel",
     chip: object | None = None,
 ) -> OpCost:
     """Grouped GEMM (mixture of experts): rows of ``lhs [m, k]`` sorted by group, group g's rows times
     ``rhs[g] [k, n]`` (megablox's gmm; the bundled ``kernels/grouped_matmul``).
+
+    ``implementation``: "kernel" (a grouped-GEMM kernel: megablox, tokamax, the bundled one) or "xla"
+    (``jax.lax.ragged_dot`` as XLA lowers it: its own Mosaic ragged-dot kernel, whose MXU time is the
+    kernel's divided by the chip's fitted ``xla_ragged_dot_share``, perfmodel/data/calibration/efficiency.yaml;
+    a chip without one is priced as a kernel, with a note).
 
     The work of a GEMM per non-empty group (:func:`gemm`, one batch entry per group of each size): each touched
     group's weights (and scales) are read once, an empty group costs nothing, each row of lhs is read and each
@@ -300,7 +306,22 @@ def grouped_gemm(
         path = matmul_path(chip, parse_dtype(lhs_dtype), parse_dtype(rhs_dtype))
         total_fields["mxu_flops"] = fval(mxu_issued_flops(visits * block, n, k, 1, tiles, path.passes))
         notes += (f"{visits} row tiles of {block} issued (tiles straddling groups computed once per group)",)
-    return dataclasses.replace(parts[0], name="grouped_gemm", notes=notes, **total_fields,
+    efficiency = parts[0].mxu_efficiency
+    if implementation == "xla":
+        from perfmodel.model.efficiency import chip_efficiency
+
+        share = None if chip is None else chip_efficiency(chip.name).xla_ragged_dot_share  # type: ignore[attr-defined]
+        if share is None:
+            notes += ("implementation xla: no fitted share of XLA's ragged_dot lowering for this chip; priced as a "
+                      "grouped-GEMM kernel",)
+        else:
+            efficiency = efficiency * share
+            notes += (f"implementation xla: XLA's ragged_dot kernel at {share:.2f} of a grouped-GEMM kernel's MXU "
+                      "rate (fitted, efficiency.yaml)",)
+    elif implementation != "kernel":
+        raise InputError(f"`implementation` '{implementation}': one of kernel (a grouped-GEMM kernel), xla "
+                         "(jax.lax.ragged_dot lowered by XLA)", fields=("implementation",))
+    return dataclasses.replace(parts[0], name="grouped_gemm", notes=notes, **total_fields, mxu_efficiency=efficiency,
                                metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0))})
 
 

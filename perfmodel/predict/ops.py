@@ -87,15 +87,17 @@ def blame_context(field: str) -> Iterator[None]:
 # ----------------------------------------------------------------------------- builders
 
 
-def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any = None, **params: Any) -> Any:
+def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any = None, implementation: Any = None,
+         **params: Any) -> Any:
     """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm); with ``groups`` (M rows split evenly) or
     ``group_sizes`` the grouped GEMM of mixture of experts (perfmodel.model.gemm.grouped_gemm)."""
     from perfmodel.model import gemm as models
 
     if groups is None and group_sizes is None:
-        if block_m is not None:
-            raise InputError("`block_m`: only for a grouped GEMM; add `groups` or `group_sizes`",
-                             fields=("block_m", "groups"))
+        for name, value in (("block_m", block_m), ("implementation", implementation)):
+            if value is not None:
+                raise InputError(f"`{name}`: only for a grouped GEMM; add `groups` or `group_sizes`",
+                                 fields=(name, "groups"))
         return models.gemm(chip=chip, **params)
     if groups is not None and group_sizes is not None:
         raise InputError("give one of `groups` (even split) and `group_sizes`", fields=("groups", "group_sizes"))
@@ -110,7 +112,7 @@ def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any
     return models.grouped_gemm(chip=chip, group_sizes=sizes, m=m, n=params["n"], k=params["k"],
                                lhs_dtype=params.get("lhs_dtype", "bf16"), rhs_dtype=params.get("rhs_dtype", "bf16"),
                                out_dtype=params.get("out_dtype", "bf16"), weight_scale=params.get("weight_scale"),
-                               block_m=block_m)
+                               block_m=block_m, implementation=implementation or "kernel")
 
 
 def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, kv_heads: Any = None,

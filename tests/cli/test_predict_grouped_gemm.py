@@ -46,3 +46,28 @@ def test_grouped_errors_name_the_flags():
     assert "--epilogue: not modelled for a grouped GEMM" in out
     out = run("-m", "64", "-k", "128", "-n", "128", "--block-m", "16", code=2)
     assert "--block-m: only for a grouped GEMM" in out
+
+
+def test_xla_implementation_runs_at_the_fitted_share_of_a_kernel():
+    # 8192 rows over 8 experts, K = 4096, N = 14336 bf16 on v5e: 962 GFLOP, MXU-bound. jax.lax.ragged_dot as XLA
+    # lowers it gets the same work at v5e's fitted xla_ragged_dot_share of the kernel's MXU rate, so its MXU time
+    # is the kernel's / share; the floor (peak rates) is the same.
+    from perfmodel.model.efficiency import chip_efficiency
+
+    args = ("-m", "8192", "-k", "4096", "-n", "14336", "--groups", "8", "--json")
+    kernel = json.loads(run(*args))[0]
+    xla = json.loads(run(*args, "--implementation", "xla"))[0]
+    share = chip_efficiency("tpu-v5e").xla_ragged_dot_share
+    assert 0 < share < 1
+    assert xla["cost"]["mxu_flops"] == kernel["cost"]["mxu_flops"]
+    assert xla["roofline"]["floor_s"] == kernel["roofline"]["floor_s"]
+    assert xla["cost"]["mxu_efficiency"] == kernel["cost"]["mxu_efficiency"] * share
+    assert xla["roofline"]["expected_s"] > 2 * kernel["roofline"]["expected_s"]
+    assert any("implementation xla" in n for n in xla["cost"]["notes"])
+
+
+def test_implementation_is_for_a_grouped_gemm_only():
+    out = run("-m", "64", "-k", "128", "-n", "128", "--implementation", "xla", code=2)
+    assert "--implementation" in out and "--groups" in out and "Traceback" not in out
+    out = run("-m", "64", "-k", "128", "-n", "128", "--groups", "2", "--implementation", "cuda", code=2)
+    assert "--implementation" in out

@@ -165,3 +165,23 @@ def test_the_whole_7x_chip_keeps_the_default_shares():
     assert chip.hbm_share == ACHIEVABLE["hbm"][0] and "bf16" not in chip.mxu_share
     assert core.hbm_share < chip.hbm_share and core.mxu_share["bf16"] < ACHIEVABLE["mxu"][0]
     assert "tokamax" in core.fitted_on["hbm_share"] and "tokamax" in core.fitted_on["mxu_share.bf16"]
+
+
+def test_xla_ragged_dot_shares_are_the_fit_of_the_fit_half(loaded):
+    # efficiency.yaml's xla_ragged_dot_share per chip is fitted on the fit half's row-ragged XLA ragged_dot points.
+    import statistics
+
+    points, _ = loaded
+    for group in ("tokamax-v5e-ragged-dot-fwd-xla", "tokamax-7x-ragged-dot-fwd-xla"):
+        ratios = [p.measured_s / pv.evaluate_point(p).expected_s for p in points if p.group == group and p.is_fit
+                  and any(params.get("implementation") == "xla" for _, params in p.parts)]
+        assert len(ratios) >= 10 and 0.95 < statistics.median(ratios) < 1.05
+
+
+def test_xla_ragged_dot_points_name_the_implementation():
+    (op, p), = tv.parts_of("ragged_dot", False, "xla",
+                           _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    assert p["implementation"] == "xla"
+    (op, p), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu",
+                           _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    assert "implementation" not in p
