@@ -71,6 +71,7 @@ def write_cmd(file: str, calls_path: str | None, chips: str | None, workers: int
     from pathlib import Path
 
     from perfmodel.harness import baseline as lib
+    from perfmodel.harness import baseline_report as rep
 
     fmt = output_format(as_json)
     calls = _calls(calls_path, chips)
@@ -80,8 +81,8 @@ def write_cmd(file: str, calls_path: str | None, chips: str | None, workers: int
         records = tuple(r for r in lib.read(file).records if r.chip not in done) + tuple(records)
     libtpu, jax_version = lib.libtpu_versions()
     path = lib.write(file, records, libtpu_version=libtpu, jax_version=jax_version)
-    emit(fmt, text=lambda: lib.records_text(records) + f"\nwrote {path}: {len(records)} record(s), libtpu {libtpu}",
-         json=lambda: {"file": str(path), "libtpu_version": libtpu, "records": lib.records_json(records)})
+    emit(fmt, text=lambda: rep.records_text(records) + f"\nwrote {path}: {len(records)} record(s), libtpu {libtpu}",
+         json=lambda: {"file": str(path), "libtpu_version": libtpu, "records": rep.records_json(records)})
 
 
 @baseline.command("check", context_settings=_CTX)
@@ -98,6 +99,7 @@ def check_cmd(file: str, calls_path: str | None, chips: str | None, workers: int
     fill appears, scoped VMEM passes the chip's limit or a call stops compiling. After an intended change, rewrite
     the file in the same commit (perfmodel baseline write FILE)."""
     from perfmodel.harness import baseline as lib
+    from perfmodel.harness import baseline_report as rep
 
     if markdown and as_json:
         raise UserError("--markdown and --json: pick one output format")
@@ -111,12 +113,12 @@ def check_cmd(file: str, calls_path: str | None, chips: str | None, workers: int
     note = "" if stored.libtpu_version in (None, libtpu) else \
         f"\nnote: {file} was written with libtpu {stored.libtpu_version}, this check compiled with {libtpu}"
     if as_json:
-        echo_json({**lib.report_records(rows, tolerance), "file": file, "libtpu_version": libtpu,
+        echo_json({**rep.report_records(rows, tolerance), "file": file, "libtpu_version": libtpu,
                    "baseline_libtpu_version": stored.libtpu_version})
     elif markdown:
-        click.echo(lib.report_markdown(rows, tolerance) + note)
+        click.echo(rep.report_markdown(rows, tolerance) + note)
     else:
-        echo_text(lib.report_text(rows, tolerance) + note)
+        echo_text(rep.report_text(rows, tolerance) + note)
     if lib.regressions(rows):
         raise UserError(f"{len(lib.regressions(rows))} regression(s) against {file}; if intended, rewrite it in "
                         f"the same commit: perfmodel baseline write {file}", exit_code=1)
@@ -157,35 +159,37 @@ def table_cmd(file: str, kernel: str | None, readme: str | None, as_json: bool) 
     from perfmodel.compiler.toolchain import compile_targets
     from perfmodel.errors import InputError
     from perfmodel.harness import baseline as lib
+    from perfmodel.harness import baseline_report as rep
+    from perfmodel.fileio import write_text_atomic
 
     stored = lib.read(file)
     order = tuple(compile_targets())  # oldest generation first, whatever order the file's records are in
     if readme is None:
         if as_json:
             echo_json({"file": file, "libtpu_version": stored.libtpu_version,
-                       "kernels": lib.tables_json(stored.records, order, kernel)})
+                       "kernels": rep.tables_json(stored.records, order, kernel)})
         else:  # markdown lines are never wrapped to the terminal (echo_text would break a table row)
-            click.echo(lib.tables_markdown(lib.kernel_tables(stored.records, order, kernel)))
+            click.echo(rep.tables_markdown(rep.kernel_tables(stored.records, order, kernel)))
         return
     try:
         text = Path(readme).read_text()
     except OSError as exc:
         raise InputError(f"--write-readme {readme}: cannot read it ({exc.strerror or exc}); give the markdown file "
                          "holding the baseline-table markers, e.g. kernels/README.md") from None
-    tables = lib.kernel_tables(stored.records, order)
+    tables = rep.kernel_tables(stored.records, order)
     if kernel is not None:
-        lib.kernel_tables(stored.records, order, kernel)  # an unknown --kernel fails as it does without a README
-    caption = lib.readme_caption(_shown(file), _shown(readme), stored.libtpu_version)
+        rep.kernel_tables(stored.records, order, kernel)  # an unknown --kernel fails as it does without a README
+    caption = rep.readme_caption(_shown(file), _shown(readme), stored.libtpu_version)
     only = None if kernel is None else [kernel]
-    marked = [k for k, _, _ in lib.readme_regions(text, readme)]
-    stale = [k for k in lib.stale_regions(text, tables, caption, readme) if only is None or k in only]
-    new = lib.fill_readme(text, tables, caption, where=readme, only=only)
+    marked = [k for k, _, _ in rep.readme_regions(text, readme)]
+    stale = [k for k in rep.stale_regions(text, tables, caption, readme) if only is None or k in only]
+    new = rep.fill_readme(text, tables, caption, where=readme, only=only)
     if new != text:
-        lib.write_text_atomic(readme, new)
+        write_text_atomic(readme, new)
     without = [k for k in tables if k not in marked and (only is None or k in only)]
     unchanged = [k for k in marked if k not in stale and (only is None or k in only)]
-    note = f"; no marked region for {', '.join(without)} (add {lib.README_OPEN.format(kernel=without[0])} " \
-           f"... {lib.README_CLOSE} where its table belongs)" if without else ""
+    note = f"; no marked region for {', '.join(without)} (add {rep.README_OPEN.format(kernel=without[0])} " \
+           f"... {rep.README_CLOSE} where its table belongs)" if without else ""
     emit(output_format(as_json),
          text=lambda: f"{readme}: {len(stale)} table(s) rewritten{' (' + ', '.join(stale) + ')' if stale else ''}, "
                       f"{len(unchanged)} unchanged{note}",

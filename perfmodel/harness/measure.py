@@ -19,7 +19,7 @@ calls, by one of two timers (``timer``):
   as the dispatch estimate.
 * "device": the ``repeat`` calls run under ``jax.profiler.trace``, each in a
   trace annotation of its own, and the trace is read with xprof's converters
-  (:func:`perfmodel.harness.profile.read_timeline`). Per call: the device span
+  (:func:`perfmodel.harness.profile_timeline.read_timeline`). Per call: the device span
   (first op start to last op end of the ops that start in the call's window),
   the kernel's own op events summed (those named like the call's kernel custom
   call; every op when the compiled module has none, e.g. on the CPU backend),
@@ -198,7 +198,7 @@ def device_times(fn: Callable, args: Sequence[Any], *, warmup: int, repeat: int,
     untimed ones) run under jax.profiler.trace; DeviceTimerError when the trace cannot be taken or read."""
     import jax
 
-    from perfmodel.harness import profile as prof
+    from perfmodel.harness import profile_timeline as prof
 
     try:
         import xprof.convert.raw_to_tool_data  # noqa: F401  (the trace's reader: fail before running anything)

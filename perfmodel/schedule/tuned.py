@@ -290,11 +290,10 @@ def write_tuned_defaults(kernel: str | TunedKernel, path: str | Path | None = No
     if compiler is not None:
         data["compiler"] = compiler
     path = Path(path) if path is not None else tuned_path(spec.kernel)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written whole, then renamed: a crash never leaves a kernel with half a defaults file.
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    partial.replace(path)
+    from perfmodel.fileio import write_text_atomic
+
+    # Written whole: a crash never leaves a kernel with half a defaults file.
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
     load_tuned_file.cache_clear()
     return path
 

@@ -10,6 +10,7 @@ from perfmodel.cli.main import main
 from perfmodel.compiler.toolchain import available
 from perfmodel.errors import InputError
 from perfmodel.harness import baseline as bl
+from perfmodel.harness import baseline_report as rep
 
 MIB = 1 << 20
 
@@ -101,7 +102,7 @@ def test_negative_tolerance_is_an_input_error():
 def test_markdown_shape():
     rows = bl.compare([rec("a"), rec("b|x"), rec("c")],
                       [rec("a", loop_bundles_per_step=1100), rec("b|x"), rec("c", spills_per_step=2)])
-    md = bl.report_markdown(rows, 0.02)
+    md = rep.report_markdown(rows, 0.02)
     lines = md.splitlines()
     assert lines[0].startswith("### perfmodel baseline check :x:")
     assert "2 regression(s) in 3 call(s)" in md
@@ -113,15 +114,15 @@ def test_markdown_shape():
     assert table[1] == "|" + "---|" * (cols - 1)
     assert "1,000 -> 1,100 (+10.0%)" in md and "**FAIL** grew" in md
     assert "<details><summary>1 unchanged</summary>" in md and "b\\|x" in md
-    ok = bl.report_markdown(bl.compare([rec()], [rec()]), 0.02)
+    ok = rep.report_markdown(bl.compare([rec()], [rec()]), 0.02)
     assert ":white_check_mark:" in ok and "no regression" in ok
 
 
 def test_text_and_json_reports():
     rows = bl.compare([rec()], [rec(loop_bundles_per_step=2000)])
-    text = bl.report_text(rows, 0.02)
+    text = rep.report_text(rows, 0.02)
     assert "FAIL k on tpu-v5e: every-step bundles +100.0% (past 2.0%)" in text
-    data = bl.report_records(rows, 0.02)
+    data = rep.report_records(rows, 0.02)
     assert data["regressions"] == 1 and data["rows"][0]["old"]["loop_bundles_per_step"] == 1000
     json.dumps(data)
 
@@ -235,7 +236,7 @@ def test_write_then_check_round_trip(tmp_path):
     data = json.loads(run("check", str(path), "--calls", str(calls), "--json"))
     assert data["regressions"] == 0 and data["rows"][0]["verdict"] == "same"
     # a baseline that claims fewer bundles: the same compile now regresses, exit 1, markdown names it
-    bl.write(path, [bl.BaselineRecord(**{**bl.records_json([r])[0], "notes": (),
+    bl.write(path, [bl.BaselineRecord(**{**rep.records_json([r])[0], "notes": (),
                                          "loop_bundles_per_step": r.loop_bundles_per_step // 2})])
     md = run("check", str(path), "--calls", str(calls), "--markdown", code=1)
     assert "**FAIL** grew" in md and "| rms_norm small | tpu-v5e |" in md

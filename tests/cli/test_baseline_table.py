@@ -11,6 +11,7 @@ from perfmodel.cli.main import main
 from perfmodel.compiler.toolchain import compile_targets
 from perfmodel.errors import InputError
 from perfmodel.harness import baseline as bl
+from perfmodel.harness import baseline_report as rep
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ROOT / "kernels" / "baseline.json"
@@ -41,17 +42,17 @@ def run(*args, code=0):
 
 
 def test_a_row_in_si_and_binary_units_with_counts_grouped():
-    (row,) = body_rows(bl.kernel_table([rec()]))
+    (row,) = body_rows(rep.kernel_table([rec()]))
     assert row == ["tpu-v5e", "k 1x1", "12,345 / 67", "1.50 ms", "12.5 MiB", "1,200 / 3", "4"]
-    (row,) = body_rows(bl.kernel_table([rec(compiled_time_s=2.5e-6, scoped_vmem_bytes=352 * 1024)]))
+    (row,) = body_rows(rep.kernel_table([rec(compiled_time_s=2.5e-6, scoped_vmem_bytes=352 * 1024)]))
     assert row[3:5] == ["2.50 µs", "352 KiB"]
 
 
 def test_missing_figures_and_a_call_that_does_not_compile():
-    (row,) = body_rows(bl.kernel_table([rec(compiled_time_s=None, predicated_bundles_per_step=None)]))
+    (row,) = body_rows(rep.kernel_table([rec(compiled_time_s=None, predicated_bundles_per_step=None)]))
     assert row[2:4] == ["12,345 / -", "-"]
     failed = bl.BaselineRecord(name="k 1x1", chip="tpu-v4", target="k", compiled=False, error="boom | bad")
-    (row,) = body_rows(bl.kernel_table([failed]))
+    (row,) = body_rows(rep.kernel_table([failed]))
     assert row[:2] == ["tpu-v4", "k 1x1 (does not compile)"] and set(row[2:]) == {"-"}
 
 
@@ -60,30 +61,30 @@ def test_one_table_per_kernel_one_row_per_chip_in_chip_order():
     # as `baseline write --chips tpu-v4` leaves a file: the rewritten chip's records at the end
     records = [rec(chip="tpu-v6e"), rec(chip="tpu-v5e"), rec(name="m 2x2", target="m", chip="tpu-v5e"),
                rec(chip="tpu-v4"), rec(name="k 3x3", chip="tpu-v4")]
-    tables = bl.kernel_tables(records, order)
+    tables = rep.kernel_tables(records, order)
     assert list(tables) == ["k", "m"]  # kernels in order of first appearance
     assert [(r[1], r[0]) for r in body_rows(tables["k"])] == [
         ("k 1x1", "tpu-v4"), ("k 1x1", "tpu-v5e"), ("k 1x1", "tpu-v6e"), ("k 3x3", "tpu-v4")]
     assert [r[0] for r in body_rows(tables["m"])] == ["tpu-v5e"]
     # without an order: the records' order; a chip the order lacks goes last
-    assert [r[0] for r in body_rows(bl.kernel_tables(records)["k"])][:3] == ["tpu-v6e", "tpu-v5e", "tpu-v4"]
-    assert [r[0] for r in body_rows(bl.kernel_tables(records, ("tpu-v5e",))["k"])][:3] == \
+    assert [r[0] for r in body_rows(rep.kernel_tables(records)["k"])][:3] == ["tpu-v6e", "tpu-v5e", "tpu-v4"]
+    assert [r[0] for r in body_rows(rep.kernel_tables(records, ("tpu-v5e",))["k"])][:3] == \
         ["tpu-v5e", "tpu-v6e", "tpu-v4"]
 
 
 def test_header_and_a_pipe_in_a_call_name_is_escaped():
-    table = bl.kernel_table([rec(name="a|b")])
+    table = rep.kernel_table([rec(name="a|b")])
     head, rule, row = table.splitlines()
-    assert head == "| " + " | ".join(bl.TABLE_HEADERS) + " |"
-    assert rule.count("|") == len(bl.TABLE_HEADERS) + 1 and "a\\|b" in row
+    assert head == "| " + " | ".join(rep.TABLE_HEADERS) + " |"
+    assert rule.count("|") == len(rep.TABLE_HEADERS) + 1 and "a\\|b" in row
 
 
 def test_one_kernel_and_an_unknown_one():
     records = [rec(), rec(name="m", target="m")]
-    assert list(bl.kernel_tables(records, kernel="m")) == ["m"]
+    assert list(rep.kernel_tables(records, kernel="m")) == ["m"]
     with pytest.raises(InputError, match="'nope' has no records in the baseline; its kernels: k, m"):
-        bl.kernel_tables(records, kernel="nope")
-    assert [k["kernel"] for k in bl.tables_json(records, kernel="k")] == ["k"]
+        rep.kernel_tables(records, kernel="nope")
+    assert [k["kernel"] for k in rep.tables_json(records, kernel="k")] == ["k"]
 
 
 # ----------------------------------------------------------------------------- README regions
@@ -104,13 +105,13 @@ prose after
 
 def test_fill_readme_rewrites_only_the_marked_regions():
     tables = {"k": "| K |", "m": "| M |"}
-    out = bl.fill_readme(DOC, tables, "caption")
-    assert out.replace(bl.region_body("| K |", "caption"), "stale text\n", 1) \
-              .replace(bl.region_body("| M |", "caption"), "", 1) == DOC
-    assert bl.stale_regions(DOC, tables, "caption") == ["k", "m"]
-    assert bl.stale_regions(out, tables, "caption") == []
-    assert bl.fill_readme(out, tables, "caption") == out  # idempotent
-    only_m = bl.fill_readme(DOC, tables, "caption", only=["m"])
+    out = rep.fill_readme(DOC, tables, "caption")
+    assert out.replace(rep.region_body("| K |", "caption"), "stale text\n", 1) \
+              .replace(rep.region_body("| M |", "caption"), "", 1) == DOC
+    assert rep.stale_regions(DOC, tables, "caption") == ["k", "m"]
+    assert rep.stale_regions(out, tables, "caption") == []
+    assert rep.fill_readme(out, tables, "caption") == out  # idempotent
+    only_m = rep.fill_readme(DOC, tables, "caption", only=["m"])
     assert "stale text" in only_m and "| M |" in only_m and "| K |" not in only_m
 
 
@@ -123,12 +124,12 @@ def test_fill_readme_rewrites_only_the_marked_regions():
 ])
 def test_malformed_markers_name_the_line(text, message):
     with pytest.raises(InputError, match=message):
-        bl.readme_regions(text, "doc.md")
+        rep.readme_regions(text, "doc.md")
 
 
 def test_a_region_of_a_kernel_the_baseline_lacks_is_an_error():
     with pytest.raises(InputError, match="region 'm' names no kernel of the baseline; its kernels: k"):
-        bl.fill_readme(DOC, {"k": "| K |"}, "caption", where="doc.md")
+        rep.fill_readme(DOC, {"k": "| K |"}, "caption", where="doc.md")
 
 
 # ----------------------------------------------------------------------------- the committed README
@@ -138,16 +139,16 @@ def test_kernels_readme_tables_match_the_baseline():
     """kernels/README.md's marked tables are what kernels/baseline.json renders, and every kernel of the baseline
     has one (after `perfmodel baseline write kernels/baseline.json`, regenerate them)."""
     stored = bl.read(BASELINE)
-    tables = bl.kernel_tables(stored.records, tuple(compile_targets()))
-    caption = bl.readme_caption("kernels/baseline.json", "kernels/README.md", stored.libtpu_version)
+    tables = rep.kernel_tables(stored.records, tuple(compile_targets()))
+    caption = rep.readme_caption("kernels/baseline.json", "kernels/README.md", stored.libtpu_version)
     text = README.read_text()
-    stale = bl.stale_regions(text, tables, caption, "kernels/README.md")
+    stale = rep.stale_regions(text, tables, caption, "kernels/README.md")
     assert not stale, (f"kernels/README.md's baseline tables of {', '.join(stale)} differ from kernels/baseline.json; "
                        f"regenerate them from the repository root: {REGENERATE}")
-    marked = {k for k, _, _ in bl.readme_regions(text)}
+    marked = {k for k, _, _ in rep.readme_regions(text)}
     missing = [k for k in tables if k not in marked]
     assert not missing, (f"kernels/baseline.json records {', '.join(missing)} but kernels/README.md has no table of "
-                         f"it: add {bl.README_OPEN.format(kernel=missing[0])} and {bl.README_CLOSE} to its section, "
+                         f"it: add {rep.README_OPEN.format(kernel=missing[0])} and {rep.README_CLOSE} to its section, "
                          f"then run {REGENERATE}")
 
 

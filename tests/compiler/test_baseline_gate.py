@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfmodel.harness import baseline
+from perfmodel.harness import baseline_report as rep
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_libtpu]
 
@@ -20,6 +21,6 @@ def test_no_kernel_regressed_against_the_baseline():
     rows = baseline.compare(stored.records, baseline.record(baseline.default_calls(), workers=2))
     bad = baseline.regressions(rows)
     assert not bad, ("kernels regressed against kernels/baseline.json; if intended, run `perfmodel baseline "
-                     "write kernels/baseline.json` in the same commit\n\n" + baseline.report_markdown(rows, 0.02))
+                     "write kernels/baseline.json` in the same commit\n\n" + rep.report_markdown(rows, 0.02))
     # every default call is in the baseline: a new kernel or chip is recorded when it is added
-    assert not [r for r in rows if r.verdict in ("new", "missing")], baseline.report_text(rows, 0.02)
+    assert not [r for r in rows if r.verdict in ("new", "missing")], rep.report_text(rows, 0.02)

@@ -24,7 +24,7 @@ from perfmodel.harness.measure import (
     device_times,
     per_call_times,
 )
-from perfmodel.harness.profile import Timeline, TraceEvent, timeline_events
+from perfmodel.harness.profile_timeline import Timeline, TraceEvent, timeline_events
 from perfmodel.harness.records import (
     DISPATCH_TIMER,
     KERNEL_TIMER,
