@@ -45,7 +45,7 @@ THIRDPARTY := .thirdparty
 thirdparty-checks: $(STAMP)
 	$(BIN)/pip install -q --no-deps --target $(THIRDPARTY) -r .ci/thirdparty-requirements.txt \
 		|| echo "thirdparty-checks: installing .ci/thirdparty-requirements.txt failed; the tests below skip"
-	PYTHONPATH=$(abspath $(THIRDPARTY)) $(BIN)/python -m pytest tests/schedule/test_sched_thirdparty.py -rs
+	PYTHONPATH=$(abspath $(THIRDPARTY)) $(BIN)/python -m pytest tests/schedule/test_sched_thirdparty.py tests/harness/test_tokamax_analyze.py -rs
 
 # The shown outputs of README.md and the reference pages (every README.md under the project folders) against the tool as it is now (python tests/readme_examples.py --write regenerates them).
 readme-check: $(STAMP)

@@ -26,10 +26,14 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
               help="With --compile: at most N XLA points of each tokamax group, evenly spaced (default: all).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --compile: compiles at a time.")
+@click.option("--pallas", type=click.Choice(["op-model", "analyze"]), default="op-model", show_default=True,
+              help="tokamax groups: how their Pallas points are modelled: by the op models of the work they do, or "
+                   "by perfmodel.analyze on tokamax's own kernels at the recorded block configs (needs tokamax "
+                   "importable; models the backward and fused cross-entropy kernels too).")
 @json_option
 @user_errors
 def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, with_compile: bool,
-             sample: int | None, jobs: int, as_json: bool) -> None:
+             sample: int | None, jobs: int, pallas: str, as_json: bool) -> None:
     """Run every published measurement of perfmodel/data/validation/ through the same library calls as
     `perfmodel predict` / `perfmodel analyze` and print measured vs floor vs expected, the error, and the
     median and worst error per group (points used to fit a constant apart from the held-out ones), and the
@@ -42,6 +46,7 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, wit
       perfmodel validate
       perfmodel validate --group gpu-gemm --json
       perfmodel validate --group tokamax --compile --sample 4
+      perfmodel validate --group tokamax --pallas analyze
     """
     from perfmodel.harness.published_validation import report_records, report_text, run_validation
 
@@ -57,7 +62,7 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, wit
             return
     with Progress("validate") as bar:
         report = run_validation(groups=groups, kernels=not no_kernels, progress=bar, with_compile=with_compile,
-                                sample=sample, jobs=jobs)
+                                sample=sample, jobs=jobs, pallas=pallas)
     emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))
     if report.beats_floor:
         raise UserError(f"{len(report.beats_floor)} measurement(s) faster than their floor: "

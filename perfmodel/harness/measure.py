@@ -315,7 +315,7 @@ def timing(times: Sequence[float], *, warmup: int, dispatch_s: float | None) -> 
 def predict_call(entry: Any, specs: Mapping[str, Any], blocks: Mapping[str, int] | None, chip: ChipSpec,
                  static: Mapping[str, Any], *, dispatch_s: float) -> CallPrediction:
     """Op floor and the schedule model's expected time of one catalog kernel call."""
-    from perfmodel.model.core import ACHIEVABLE
+    from perfmodel.model.efficiency import kernel_shares
     from perfmodel.schedule.analyze import analyze
     from perfmodel.schedule.timing import DISPATCH_DOMINATED_RATIO
 
@@ -340,7 +340,7 @@ def predict_call(entry: Any, specs: Mapping[str, Any], blocks: Mapping[str, int]
         expected_source="schedule model",
         schedule_limiter=main.time.limiter,
         limiting_unit=unit,
-        model_factor=ACHIEVABLE[unit][0] if unit in ACHIEVABLE else None,
+        model_factor=kernel_shares(chip).get(unit),
         useful_flops=float(sum(k.work.mxu_useful_flops for k in analysis.kernels)),
         mxu_dtype=main.work.mxu_dtype,
         ideal_hbm_bytes=float(sum(k.ideal_hbm_bytes for k in analysis.kernels)),

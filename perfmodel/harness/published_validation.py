@@ -75,6 +75,9 @@ class ValidationPoint:
     #: The recorded call as its source gives it (tokamax points: op, pass, implementation, args), for the
     #: compiler-backed path (:mod:`perfmodel.harness.tokamax_compiled`).
     call: dict[str, Any] | None = None
+    #: A tokamax Pallas point modelled by perfmodel.analyze on tokamax's own kernel (``call`` holds the op,
+    #: arguments and config; :mod:`perfmodel.harness.tokamax_analyze`).
+    tokamax_kernel: bool = False
 
     @property
     def is_fit(self) -> bool:
@@ -87,6 +90,8 @@ class ValidationPoint:
             name = f"--config {self.model}/config.json" if self.hf_config else self.model
             return "; ".join(f"perfmodel predict model {name} --hw {self.chip} {_flags(s, skip=('count',))}"
                              + (f" (x{s['count']})" if s.get("count", 1) != 1 else "") for s in self.steps)
+        if self.tokamax_kernel:
+            return f"perfmodel validate --group {self.group} --pallas analyze (perfmodel.analyze on {self.call['tokamax_op']})"
         if self.op is not None or self.parts:
             return "; ".join(_predict_command(op, params, self.chip)
                              for op, params in (self.parts or ((self.op, self.params or {}),)))
@@ -281,6 +286,11 @@ def evaluate_point(p: ValidationPoint) -> ValidationRow:
             expected += count * float(pred.expected_s)
             calls += count
         return ValidationRow(point=p, floor_s=floor, expected_s=expected + calls * dispatch, dispatch_s=calls * dispatch)
+    if p.tokamax_kernel:
+        from perfmodel.harness.tokamax_analyze import analyze_call
+
+        t = analyze_call(p.call or {}, chip)
+        return ValidationRow(point=p, floor_s=t.floor_s, expected_s=t.expected_s + dispatch, dispatch_s=dispatch)
     if p.op is not None or p.parts:
         from perfmodel.predict.ops import predict_op
 
@@ -322,10 +332,12 @@ def model_config_from_hf(name: str, hf_config: dict[str, Any]) -> Any:
 
 def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: Sequence[str] = (),
                    kernels: bool = True, progress: Callable[[str], None] | None = None, with_compile: bool = False,
-                   sample: int | None = None, jobs: int = 1) -> ValidationReport:
+                   sample: int | None = None, jobs: int = 1, pallas: str = "op-model") -> ValidationReport:
     """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall.
     ``with_compile``: also a compiler-backed time for each tokamax XLA point (``sample``: at most that many per group,
-    evenly spaced; ``jobs`` compiles at a time), see :mod:`perfmodel.harness.tokamax_compiled`."""
+    evenly spaced; ``jobs`` compiles at a time), see :mod:`perfmodel.harness.tokamax_compiled`. ``pallas``: how
+    the tokamax Pallas points are modelled (:data:`perfmodel.harness.tokamax_validation.PALLAS_PATHS`; "analyze"
+    needs tokamax importable)."""
     from perfmodel.errors import InputError
     from perfmodel.harness import tokamax_validation as tokamax
 
@@ -334,6 +346,16 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
         flag = "--compile" if with_compile else "--sample"
         raise InputError(f"`{flag.lstrip('-')}`: compiled times are for the tokamax groups only; add "
                          f"--group tokamax (or one tokamax-... group)", fields=(flag.lstrip("-"),))
+    wants_tokamax = any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-") for g in groups)
+    if pallas not in tokamax.PALLAS_PATHS:
+        raise InputError(f"`pallas` '{pallas}': use one of {', '.join(tokamax.PALLAS_PATHS)}", fields=("pallas",))
+    if pallas != "op-model" and points is None and not wants_tokamax:
+        raise InputError("`pallas`: it says how the tokamax Pallas points are modelled; add --group tokamax (or "
+                         "one tokamax-... group)", fields=("pallas",))
+    if pallas == "analyze":
+        from perfmodel.harness.tokamax_analyze import require_tokamax
+
+        require_tokamax()
     if sample is not None and (not with_compile or sample < 1):
         raise InputError("`sample`: N >= 1 points per group, with --compile", fields=("sample",))
 
@@ -343,7 +365,7 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
     else:
         pts = load_points(kernels=kernels)
         if any(g.startswith(tokamax.GROUP_PREFIX) for g in groups):
-            more, skipped = tokamax.load_points()
+            more, skipped = tokamax.load_points(pallas=pallas)
             pts += more
     known = sorted({p.group for p in pts} | {tokamax.GROUP_PREFIX})
     for g in groups:

@@ -127,13 +127,22 @@ def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:
 
 
 def _flash_attention(args: dict[str, Any], config: dict[str, Any]) -> list[Part]:
+    """The flash-attention op model at the recorded blocks, and the XLA passes of tokamax's wrapper around its
+    kernel: q scaled by logits_scale, q, k and v transposed from [batch, seq, heads, dim] to the kernel's
+    head-major layout and the output transposed back (each one read and one write of the array)."""
     dt, (*lead, s, hq, d) = array(args["q"])
     _, (*_, t, hkv, _) = array(args["k"])
     b = int(np.prod(lead))
     mask = args.get("mask") or {}
-    return [("attention", {"batch": b, "q_len": s, "kv_len": t, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
-                           "causal": bool(mask.get("is_causal")), "dtype": dt,
-                           "block_q": int(config["block_q"]), "block_kv": int(config["block_kv"])})]
+    q_elems, kv_elems = b * s * hq * d, b * t * hkv * d
+
+    def one_pass(elems: int) -> Part:
+        return ("copy", {"array_elements": elems, "dtype": dt, "elementwise": True})
+
+    kernel = ("attention", {"batch": b, "q_len": s, "kv_len": t, "q_heads": hq, "kv_heads": hkv, "head_dim": d,
+                            "causal": bool(mask.get("is_causal")), "dtype": dt,
+                            "block_q": int(config["block_q"]), "block_kv": int(config["block_kv"])})
+    return [one_pass(q_elems), one_pass(q_elems), one_pass(kv_elems), one_pass(kv_elems), kernel, one_pass(q_elems)]
 
 
 def _cross_entropy(args: dict[str, Any], backward: bool) -> list[Part]:
@@ -190,8 +199,15 @@ def role(point_id: str) -> str:
     return FIT_ROLE if zlib.crc32(point_id.encode()) % 2 == 0 else "held-out"
 
 
-def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Skipped]]:
-    """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no op model."""
+#: How a Pallas point is modelled: by the op models of the work it does (no tokamax needed), or by
+#: perfmodel.analyze on tokamax's own kernel at the recorded config (:mod:`perfmodel.harness.tokamax_analyze`).
+PALLAS_PATHS = ("op-model", "analyze")
+
+
+def load_points(text: str | None = None, *, pallas: str = "op-model") -> tuple[list[ValidationPoint], list[Skipped]]:
+    """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no model.
+    ``pallas``: one of :data:`PALLAS_PATHS`; with "analyze" every Pallas point (backward ones and the fused
+    cross-entropy too) is modelled by perfmodel.analyze on tokamax's kernel."""
     import yaml
 
     if text is None:
@@ -203,8 +219,10 @@ def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Sk
         chip, short = device_chip(p["chip"])
         backward = p["pass"].startswith("vjp")
         group = group_name(short, p["op"], backward, p["implementation"])
+        kernel = pallas == "analyze" and p["implementation"].startswith("pallas")
         try:
-            parts = parts_of(p["op"], backward, p["implementation"], p["args"], p.get("config") or {})
+            parts = [] if kernel else parts_of(p["op"], backward, p["implementation"], p["args"],
+                                               p.get("config") or {})
         except NotModelled as e:
             skipped.append(Skipped(id=p["id"], group=group, reason=str(e)))
             continue
@@ -212,6 +230,7 @@ def load_points(text: str | None = None) -> tuple[list[ValidationPoint], list[Sk
             id=p["id"], group=group, chip=chip, source=f"{cite}: {p['src']}", role=role(p["id"]),
             measured_s=float(p["measured"]["median_ms"]) * 1e-3, includes_dispatch=False,
             timed=f"tokamax {p['op']} {p['pass']} ({p['implementation']}), device span of one jitted call",
-            parts=tuple(parts),
-            call={k: p[k] for k in ("op", "pass", "implementation", "args")}))
+            parts=tuple(parts), tokamax_kernel=kernel,
+            call={**{k: p[k] for k in ("op", "pass", "implementation", "args")},
+                  "tokamax_op": p["tokamax_op"], "config": p.get("config") or {}}))
     return points, skipped

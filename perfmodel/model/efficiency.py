@@ -36,6 +36,9 @@ class ChipEfficiency:
     #: Share of a grouped GEMM kernel's MXU time that XLA's own lowering of ``jax.lax.ragged_dot`` reaches on
     #: this chip (its Mosaic ragged-dot kernel); None where it was not measured.
     xla_ragged_dot_share: float | None
+    #: Achievable share of each unit's per-core peak in a Pallas kernel (the schedule model's rates,
+    #: :func:`kernel_shares`), per unit ("mxu", "vpu", "eup", "hbm"); units not listed use ACHIEVABLE.
+    pallas_kernel_shares: dict[str, float]
     #: Field -> the measurement it was fitted on.
     fitted_on: dict[str, str]
 
@@ -71,8 +74,38 @@ def chip_efficiency(chip_name: str) -> ChipEfficiency:
         gpu_tile=None if tile is None else (int(tile[0]), int(tile[1])),
         gather_row_cycles=_gather_cycles(entry),
         xla_ragged_dot_share=None if entry.get("xla_ragged_dot_share") is None else float(entry["xla_ragged_dot_share"]),
+        pallas_kernel_shares=_kernel_shares(chip_name, entry.get("pallas_kernel_shares", {})),
         fitted_on=dict(entry.get("fitted_on", {})),
     )
+
+
+#: The units a Pallas kernel's per-core rates are scaled for (perfmodel.schedule.timing.core_rates).
+KERNEL_UNITS = ("mxu", "vpu", "eup", "hbm")
+
+
+def _kernel_shares(chip_name: str, value: dict[str, Any]) -> dict[str, float]:
+    unknown = sorted(set(value) - set(KERNEL_UNITS))
+    if unknown:
+        raise ValueError(f"{EFFICIENCY_FILE}: chips.{chip_name}.pallas_kernel_shares: unknown unit(s) "
+                         f"{', '.join(unknown)}; use {', '.join(KERNEL_UNITS)}")
+    shares = {u: float(v) for u, v in value.items()}
+    for u, v in shares.items():
+        if not 0 < v <= 1:
+            raise ValueError(f"{EFFICIENCY_FILE}: chips.{chip_name}.pallas_kernel_shares.{u} = {v}: a share of "
+                             "peak is in (0, 1]")
+    return shares
+
+
+def kernel_shares(chip: Any) -> dict[str, float]:
+    """Achievable share of each unit's per-core peak inside a Pallas kernel on ``chip`` (the schedule model's
+    rates): the chip's fitted ``pallas_kernel_shares`` where the file has them, else
+    :data:`perfmodel.model.core.ACHIEVABLE`. A kernel runs on TensorCores, so the one-device view of a chip
+    (``tpu-7x/core``) has the chip's figures."""
+    from perfmodel.hw.views import split_device_suffix
+    from perfmodel.model.core import ACHIEVABLE
+
+    fitted = chip_efficiency(split_device_suffix(chip.name)[0]).pallas_kernel_shares
+    return {u: fitted.get(u, ACHIEVABLE[u][0]) for u in KERNEL_UNITS}
 
 
 def _gather_cycles(entry: dict[str, Any]) -> float | None:

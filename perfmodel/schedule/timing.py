@@ -6,8 +6,9 @@ epilogue (its last step's write-backs). Step compute is the largest of the
 MXU, VPU and EUP times (the units issue in parallel from one VLIW bundle);
 step DMA moves the next step's fetches and the previous step's write-backs
 plus any manual copies the body starts. Rates are per core (chip peak /
-cores per chip) scaled by the achievable shares of
-:data:`perfmodel.model.core.ACHIEVABLE`; the per-step overhead is the chip's
+cores per chip) scaled by the achievable shares of a Pallas kernel on the chip
+(:func:`perfmodel.model.efficiency.kernel_shares`: fitted per chip where measured, else
+:data:`perfmodel.model.core.ACHIEVABLE`); the per-step overhead is the chip's
 ``overheads.pallas_grid_step_overhead_s`` and the DMA latency its ``overheads.dma_latency_s`` (the
 compiler-backed timing, :mod:`perfmodel.schedule.compiled`, adds the same latency to the same steps).
 """
@@ -20,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from perfmodel.hw.spec import ChipSpec
-from perfmodel.model.core import ACHIEVABLE
 from perfmodel.schedule.pipeline import DmaSchedule, Segments
 
 
@@ -72,9 +72,12 @@ class CoreRates:
 
 
 def core_rates(chip: ChipSpec) -> CoreRates:
-    """Chip peaks split per TensorCore and scaled by the achievable shares."""
+    """Chip peaks split per TensorCore and scaled by the achievable shares of a Pallas kernel on this chip
+    (:func:`perfmodel.model.efficiency.kernel_shares`: fitted where measured, else ACHIEVABLE)."""
+    from perfmodel.model.efficiency import kernel_shares
+
     cores = chip.cores.cores_per_chip
-    eff = {u: ACHIEVABLE[u][0] for u in ("mxu", "vpu", "eup", "hbm")}
+    eff = kernel_shares(chip)
     return CoreRates(
         mxu_flops_per_s={k: v / cores * eff["mxu"] for k, v in chip.compute.matmul_flops_per_s_per_chip.items()},
         vpu_ops_per_s=chip.compute.vpu_flops_per_s_per_chip / cores * eff["vpu"],

@@ -201,7 +201,14 @@ class _Counter:
 
 
 def xla_ops(closed: Any, chip: ChipSpec) -> XlaOps:
-    """The XLA ops of a traced function (a ClosedJaxpr) outside its pallas_calls, on ``chip``'s roofline."""
+    """The XLA ops of a traced function (a ClosedJaxpr) outside its pallas_calls, on the roofline of the one JAX
+    device the function runs on: ``chip`` where the chip is one device, else one of its devices
+    (:func:`perfmodel.hw.views.one_device`; a TPU7x JAX device is one TensorCore, half the chip's HBM bandwidth
+    and FLOPs). The pallas_calls run on TensorCores either way."""
+    from perfmodel.hw.views import one_device
+
+    if chip.cores.jax_devices_per_chip > 1:
+        chip = one_device(chip)
     counter = _Counter(chip)
     counter.walk(closed.jaxpr, 1.0)
     return counter.result()

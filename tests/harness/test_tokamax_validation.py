@@ -185,3 +185,42 @@ def test_xla_ragged_dot_points_name_the_implementation():
     (op, p), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu",
                            _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
     assert "implementation" not in p
+
+
+def test_flash_attention_parts_add_the_wrappers_layout_passes():
+    # q [2, 128, 4, 64], k/v [2, 256, 2, 64]: q has 2 x 128 x 4 x 64 = 65,536 elements, k and v 65,536 too.
+    # tokamax's wrapper scales q, transposes q, k and v to head-major and the output back: five passes around
+    # the kernel, each one read and one write of its array.
+    args = {"q": "bf16[2,128,4,64]", "k": "bf16[2,256,2,64]", "v": "bf16[2,256,2,64]", "mask": {"is_causal": True}}
+    parts = tv.parts_of("flash_attention", False, "pallas_mosaic_tpu", args, {"block_q": 128, "block_kv": 128})
+    assert [op for op, _ in parts] == ["copy", "copy", "copy", "copy", "attention", "copy"]
+    assert [p["array_elements"] for op, p in parts if op == "copy"] == [65_536] * 5
+    kernel = dict(parts)["attention"]
+    assert (kernel["q_heads"], kernel["kv_heads"], kernel["kv_len"], kernel["causal"]) == (4, 2, 256, True)
+
+
+def test_pallas_path_is_for_tokamax_groups_only():
+    out = run("--group", "xla-matmul", "--pallas", "analyze", code=2)
+    assert "--pallas" in out and "--group tokamax" in out and "Traceback" not in out
+
+
+def test_pallas_analyze_without_tokamax_says_how_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # import tokamax -> ImportError
+    out = run("--group", "tokamax-7x-flash-attention-fwd-pallas", "--pallas", "analyze", code=2)
+    assert "--pallas" in out and "tokamax is not importable" in out and "thirdparty-checks" in out
+    assert "Traceback" not in out
+
+
+def test_pallas_path_names_the_choices():
+    from perfmodel.errors import InputError
+
+    with pytest.raises(InputError, match="`pallas` 'kernel': use one of op-model, analyze"):
+        pv.run_validation(groups=("tokamax",), pallas="kernel")
+
+
+def test_op_model_path_models_no_backward_pallas_kernel(loaded):
+    points, skipped = loaded
+    assert not any(p.tokamax_kernel for p in points)
+    assert any("flash_attention vjp (pallas_mosaic_tpu)" in s.reason for s in skipped)

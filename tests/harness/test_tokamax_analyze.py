@@ -1,0 +1,86 @@
+"""``perfmodel validate --group tokamax --pallas analyze``: tokamax's Pallas points through perfmodel.analyze on
+tokamax's own kernels. tokamax is not a perfmodel dependency: ``make thirdparty-checks`` installs it into
+``.thirdparty/`` and runs this file with it on the path; elsewhere these tests skip, saying so."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+
+from perfmodel.cli.main import main
+from perfmodel.harness import published_validation as pv
+from perfmodel.harness import tokamax_validation as tv
+
+pytest.importorskip("tokamax", reason="tokamax is not installed (make thirdparty-checks installs it into .thirdparty/)")
+
+
+@pytest.fixture(scope="module")
+def analyzed():
+    points, skipped = tv.load_points(pallas="analyze")
+    return points, skipped
+
+
+@pytest.fixture(scope="module")
+def rows(analyzed):
+    """Every 7x Pallas point, evaluated once (about a minute)."""
+    points, _ = analyzed
+    return [pv.evaluate_point(p) for p in points if p.tokamax_kernel and p.chip == "tpu-7x/core"]
+
+
+def test_every_pallas_point_is_modelled(analyzed):
+    points, skipped = analyzed
+    kernels = [p for p in points if p.tokamax_kernel]
+    # The subset's 123 Pallas points, backward flash attention and the fused cross-entropy among them.
+    assert len(kernels) == 123 and all(p.call["implementation"].startswith("pallas") for p in kernels)
+    assert {"tokamax-7x-flash-attention-vjp-pallas", "tokamax-7x-cross-entropy-fwd-pallas",
+            "tokamax-7x-cross-entropy-vjp-pallas"} <= {p.group for p in kernels}
+    assert all("triangle_multiplication" in s.reason for s in skipped)
+    assert all("--pallas analyze" in p.command for p in kernels)
+
+
+def _median(rows, group, fit):
+    return statistics.median(r.point.measured_s / r.expected_s for r in rows
+                             if r.point.group == group and r.point.is_fit == fit)
+
+
+@pytest.mark.parametrize("group, low, high", [
+    # The fit halves the 7x kernel shares were chosen on (efficiency.yaml tpu-7x.pallas_kernel_shares):
+    # each group's median measured / expected within the issue's targets (forward 0.85-1.15, backward 0.75-1.25).
+    ("tokamax-7x-flash-attention-fwd-pallas", 0.85, 1.15),
+    ("tokamax-7x-cross-entropy-fwd-pallas", 0.85, 1.15),
+    ("tokamax-7x-cross-entropy-vjp-pallas", 0.75, 1.25),
+    ("tokamax-7x-flash-attention-vjp-pallas", 0.75, 1.25),
+])
+def test_fit_half_group_medians(rows, group, low, high):
+    assert low <= _median(rows, group, fit=True) <= high
+
+
+def test_held_out_half_is_within_20_percent(rows):
+    held = [abs(r.error) for r in rows if not r.point.is_fit]
+    assert len(held) > 40 and statistics.median(held) < 0.20
+
+
+def test_analyze_row_is_the_kernels_plus_their_xla_ops(rows):
+    from perfmodel.harness.tokamax_analyze import bound_call
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.schedule.analyze import analyze
+
+    row = next(r for r in rows if r.point.id == "7x-fa-fwd-pl-051")
+    fn, arrays = bound_call(row.point.call)
+    a = analyze(fn, *arrays, chip=get_chip("tpu-7x/core"))
+    # The measured span covers the wrapper's XLA ops too (q scaled, q/k/v/out transposed).
+    assert a.xla_s > 0 and len(a.kernels) == 1
+    assert row.expected_s == pytest.approx(a.expected_s + a.xla_s)
+    assert row.floor_s == pytest.approx(sum(k.time.op_floor_s for k in a.kernels)) and row.floor_s < row.expected_s
+
+
+def test_cli_one_group():
+    result = CliRunner().invoke(main, ["validate", "--group", "tokamax-7x-flash-attention-vjp-pallas", "--pallas",
+                                       "analyze", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert {p["group"] for p in report["points"]} == {"tokamax-7x-flash-attention-vjp-pallas"}
+    assert len(report["points"]) == 12 and report["beats_floor"] == []
