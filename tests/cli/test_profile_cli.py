@@ -98,3 +98,17 @@ def test_plot_writes_a_png(profile_dir, tmp_path):
     res = _run(profile_dir, "--hw", "v5e", "--plot", png)
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: The profile the harness README's example reads (tests/data/profiles/README.md says how it was captured).
+SHIPPED = "tests/data/profiles/cpu-mlp"
+
+
+def test_shipped_profile_reads_the_same_every_time():
+    # The same captured xplane gives the same table: what lets the README example be regenerated and checked.
+    first, second = _run(SHIPPED, "--hw", "tpu-v5e"), _run(SHIPPED, "--hw", "tpu-v5e")
+    assert first.exit_code == 0, first.output
+    assert first.output == second.output
+    rec = json.loads(_run(SHIPPED, "--hw", "tpu-v5e", "--json").output)
+    (mm,) = [o for o in rec["ops"] if o["op"]["category"] == "matmul"]
+    assert mm["op"]["occurrences"] == RUNS and mm["op"]["flops"] == pytest.approx(RUNS * MATMUL_FLOPS)
