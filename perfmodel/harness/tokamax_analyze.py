@@ -74,3 +74,16 @@ def analyze_call(call: dict[str, Any], chip: Any) -> KernelTime:
     analysis = analyze(fn, *arrays, chip=chip)
     floor = sum(k.time.op_floor_s for k in analysis.kernels)
     return KernelTime(floor_s=float(floor), expected_s=float(analysis.total_s), kernels=len(analysis.kernels))
+
+
+def recorded_call(*, point: str, chip: Any, **arrays: Any) -> Any:
+    """Run the recorded Pallas call of the shipped subset's point ``point`` on ``arrays`` (``a0``, ``a1``, ... in
+    :func:`bound_call`'s order), traced as on ``chip`` (tokamax's kernels ask the device what TPU they run on):
+    the MODULE:FUNCTION the TPU compiler is handed for ``--compile``."""
+    from perfmodel.harness.tokamax_validation import recorded_point
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.schedule.device_kind import as_device
+
+    fn, _ = bound_call(recorded_point(point))
+    with as_device(get_chip(chip) if isinstance(chip, str) else chip):
+        return fn(*(arrays[f"a{i}"] for i in range(len(arrays))))

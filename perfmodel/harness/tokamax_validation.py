@@ -22,6 +22,7 @@ judged on and is not used here.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from dataclasses import dataclass
@@ -204,15 +205,28 @@ def role(point_id: str) -> str:
 PALLAS_PATHS = ("op-model", "analyze")
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(resources.files("perfmodel.data").joinpath(TOKAMAX_FILE).read_text())
+
+
+def recorded_point(point_id: str) -> dict[str, Any]:
+    """The shipped subset's record of one point (op, args, config, measurement); KeyError naming the id."""
+    for p in _shipped()["points"]:
+        if p["id"] == point_id:
+            return p
+    raise KeyError(f"no point '{point_id}' in {TOKAMAX_FILE}")
+
+
 def load_points(text: str | None = None, *, pallas: str = "op-model") -> tuple[list[ValidationPoint], list[Skipped]]:
     """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no model.
     ``pallas``: one of :data:`PALLAS_PATHS`; with "analyze" every Pallas point (backward ones and the fused
     cross-entropy too) is modelled by perfmodel.analyze on tokamax's kernel."""
     import yaml
 
-    if text is None:
-        text = resources.files("perfmodel.data").joinpath(TOKAMAX_FILE).read_text()
-    data = yaml.safe_load(text)
+    data = _shipped() if text is None else yaml.safe_load(text)
     cite = data["cite_as"]
     points, skipped = [], []
     for p in data["points"]:

@@ -12,7 +12,12 @@ alone (a pad or transpose of a kernel's operand). No per-op launch cost is
 added, and scalar-only ops (index arithmetic) are skipped. Control flow: ``scan`` multiplies its body by its length, ``cond`` takes
 its costliest branch, and a ``while`` loop's body is counted once (its trip
 count is data) with a note; calls (``pjit``, custom derivatives, remat) are
-entered.
+entered. A transpose that undoes the transpose its operand came from (across a
+call boundary too: a wrapper that transposes an argument for a jitted function
+that transposes it back) costs nothing, and neither does the first one when
+nothing else reads it: XLA's simplifier removes the pair (tokamax's tgmm
+wrapper does this to a [131072, 7168] operand; the compiled program has no
+transpose).
 
 The compiler's own report of the whole program (``perfmodel inspect
 --compile``) is the exact answer where libtpu is installed.
@@ -109,6 +114,27 @@ def _is_literal(var: Any) -> bool:
     return type(var).__name__ == "Literal"
 
 
+@dataclass(frozen=True)
+class _Transposed:
+    """A transpose equation's output: what it read, its permutation, and what it was charged."""
+
+    source: Any
+    permutation: tuple[int, ...]
+    cost: Any
+    weight: float
+    #: Nothing but the call or transpose that undoes it reads the output (so XLA drops it with the pair).
+    single_use: bool
+
+
+def _uses(jaxpr: Any) -> dict[Any, int]:
+    """How many times each variable is read in ``jaxpr`` (its equations' operands and its outputs)."""
+    counts: dict[Any, int] = {}
+    for v in [v for e in jaxpr.eqns for v in e.invars] + list(jaxpr.outvars):
+        if not _is_literal(v):
+            counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
 class _Counter:
     def __init__(self, chip: ChipSpec) -> None:
         from perfmodel.model.core import evaluate
@@ -118,6 +144,9 @@ class _Counter:
         self.by_primitive: dict[str, list[float]] = {}  # name -> [count, flops, bytes, seconds, limiter seconds...]
         self.limiters: dict[str, dict[str, float]] = {}
         self.notes: list[str] = []
+        #: A call body's parameter -> the caller's variable it is bound to (to follow a value across calls).
+        self.alias: dict[Any, Any] = {}
+        self.transposed: dict[Any, _Transposed] = {}
 
     def add(self, name: str, cost: Any, weight: float) -> None:
         roof = self.evaluate(cost, self.chip)
@@ -129,6 +158,28 @@ class _Counter:
         lim = self.limiters.setdefault(name, {})
         lim[str(roof.limiter)] = lim.get(str(roof.limiter), 0.0) + weight * float(roof.expected_s)
 
+    def _resolve(self, var: Any) -> Any:
+        while var in self.alias:
+            var = self.alias[var]
+        return var
+
+    def _transpose(self, eqn: Any, weight: float, uses: dict[Any, int]) -> None:
+        """Charge a transpose unless it undoes the transpose its operand came from (then refund that one too
+        when nothing else read it)."""
+        perm = tuple(int(p) for p in eqn.params["permutation"])
+        src = self._resolve(eqn.invars[0])
+        prior = self.transposed.get(src)
+        if prior is not None and prior.weight == weight and tuple(prior.permutation[p] for p in perm) == tuple(
+                range(len(perm))):
+            if prior.single_use and uses.get(eqn.invars[0], 0) == 1:
+                self.add("transpose", prior.cost, -prior.weight)  # the first of the pair is not run either
+            self.alias[eqn.outvars[0]] = prior.source
+            return
+        cost = _pass_cost(eqn)
+        self.add("transpose", cost, weight)
+        self.transposed[eqn.outvars[0]] = _Transposed(source=src, permutation=perm, cost=cost, weight=weight,
+                                                      single_use=uses.get(eqn.outvars[0], 0) == 1)
+
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
@@ -136,6 +187,7 @@ class _Counter:
     def walk(self, jaxpr: Any, weight: float) -> None:
         from jax.extend.core import jaxprs_in_params
 
+        uses = _uses(jaxpr)
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name in MODELED or name in FREE:
@@ -157,7 +209,13 @@ class _Counter:
             subs = list(jaxprs_in_params(eqn.params))
             if subs:  # pjit, closed_call, custom_jvp/vjp, remat, shard_map...: their bodies run
                 for sub in subs:
-                    self.walk(getattr(sub, "jaxpr", sub), weight)
+                    body = getattr(sub, "jaxpr", sub)
+                    if len(body.invars) == len(eqn.invars):  # a call: its parameters are the caller's operands
+                        self.alias.update((p, a) for p, a in zip(body.invars, eqn.invars) if not _is_literal(a))
+                    self.walk(body, weight)
+                continue
+            if name == "transpose":
+                self._transpose(eqn, weight, uses)
                 continue
             if name == "dot_general":
                 cost = _dot_cost(eqn, self.chip)
@@ -193,6 +251,7 @@ class _Counter:
             XlaOp(primitive=name, count=int(round(row[0])), flops=row[1], hbm_bytes=row[2], expected_s=row[3],
                   limiter=max(self.limiters[name].items(), key=lambda kv: kv[1])[0])
             for name, row in sorted(self.by_primitive.items(), key=lambda kv: -kv[1][3])
+            if round(row[0]) > 0  # a cancelled transpose pair leaves nothing
         )
         notes = list(self.notes)
         if ops:

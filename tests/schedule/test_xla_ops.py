@@ -78,3 +78,33 @@ def test_analyze_renders_the_xla_ops_and_the_total():
     text = render(analyze(lambda x: _double(x.T), x))
     assert "XLA ops around the pallas_calls" in text and "transpose" in text
     assert "total expected" in text and "+ XLA ops" in text
+
+
+def test_a_transpose_undone_inside_a_jitted_call_costs_nothing():
+    # tokamax's tgmm wrapper: x.T handed to a jitted function whose first op transposes it back. XLA removes
+    # the pair; so does the count (neither transpose is charged).
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    inner = jax.jit(lambda y: _double(y.T))
+    ops = _ops(lambda x: inner(x.T), x)
+    assert ops.ops == () and ops.expected_s == 0
+
+
+def test_a_transpose_pair_whose_middle_is_read_elsewhere_keeps_the_first():
+    # x.T is also returned: the first transpose is materialized (256 x 512 f32 read and written = 1,048,576 B);
+    # the second one, which undoes it, still costs nothing.
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    inner = jax.jit(lambda y: _double(y.T))
+
+    def fn(x):
+        t = x.T
+        return inner(t), t
+
+    [op] = _ops(fn, x).ops
+    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 1, 2 * 256 * 512 * 4)
+
+
+def test_two_transposes_that_do_not_cancel_are_both_charged():
+    # (1, 0, 2) then (2, 1, 0) is not the identity: two passes of 8 x 16 x 128 f32 (65,536 B read + written each).
+    x = jax.ShapeDtypeStruct((8, 16, 128), jnp.float32)
+    [op] = _ops(lambda x: jnp.transpose(jnp.transpose(x, (1, 0, 2)), (2, 1, 0)) + 1, x).ops[:1]
+    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 2, 2 * 2 * 8 * 16 * 128 * 4)
