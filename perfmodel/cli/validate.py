@@ -10,7 +10,7 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--group", "groups", multiple=True, metavar="NAME",
-              help="Only this group (repeatable): xla-matmul, xla-memops, gpu-gemm, collective, serving, pallas-kernel, "
+              help="Only this group (repeatable): xla-matmul, xla-memops, gpu-gemm, gpu-fp8-gemm, collective, serving, pallas-kernel, "
                    "tokamax (every group of tokamax's real-TPU timings, or one: tokamax-7x-ragged-dot-fwd-pallas, ...; only "
                    "when asked), "
                    "serving-sim (the serving simulator against published TPU serving benchmarks; only when asked: "

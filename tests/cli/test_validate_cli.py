@@ -110,3 +110,21 @@ def test_exit_1_when_a_measurement_beats_its_floor(monkeypatch):
     monkeypatch.setattr(pv, "load_points", lambda kernels=True: [fast])
     out = run(code=1)
     assert "too-fast" in out and "faster than their floor" in out
+
+
+def test_deepgemm_fp8_points_fit_and_hold_out(report):
+    # issue 32 item 5: DeepGEMM's FP8 GEMMs on H800. The fit rows (dense M = 64 and 4096) are what h800-sxm's fp8
+    # share and K ramp were fitted on: their median measured / expected within 10% of 1; the held-out rows (dense
+    # M = 128 and the grouped layouts) within the per-group target.
+    rows = [p for p in report["points"] if p["group"] == "gpu-fp8-gemm"]
+    assert len(rows) == 28 and sum(p["fit"] for p in rows) == 12
+    import statistics
+
+    fit = statistics.median(p["measured_s"] / p["expected_s"] for p in rows if p["fit"])
+    assert 0.9 <= fit <= 1.1
+    group = next(g for g in report["groups"] if g["group"] == "gpu-fp8-gemm")
+    assert group["held_out"]["median_abs_error"] <= 0.15
+    # M = 64 x N = 2112 x K = 7168 at 206 TFLOP/s (DeepGEMM's figure): 2 x 64 x 2112 x 7168 / 206e12 = 9.4066 us
+    p = next(p for p in rows if p["id"] == "gpu-h800-deepgemm-dense-m64-n2112-k7168")
+    assert p["measured_s"] == pytest.approx(2 * 64 * 2112 * 7168 / 206e12, rel=1e-4)
+    assert p["command"].startswith("perfmodel predict gemm --hw h800-sxm")
