@@ -20,6 +20,34 @@ EFFICIENCY_FILE = "calibration/efficiency.yaml"
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuTileRule:
+    """Output tiles a GPU GEMM library picks per shape to fill the SMs (DeepGEMM's rule): ``tile_m_small`` rows
+    when M <= ``small_m_max``, else ``tile_m``; of the ``tile_n`` column widths, the one with the fewest waves,
+    then the fullest last wave."""
+
+    tile_m: int
+    tile_m_small: int
+    small_m_max: int
+    tile_n: tuple[int, ...]
+
+
+_TILE_RULE_FIELDS = ("tile_m", "tile_m_small", "small_m_max", "tile_n")
+
+
+def _tile_rule(chip_name: str, value: dict[str, Any] | None) -> GpuTileRule | None:
+    if value is None:
+        return None
+    where = f"{EFFICIENCY_FILE}: chips.{chip_name}.gpu_tile_rule"
+    if set(value) != set(_TILE_RULE_FIELDS):
+        raise ValueError(f"{where}: give exactly {', '.join(_TILE_RULE_FIELDS)} (got {', '.join(sorted(value))})")
+    widths = tuple(int(w) for w in value["tile_n"])
+    if not widths or min(widths) < 1:
+        raise ValueError(f"{where}.tile_n: a non-empty list of positive column widths")
+    return GpuTileRule(tile_m=int(value["tile_m"]), tile_m_small=int(value["tile_m_small"]),
+                       small_m_max=int(value["small_m_max"]), tile_n=widths)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ChipEfficiency:
     """The fitted figures of one chip (defaults filled in)."""
 
@@ -31,6 +59,8 @@ class ChipEfficiency:
     hbm_share: float
     #: GPU output tile (rows, cols) for wave quantization; None on TPUs (their padding is in the issued FLOPs).
     gpu_tile: tuple[int, int] | None
+    #: GPU tiles chosen per shape instead of one fixed ``gpu_tile`` (None: the fixed tile, if any).
+    gpu_tile_rule: GpuTileRule | None
     #: TensorCore cycles one gathered row costs (per core); None where no gather was measured.
     gather_row_cycles: float | None
     #: Share of a grouped GEMM kernel's MXU time that XLA's own lowering of ``jax.lax.ragged_dot`` reaches on
@@ -72,6 +102,7 @@ def chip_efficiency(chip_name: str) -> ChipEfficiency:
         mxu_k_half=float(entry.get("mxu_k_half", 0)),
         hbm_share=float(entry.get("hbm_share", ACHIEVABLE["hbm"][0])),
         gpu_tile=None if tile is None else (int(tile[0]), int(tile[1])),
+        gpu_tile_rule=_tile_rule(chip_name, entry.get("gpu_tile_rule")),
         gather_row_cycles=_gather_cycles(entry),
         xla_ragged_dot_share=None if entry.get("xla_ragged_dot_share") is None else float(entry["xla_ragged_dot_share"]),
         pallas_kernel_shares=_kernel_shares(chip_name, entry.get("pallas_kernel_shares", {})),
@@ -137,14 +168,27 @@ def wave_efficiency(chip: Any, m: Any, n: Any, batch: Any = 1) -> np.ndarray:
     """GPU wave quantization: output tiles over (waves x cores) slots; 1 on TPUs.
 
     Worked case: 4096 x 4096 outputs in 128 x 256 tiles = 512 tiles on 148 SMs = 4 waves of 148 slots
-    (592), so 512 / 592 = 0.865 of the slots do work."""
-    tile = chip_efficiency(chip.name).gpu_tile
-    if tile is None or chip.kind != "gpu":
-        return np.ones(np.broadcast(np.asarray(m), np.asarray(n), np.asarray(batch)).shape)
+    (592), so 512 / 592 = 0.865 of the slots do work. With a per-shape rule (:class:`GpuTileRule`) the column
+    width with the fewest waves, then the fullest last one, is taken."""
+    eff = chip_efficiency(chip.name)
+    tile, rule = eff.gpu_tile, eff.gpu_tile_rule
+    shape = np.broadcast(np.asarray(m), np.asarray(n), np.asarray(batch)).shape
+    if (tile is None and rule is None) or chip.kind != "gpu":
+        return np.ones(shape)
     cores = chip.cores.cores_per_chip
-    tiles = np.asarray(batch) * np.ceil(np.asarray(m) / tile[0]) * np.ceil(np.asarray(n) / tile[1])
-    waves = np.ceil(tiles / cores)
-    return tiles / (waves * cores)
+    m, n, batch = (np.asarray(v, dtype=float) for v in (m, n, batch))
+    if rule is None:
+        return _fill(batch * np.ceil(m / tile[0]) * np.ceil(n / tile[1]), cores)
+    rows = batch * np.ceil(m / np.where(m <= rule.small_m_max, rule.tile_m_small, rule.tile_m))
+    fills = np.stack([np.broadcast_to(_fill(rows * np.ceil(n / w), cores), shape) for w in rule.tile_n])
+    waves = np.stack([np.broadcast_to(np.ceil(rows * np.ceil(n / w) / cores), shape) for w in rule.tile_n])
+    best = np.argmin(waves + 0.5 * (1.0 - fills), axis=0)  # fewest waves (integers), then the fullest
+    return np.take_along_axis(fills, best[None], axis=0)[0]
+
+
+def _fill(tiles: np.ndarray, cores: int) -> np.ndarray:
+    """The share of (waves x cores) tile slots that hold a tile."""
+    return tiles / (np.ceil(tiles / cores) * cores)
 
 
 def mxu_factor(chip: Any, *, m: Any, n: Any, k: Any, batch: Any = 1) -> np.ndarray:

@@ -144,3 +144,32 @@ def test_embedding_in_predict_model_is_the_gather(v5e):
     # 4 rows of 4096 bf16 = 8 KiB each + a 4-byte index; the row issue cost is in the expected time
     assert embed.cost.hbm_read_bytes == 4 * (8192 + 4)
     assert np.asarray(embed.roofline.fixed_parts_s["op"]) > 0
+
+
+def test_per_shape_tile_rule_fills_the_sms_hand_worked():
+    h800 = get_chip("h800-sxm")  # 132 SMs; DeepGEMM's rule (efficiency.yaml gpu_tile_rule)
+    # M = 128, N = 2112: 128-row tiles (M > 64); BLOCK_N 16 gives 1 x 132 = 132 tiles, one full wave: 1.0
+    # (a fixed 128 x 256 tile would give 9 tiles on 132 SMs: 9 / 132 = 0.068).
+    assert float(wave_efficiency(h800, 128, 2112)) == pytest.approx(1.0)
+    # M = 4096, N = 7168: 32 row tiles of 128; the widest BLOCK_N (160) gives the fewest tiles, 32 x ceil(7168 / 160)
+    # = 32 x 45 = 1440, in the fewest waves, ceil(1440 / 132) = 11 (1452 slots): 1440 / 1452 = 0.992.
+    assert float(wave_efficiency(h800, 4096, 7168)) == pytest.approx(1440 / 1452)
+    # Arrays broadcast like the scalar case.
+    got = wave_efficiency(h800, np.array([128, 4096]), np.array([2112, 7168]))
+    assert got == pytest.approx([1.0, 1440 / 1452])
+
+
+@pytest.mark.parametrize("rule, match", [
+    ({"tile_m": 128, "tile_n": [16]}, "give exactly tile_m, tile_m_small, small_m_max, tile_n"),
+    ({"tile_m": 128, "tile_m_small": 64, "small_m_max": 64, "tile_n": []}, "tile_n: a non-empty list"),
+])
+def test_bad_tile_rules_are_named(monkeypatch, rule, match):
+    from perfmodel.model import efficiency
+
+    monkeypatch.setattr(efficiency, "_table", lambda: {"chips": {"gpu-x": {"gpu_tile_rule": rule}}})
+    efficiency.chip_efficiency.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"chips.gpu-x.gpu_tile_rule.*{match}"):
+            efficiency.chip_efficiency("gpu-x")
+    finally:
+        efficiency.chip_efficiency.cache_clear()
