@@ -89,3 +89,16 @@ def pytest_collection_modifyitems(config, items):
         path = item.nodeid.split("::", 1)[0]
         if path in SHARE_A_WORKER:
             item.add_marker(pytest.mark.xdist_group(path))
+
+
+@pytest.fixture
+def efficiency_table(monkeypatch):
+    """``use(table)`` replaces efficiency.yaml's parsed table for one test (the per-chip cache cleared around it)."""
+    from perfmodel.model import efficiency
+
+    def use(table):
+        monkeypatch.setattr(efficiency, "_table", lambda: table)
+        efficiency.chip_efficiency.cache_clear()
+
+    yield use
+    efficiency.chip_efficiency.cache_clear()

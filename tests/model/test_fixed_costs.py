@@ -163,13 +163,9 @@ def test_per_shape_tile_rule_fills_the_sms_hand_worked():
     ({"tile_m": 128, "tile_n": [16]}, "give exactly tile_m, tile_m_small, small_m_max, tile_n"),
     ({"tile_m": 128, "tile_m_small": 64, "small_m_max": 64, "tile_n": []}, "tile_n: a non-empty list"),
 ])
-def test_bad_tile_rules_are_named(monkeypatch, rule, match):
+def test_bad_tile_rules_are_named(efficiency_table, rule, match):
     from perfmodel.model import efficiency
 
-    monkeypatch.setattr(efficiency, "_table", lambda: {"chips": {"gpu-x": {"gpu_tile_rule": rule}}})
-    efficiency.chip_efficiency.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=f"chips.gpu-x.gpu_tile_rule.*{match}"):
-            efficiency.chip_efficiency("gpu-x")
-    finally:
-        efficiency.chip_efficiency.cache_clear()
+    efficiency_table({"chips": {"gpu-x": {"gpu_tile_rule": rule}}})
+    with pytest.raises(ValueError, match=f"chips.gpu-x.gpu_tile_rule.*{match}"):
+        efficiency.chip_efficiency("gpu-x")

@@ -37,14 +37,10 @@ def test_chips_without_a_fit_keep_the_defaults():
     ({"mxu": 1.3}, r"mxu = 1.3: a share of peak is in \(0, 1\]"),
     ({"hbm": 0}, r"hbm = 0.0: a share of peak"),
 ])
-def test_bad_kernel_shares_are_named(monkeypatch, value, match):
-    monkeypatch.setattr(efficiency, "_table", lambda: {"chips": {"chip-x": {"pallas_kernel_shares": value}}})
-    efficiency.chip_efficiency.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=f"chips.chip-x.pallas_kernel_shares.*{match}"):
-            efficiency.chip_efficiency("chip-x")
-    finally:
-        efficiency.chip_efficiency.cache_clear()
+def test_bad_kernel_shares_are_named(efficiency_table, value, match):
+    efficiency_table({"chips": {"chip-x": {"pallas_kernel_shares": value}}})
+    with pytest.raises(ValueError, match=f"chips.chip-x.pallas_kernel_shares.*{match}"):
+        efficiency.chip_efficiency("chip-x")
 
 
 def test_xla_ops_run_on_one_jax_device_of_a_split_chip():
