@@ -20,8 +20,8 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
               "core).")
 @click.option("--compile", "with_compile", is_flag=True,
               help="tokamax groups: also compile each XLA point's call with the TPU compiler (libtpu, deviceless; "
-                   "cached) and print its compiled time and error next to the analytic ones (Pallas points: not "
-                   "compiled, tokamax is not a dependency).")
+                   "cached) and print its compiled time and error next to the analytic ones (Pallas points: with "
+                   "--pallas analyze, tokamax's kernels compiled and timed by the compiler-backed schedule).")
 @click.option("--sample", type=int, default=None, metavar="N",
               help="With --compile: at most N XLA points of each tokamax group, evenly spaced (default: all).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,

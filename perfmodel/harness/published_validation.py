@@ -414,16 +414,26 @@ def _with_compiled_times(rows: Sequence[ValidationRow], *, sample: int | None, j
     from perfmodel.harness import tokamax_compiled as tc
 
     xla = [r for r in rows if r.point.call is not None and not r.point.call["implementation"].startswith("pallas")]
+    kernels = [r for r in rows if r.point.tokamax_kernel]
     by_group: dict[str, list[str]] = {}
-    for r in xla:
+    for r in xla + kernels:
         by_group.setdefault(r.point.group, []).append(r.point.id)
     chosen = tc.sample(by_group, sample)
     times = tc.compile_points([r.point for r in xla if r.point.id in chosen], jobs=jobs, progress=progress)
+    if kernels:  # --pallas analyze: tokamax's own kernels, compiled one at a time
+        from perfmodel.harness.tokamax_analyze import compiled_time
+
+        for r in kernels:
+            if r.point.id in chosen:
+                if progress is not None:
+                    progress(f"compile {r.point.id}")
+                t, why = compiled_time(r.point)
+                times[r.point.id] = tc.CompiledTime(id=r.point.id, expected_s=t, reason=why)
     out = []
     for r in rows:
         if r.point.call is None:
             out.append(r)
-        elif r.point.call["implementation"].startswith("pallas"):
+        elif r.point.call["implementation"].startswith("pallas") and not r.point.tokamax_kernel:
             out.append(dataclasses.replace(r, compiled_note=tc.PALLAS_REASON))
         elif r.point.id not in times:
             out.append(dataclasses.replace(r, compiled_note=tc.NOT_SAMPLED))
@@ -516,9 +526,11 @@ def compiled_text(report: ValidationReport) -> str:
     if rows:
         out.append(table(["group", "half", "compiled n", "analytic median |err|", "analytic meas/exp",
                           "compiled median |err|", "compiled meas/exp"], rows, align="llrrrrr"))
-    sample = "every XLA point" if report.sample is None else f"at most {report.sample} XLA points per group"
+    sample = "every point" if report.sample is None else f"at most {report.sample} points per group"
     out.append(f"compiled = the TPU compiler's program for the recorded XLA call (perfmodel xla: bundles at the clock, "
-               f"HBM bytes at the achievable rate; tpu-7x/core: compiled for tpu-7x, timed on one core), {sample}")
+               f"HBM bytes at the achievable rate; tpu-7x/core: compiled for tpu-7x, timed on one core), or, for a "
+               f"Pallas point with --pallas analyze, each of its kernels' compiler-backed time plus the XLA ops "
+               f"around them; {sample}")
     notes = Counter(r.compiled_note for r in report.rows
                     if r.compiled_expected_s is None and r.compiled_note and r.point.call is not None)
     if notes:

@@ -87,3 +87,30 @@ def recorded_call(*, point: str, chip: Any, **arrays: Any) -> Any:
     fn, _ = bound_call(recorded_point(point))
     with as_device(get_chip(chip) if isinstance(chip, str) else chip):
         return fn(*(arrays[f"a{i}"] for i in range(len(arrays))))
+
+
+#: The MODULE:FUNCTION the TPU compiler is handed for a recorded Pallas point.
+COMPILE_TARGET = "perfmodel.harness.tokamax_analyze:recorded_call"
+
+
+def compiled_time(point: Any) -> tuple[float | None, str]:
+    """(the compiler-backed time of a tokamax Pallas point, or None; why not): its call compiled deviceless for
+    the point's chip (``tpu-7x/core`` compiles for ``tpu-7x``: the topology's first device is one TensorCore),
+    each pallas_call's compiler-backed time (:mod:`perfmodel.schedule.compiled`) plus the analytic XLA ops."""
+    import numpy as np
+
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.hw.views import split_device_suffix
+    from perfmodel.schedule.inspection import analyze_target
+
+    _, arrays = bound_call(point.call)
+    shapes = [f"a{i}={'x'.join(map(str, a.shape)) or 'scalar'}:{np.dtype(a.dtype).name}" for i, a in enumerate(arrays)]
+    try:
+        result = analyze_target(COMPILE_TARGET, shapes, [f"point={point.id!r}"], split_device_suffix(point.chip)[0],
+                                with_compile=True)
+    except PerfmodelError as exc:
+        return None, str(exc).splitlines()[0]
+    times = [k.time.expected_s if k.time is not None else None for k in result.compiled.compiled_kernels]
+    if not times or any(t is None for t in times):
+        return None, "a kernel has no compiler-backed time (no grid-step loop found in its program)"
+    return float(sum(times)) + result.analysis.xla_s, ""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 #: Why a point has no compiler-backed time.
-PALLAS_REASON = "Pallas implementation: tokamax's kernel is not available here (tokamax is not a dependency)"
+PALLAS_REASON = "Pallas implementation: compiled with --pallas analyze (tokamax installed), not on the op-model path"
 NOT_SAMPLED = "not in the --sample"
 _MODULE = "perfmodel.harness.tokamax_compiled"
 #: Recorded dtype names -> `--shape` dtypes.

@@ -84,3 +84,17 @@ def test_cli_one_group():
     report = json.loads(result.output)
     assert {p["group"] for p in report["points"]} == {"tokamax-7x-flash-attention-vjp-pallas"}
     assert len(report["points"]) == 12 and report["beats_floor"] == []
+
+
+@pytest.mark.slow
+def test_compiled_time_of_a_pallas_point():
+    # tokamax's flash attention forward (7x-fa-fwd-pl-051) compiled deviceless for TPU7x: the kernel's
+    # compiler-backed time plus the analytic XLA ops around it, against the measured 0.53 ms.
+    pytest.importorskip("libtpu", reason="the TPU compiler (libtpu) is not installed")
+    report = pv.run_validation(groups=("tokamax-7x-flash-attention-fwd-pallas",), pallas="analyze",
+                               with_compile=True, sample=1)
+    done = [r for r in report.rows if r.compiled_expected_s is not None]
+    assert [r.point.id for r in done] == ["7x-fa-fwd-pl-006"]  # the first of the group: --sample's rule
+    r = done[0]
+    assert r.point.tokamax_kernel and 0.5 < r.compiled_expected_s / r.point.measured_s < 2.0
+    assert all(r.compiled_note == "not in the --sample" for r in report.rows if r.compiled_expected_s is None)

@@ -74,7 +74,7 @@ def test_compiled_call_is_a_perfmodel_xla_command(points):
 
 def test_pallas_and_unknown_calls_have_no_function(points):
     pallas = next(p for p in points.values() if p.call["implementation"].startswith("pallas"))
-    with pytest.raises(ValueError, match="tokamax is not a dependency"):
+    with pytest.raises(ValueError, match="compiled with --pallas analyze"):
         tc.compiled_call(pallas.call)
     with pytest.raises(ValueError, match="no function yet"):
         tc.compiled_call({"op": "triangle_multiplication", "pass": "fwd", "implementation": "xla", "args": {}})
