@@ -180,9 +180,9 @@ def wave_efficiency(chip: Any, m: Any, n: Any, batch: Any = 1) -> np.ndarray:
     if rule is None:
         return _fill(batch * np.ceil(m / tile[0]) * np.ceil(n / tile[1]), cores)
     rows = batch * np.ceil(m / np.where(m <= rule.small_m_max, rule.tile_m_small, rule.tile_m))
-    fills = np.stack([np.broadcast_to(_fill(rows * np.ceil(n / w), cores), shape) for w in rule.tile_n])
-    waves = np.stack([np.broadcast_to(np.ceil(rows * np.ceil(n / w) / cores), shape) for w in rule.tile_n])
-    best = np.argmin(waves + 0.5 * (1.0 - fills), axis=0)  # fewest waves (integers), then the fullest
+    tiles = np.stack([np.broadcast_to(rows * np.ceil(n / w), shape) for w in rule.tile_n])
+    fills = _fill(tiles, cores)
+    best = np.argmin(np.ceil(tiles / cores) + 0.5 * (1.0 - fills), axis=0)  # fewest waves (integers), then the fullest
     return np.take_along_axis(fills, best[None], axis=0)[0]
 
 
