@@ -341,12 +341,11 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
     from perfmodel.errors import InputError
     from perfmodel.harness import tokamax_validation as tokamax
 
-    if (with_compile or sample is not None) and points is None and not any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-")
-                                                   for g in groups):
+    wants_tokamax = any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-") for g in groups)
+    if (with_compile or sample is not None) and points is None and not wants_tokamax:
         flag = "--compile" if with_compile else "--sample"
         raise InputError(f"`{flag.lstrip('-')}`: compiled times are for the tokamax groups only; add "
                          f"--group tokamax (or one tokamax-... group)", fields=(flag.lstrip("-"),))
-    wants_tokamax = any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-") for g in groups)
     if pallas not in tokamax.PALLAS_PATHS:
         raise InputError(f"`pallas` '{pallas}': use one of {', '.join(tokamax.PALLAS_PATHS)}", fields=("pallas",))
     if pallas != "op-model" and points is None and not wants_tokamax:
