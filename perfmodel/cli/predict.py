@@ -285,6 +285,8 @@ def kv_capacity_cmd(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, 
 @click.option("--elements", "array_elements", type=int, default=None, help="Or: its element count (with --dtype).")
 @click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
 @click.option("--elementwise", is_flag=True, help="One VPU op per element (x + 1) instead of a plain copy.")
+@click.option("--out-dtype", default=None, help="Write each element in this dtype (x.astype; with --shape or "
+              "--elements).")
 @predict_options
 @user_errors
 def copy(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:

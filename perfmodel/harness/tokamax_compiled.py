@@ -34,16 +34,22 @@ _SHAPE_DTYPES = {"bf16": "bf16", "f32": "f32", "f16": "f16", "i32": "int32", "bo
 
 
 def ragged_dot(lhs: Any, rhs: Any, *, group_sizes: Sequence[int], lhs_contracting: Sequence[int],
-               rhs_contracting: Sequence[int], rhs_group: Sequence[int]) -> Any:
-    """``jax.lax.ragged_dot_general`` with the recorded dimension numbers (lhs ragged along its rows), the group
-    sizes a concrete int32 array (the recorded sizes, as tokamax's benchmark passes them)."""
+               rhs_contracting: Sequence[int], rhs_group: Sequence[int], return_residuals: bool = False) -> Any:
+    """tokamax's XLA ragged dot: ``jax.lax.ragged_dot_general`` with the recorded dimension numbers (lhs ragged
+    along its rows) and an f32 result (tokamax asks for the promotion of the output dtype and f32), cast back to
+    the operands' dtype; with ``return_residuals`` the cast result is returned twice (output and residual). The
+    group sizes are a concrete int32 array (the recorded sizes, as tokamax's benchmark passes them)."""
     import jax
     import jax.numpy as jnp
 
     dn = jax.lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=((list(lhs_contracting), list(rhs_contracting)), ([], [])),
         lhs_ragged_dimensions=[0], rhs_group_dimensions=list(rhs_group))
-    return jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(group_sizes, dtype=jnp.int32), dn)
+    out_dtype = jnp.result_type(lhs, rhs)
+    out = jax.lax.ragged_dot_general(lhs, rhs, jnp.asarray(group_sizes, dtype=jnp.int32), dn,
+                                     preferred_element_type=jnp.promote_types(out_dtype, jnp.float32))
+    out = out.astype(out_dtype)
+    return (out, out) if return_residuals else out
 
 
 def _attention(q: Any, k: Any, v: Any, bias: Any, mask: Any, *, logits_scale: float, is_causal: bool,
@@ -189,7 +195,8 @@ def compiled_call(call: dict[str, Any]) -> CompiledCall:
         dn = args["ragged_dot_dimension_numbers"]
         (lc, rc), _ = dn["dot_dimension_numbers"]
         static = {"group_sizes": group_sizes(args["group_sizes"]), "lhs_contracting": list(lc),
-                  "rhs_contracting": list(rc), "rhs_group": list(dn["rhs_group_dimensions"])}
+                  "rhs_contracting": list(rc), "rhs_group": list(dn["rhs_group_dimensions"]),
+                  "return_residuals": bool(args.get("return_residuals"))}
         return CompiledCall(target=f"{_MODULE}:ragged_dot",
                             shapes=(_shape("lhs", args["lhs"]), _shape("rhs", args["rhs"])),
                             args=tuple(f"{k}={v!r}" for k, v in static.items()))

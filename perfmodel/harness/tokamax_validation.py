@@ -43,6 +43,8 @@ _DTYPES = {"bf16": "bf16", "f32": "fp32", "f16": "fp16", "i32": "int32", "bool":
 #: Operand dtype of the MXU for a dot precision tokamax records ("BF16_BF16_F32": bf16 operands, f32 sums).
 _PRECISION_OPERANDS = {"BF16_BF16_F32": "bf16", "DEFAULT": None}
 _ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]$")
+#: The lane width of a TPU array's tiled layout: a minor dimension not a multiple of it is kept column-major.
+_LANES = 128
 
 Part = tuple[str, dict[str, Any]]
 
@@ -88,7 +90,10 @@ def _ragged_dot(args: dict[str, Any], pallas: bool) -> list[Part]:
     dn = args["ragged_dot_dimension_numbers"]
     (lc, rc), _ = dn["dot_dimension_numbers"]
     sizes = group_sizes(args["group_sizes"])
-    dtypes = {"lhs_dtype": ldt, "rhs_dtype": rdt, "out_dtype": ldt}
+    # tokamax's XLA implementation asks ragged_dot_general for an f32 result and casts it back in a second XLA
+    # op; with return_residuals the result is also the residual, a second output buffer (one more copy).
+    acc = ldt if pallas else "fp32"
+    dtypes = {"lhs_dtype": ldt, "rhs_dtype": rdt, "out_dtype": acc}
     if dn["rhs_group_dimensions"] == [0] and lc == [1] and len(rhs) == 3:
         # out[rows of g] = lhs[rows of g] @ rhs[g] (rhs [G, K, N], or [G, N, K] contracting its last dim).
         m, k = lhs
@@ -96,13 +101,35 @@ def _ragged_dot(args: dict[str, Any], pallas: bool) -> list[Part]:
         # The Pallas kernel's tile_m is not passed as the row tile: counting a tile that straddles two groups
         # once per group puts 7x-rd-fwd-pl-030 (8 groups of the seed-0 sizes, tile_m 512) above its measurement.
         params = {"m": m, "n": n, "k": k, "group_sizes": ",".join(map(str, sizes)), **dtypes}
-        return [("gemm", params if pallas else {**params, "implementation": "xla"})]
-    if dn["rhs_group_dimensions"] == [] and lc == [0] and rc == [0]:
+        if pallas:
+            return [("gemm", params)]
+        parts: list[Part] = [("gemm", {**params, "implementation": "xla"})]
+        # Copies around the kernel in the compiled program (libtpu, deviceless, every subset shape): [G, N, K]
+        # weights laid out as [G, K, N] first; and where K or N is not a multiple of 128 (2880), the device
+        # keeps the array column-major, so lhs and the weights are re-laid out before the kernel and the
+        # result after it.
+        unaligned_k, unaligned_n = k % _LANES != 0, n % _LANES != 0
+        if rc != [1] or unaligned_k:
+            parts.insert(0, ("copy", {"array_elements": int(np.prod(rhs)), "dtype": rdt}))
+        if unaligned_k:
+            parts.insert(0, ("copy", {"array_elements": m * k, "dtype": ldt}))
+        if unaligned_n:
+            parts.append(("copy", {"array_elements": m * n, "dtype": ldt}))
+        out_elems = m * n
+    elif dn["rhs_group_dimensions"] == [] and lc == [0] and rc == [0]:
         # out[g] = lhs[rows of g]^T @ rhs[rows of g]: [K, N] per group, K = lhs's other dim, N = rhs's.
         used, counts = np.unique([s for s in sizes if s > 0], return_counts=True)
-        return [("gemm", {"m": lhs[1], "n": rhs[1], "k": int(s), "batch": int(c), **dtypes})
-                for s, c in zip(used, counts)]
-    raise NotModelled(f"ragged_dot dimension numbers {dn} (only row-ragged lhs or ragged contraction)")
+        parts = [("gemm", {"m": lhs[1], "n": rhs[1], "k": int(s), "batch": int(c), **dtypes})
+                 for s, c in zip(used, counts)]
+        if pallas:
+            return parts
+        out_elems = len(sizes) * lhs[1] * rhs[1]
+    else:
+        raise NotModelled(f"ragged_dot dimension numbers {dn} (only row-ragged lhs or ragged contraction)")
+    parts.append(("copy", {"array_elements": out_elems, "dtype": acc, "out_dtype": ldt}))
+    if args.get("return_residuals"):
+        parts.append(("copy", {"array_elements": out_elems, "dtype": ldt}))
+    return parts
 
 
 def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:

@@ -63,9 +63,6 @@ class ChipEfficiency:
     gpu_tile_rule: GpuTileRule | None
     #: TensorCore cycles one gathered row costs (per core); None where no gather was measured.
     gather_row_cycles: float | None
-    #: Share of a grouped GEMM kernel's MXU time that XLA's own lowering of ``jax.lax.ragged_dot`` reaches on
-    #: this chip (its Mosaic ragged-dot kernel); None where it was not measured.
-    xla_ragged_dot_share: float | None
     #: Achievable share of each unit's per-core peak in a Pallas kernel (the schedule model's rates,
     #: :func:`kernel_shares`), per unit ("mxu", "vpu", "eup", "hbm"); units not listed use ACHIEVABLE.
     pallas_kernel_shares: dict[str, float]
@@ -104,7 +101,6 @@ def chip_efficiency(chip_name: str) -> ChipEfficiency:
         gpu_tile=None if tile is None else (int(tile[0]), int(tile[1])),
         gpu_tile_rule=_tile_rule(chip_name, entry.get("gpu_tile_rule")),
         gather_row_cycles=_gather_cycles(entry),
-        xla_ragged_dot_share=None if entry.get("xla_ragged_dot_share") is None else float(entry["xla_ragged_dot_share"]),
         pallas_kernel_shares=_kernel_shares(chip_name, entry.get("pallas_kernel_shares", {})),
         fitted_on=dict(entry.get("fitted_on", {})),
     )

@@ -35,6 +35,7 @@ from perfmodel.model.efficiency import mxu_factor
 from perfmodel.model.dtypes import DTYPES, SCALE_BYTES, is_quantized, matmul_path, parse_dtype
 from perfmodel.model.elementwise import parse_epilogue
 from perfmodel.model.shapes import Tiles, cdiv, chip_tiles, choice, fval, optional_size, round_up, sizes
+from perfmodel.model.xla_ragged_dot import xla_ragged_dot_tiling
 
 WEIGHT_SCALES = (None, "none", "per-channel", "per-block")
 #: VPU ops per activation element of dynamic per-token int8 quantization: |x| and the running max (2), then
@@ -274,9 +275,9 @@ def grouped_gemm(
     ``rhs[g] [k, n]`` (megablox's gmm; the bundled ``kernels/grouped_matmul``).
 
     ``implementation``: "kernel" (a grouped-GEMM kernel: megablox, tokamax, the bundled one) or "xla"
-    (``jax.lax.ragged_dot`` as XLA lowers it: its own Mosaic ragged-dot kernel, whose MXU time is the
-    kernel's divided by the chip's fitted ``xla_ragged_dot_share``, perfmodel/data/calibration/efficiency.yaml;
-    a chip without one is priced as a kernel, with a note).
+    (``jax.lax.ragged_dot`` as XLA lowers it: its own Mosaic ragged-dot kernel with the tiles XLA picks,
+    :mod:`perfmodel.model.xla_ragged_dot`: every visited row tile computed at full width, lhs read once per
+    column tile; a chip without that model is priced as a kernel, with a note).
 
     The work of a GEMM per non-empty group (:func:`gemm`, one batch entry per group of each size): each touched
     group's weights (and scales) are read once, an empty group costs nothing, each row of lhs is read and each
@@ -285,6 +286,12 @@ def grouped_gemm(
     every tile a group touches (:func:`tile_visits`; a tile straddling a group boundary is computed once per
     group, its other rows masked); None: each group padded to the sublane tile only.
     """
+    if implementation not in ("kernel", "xla"):
+        raise InputError(f"`implementation` '{implementation}': one of kernel (a grouped-GEMM kernel), xla "
+                         "(jax.lax.ragged_dot lowered by XLA)", fields=("implementation",))
+    if implementation == "xla" and block_m is not None:
+        raise InputError("`block_m` is a grouped-GEMM kernel's row tile; with `implementation` xla, XLA picks "
+                         "its own tiles (drop block_m)", fields=("block_m", "implementation"))
     rows = group_size_list(group_sizes)
     total = int(rows.sum())
     out_rows = total if m is None else int(sizes("m", m))
@@ -307,22 +314,29 @@ def grouped_gemm(
         total_fields["mxu_flops"] = fval(mxu_issued_flops(visits * block, n, k, 1, tiles, path.passes))
         notes += (f"{visits} row tiles of {block} issued (tiles straddling groups computed once per group)",)
     efficiency = parts[0].mxu_efficiency
+    metrics = {"groups": len(rows), "groups_touched": int(np.sum(rows > 0))}
     if implementation == "xla":
-        from perfmodel.model.efficiency import chip_efficiency
-
-        share = None if chip is None else chip_efficiency(chip.name).xla_ragged_dot_share  # type: ignore[attr-defined]
-        if share is None:
-            notes += ("implementation xla: no fitted share of XLA's ragged_dot lowering for this chip; priced as a "
+        lhs_b, rhs_b, out_b = (DTYPES[parse_dtype(d)].itemsize_bytes for d in (lhs_dtype, rhs_dtype, out_dtype))
+        tiling = xla_ragged_dot_tiling(chip, m=out_rows, k=int(k), n=int(n), lhs_itemsize=lhs_b,
+                                       rhs_itemsize=rhs_b, out_itemsize=out_b)
+        if tiling is None:
+            notes += ("implementation xla: no model of XLA's ragged-dot kernel for this chip; priced as a "
                       "grouped-GEMM kernel",)
         else:
-            efficiency = efficiency * share
-            notes += (f"implementation xla: XLA's ragged_dot kernel at {share:.2f} of a grouped-GEMM kernel's MXU "
-                      "rate (fitted, efficiency.yaml)",)
-    elif implementation != "kernel":
-        raise InputError(f"`implementation` '{implementation}': one of kernel (a grouped-GEMM kernel), xla "
-                         "(jax.lax.ragged_dot lowered by XLA)", fields=("implementation",))
+            visits = tile_visits(rows, tiling.tile_m)
+            path = matmul_path(chip, parse_dtype(lhs_dtype), parse_dtype(rhs_dtype))
+            total_fields["mxu_flops"] = fval(mxu_issued_flops(
+                visits * tiling.tile_m, tiling.n_tiles * tiling.tile_n, tiling.k_tiles * tiling.tile_k, 1,
+                chip_tiles(chip), path.passes))
+            # Every column tile reads all of lhs again; each group's weights are read once in all.
+            total_fields["hbm_read_bytes"] += fval((tiling.n_tiles - 1) * total * int(k) * lhs_b)
+            steps = visits * tiling.n_tiles * tiling.k_tiles
+            metrics.update(tile_m=tiling.tile_m, tile_k=tiling.tile_k, tile_n=tiling.tile_n, grid_steps=steps)
+            notes += (f"implementation xla: XLA's ragged-dot kernel, tiles {tiling.tile_m} x {tiling.tile_k} x "
+                      f"{tiling.tile_n} (rows x K x columns): {visits} row-tile visits x {tiling.n_tiles} column "
+                      f"tile(s) x {tiling.k_tiles} K tile(s), lhs read once per column tile",)
     return dataclasses.replace(parts[0], name="grouped_gemm", notes=notes, **total_fields, mxu_efficiency=efficiency,
-                               metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0))})
+                               metrics=metrics)
 
 
 #: The OpCost fields a grouped GEMM adds over its groups (the rest are the largest group's).

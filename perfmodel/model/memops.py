@@ -41,13 +41,20 @@ def _array_bytes(bytes_: Num | None, elements: Num | None, dtype: str, what: str
 
 
 def copy(*, array_bytes: Num | None = None, array_elements: Num | None = None, dtype: str = "bf16",
-         elementwise: bool = False, chip: object | None = None) -> OpCost:
+         elementwise: bool = False, out_dtype: str | None = None, chip: object | None = None) -> OpCost:
     """Copy an array of ``array_bytes`` (or ``array_elements`` of ``dtype``) from HBM to HBM in one XLA op;
-    ``elementwise`` counts one VPU op per element (``x + 1``)."""
+    ``elementwise`` counts one VPU op per element (``x + 1``); ``out_dtype`` (with ``array_elements``): the
+    copy converts, writing each element in that dtype (``x.astype(out_dtype)``)."""
     nbytes, elems = _array_bytes(array_bytes, array_elements, dtype, "array")
-    return OpCost(name="copy", vpu_ops=fval(elems if elementwise else 0.0), hbm_read_bytes=fval(nbytes),
-                  hbm_write_bytes=fval(nbytes), launches=1,
-                  notes=("one pass: every byte read once and written once",))
+    written, notes = nbytes, ("one pass: every byte read once and written once",)
+    if out_dtype is not None:
+        if array_elements is None:
+            raise InputError("`out_dtype` converts elements: give `array_elements` instead of `array_bytes`",
+                             fields=("out_dtype", "array_elements", "array_bytes"))
+        written = elems * DTYPES[parse_dtype(out_dtype, "`out_dtype`")].itemsize_bytes
+        notes = (f"one pass: every element read as {dtype} and written as {out_dtype}",)
+    return OpCost(name="copy", vpu_ops=fval(elems if elementwise or out_dtype is not None else 0.0),
+                  hbm_read_bytes=fval(nbytes), hbm_write_bytes=fval(written), launches=1, notes=notes)
 
 
 def gather_row_seconds(chip: object | None) -> float:

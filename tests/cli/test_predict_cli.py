@@ -411,6 +411,17 @@ def test_gather_is_row_bound_on_one_7x_core():
     assert rec["roofline"]["floor_s"] < 0.1 * rec["roofline"]["expected_s"]
 
 
+def test_copy_with_out_dtype_converts():
+    # 1024 x 1024 f32 read (4 MiB), written as bf16 (2 MiB): one VPU op per element.
+    (rec,) = run_json("copy", "--hw", "v5e", "--shape", "1024,1024", "--dtype", "fp32", "--out-dtype", "bf16")
+    assert rec["cost"]["hbm_read_bytes"] == 4 * 2**20 and rec["cost"]["hbm_write_bytes"] == 2 * 2**20
+    assert rec["cost"]["vpu_ops"] == 2**20
+    out = run("copy", "--hw", "v5e", "--bytes", "1e6", "--out-dtype", "bf16", code=2)
+    assert "--out-dtype converts elements: give --elements instead of --bytes" in out
+    out = run("copy", "--hw", "v5e", "--elements", "64", "--out-dtype", "bf17", code=2)
+    assert "--out-dtype" in out and "Traceback" not in out
+
+
 def test_copy_needs_one_size():
     out = run("copy", "--hw", "v5e", code=2)
     assert "--bytes" in out and "--elements" in out

@@ -38,8 +38,9 @@ def traced(point):
 
 # one recorded point of each op kind (ids of perfmodel/data/validation/tokamax_tpu_calibration.yaml)
 @pytest.mark.parametrize("point_id, expected", [
-    # lhs [131072, 7168] x rhs [256, 7168, 1024] (row-ragged, one weight per group)
-    ("v5e-rd-fwd-xla-002", ((131072, 1024), "bfloat16")),
+    # lhs [131072, 7168] x rhs [256, 7168, 1024] (row-ragged, one weight per group), with its residual: the
+    # result twice (tokamax's residual of a ragged dot is its result)
+    ("v5e-rd-fwd-xla-002", (((131072, 1024), "bfloat16"),) * 2),
     # ragged contraction: out [groups, K, N]
     ("v5e-rd-fwd-xla-028", ((128, 4096, 1536), "bfloat16")),
     # q [768, 768, 4, 64] with a bias and a boolean mask

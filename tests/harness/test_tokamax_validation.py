@@ -55,8 +55,8 @@ def _ragged(lhs, rhs, contract, group_dims, sizes):
 
 
 def test_ragged_dot_row_ragged_and_transposed_weights():
-    (op, p), = tv.parts_of("ragged_dot", False, "xla",
-                           _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    (op, p), *_ = tv.parts_of("ragged_dot", False, "xla",
+                              _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
     assert op == "gemm" and (p["m"], p["k"], p["n"]) == (512, 256, 1024) and p["group_sizes"] == "128,0,384,0"
     # rhs [G, N, K] contracting its last dim: N is rhs's middle dim.
     (_, p), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu",
@@ -67,8 +67,9 @@ def test_ragged_dot_row_ragged_and_transposed_weights():
 def test_ragged_contraction_is_one_gemm_per_group():
     # out[g] = lhs[rows of g]^T @ rhs[rows of g]: groups of 128, 128 and 256 rows (one empty) ->
     # 2 GEMMs of K=128 and 1 of K=256, each [256 x K] @ [K x 1024]: 2 x 256 x 1024 x 512 rows = 268,435,456 FLOPs.
-    parts = tv.parts_of("ragged_dot", False, "xla",
-                        _ragged("bf16[512,256]", "bf16[512,1024]", [[0], [0]], [], [128, 0, 128, 256]), {})
+    parts = [part for part in tv.parts_of(
+        "ragged_dot", False, "xla", _ragged("bf16[512,256]", "bf16[512,1024]", [[0], [0]], [], [128, 0, 128, 256]),
+        {}) if part[0] == "gemm"]
     assert sorted((p["k"], p["batch"]) for _, p in parts) == [(128, 2), (256, 1)]
     assert all((p["m"], p["n"]) == (256, 1024) for _, p in parts)
     assert sum(2 * p["m"] * p["n"] * p["k"] * p["batch"] for _, p in parts) == 268_435_456
@@ -167,20 +168,42 @@ def test_the_whole_7x_chip_keeps_the_default_shares():
     assert "tokamax" in core.fitted_on["hbm_share"] and "tokamax" in core.fitted_on["mxu_share.bf16"]
 
 
-def test_xla_ragged_dot_shares_are_the_fit_of_the_fit_half(loaded):
-    # efficiency.yaml's xla_ragged_dot_share per chip is fitted on the fit half's row-ragged XLA ragged_dot points.
+def test_xla_ragged_dot_needs_no_fitted_share(loaded):
+    # XLA's ragged-dot kernel is priced from the tiles XLA picks (no constant fitted on these points): the
+    # row-ragged points of both halves land within 10% in the median.
     import statistics
 
     points, _ = loaded
     for group in ("tokamax-v5e-ragged-dot-fwd-xla", "tokamax-7x-ragged-dot-fwd-xla"):
-        ratios = [p.measured_s / pv.evaluate_point(p).expected_s for p in points if p.group == group and p.is_fit
+        ratios = [p.measured_s / pv.evaluate_point(p).expected_s for p in points if p.group == group
                   and any(params.get("implementation") == "xla" for _, params in p.parts)]
-        assert len(ratios) >= 10 and 0.95 < statistics.median(ratios) < 1.05
+        assert len(ratios) >= 15 and 0.9 < statistics.median(ratios) < 1.1
+
+
+def test_xla_ragged_dot_parts_follow_the_compiled_program():
+    # lhs [512, 256] x rhs [4, 256, 1024]: the kernel writes f32 (tokamax asks for it), a convert writes bf16
+    # (512 x 1024 = 524,288 elements); return_residuals adds one copy of the result.
+    args = _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0])
+    parts = tv.parts_of("ragged_dot", False, "xla", {**args, "return_residuals": True}, {})
+    assert [op for op, _ in parts] == ["gemm", "copy", "copy"]
+    assert parts[0][1]["out_dtype"] == "fp32"
+    assert parts[1][1] == {"array_elements": 524_288, "dtype": "fp32", "out_dtype": "bf16"}
+    assert parts[2][1] == {"array_elements": 524_288, "dtype": "bf16"}
+    # rhs [4, 1024, 256] contracting its last dim: XLA lays the weights out as [4, 256, 1024] first (one copy).
+    parts = tv.parts_of("ragged_dot", False, "xla",
+                        _ragged("bf16[512,256]", "bf16[4,1024,256]", [[1], [2]], [0], [128, 0, 384, 0]), {})
+    assert [op for op, _ in parts] == ["copy", "gemm", "copy"] and parts[0][1]["array_elements"] == 4 * 1024 * 256
+    # K = N = 2880, not a multiple of 128: lhs and the weights are re-laid out before, the result after.
+    parts = tv.parts_of("ragged_dot", False, "xla",
+                        _ragged("bf16[512,2880]", "bf16[4,2880,2880]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    assert [op for op, _ in parts] == ["copy", "copy", "gemm", "copy", "copy"]
+    assert [p["array_elements"] for op, p in parts if op == "copy"] == [512 * 2880, 4 * 2880 * 2880,
+                                                                        512 * 2880, 512 * 2880]
 
 
 def test_xla_ragged_dot_points_name_the_implementation():
-    (op, p), = tv.parts_of("ragged_dot", False, "xla",
-                           _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
+    (op, p), *_ = tv.parts_of("ragged_dot", False, "xla",
+                              _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
     assert p["implementation"] == "xla"
     (op, p), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu",
                            _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})
