@@ -322,10 +322,12 @@ def fused() -> None:
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--residual/--no-residual", default=True, show_default=True, help="Residual add before the norm.")
 @click.option("--out-dtype", default=None)
+@click.option("--subtract-mean", is_flag=True, help="A layer norm: the mean taken off first (unfused: one more "
+              "reduction pass).")
 @predict_options
 @user_errors
 def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
-    """Residual add + RMSNorm."""
+    """Residual add + RMSNorm (or layer norm, --subtract-mean)."""
     run_op("rms-norm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens", "hidden"))
 
 

@@ -187,6 +187,16 @@ def _cross_entropy(args: dict[str, Any], backward: bool) -> list[Part]:
     return [logits, softmax, dx, dw]
 
 
+def _normalization(args: dict[str, Any]) -> list[Part]:
+    """tokamax's XLA normalization as XLA compiles it: statistics in f32, each its own reduction pass over x
+    (the mean where ``subtract_mean``, then the variance), then the normalizing pass that writes the output
+    (three fusions in the compiled program of every subset point); the normalized axis is ``hidden``."""
+    dt, dims = array(args["x"])
+    hidden = dims[int(args.get("axis", -1))]
+    return [("rms-norm", {"tokens": int(np.prod(dims)) // hidden, "hidden": hidden, "dtype": dt, "residual": False,
+                          "subtract_mean": bool(args.get("subtract_mean", True)), "form": "unfused"})]
+
+
 def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
              config: dict[str, Any]) -> list[Part]:
     """The perfmodel ops (predict op name, parameters) whose times add up to one recorded tokamax call."""
@@ -200,8 +210,7 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
     if op == "linear_softmax_cross_entropy_loss" and not pallas:
         return _cross_entropy(args, backward)
     if op == "normalization" and not backward:
-        dt, dims = array(args["x"])
-        return [("copy", {"array_elements": int(np.prod(dims)), "dtype": dt, "elementwise": True})]
+        return _normalization(args)
     raise NotModelled(f"{op} {'vjp' if backward else 'fwd'} ({implementation}): no op model yet")
 
 

@@ -24,6 +24,8 @@ from perfmodel.model.shapes import chip_tiles, choice, fval, sizes
 
 #: RMSNorm per element: square, sum, multiply by rsqrt, multiply by the weight (+1 residual add).
 RMS_NORM_VPU_OPS = 4
+#: A layer norm's mean on top: its sum and the subtraction.
+LAYER_NORM_EXTRA_VPU_OPS = 2
 #: RoPE per element: x*cos, rotate-half (lane roll and negate), *sin, add.
 ROPE_VPU_OPS = 5
 GLU_KINDS = {"swiglu": "silu", "geglu": "gelu"}
@@ -58,14 +60,17 @@ def rms_norm(
     residual: bool = True,
     out_dtype: str | None = None,
     fused: bool = True,
+    subtract_mean: bool = False,
     chip: object | None = None,
 ) -> OpCost:
-    """(Residual add +) RMSNorm over [tokens, hidden].
+    """(Residual add +) RMSNorm over [tokens, hidden]; ``subtract_mean``: a layer norm (the mean taken off first).
 
     Fused: read x (and the residual) and the weight, write the output (and the
     updated residual). Unfused: the add writes the sum, a reduction reads it
     and writes one f32 rms per token, the normalisation reads the sum, the rms
-    and the weight and writes the output.
+    and the weight and writes the output; a layer norm's mean is one more
+    reduction pass (reads the sum, writes one f32 mean per token), as XLA runs
+    ``(x - mean(x)) * rsqrt(var + eps)`` in f32.
     """
     tokens, hidden = sizes("tokens", tokens), sizes("hidden", hidden)
     dt = parse_dtype(dtype, "`dtype`")
@@ -76,17 +81,18 @@ def rms_norm(
     item, out_item = DTYPES[dt].itemsize_bytes, DTYPES[out_dt].itemsize_bytes
     act = elems * item
     weight = hidden * item
-    vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt)
+    vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt) + LAYER_NORM_EXTRA_VPU_OPS * subtract_mean
     if fused:
         read = act * (1 + residual) + weight
         write = elems * out_item + act * residual
         kernels = 1
     else:
         rms = tokens * 4.0
-        read = act * 2 * residual + act + (rms + act + weight)
-        write = act * residual + rms + elems * out_item
-        kernels = 2 + residual
-    return _elementwise_cost(name="rms-norm" if not residual else "add+rms-norm", elements=elems,
+        read = act * 2 * residual + act + (rms + act + weight) + (act + rms) * subtract_mean
+        write = act * residual + rms + elems * out_item + rms * subtract_mean
+        kernels = 2 + residual + subtract_mean
+    norm = "layer-norm" if subtract_mean else "rms-norm"
+    return _elementwise_cost(name=norm if not residual else f"add+{norm}", elements=elems,
                              elements_padded=padded, vpu_per=vpu_per, eup=1.0 * tokens, read=read, write=write,
                              kernels=kernels, fused=fused)
 

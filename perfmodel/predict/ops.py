@@ -222,11 +222,15 @@ def _product(dims: list[int], field: str) -> int:
 def _fused(name: str) -> Builder:
     """The fused and unfused forms of perfmodel.model.fused.<name> side by side."""
 
-    def build(*, chip: Any, **params: Any) -> Any:
+    def build(*, chip: Any, form: str | None = None, **params: Any) -> Any:
+        """``form``: "fused" or "unfused" alone (one prediction); None: both."""
         from perfmodel.model import fused
+        from perfmodel.model.shapes import choice
 
         fn = getattr(fused, name)
-        return {"fused": fn(chip=chip, fused=True, **params), "unfused": fn(chip=chip, fused=False, **params)}
+        forms = ("fused", "unfused") if form is None else (choice("form", form, ("fused", "unfused")),)
+        costs = {f: fn(chip=chip, fused=f == "fused", **params) for f in forms}
+        return costs if form is None else costs[form]
 
     return build
 

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from perfmodel.errors import InputError
 from click.testing import CliRunner
 
 from perfmodel.cli.main import main
@@ -420,6 +422,22 @@ def test_copy_with_out_dtype_converts():
     assert "--out-dtype converts elements: give --elements instead of --bytes" in out
     out = run("copy", "--hw", "v5e", "--elements", "64", "--out-dtype", "bf17", code=2)
     assert "--out-dtype" in out and "Traceback" not in out
+
+
+def test_fused_layer_norm_and_one_form():
+    recs = run_json("fused", "rms-norm", "--hw", "v5e", "--tokens", "4096", "--hidden", "8192", "--no-residual",
+                    "--subtract-mean")
+    assert [r["cost"]["name"] for r in recs] == ["layer-norm", "layer-norm"]
+    # unfused: x read three times (mean, variance, normalize) = 3 x 4096 x 8192 x 2 B, plus 2 f32 statistics
+    # read back (2 x 4096 x 4 B) and the weight (8192 x 2 B)
+    assert recs[1]["cost"]["hbm_read_bytes"] == 3 * 4096 * 8192 * 2 + 2 * 4096 * 4 + 8192 * 2
+    from perfmodel.hw.registry import get_chip
+    from perfmodel.predict.ops import predict_op
+
+    (pred,) = predict_op("rms-norm", {"tokens": 8, "hidden": 128, "form": "unfused"}, chips=[get_chip("v5e")]).predictions
+    assert pred.cost.metrics["kernels"] == 3
+    with pytest.raises(InputError, match="unfused"):
+        predict_op("rms-norm", {"tokens": 8, "hidden": 128, "form": "both"}, chips=[get_chip("v5e")])
 
 
 def test_copy_needs_one_size():

@@ -201,6 +201,15 @@ def test_xla_ragged_dot_parts_follow_the_compiled_program():
                                                                         512 * 2880, 512 * 2880]
 
 
+def test_normalization_is_xlas_three_passes():
+    # x [128, 384, 384] normalized over axis 0 (128 wide): 147,456 rows of 128; a layer norm (mean subtracted),
+    # unfused: the compiled program's mean, variance and normalizing fusions.
+    args = {"x": "bf16[128,384,384]", "axis": 0, "subtract_mean": True}
+    (op, p), = tv.parts_of("normalization", False, "xla", args, {})
+    assert op == "rms-norm" and (p["tokens"], p["hidden"]) == (384 * 384, 128)
+    assert p["subtract_mean"] and p["form"] == "unfused" and not p["residual"]
+
+
 def test_xla_ragged_dot_points_name_the_implementation():
     (op, p), *_ = tv.parts_of("ragged_dot", False, "xla",
                               _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [0], [128, 0, 384, 0]), {})

@@ -28,6 +28,22 @@ def test_rms_norm_without_residual(v6e):
     assert fused.hbm_read_bytes == t * h * 2 + h * 2 and fused.hbm_write_bytes == t * h * 2
 
 
+def test_layer_norm_adds_a_mean_pass_unfused(v5e):
+    # [384 x 384 rows, 128] bf16 (tokamax's 7x-norm-fwd-xla-002), no residual: x is 147,456 x 128 x 2 B =
+    # 37,748,736 B. Unfused as XLA runs it: a mean pass (read x, write one f32 per row), a variance pass (read x,
+    # write one f32 per row), the normalizing pass (read x, the two statistics, the weight; write y).
+    t, h = 384 * 384, 128
+    act = t * h * 2
+    ln = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, fused=False, chip=v5e)
+    rms = rms_norm(tokens=t, hidden=h, residual=False, fused=False, chip=v5e)
+    assert ln.hbm_read_bytes == 3 * act + 2 * t * 4 + h * 2
+    assert ln.hbm_write_bytes == act + 2 * t * 4
+    assert ln.hbm_read_bytes - rms.hbm_read_bytes == act + t * 4
+    assert ln.metrics["kernels"] == rms.metrics["kernels"] + 1 == 3
+    fused = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, chip=v5e)
+    assert fused.name == "layer-norm" and fused.hbm_read_bytes == act + h * 2 and fused.vpu_ops > rms.vpu_ops
+
+
 @pytest.mark.parametrize("fn", [swiglu, geglu])
 def test_glu_traffic(v5e, fn):
     t, i = 512, 14336
