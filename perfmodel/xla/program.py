@@ -10,7 +10,8 @@ compiler's dumps, a collective, a DMA, a custom call):
   weighted by it) at the chip's ``compute.clock_hz``, with the stall factor
   of :mod:`perfmodel.schedule.compiled` (fitted on published v5e timings);
   a Pallas kernel's grid-loop body counts once per grid step;
-* ``memory_s`` = HBM bytes / (peak HBM bandwidth x achievable share of
+* ``memory_s`` = HBM bytes / (peak HBM bandwidth x the chip's achievable
+  share: efficiency.yaml's fitted ``hbm_share``, else
   :data:`perfmodel.model.core.ACHIEVABLE`): the operands and results in HBM
   (those the compiler keeps in VMEM move no HBM bytes);
 * a collective's time is :mod:`perfmodel.model.collectives`' ring model of
@@ -31,6 +32,8 @@ Collectives are not overlapped.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -215,6 +218,7 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     from perfmodel.errors import InputError
     from perfmodel.model import collectives
     from perfmodel.model.core import ACHIEVABLE, evaluate
+    from perfmodel.model.efficiency import chip_efficiency
     from perfmodel.schedule.compiled import default_constants
 
     if not report.compiled:
@@ -234,7 +238,9 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     pallas = {k.hlo_name: k for k in report.kernels}
     clock = float(chip.compute.clock_hz or 0.0)
     stall = default_constants().stall_factor
-    hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * ACHIEVABLE["hbm"][0]
+    # The chip's achievable HBM share, as the op models use it (efficiency.yaml's fitted hbm_share where there
+    # is one, e.g. one 7x TensorCore timed alone; else ACHIEVABLE).
+    hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * chip_efficiency(chip.name).hbm_share
     memo: dict = {}
     shapes_of: dict[str, dict[str, tuple[hlo.Array, ...]]] = {}
     users_of: dict[str, dict[str, list[hlo.Instruction]]] = {}
@@ -255,8 +261,12 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             k = pallas[ins.name] if pallas[ins.name].program_bundles is not None else pallas.get(
                 twins.get(ins.name, ""), pallas[ins.name])
             lp = k.loop
+            grid = ragged_dot_grid(ins, shapes)
+            if grid is not None:  # XLA's own ragged-dot kernel: a dynamic grid the schedule cannot count
+                work = dataclasses.replace(work, hbm_bytes=work.hbm_bytes + grid.extra_hbm_bytes)
+            trips = lp.trip_count if lp is not None and lp.trip_count else (grid.steps if grid is not None else 1)
             if lp is not None and k.program_bundles is not None:
-                nb = float(lp.weighted_bundles * (lp.trip_count or 1) + max(k.program_bundles - lp.bundles, 0))
+                nb = float(lp.weighted_bundles * trips + max(k.program_bundles - lp.bundles, 0))
             elif k.program_bundles is not None:  # no grid loop: the program runs once
                 nb = float(k.program_bundles)
         elif ins.name in bundles or ins.name in twins:
@@ -325,6 +335,38 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                    cost_analysis=dict(report.cost_analysis), memory=dict(report.memory),
                    compile_s=report.compile_s, from_cache=report.from_cache, notes=tuple(dict.fromkeys(notes)),
                    stall_factor=stall, dma_hidden_s=hidden)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaggedDotGrid:
+    """The grid of one XLA ragged-dot kernel (``ragged-dot-none``) in a compiled program."""
+
+    steps: int
+    #: HBM bytes past one read of each operand: every column tile reads all of lhs again.
+    extra_hbm_bytes: float
+
+
+_RAGGED_TILING = re.compile(r'ragged_dot_tiling="(\d+),(\d+),(\d+)"')
+
+
+def ragged_dot_grid(ins: hlo.Instruction, shapes: Mapping[str, tuple[hlo.Array, ...]]) -> RaggedDotGrid | None:
+    """Grid steps of XLA's ragged-dot kernel from its tiles (``ragged_dot_tiling``: rows, K, columns) and
+    operands: column tiles x row-tile visits x K tiles, the visits bounded by the length of its group metadata
+    (row tiles + groups - 1, the 1-D int32 operands); None for any other op. See
+    :mod:`perfmodel.model.xla_ragged_dot` for how XLA picks the tiles."""
+    found = _RAGGED_TILING.search(ins.attrs)
+    if found is None or ins.opcode != "custom-call":
+        return None
+    _, tk, tn = (int(v) for v in found.groups())
+    operands = [a for o in ins.operands for a in shapes.get(o, ())[:1]]
+    visits = max((a.dims[0] for a in operands if len(a.dims) == 1 and a.dtype.startswith("s32")), default=0)
+    arrays = [a for a in operands if len(a.dims) >= 2]
+    if not visits or len(arrays) < 2 or not ins.arrays or len(ins.arrays[0].dims) != 2:
+        return None
+    lhs = arrays[0]
+    n_tiles = -(-ins.arrays[0].dims[1] // tn)
+    k_tiles = -(-lhs.dims[-1] // tk)
+    return RaggedDotGrid(steps=n_tiles * visits * k_tiles, extra_hbm_bytes=float((n_tiles - 1) * lhs.bytes))
 
 
 def hidden_dma_s(listed: Sequence[tuple[hlo.Instruction, hlo.Computation, int]], ops: Sequence[ProgramOp]) -> float:

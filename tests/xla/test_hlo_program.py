@@ -371,3 +371,31 @@ ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
     # slice-start -> slice-done -> ConcatBitcast (assembles the weight in VMEM) -> the qkv_proj dot
     for name in ("slice-start", "slice-start.1"):
         assert _consumer_op_name(comps, main_, main_.by_name()[name], {}) == "jit(step)/qkv_proj/dot_general"
+
+
+def test_xla_ragged_dot_kernel_grid_from_its_tiles():
+    # XLA's ragged-dot kernel (7x, lhs [262144, 256] x rhs [256, 256, 7168], f32 out), as the compiled HLO prints
+    # it: tiles 256 x 256 x 4608 -> 2 column tiles (7168 / 4608, rounded up), 1 K tile; the group metadata has
+    # 262144 / 256 + 256 - 1 = 1279 entries, the bound on row-tile visits: 2 x 1279 = 2558 grid steps. The second
+    # column tile reads all of lhs again: 262144 x 256 x 2 B = 134,217,728 B more.
+    from perfmodel.xla import hlo
+    from perfmodel.xla.program import ragged_dot_grid
+
+    text = """HloModule m
+
+ENTRY %main (lhs: bf16[262144,256], rhs: bf16[256,256,7168], a: s32[1], b: s32[257], c: s32[1279], d: s32[1279]) -> f32[262144,7168] {
+  %lhs = bf16[262144,256]{1,0} parameter(0)
+  %rhs = bf16[256,256,7168]{2,1,0} parameter(1)
+  %a = s32[1]{0} parameter(2)
+  %b = s32[257]{0} parameter(3)
+  %c = s32[1279]{0} parameter(4)
+  %d = s32[1279]{0} parameter(5)
+  ROOT %ragged-dot-none = f32[262144,7168]{1,0} custom-call(%a, %b, %c, %d, %a, %lhs, %rhs), custom_call_target="tpu_custom_call", frontend_attributes={mosaic_fusion_entry_point="true",ragged_dot_tiling="256,256,4608"}
+}
+"""
+    comps = hlo.parse_module(text)
+    main = hlo.entry(comps)
+    shapes = {i.name: i.arrays for i in main.instructions}
+    grid = ragged_dot_grid(main.by_name()["ragged-dot-none"], shapes)
+    assert grid is not None and grid.steps == 2 * 1279 and grid.extra_hbm_bytes == 262144 * 256 * 2
+    assert ragged_dot_grid(main.by_name()["lhs"], shapes) is None
