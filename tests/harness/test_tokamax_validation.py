@@ -90,7 +90,12 @@ def test_attention_and_cross_entropy_parts():
     assert qk == ("gemm", {"batch": 8, "m": 128, "n": 256, "k": 64, "lhs_dtype": "bf16", "rhs_dtype": "bf16",
                            "out_dtype": "fp32"})
     assert softmax[1]["array_elements"] == 8 * 128 * 256 and pv_[1]["k"] == 256
-    assert len(tv.parts_of("attention", True, "xla", args, {})) == 7
+    backward = tv.parts_of("attention", True, "xla", args, {})
+    assert len(backward) == 7
+    # dq = dS k and dk = dS^T q read the f32 dS (the compiled program's bytes); the other GEMMs bf16 operands.
+    dq, dk = backward[-2][1], backward[-1][1]
+    assert dq["lhs_dtype"] == dk["lhs_dtype"] == "fp32" and dq["rhs_dtype"] == "bf16"
+    assert (dq["m"], dq["k"], dk["m"], dk["k"]) == (128, 256, 256, 128)
     ce = {"x": "f32[1024,4096]", "w": "bf16[4096,151936]"}
     logits, _ = tv.parts_of("linear_softmax_cross_entropy_loss", False, "xla", ce, {})
     assert (logits[1]["m"], logits[1]["k"], logits[1]["n"]) == (1024, 4096, 151936)
