@@ -148,6 +148,25 @@ def test_program_times_ops_per_trip():
     assert p.hbm_footprint_bytes == 1000 + 600 - 600 + 50 + 10
 
 
+def test_program_hbm_runs_at_the_chips_fitted_share():
+    # One 7x TensorCore (tpu-7x/core) has a fitted HBM share in efficiency.yaml (0.59); the whole chip keeps
+    # ACHIEVABLE's. The same program's HBM-bound op takes longer on the core by the ratio of the two shares.
+    from perfmodel.model.core import ACHIEVABLE
+    from perfmodel.model.efficiency import chip_efficiency
+
+    core, whole = get_chip("tpu-7x/core"), get_chip("tpu-7x")
+    share = chip_efficiency("tpu-7x/core").hbm_share
+    assert share < ACHIEVABLE["hbm"][0]
+    ops = {}
+    for chip in (core, whole):
+        p = build_program(_report({"fusion.1": 10, "fusion.2": 10}), chip, hlo_text=HLO)
+        ops[chip.name] = {o.hlo_name: o for o in p.ops}["fusion.2"]
+    assert ops["tpu-7x/core"].memory_s == pytest.approx(
+        ops["tpu-7x/core"].hbm_bytes / (core.memory.hbm_bw_bytes_per_s_per_chip * share))
+    assert ops["tpu-7x"].memory_s == pytest.approx(
+        ops["tpu-7x"].hbm_bytes / (whole.memory.hbm_bw_bytes_per_s_per_chip * ACHIEVABLE["hbm"][0]))
+
+
 def test_compare_maps_ops_by_scope_and_flags_gaps():
     from perfmodel.model.configs import get_model
     from perfmodel.model.step import make_step
