@@ -143,7 +143,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
 
     dma = pl_sim.dma_schedule(fetch, wb, seg)
     work = StepWork(mxu_issued_flops=counter.issued, vpu_ops=counter.vpu, eup_ops=counter.eup,
-                    manual_dma_bytes=counter.dma)
+                    manual_dma_bytes=counter.dma, dma_waves=counter.waves)
     prefetch_bytes = sum(int(np.asarray(v).nbytes) for v in call.prefetch_values if v is not None)
     pt = pipeline_time(work, dma, seg, core_rates(chip), n, extra_prologue_bytes=prefetch_bytes, mult=trav.mult)
 
@@ -192,7 +192,8 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
     if waste > 0.01:
         notes.append(f"MXU padding: {waste:.0%} of issued MXU FLOPs pad dot_generals to the {chip.cores.mxu_dim}-wide MXU")
     steps = StepTimes(compute_s=pt.compute_s, dma_s=pt.dma_s, overhead_s=pt.overhead_s, work_s=pt.work_s,
-                      core=seg.core, prologue_s=pt.prologue_s, epilogue_s=pt.epilogue_s) if keep_step_times else None
+                      core=seg.core, prologue_s=pt.prologue_s, epilogue_s=pt.epilogue_s,
+                      dma_waves=pt.dma_waves) if keep_step_times else None
     return KernelAnalysis(
         name=call.name,
         chip=chip.name,

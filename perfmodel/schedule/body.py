@@ -200,7 +200,7 @@ def _indexed_shape(t: Any, shape: list[Any], value_of: Any = None) -> list[Any]:
 
 
 #: WorkCounter fields that add up over the equations executed (per-step scalars or arrays).
-_ADDITIVE = ("useful", "vpu", "eup", "dma_read", "dma_write")
+_ADDITIVE = ("useful", "vpu", "eup", "dma_read", "dma_write", "waves")
 
 
 def _fold(x: Any, lanes: np.ndarray, n: int) -> Any:
@@ -286,6 +286,8 @@ class WorkCounter(Hook):
     #: Bytes of the body's own DMAs per step: HBM -> on-chip (reads) and on-chip -> HBM (writes).
     dma_read = _total("dma_read")
     dma_write = _total("dma_write")
+    #: Iterations per step of the body's software-pipelined loops (each starts and waits on its own DMAs).
+    waves = _total("waves")
     del _total
 
     @property
@@ -306,6 +308,9 @@ class WorkCounter(Hook):
         if text not in self.notes:
             self.notes.append(text)
 
+    def dma_waves(self, weight: Any) -> None:
+        self._add("waves", weight, 1.0)
+
     def child(self) -> "WorkCounter":
         return WorkCounter(self.chip, self.notes, self.assumed_trips)
 
@@ -325,6 +330,7 @@ class WorkCounter(Hook):
         self.eup = self.eup + best.eup
         self.dma_read = self.dma_read + best.dma_read
         self.dma_write = self.dma_write + best.dma_write
+        self.waves = self.waves + best.waves
         self.dot_eqns |= best.dot_eqns
         for k, v in best.scoped_bytes.items():
             self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)
@@ -355,6 +361,7 @@ class WorkCounter(Hook):
             self.eup = self.eup + best.eup * mask
             self.dma_read = self.dma_read + best.dma_read * mask
             self.dma_write = self.dma_write + best.dma_write * mask
+            self.waves = self.waves + best.waves * mask
             self.dot_eqns |= best.dot_eqns
             for k, v in best.scoped_bytes.items():
                 self.scoped_bytes[k] = max(self.scoped_bytes.get(k, 0), v)

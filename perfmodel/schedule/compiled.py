@@ -13,7 +13,8 @@ Per grid step i (on its TensorCore):
 * dma_i = the analytic DMA time of the step's block copies at the achievable
   HBM rate, plus ``dma_latency_s`` when the step copies anything (a copy's
   issue-to-completion latency, which double buffering cannot hide when the
-  step's compute is shorter).
+  step's compute is shorter), once per iteration of a software pipeline the
+  body runs itself (``StepTimes.dma_waves``).
 * step_i = max(compute_i, dma_i); expected = prologue + sum + epilogue on the
   slowest core (prologue and epilogue pay the latency once each), and never
   below the op floor.
@@ -95,7 +96,8 @@ def compiled_time(kernel: Any, compiled: Any, chip: ChipSpec,
     bundles = loop.always_bundles + loop.predicated_bundles * share
     compute = c.stall_factor * bundles / clock
     dma = np.asarray(st.dma_s, dtype=float)
-    dma = np.where(dma > 0, dma + c.dma_latency_s, 0.0)
+    waves = np.ones(n) if st.dma_waves is None else np.asarray(st.dma_waves, dtype=float)
+    dma = np.where(dma > 0, dma + c.dma_latency_s * waves, 0.0)
     stacked = np.stack([compute, dma])
     step = stacked.max(axis=0)
     which = stacked.argmax(axis=0)

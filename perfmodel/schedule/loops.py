@@ -37,6 +37,7 @@ from perfmodel.schedule.slicing import (
     may_be_known,
     open_jaxpr,
     slice_jaxpr,
+    waits_on_own_dmas,
     writes_known,
 )
 from perfmodel.schedule.values import UNKNOWN, RefValue, copy_refs, forget_changed, is_unknown
@@ -114,6 +115,8 @@ def run_while(interp: Interpreter, eqn: Any, invals: list[Any], weight: Any, nee
                              "(--shape NAME=DIMS:DTYPE=FILL) or assume a trip count with --loop-trips N")
         else:
             interp.hook.note(f"{what} is counted as {assumed} iterations (--loop-trips)")
+        if not interp.quiet and waits_on_own_dmas(body_j):
+            interp.hook.dma_waves(weight * (1 if assumed is None else assumed))
         operands = list(bconsts) + list(init)
         copies = copy_refs(operands)
         interp.run_closed(body_j, copies, weight if assumed is None else weight * assumed,
@@ -123,6 +126,8 @@ def run_while(interp: Interpreter, eqn: Any, invals: list[Any], weight: Any, nee
     if interp.quiet and not writes:
         return final  # nothing to count, and running the body again changes no known value
     lanes = max(trips.shape[0], 1)
+    if not interp.quiet and waits_on_own_dmas(body_j):
+        interp.hook.dma_waves(weight * (trips if trips.shape[0] > 1 else float(trips.sum())))
     if expansion is not None:
         _expanded_body(interp, body_j, bconsts, expansion, weight)
     elif int(trips.max(initial=0)) * lanes <= MAX_UNROLLED_LANE_ITERATIONS:
@@ -313,6 +318,8 @@ def run_scan(interp: Interpreter, eqn: Any, invals: list[Any], weight: Any, need
     xs = [UNKNOWN] * (len(invals) - nconsts - ncarry)
     nys = len(eqn.outvars) - ncarry
     lanes = max(interp.n, 1) if any(isinstance(c, np.ndarray) and c.shape[0] > 1 for c in carry) else 1
+    if not interp.quiet and waits_on_own_dmas(body):
+        interp.hook.dma_waves(weight * length)
     if length * lanes <= MAX_UNROLLED_LANE_ITERATIONS and length <= MAX_UNROLLED_SCAN_LENGTH:
         writes = _loop_writes(body, consts + carry + xs)
         if not writes:

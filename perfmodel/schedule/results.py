@@ -230,6 +230,9 @@ class StepTimes:
     core: np.ndarray | None = None
     prologue_s: np.ndarray | None = None
     epilogue_s: np.ndarray | None = None
+    #: Times each step waits out the DMA latency when its copies are the longer part: 1, or the iterations of
+    #: the body's own software pipelines (:attr:`perfmodel.schedule.timing.StepWork.dma_waves`).
+    dma_waves: np.ndarray | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,6 +137,28 @@ def jaxpr_has(jaxpr: Any, primitive: str) -> bool:
     return memo[key]
 
 
+def waits_on_own_dmas(jaxpr: Any) -> bool:
+    """Whether one pass of a loop body ``jaxpr`` both starts and waits on DMAs, outside any loop of its own
+    (a nested loop's iterations are its own): one iteration of a software pipeline."""
+    jaxpr = open_jaxpr(jaxpr)
+    memo = jaxpr_memo(jaxpr)
+    if "pipelined" not in memo:
+        seen: set[str] = set()
+
+        def walk(j: Any) -> None:
+            for e in open_jaxpr(j).eqns:
+                name = e.primitive.name
+                if name in ("dma_start", "dma_wait"):
+                    seen.add(name)
+                elif name not in ("while", "scan"):
+                    for sub in _subs(e):
+                        walk(sub)
+
+        walk(jaxpr)
+        memo["pipelined"] = seen == {"dma_start", "dma_wait"}
+    return memo["pipelined"]
+
+
 def written_inputs(jaxpr: Any) -> frozenset:
     """Positions of ``jaxpr``'s (constvars + invars) that it writes to (refs passed in)."""
     jaxpr = open_jaxpr(jaxpr)

@@ -56,6 +56,9 @@ class StepWork:
     vpu_ops: Any
     eup_ops: Any
     manual_dma_bytes: Any
+    #: Iterations of the body's own software pipelines per step (loops that start and wait on DMAs): each
+    #: waits out the DMA latency when its copies are the longer part. 0: none (the step is one wave).
+    dma_waves: Any = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +105,8 @@ class PipelineTime:
     #: Per step, MXU + VPU + EUP seconds (the units' sum, not their max).
     work_s: np.ndarray
     overhead_s: float
+    #: Per step, times the step waits out the DMA latency when DMA-bound (>= 1).
+    dma_waves: np.ndarray
     #: Index (into per-core arrays) of the slowest core.
     slowest_core: int
     steps_limited_by: dict[str, int]
@@ -124,8 +129,10 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
     dma_s = (dma.overlapped_bytes + manual) / rates.hbm_bytes_per_s
     overhead = rates.step_overhead_s
     # Double buffering issues step i+1's copies when step i starts and waits for them when step i+1 does: when
-    # the copies are the longer part, each step also waits out their issue-to-completion latency.
-    dma_step = np.where(dma_s > 0, dma_s + rates.dma_latency_s, 0.0)
+    # the copies are the longer part, each step also waits out their issue-to-completion latency, and so does
+    # each iteration of a pipeline the body runs itself (emit_pipeline: all its copies are manual DMAs).
+    waves = np.maximum(np.broadcast_to(np.asarray(work.dma_waves, dtype=float), (n,)), 1.0)
+    dma_step = np.where(dma_s > 0, dma_s + rates.dma_latency_s * waves, 0.0)
     stacked = np.stack([compute, dma_step, np.full(n, overhead)])
     step = stacked.max(axis=0)
     which = stacked.argmax(axis=0)
@@ -144,6 +151,7 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
         compute_s=compute,
         dma_s=dma_s,
         work_s=mxu + vpu + eup,
+        dma_waves=waves,
         overhead_s=overhead,
         slowest_core=slowest,
         steps_limited_by={"compute": int(counts[0]), "dma": int(counts[1]), "overhead": int(counts[2])},

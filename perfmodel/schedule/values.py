@@ -83,6 +83,11 @@ class Hook:
     def note(self, text: str) -> None:
         pass
 
+    def dma_waves(self, weight: Any) -> None:
+        """``weight`` (per lane) iterations ran of a loop whose body both starts and waits on DMAs (a
+        pipeline written with ``emit_pipeline`` or by hand): each such iteration waits for copies it or an
+        earlier one issued, a wave of copies."""
+
 
 def is_unknown(x: Any) -> bool:
     """Whether ``x`` is :data:`UNKNOWN`."""

@@ -150,6 +150,61 @@ def test_an_in_kernel_pipeline_moves_what_the_interpreter_moves(v5e, m, n, bm, b
     assert kern.manual_dma and kern.work.manual_dma_bytes == rec.manual_hbm_bytes == 3 * m * n * 4
 
 
+@pytest.mark.parametrize("m, n, bm, bn, iterations", [(512, 512, 128, 256, 8), (256, 1024, 64, 128, 32)])
+def test_an_in_kernel_pipeline_waits_out_the_dma_latency_once_per_iteration(v5e, m, n, bm, bn, iterations):
+    from perfmodel.schedule.timing import core_rates
+
+    fn = _pipelined(m, n, bm, bn)
+    x = jax.ShapeDtypeStruct((m, n), jnp.float32)
+    [kern] = analyze(fn, x, x, chip=v5e).kernels
+    rates = core_rates(v5e)
+    # One grid step running (m/bm) x (n/bn) pipeline iterations, each waiting for copies an earlier one
+    # started: DMA-bound (an add per element), so 3 m n 4 bytes at the HBM rate plus one latency per iteration
+    # (512 x 512: 3.15 MB / 697 GB/s = 4.52 µs + 8 x 255 ns = 6.56 µs).
+    assert kern.time.limiter == "dma"
+    want = 3 * m * n * 4 / rates.hbm_bytes_per_s + iterations * rates.dma_latency_s
+    assert kern.time.expected_s == pytest.approx(want, rel=1e-9)
+
+
+def _start_all_then_wait_all(copies: int):
+    """One grid step that starts ``copies`` DMAs of 8 rows each in one loop and waits for them in another:
+    every copy is in flight at once (a paged kernel's gather), so the step waits out one latency."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_hbm, o_ref, buf, sems):
+        def copy(i):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(8 * i, 8)], buf.at[pl.ds(8 * i, 8)], sems.at[i])
+
+        jax.lax.fori_loop(0, copies, lambda i, c: (copy(i).start(), c)[1], 0)
+        jax.lax.fori_loop(0, copies, lambda i, c: (copy(i).wait(), c)[1], 0)
+        o_ref[...] = buf[...]
+
+    def fn(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * copies, 128), jnp.float32),
+                              in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                              out_specs=pl.BlockSpec((8 * copies, 128), lambda: (0, 0)),
+                              scratch_shapes=[pltpu.VMEM((8 * copies, 128), jnp.float32),
+                                              pltpu.SemaphoreType.DMA((copies,))])(x)
+
+    return fn
+
+
+def test_copies_all_in_flight_at_once_wait_out_one_latency(v5e):
+    from perfmodel.schedule.timing import core_rates
+
+    copies = 16
+    [kern] = analyze(_start_all_then_wait_all(copies), jax.ShapeDtypeStruct((8 * copies, 128), jnp.float32),
+                     chip=v5e).kernels
+    rates = core_rates(v5e)
+    # 16 copies of 8 x 128 f32 = 64 KiB read by the body: one wave, one latency (not 16); the output block
+    # (64 KiB) is the pipeline's epilogue.
+    assert kern.work.manual_dma_bytes == 16 * 8 * 128 * 4
+    step = kern.time.steps_s
+    assert step == pytest.approx(max(16 * 8 * 128 * 4 / rates.hbm_bytes_per_s + rates.dma_latency_s,
+                                     rates.step_overhead_s), rel=1e-9)
+
+
 def _dynamic_dma(rows: int = 64):
     """Each grid step copies its first n[i] rows of x from HBM with one DMA whose size is read from scalar
     prefetch at run time."""
