@@ -5,11 +5,15 @@ Each equation of the traced jaxpr that is not a pallas_call (those are the
 schedule model's) and not a layout-only op XLA turns into a bitcast becomes an
 op-model cost: a ``dot_general`` as a matmul (MXU passes by its precision and
 the chip's dtype rules), anything else as one pass that reads its operands
-from HBM and writes its results (one vector op per output element). Ops are
-counted unfused, each with its own HBM round trip: XLA fuses elementwise
-chains, so the sum is an upper bound for those and exact for ops that stand
-alone (a pad or transpose of a kernel's operand). No per-op launch cost is
-added, and scalar-only ops (index arithmetic) are skipped. Control flow: ``scan`` multiplies its body by its length, ``cond`` takes
+from HBM and writes its results (one vector op per output element). A value
+that one such pass makes for exactly one other (an elementwise chain, a cast
+under a reduction or a transpose) stays inside their fusion, as XLA's
+producer-consumer fusion keeps it: neither written nor read. Every other value
+round-trips HBM: XLA also fuses a value read twice (duplicating cheap
+producers) and siblings that share an operand, so the sum is an upper bound
+there, and exact for ops that stand alone (a pad or transpose of a kernel's
+operand). No per-op launch cost is
+added, and scalar-only ops (index arithmetic: scalars in, scalars out) are skipped. Control flow: ``scan`` multiplies its body by its length, ``cond`` takes
 its costliest branch, and a ``while`` loop's body is counted once (its trip
 count is data) with a note; calls (``pjit``, custom derivatives, remat) are
 entered. A transpose that undoes the transpose its operand came from (across a
@@ -101,13 +105,56 @@ def _dot_cost(eqn: Any, chip: ChipSpec) -> Any:
                   hbm_read_bytes=_nbytes(lhs) + _nbytes(rhs), hbm_write_bytes=_nbytes(out), notes=path.notes)
 
 
-def _pass_cost(eqn: Any) -> Any:
+def _pass_cost(eqn: Any, fused: frozenset = frozenset()) -> Any:
+    """One HBM pass: read the operands, write the results, one vector op per output element; ``fused``: values
+    that stay inside an XLA fusion (neither written by their producer nor read by their consumer)."""
     from perfmodel.model.core import OpCost
 
-    read = sum(_nbytes(v.aval) for v in eqn.invars if hasattr(v, "aval") and not _is_literal(v))
-    write = sum(_nbytes(v.aval) for v in eqn.outvars)
+    read = sum(_nbytes(v.aval) for v in eqn.invars if hasattr(v, "aval") and not _is_literal(v) and v not in fused)
+    write = sum(_nbytes(v.aval) for v in eqn.outvars if v not in fused)
     return OpCost(name=eqn.primitive.name, vpu_ops=sum(_elements(v.aval) for v in eqn.outvars),
                   hbm_read_bytes=read, hbm_write_bytes=write)
+
+
+def _pass_op(eqn: Any) -> bool:
+    """Whether XLA runs ``eqn`` as a loop over its elements it can fuse with its producers and consumers
+    (elementwise ops, casts, reductions, transposes): not a dot, a pallas_call, a layout-only op or a call."""
+    from jax.extend.core import jaxprs_in_params
+
+    name = eqn.primitive.name
+    return (name not in MODELED and name not in FREE and name not in ("dot_general", "scan", "while", "cond")
+            and not list(jaxprs_in_params(eqn.params)))
+
+
+def _fused_values(jaxpr: Any) -> frozenset:
+    """Values XLA keeps inside one fusion: the result of a pass op (:func:`_pass_op`) that exactly one other
+    pass op of the same jaxpr reads (through layout-only ops: reshapes, broadcasts) and that is not an output:
+    XLA's producer-consumer fusion computes it in the consumer's loop, so it never round-trips HBM
+    (tokamax's flash attention backward: the f32 casts and product under ``sum(o * do)`` are one pass over o
+    and do, not five)."""
+    through: dict[Any, Any] = {}  # a layout-only op's result -> the value it is a view of
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in FREE and len(eqn.invars) == 1 and len(eqn.outvars) == 1 \
+                and not _is_literal(eqn.invars[0]):
+            through[eqn.outvars[0]] = through.get(eqn.invars[0], eqn.invars[0])
+    readers: dict[Any, list] = {}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in FREE and eqn.outvars and eqn.outvars[0] in through:
+            continue
+        for v in eqn.invars:
+            if not _is_literal(v):
+                readers.setdefault(through.get(v, v), []).append(eqn)
+    outputs = {through.get(v, v) for v in jaxpr.outvars if not _is_literal(v)}
+    fused: set = set()
+    for eqn in jaxpr.eqns:
+        if not _pass_op(eqn):
+            continue
+        for v in eqn.outvars:
+            r = readers.get(v, [])
+            if v not in outputs and len(r) == 1 and _pass_op(r[0]):
+                fused.add(v)
+                fused.update(k for k, src in through.items() if src is v)
+    return frozenset(fused)
 
 
 def _is_literal(var: Any) -> bool:
@@ -163,7 +210,7 @@ class _Counter:
             var = self.alias[var]
         return var
 
-    def _transpose(self, eqn: Any, weight: float, uses: dict[Any, int]) -> None:
+    def _transpose(self, eqn: Any, weight: float, uses: dict[Any, int], fused: frozenset) -> None:
         """Charge a transpose unless it undoes the transpose its operand came from (then refund that one too
         when nothing else read it)."""
         perm = tuple(int(p) for p in eqn.params["permutation"])
@@ -175,7 +222,7 @@ class _Counter:
                 self.add("transpose", prior.cost, -prior.weight)  # the first of the pair is not run either
             self.alias[eqn.outvars[0]] = prior.source
             return
-        cost = _pass_cost(eqn)
+        cost = _pass_cost(eqn, fused)
         self.add("transpose", cost, weight)
         self.transposed[eqn.outvars[0]] = _Transposed(source=src, permutation=perm, cost=cost, weight=weight,
                                                       single_use=uses.get(eqn.outvars[0], 0) == 1)
@@ -188,11 +235,12 @@ class _Counter:
         from jax.extend.core import jaxprs_in_params
 
         uses = _uses(jaxpr)
+        fused = _fused_values(jaxpr)
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name in MODELED or name in FREE:
                 continue
-            if eqn.outvars and all(not getattr(v.aval, "shape", ()) for v in eqn.outvars) and not any(
+            if eqn.outvars and all(not getattr(v.aval, "shape", ()) for v in eqn.outvars + eqn.invars) and not any(
                     (jaxprs_in_params(eqn.params))):
                 continue  # scalar work (index arithmetic on the scalar core): no HBM pass
             if name == "scan":
@@ -215,7 +263,7 @@ class _Counter:
                     self.walk(body, weight)
                 continue
             if name == "transpose":
-                self._transpose(eqn, weight, uses)
+                self._transpose(eqn, weight, uses, fused)
                 continue
             if name == "dot_general":
                 cost = _dot_cost(eqn, self.chip)
@@ -223,7 +271,7 @@ class _Counter:
                 for n in cost.notes:
                     self.note(n)
             else:
-                self.add(name, _pass_cost(eqn), weight)
+                self.add(name, _pass_cost(eqn, fused), weight)
 
     def _costliest_branch(self, branches: Any, weight: float) -> None:
         best: _Counter | None = None
@@ -255,7 +303,9 @@ class _Counter:
         )
         notes = list(self.notes)
         if ops:
-            notes.append("XLA ops are counted unfused (each its own HBM round trip) and without launch costs")
+            notes.append("XLA ops are counted with producer-consumer fusion only (a value one elementwise op, "
+                         "reduction or transpose makes for exactly one other stays on chip; every other value "
+                         "round-trips HBM) and without launch costs")
         return XlaOps(ops=ops, notes=tuple(notes))
 
 

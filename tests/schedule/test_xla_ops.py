@@ -1,4 +1,4 @@
-"""The XLA ops around a function's pallas_calls: counted unfused on the roofline, hand-worked."""
+"""The XLA ops around a function's pallas_calls: on the roofline with producer-consumer fusion, hand-worked."""
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +58,12 @@ def test_scan_multiplies_its_body_cond_takes_the_costliest_branch_while_is_count
     assert (op.primitive, op.count, op.hbm_bytes) == ("sin", 5, 5 * 2 * 4096)
 
     def branchy(p, x):
-        return jax.lax.cond(p, lambda x: jnp.sin(jnp.cos(x)), lambda x: jnp.sin(x), x)
+        return jax.lax.cond(p, lambda x: jnp.sin(x) + jnp.cos(x), lambda x: jnp.sin(x), x)
 
+    # The first branch reads x twice (sin and cos fused into the add): 12 KiB against the second's 8 KiB.
     ops = _ops(branchy, jax.ShapeDtypeStruct((), jnp.bool_), x)
-    assert sorted(o.primitive for o in ops.ops) == ["cos", "sin"]
+    assert sorted(o.primitive for o in ops.ops) == ["add", "cos", "sin"]
+    assert sum(o.hbm_bytes for o in ops.ops) == 3 * 4096
 
     def looped(x):
         return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.exp(c[1])), (0, x))[1]
@@ -104,7 +106,38 @@ def test_a_transpose_pair_whose_middle_is_read_elsewhere_keeps_the_first():
 
 
 def test_two_transposes_that_do_not_cancel_are_both_charged():
-    # (1, 0, 2) then (2, 1, 0) is not the identity: two passes of 8 x 16 x 128 f32 (65,536 B read + written each).
+    # (1, 0, 2) then (2, 1, 0) is not the identity: both run, fused into one pass over 8 x 16 x 128 f32
+    # (65,536 B read, 65,536 B written); the returned middle value is written too (its own 65,536 B).
     x = jax.ShapeDtypeStruct((8, 16, 128), jnp.float32)
-    [op] = _ops(lambda x: jnp.transpose(jnp.transpose(x, (1, 0, 2)), (2, 1, 0)) + 1, x).ops[:1]
-    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 2, 2 * 2 * 8 * 16 * 128 * 4)
+    [op] = _ops(lambda x: jnp.transpose(jnp.transpose(x, (1, 0, 2)), (2, 1, 0)), x).ops
+    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 2, 2 * 8 * 16 * 128 * 4)
+
+    def both(x):
+        t = jnp.transpose(x, (1, 0, 2))
+        return jnp.transpose(t, (2, 1, 0)), t
+
+    [op] = _ops(both, x).ops
+    assert (op.primitive, op.count, op.hbm_bytes) == ("transpose", 2, 4 * 8 * 16 * 128 * 4)
+
+
+def test_a_value_one_pass_makes_for_one_other_stays_in_their_fusion():
+    # tokamax's flash attention backward: delta = sum(o * do) in f32 over [4, 8, 256] bf16 arrays. The casts
+    # and the product feed exactly one op each: one fused pass reads o and do (2 x 16 KiB) and writes the
+    # [4, 8] f32 sums (128 B); unfused it was 2 casts (16 + 32 KiB each) + mul (96 KiB) + reduce (32.1 KiB).
+    o = jax.ShapeDtypeStruct((4, 8, 256), jnp.bfloat16)
+
+    def delta(o, do):
+        return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+
+    ops = _ops(delta, o, o)
+    assert sum(op.hbm_bytes for op in ops.ops) == 2 * 4 * 8 * 256 * 2 + 4 * 8 * 4
+    # A value read by two ops round-trips HBM: (x + 1) feeds both the sum and the returned product.
+    x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+
+    def twice(x):
+        y = x + 1
+        return y * 2, jnp.sum(y)
+
+    by = {op.primitive: op.hbm_bytes for op in _ops(twice, x).ops}
+    # add: reads x, writes y (4 KiB each); mul: reads y, writes the result; the sum reads y, writes 4 B.
+    assert by == {"add": 2 * 4096, "mul": 2 * 4096, "reduce_sum": 4096 + 4}
