@@ -135,6 +135,14 @@ def kernel_shares(chip: Any) -> dict[str, float]:
     return {u: fitted.get(u, ACHIEVABLE[u][0]) for u in KERNEL_UNITS}
 
 
+def fitted_kernel_shares(chip: Any) -> dict[str, float]:
+    """Only the units whose Pallas-kernel share :func:`kernel_shares` takes from a fit on measurements of the
+    chip (empty where none was measured)."""
+    from perfmodel.hw.views import split_device_suffix
+
+    return dict(chip_efficiency(split_device_suffix(chip.name)[0]).pallas_kernel_shares)
+
+
 def _gather_cycles(entry: dict[str, Any]) -> float | None:
     value = entry.get("gather_row_cycles", _table().get("tpu_gather_row_cycles"))
     return None if value is None else float(value)

@@ -193,7 +193,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         notes.append(f"MXU padding: {waste:.0%} of issued MXU FLOPs pad dot_generals to the {chip.cores.mxu_dim}-wide MXU")
     steps = StepTimes(compute_s=pt.compute_s, dma_s=pt.dma_s, overhead_s=pt.overhead_s, work_s=pt.work_s,
                       core=seg.core, prologue_s=pt.prologue_s, epilogue_s=pt.epilogue_s,
-                      dma_waves=pt.dma_waves) if keep_step_times else None
+                      dma_waves=pt.dma_waves, mxu_s=pt.mxu_s) if keep_step_times else None
     return KernelAnalysis(
         name=call.name,
         chip=chip.name,

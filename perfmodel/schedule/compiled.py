@@ -9,7 +9,12 @@ Per grid step i (on its TensorCore):
   the analytic model: the lightest step runs only the always-run bundles, the
   heaviest runs all of them (``w_i = (work_i - min) / (max - min)``; 1 when all
   steps do the same work). ``stall`` (>= 1) is the share of cycles the static
-  schedule does not show (MXU result latency, VMEM bank conflicts).
+  schedule does not show (MXU result latency, VMEM bank conflicts). Where
+  the chip has a fitted Pallas-kernel MXU share (``efficiency.yaml``
+  ``pallas_kernel_shares.mxu``: TPU7x), compute_i is at least the step's MXU
+  work at that share: a bundle issues MXU pushes, the share says how fast
+  the MXU drains them (tokamax's MXU-bound kernels on 7x ran 1.22-1.40x
+  slower than their bundles at the clock).
 * dma_i = the analytic DMA time of the step's block copies at the achievable
   HBM rate, plus ``dma_latency_s`` when the step copies anything (a copy's
   issue-to-completion latency, which double buffering cannot hide when the
@@ -37,6 +42,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.hw.spec import ChipSpec
+from perfmodel.model.efficiency import fitted_kernel_shares
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +101,10 @@ def compiled_time(kernel: Any, compiled: Any, chip: ChipSpec,
     share = (work - lo) / (hi - lo) if hi > lo * (1 + 1e-9) and hi > 0 else np.ones(n)
     bundles = loop.always_bundles + loop.predicated_bundles * share
     compute = c.stall_factor * bundles / clock
+    if "mxu" in fitted_kernel_shares(chip) and st.mxu_s is not None:
+        # Where a Pallas kernel's sustained MXU share was measured on this chip, a step's MXU work takes at
+        # least that long: the static schedule shows the pushes a bundle issues, not how fast the MXU drains.
+        compute = np.maximum(compute, np.asarray(st.mxu_s, dtype=float))
     dma = np.asarray(st.dma_s, dtype=float)
     waves = np.ones(n) if st.dma_waves is None else np.asarray(st.dma_waves, dtype=float)
     dma = np.where(dma > 0, dma + c.dma_latency_s * waves, 0.0)

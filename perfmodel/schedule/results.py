@@ -233,6 +233,8 @@ class StepTimes:
     #: Times each step waits out the DMA latency when its copies are the longer part: 1, or the iterations of
     #: the body's own software pipelines (:attr:`perfmodel.schedule.timing.StepWork.dma_waves`).
     dma_waves: np.ndarray | None = None
+    #: MXU seconds of each step at the kernel's achievable MXU rate (the analytic model's).
+    mxu_s: np.ndarray | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,6 +107,8 @@ class PipelineTime:
     overhead_s: float
     #: Per step, times the step waits out the DMA latency when DMA-bound (>= 1).
     dma_waves: np.ndarray
+    #: Per step, MXU seconds at the achievable rate.
+    mxu_s: np.ndarray
     #: Index (into per-core arrays) of the slowest core.
     slowest_core: int
     steps_limited_by: dict[str, int]
@@ -152,6 +154,7 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
         dma_s=dma_s,
         work_s=mxu + vpu + eup,
         dma_waves=waves,
+        mxu_s=mxu,
         overhead_s=overhead,
         slowest_core=slowest,
         steps_limited_by={"compute": int(counts[0]), "dma": int(counts[1]), "overhead": int(counts[2])},

@@ -9,7 +9,10 @@ compiler's dumps, a collective, a DMA, a custom call):
   (:mod:`perfmodel.compiler.bundles`: loops with a literal trip count
   weighted by it) at the chip's ``compute.clock_hz``, with the stall factor
   of :mod:`perfmodel.schedule.compiled` (fitted on published v5e timings);
-  a Pallas kernel's grid-loop body counts once per grid step;
+  a Pallas kernel's grid-loop body counts once per grid step; for an XLA op
+  on a chip whose XLA GEMMs were measured (efficiency.yaml's fitted bf16
+  ``mxu_share``: TPU v5e, one TPU7x core), at least its FLOPs at that share
+  of the bf16 peak;
 * ``memory_s`` = HBM bytes / (peak HBM bandwidth x the chip's achievable
   share: efficiency.yaml's fitted ``hbm_share``, else
   :data:`perfmodel.model.core.ACHIEVABLE`): the operands and results in HBM
@@ -241,6 +244,10 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
     # The chip's achievable HBM share, as the op models use it (efficiency.yaml's fitted hbm_share where there
     # is one, e.g. one 7x TensorCore timed alone; else ACHIEVABLE).
     hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * chip_efficiency(chip.name).hbm_share
+    # Where XLA's GEMMs on this chip were measured (efficiency.yaml's fitted bf16 mxu_share), an op's FLOPs take
+    # at least that long: the schedule shows the MXU pushes a bundle issues, not how fast the MXU drains them.
+    fitted_mxu = chip_efficiency(chip.name).mxu_share.get("bf16")
+    mxu_rate = chip.compute.matmul_flops_per_s_per_chip.get("bf16", 0.0) * fitted_mxu if fitted_mxu else 0.0
     memo: dict = {}
     shapes_of: dict[str, dict[str, tuple[hlo.Array, ...]]] = {}
     users_of: dict[str, dict[str, list[hlo.Instruction]]] = {}
@@ -279,6 +286,8 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             no_program += 1
             no_program_bytes += count * work.hbm_bytes
         compute = stall * nb / clock if nb and clock else 0.0
+        if mxu_rate and nb and kind != "pallas":
+            compute = max(compute, work.flops / mxu_rate)
         memory = work.hbm_bytes / hbm_rate if hbm_rate else 0.0
         ici = ici_bytes = 0.0
         group = 1

@@ -167,6 +167,28 @@ def test_program_hbm_runs_at_the_chips_fitted_share():
         ops["tpu-7x"].hbm_bytes / (whole.memory.hbm_bw_bytes_per_s_per_chip * ACHIEVABLE["hbm"][0]))
 
 
+@pytest.mark.parametrize("chip_name, floored", [("tpu-7x/core", True), ("tpu-v5e", True), ("tpu-v6e", False)])
+def test_an_ops_flops_take_at_least_their_time_at_the_fitted_xla_mxu_share(chip_name, floored):
+    # The matmul fusion does 2 x 8 x 256 x 512 = 2.10 MFLOP per trip. With one bundle (0.45-0.67 ns at the
+    # clock) its compute is its FLOPs at the fitted bf16 share where efficiency.yaml has one (one 7x core:
+    # 0.82 of 1.15 PFLOP/s = 2.2 ns; v5e: 0.95 of 197 TFLOP/s = 11.2 ns); v6e has none: the bundle alone.
+    from perfmodel.model.efficiency import chip_efficiency
+    from perfmodel.schedule.compiled import default_constants
+
+    chip = get_chip(chip_name)
+    dot = {o.hlo_name: o for o in build_program(_report({"fusion.1": 1, "fusion.2": 10}), chip,
+                                                hlo_text=HLO).ops}["fusion.1"]
+    assert dot.flops == 2 * 8 * 256 * 512
+    bundle_s = default_constants().stall_factor / chip.compute.clock_hz
+    if floored:
+        share = chip_efficiency(chip.name).mxu_share["bf16"]
+        want = dot.flops / (chip.compute.matmul_flops_per_s_per_chip["bf16"] * share)
+        assert want > bundle_s and dot.compute_s == pytest.approx(want)
+    else:
+        assert "bf16" not in chip_efficiency(chip.name).mxu_share
+        assert dot.compute_s == pytest.approx(bundle_s)
+
+
 def test_compare_maps_ops_by_scope_and_flags_gaps():
     from perfmodel.model.configs import get_model
     from perfmodel.model.step import make_step
