@@ -128,10 +128,9 @@ def kernel_shares(chip: Any) -> dict[str, float]:
     rates): the chip's fitted ``pallas_kernel_shares`` where the file has them, else
     :data:`perfmodel.model.core.ACHIEVABLE`. A kernel runs on TensorCores, so the one-device view of a chip
     (``tpu-7x/core``) has the chip's figures."""
-    from perfmodel.hw.views import split_device_suffix
     from perfmodel.model.core import ACHIEVABLE
 
-    fitted = chip_efficiency(split_device_suffix(chip.name)[0]).pallas_kernel_shares
+    fitted = fitted_kernel_shares(chip)
     return {u: fitted.get(u, ACHIEVABLE[u][0]) for u in KERNEL_UNITS}
 
 

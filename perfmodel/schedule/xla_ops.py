@@ -133,10 +133,12 @@ def _fused_values(jaxpr: Any) -> frozenset:
     (tokamax's flash attention backward: the f32 casts and product under ``sum(o * do)`` are one pass over o
     and do, not five)."""
     through: dict[Any, Any] = {}  # a layout-only op's result -> the value it is a view of
+    views: dict[Any, list] = {}  # the inverse: a value -> the layout-only results that view it
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in FREE and len(eqn.invars) == 1 and len(eqn.outvars) == 1 \
                 and not _is_literal(eqn.invars[0]):
-            through[eqn.outvars[0]] = through.get(eqn.invars[0], eqn.invars[0])
+            src = through[eqn.outvars[0]] = through.get(eqn.invars[0], eqn.invars[0])
+            views.setdefault(src, []).append(eqn.outvars[0])
     readers: dict[Any, list] = {}
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in FREE and eqn.outvars and eqn.outvars[0] in through:
@@ -153,7 +155,7 @@ def _fused_values(jaxpr: Any) -> frozenset:
             r = readers.get(v, [])
             if v not in outputs and len(r) == 1 and _pass_op(r[0]):
                 fused.add(v)
-                fused.update(k for k, src in through.items() if src is v)
+                fused.update(views.get(v, ()))
     return frozenset(fused)
 
 
