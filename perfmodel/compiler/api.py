@@ -37,7 +37,7 @@ from perfmodel.compiler.toolchain import CompilerUnavailable, Toolchain, check_t
 from perfmodel.errors import InputError, PerfmodelError, ToolFailure
 
 #: Bump when the report's JSON layout or the worker's reading of the dumps changes.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Seconds one compile may take before it is abandoned.
 DEFAULT_TIMEOUT_S = 600.0
 #: File of the optimized HLO text in a cache entry.

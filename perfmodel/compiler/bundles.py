@@ -14,7 +14,9 @@ loop body as :class:`LoopStats`:
   is assumed to start at 0 and step by 1, as the compiler's grid loops do);
 * predicated regions are forward branches over a range of bundles inside the
   body (e.g. a ``pl.when`` on the first reduction step, a masked path): their
-  bundles run on some steps only;
+  bundles run on some steps only, and regions whose branch predicates cannot
+  hold together (a masked and an unmasked path) never run in one iteration
+  (:mod:`perfmodel.compiler.predicates`);
 * an inner loop's bundles count once per trip (``weighted_bundles``);
 * DMA issues (``dma.*``), DMA waits (``dma.done.wait``), bounds-check halts
   (``shalt.err``), vector spills/fills (the utilization file's ``VSTORE:SPILL``
@@ -27,10 +29,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from perfmodel.compiler.predicates import most_run
+
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-fA-F]+|[0-9]+)\s+(?:([A-Z]{2}):|:)\s*(>*)\s*\{")
 _OPCODE = re.compile(r"=\s+([a-z_][\w.]*)")
 _COMMENT = re.compile(r"/\*.*?\*/", re.S)
-_TARGET = re.compile(r"sbr\.rel\b[^;]*?target\s*=\s*\$region(\d+)")
+_TARGET = re.compile(r"sbr\.rel\b\s*(?:\((!?)(%p\w+)\))?[^;]*?target\s*=\s*\$region(\d+)")
 _REGION_START = re.compile(r"Start(?:/End empty)? region (\d+)\b")
 _EXIT_TEST = re.compile(r"scmp\.\w+\.s32\.\w+\s+%\w+,\s*(-?\d+|%\w+)\s*/\*\s*loop exit test")
 _MXU = re.compile(r"\.mxu(\d+)\b")
@@ -72,6 +76,8 @@ class Region:
     branch: int
     first: int
     last: int
+    #: The branch's predicate (negated, register); None for an unconditional branch.
+    predicate: tuple[bool, str] | None = None
 
     @property
     def bundles(self) -> int:
@@ -149,14 +155,15 @@ def build_schedule(bundles_text: str, utilization_text: str | None = None) -> Sc
             starts.setdefault(int(n), b.index)
     loops, regions = [], []
     for b in bundles:
-        for n in _TARGET.findall(_COMMENT.sub("", b.text)):
+        for neg, pred, n in _TARGET.findall(_COMMENT.sub("", b.text)):
             target = starts.get(int(n))
             if target is None:
                 continue
             if target <= b.index:
                 loops.append(Loop(start=target, end=b.index, trip_count=_trip_count(bundles, target, b.index)))
             elif target > b.index + 1:
-                regions.append(Region(branch=b.index, first=b.index + 1, last=target - 1))
+                regions.append(Region(branch=b.index, first=b.index + 1, last=target - 1,
+                                      predicate=(neg == "!", pred) if pred else None))
     capacity, rows = parse_utilization(utilization_text) if utilization_text else ({}, [])
     return Schedule(bundles=bundles, loops=loops, regions=regions, capacity=capacity, utilization=rows)
 
@@ -187,6 +194,9 @@ class LoopStats:
     predicated_bundles: int
     #: Sizes (static bundles) of the outermost predicated regions, in program order.
     predicated_regions: tuple[int, ...]
+    #: The most of ``predicated_bundles`` one iteration can run: the outermost regions whose branch conditions
+    #: can hold together (:mod:`perfmodel.compiler.predicates`; a masked and an unmasked path exclude each other).
+    predicated_max_bundles: int
     #: Static bundles under a step guard (a branch over most of the body; the pipeline's fill/drain iterations skip it).
     guarded_bundles: int
     trip_count: int | None
@@ -219,16 +229,21 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     # fill/drain iterations): every real step runs it, so it is not counted as predicated.
     guards = [r for r in inside if r.bundles >= GUARD_SHARE * (hi - lo + 1)]
     outer_regions: list[tuple[int, int]] = []
+    outer_branches: list[tuple[bool, str] | None] = []
     for r in inside:
         if r in guards:
             continue
         if not (outer_regions and r.last <= outer_regions[-1][1]):  # else nested in the previous outer region
             outer_regions.append((r.first, r.last))
+            outer_branches.append(r.predicate)
         for i in range(r.first, r.last + 1):
             predicated[i - lo] = True
     body = sched.bundles[lo:hi + 1]
     always = sum(w for w, p in zip(weight, predicated) if not p)
     pred = sum(w for w, p in zip(weight, predicated) if p)
+    pred_max = most_run([(sum(weight[first - lo:last - lo + 1]), br)
+                         for (first, last), br in zip(outer_regions, outer_branches)],
+                        (b.text for b in sched.bundles[lo:hi + 1]))
     counts = {"dma_starts": 0, "dma_waits": 0, "halts": 0, "sst": 0, "sld": 0}
     for b, w in zip(body, weight):
         for op in b.ops:
@@ -259,6 +274,7 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
         always_bundles=always,
         predicated_bundles=pred,
         predicated_regions=tuple(last - first + 1 for first, last in outer_regions),
+        predicated_max_bundles=pred_max,
         guarded_bundles=max((r.bundles for r in guards), default=0),
         trip_count=loop.trip_count if loop else 1,
         inner_loops=len(inner),

@@ -7,8 +7,10 @@ Per grid step i (on its TensorCore):
   compiler emitted: the bundles every step runs, plus the predicated ones
   (``pl.when`` paths, masked blocks) in proportion to how heavy step i is by
   the analytic model: the lightest step runs only the always-run bundles, the
-  heaviest runs all of them (``w_i = (work_i - min) / (max - min)``; 1 when all
-  steps do the same work). ``stall`` (>= 1) is the share of cycles the static
+  heaviest runs the most one step can (``LoopStats.predicated_max_bundles``:
+  a masked and an unmasked path whose branch conditions exclude each other
+  count once) (``w_i = (work_i - min) / (max - min)``; 1 when all steps do the
+  same work). ``stall`` (>= 1) is the share of cycles the static
   schedule does not show (MXU result latency, VMEM bank conflicts). Where
   the chip has a fitted Pallas-kernel MXU share (``efficiency.yaml``
   ``pallas_kernel_shares.mxu``: TPU7x), compute_i is at least the step's MXU
@@ -99,7 +101,7 @@ def compiled_time(kernel: Any, compiled: Any, chip: ChipSpec,
     work = np.asarray(st.work_s, dtype=float)
     lo, hi = (float(work.min()), float(work.max())) if n else (0.0, 0.0)
     share = (work - lo) / (hi - lo) if hi > lo * (1 + 1e-9) and hi > 0 else np.ones(n)
-    bundles = loop.always_bundles + loop.predicated_bundles * share
+    bundles = loop.always_bundles + loop.predicated_max_bundles * share
     compute = c.stall_factor * bundles / clock
     if "mxu" in fitted_kernel_shares(chip) and st.mxu_s is not None:
         # Where a Pallas kernel's sustained MXU share was measured on this chip, a step's MXU work takes at

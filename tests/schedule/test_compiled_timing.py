@@ -22,7 +22,7 @@ def _kernel(dma_waves):
 @pytest.mark.parametrize("waves, per_step_latencies", [(None, 1), (np.array([1.0, 1.0]), 1), (np.array([5.0, 5.0]), 5)])
 def test_each_pipeline_iteration_of_a_dma_bound_step_waits_out_the_latency(waves, per_step_latencies):
     chip = get_chip("tpu-v5e")
-    compiled = SimpleNamespace(loop=SimpleNamespace(always_bundles=10.0, predicated_bundles=0.0))
+    compiled = SimpleNamespace(loop=SimpleNamespace(always_bundles=10.0, predicated_bundles=0.0, predicated_max_bundles=0.0))
     t = compiled_time(_kernel(waves), compiled, chip, CONSTANTS)
     # Two DMA-bound steps of 1 µs copies (10 bundles at 1.5 GHz = 6.7 ns of compute) + 200 ns per wave,
     # prologue and epilogue one latency each: 5 waves -> 2 x (1 + 5 x 0.2) + 2 x 0.2 = 4.4 µs.
@@ -37,7 +37,7 @@ def test_a_fitted_kernel_mxu_share_bounds_a_steps_compute(chip_name, mxu_floor):
                       core=np.array([0]), prologue_s=np.array([0.0]), epilogue_s=np.array([0.0]),
                       mxu_s=np.array([5e-6]))
     kernel = SimpleNamespace(name="k", step_times=steps, time=SimpleNamespace(op_floor_s=0.0, expected_s=5e-6))
-    compiled = SimpleNamespace(loop=SimpleNamespace(always_bundles=1000.0, predicated_bundles=0.0))
+    compiled = SimpleNamespace(loop=SimpleNamespace(always_bundles=1000.0, predicated_bundles=0.0, predicated_max_bundles=0.0))
     t = compiled_time(kernel, compiled, chip, CONSTANTS)
     bundles_s = 1000.0 / chip.compute.clock_hz
     # 1,000 bundles (0.45 µs at 7x's 2.2 GHz, 0.67 µs at v5e's 1.5 GHz) against 5 µs of MXU work at the
