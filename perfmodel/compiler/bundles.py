@@ -54,6 +54,8 @@ class Bundle:
     #: Opcodes of the bundle's instructions (comments removed).
     ops: tuple[str, ...]
     text: str
+    #: ``text`` without its comments (what the instructions are read from).
+    code: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,9 @@ def parse_bundles(text: str) -> list[Bundle]:
     out = []
     for i, (addr, marker, depth, lines) in enumerate(chunks):
         raw = "\n".join(lines)
-        ops = tuple(_OPCODE.findall(_COMMENT.sub("", raw)))
-        out.append(Bundle(index=i, address=addr, marker=marker, depth=depth, ops=ops, text=raw))
+        code = _COMMENT.sub("", raw)
+        out.append(Bundle(index=i, address=addr, marker=marker, depth=depth, ops=tuple(_OPCODE.findall(code)),
+                          text=raw, code=code))
     return out
 
 
@@ -155,7 +158,7 @@ def build_schedule(bundles_text: str, utilization_text: str | None = None) -> Sc
             starts.setdefault(int(n), b.index)
     loops, regions = [], []
     for b in bundles:
-        for neg, pred, n in _TARGET.findall(_COMMENT.sub("", b.text)):
+        for neg, pred, n in _TARGET.findall(b.code):
             target = starts.get(int(n))
             if target is None:
                 continue
@@ -242,8 +245,7 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     always = sum(w for w, p in zip(weight, predicated) if not p)
     pred = sum(w for w, p in zip(weight, predicated) if p)
     pred_max = most_run([(sum(weight[first - lo:last - lo + 1]), br)
-                         for (first, last), br in zip(outer_regions, outer_branches)],
-                        (b.text for b in sched.bundles[lo:hi + 1]))
+                         for (first, last), br in zip(outer_regions, outer_branches)], (b.code for b in body))
     counts = {"dma_starts": 0, "dma_waits": 0, "halts": 0, "sst": 0, "sld": 0}
     for b, w in zip(body, weight):
         for op in b.ops:

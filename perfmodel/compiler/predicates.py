@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-_COMMENT = re.compile(r"/\*.*?\*/", re.S)
 _DEF = re.compile(r"^(%[ps]\w+)\s*=\s*([a-z_][\w.]*)\s*(.*)$")
 _CMP = re.compile(r"^scmp\.(eq|ne|lt|le|gt|ge)\.(s32|u32)\b")
 _IMM = re.compile(r"^-?\d+$")
@@ -56,12 +55,12 @@ class Op:
 Expr = Cmp | Free | Op | bool
 
 
-def definitions(texts: Iterable[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Register -> (opcode, operands) of every predicate and scalar defined exactly once in ``texts`` (bundle
-    texts); one defined twice maps to ("", ())."""
+def definitions(codes: Iterable[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Register -> (opcode, operands) of every predicate and scalar defined exactly once in ``codes`` (bundle
+    texts without their comments, ``Bundle.code``); one defined twice maps to ("", ())."""
     out: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for text in texts:
-        body = _COMMENT.sub("", text).strip()
+    for code in codes:
+        body = code.strip()
         body = body[1:] if body.startswith("{") else body
         body = body[:-1] if body.endswith("}") else body
         for ins in body.split(";;"):
@@ -160,13 +159,14 @@ def run_condition(branch: tuple[bool, str] | None, reader: _Reader, name: str) -
     return p if negated else Op("not", (p,))
 
 
-def most_run(regions: Sequence[tuple[int, tuple[bool, str] | None]], texts: Iterable[str]) -> int:
+def most_run(regions: Sequence[tuple[int, tuple[bool, str] | None]], codes: Iterable[str]) -> int:
     """The most of ``regions`` (bundles, branch) one iteration can run, given the predicate definitions in
-    ``texts``; their sum when the conditions cannot be decided in :data:`MAX_ASSIGNMENTS` assignments."""
+    ``codes`` (see :func:`definitions`); their sum when the conditions cannot be decided in
+    :data:`MAX_ASSIGNMENTS` assignments."""
     total = sum(b for b, _ in regions)
     if len(regions) < 2:
         return total
-    reader = _Reader(definitions(texts))
+    reader = _Reader(definitions(codes))
     conds = [run_condition(br, reader, f"region{i}") for i, (_, br) in enumerate(regions)]
     cmps: set[Cmp] = set()
     frees: set[str] = set()
