@@ -41,9 +41,10 @@ def render_report(report: Any, paired: Sequence[Any] = ()) -> str:
                  else "whole program (no grid loop: one step)")
         lines.append(f"  bundles   {lp.bundles:,} static in the {where}")
         regions = ", ".join(f"{r:,}" for r in lp.predicated_regions) or "none"
+        most = (f", at most {lp.predicated_max_bundles:,} in one step (paths whose branch conditions exclude each "
+                "other)" if lp.predicated_max_bundles < lp.predicated_bundles else "")
         lines.append(f"            every step: {lp.always_bundles:,}; predicated: {lp.predicated_bundles:,} "
-                     f"(regions of {regions} bundles: pl.when paths, masked blocks), at most "
-                     f"{lp.predicated_max_bundles:,} in one step (paths whose branch conditions exclude each other)")
+                     f"(regions of {regions} bundles: pl.when paths, masked blocks){most}")
         if lp.inner_loops:
             unk = f", {lp.inner_loops_unknown_trips} with a data-dependent trip count counted once" if lp.inner_loops_unknown_trips else ""
             lines.append(f"            {lp.inner_loops} inner loop(s) counted per trip: {lp.weighted_bundles:,} bundles per step{unk}")

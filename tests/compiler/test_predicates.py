@@ -82,3 +82,22 @@ def test_too_many_assignments_counts_every_region(monkeypatch):
 def test_definitions_twice_defined_register_is_unknown():
     defs = definitions(["{ %p1 = pneg %p2 ;; %s3 = smov 4 }", "{ %p1 = pmov %p5 }"])
     assert defs["%p1"] == ("", ()) and defs["%s3"] == ("smov", ("4",))
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_report_names_the_most_one_step_runs_only_when_paths_exclude(exclusive):
+    from types import SimpleNamespace
+
+    from perfmodel.compiler.render import render_report
+
+    text = SPLASH if exclusive else SPLASH.replace("%p11 = scmp.eq.s32.totalorder %s12, 1  ;;  %p1 = pnand %p11, %p4",
+                                                   "%p11 = scmp.eq.s32.totalorder %s40, 1  ;;  %p1 = pnand %p11, %p11")
+    loop = loop_stats(sched := build_schedule(text), grid_loop(sched))
+    kernel = SimpleNamespace(hlo_name="k.1", program_bundles=20, mxus=0, scoped_vmem_bytes=None, loop=loop,
+                             has_grid_loop=True)
+    report = SimpleNamespace(call="k", chip="tpu-7x", topology="tpu7x:2x2x1", device_kind="TPU7x",
+                             libtpu_version="0", jax_version="0", compiled=True, from_cache=True, kernels=[kernel],
+                             other_ops=())
+    out = render_report(report)
+    assert "predicated: 10 (regions of 3, 4, 3 bundles" in out
+    assert ("at most 7 in one step" in out) is exclusive
