@@ -80,7 +80,7 @@ def recorded_call(*, point: str, chip: Any, **arrays: Any) -> Any:
     """Run the recorded Pallas call of the shipped subset's point ``point`` on ``arrays`` (``a0``, ``a1``, ... in
     :func:`bound_call`'s order), traced as on ``chip`` (tokamax's kernels ask the device what TPU they run on):
     the MODULE:FUNCTION the TPU compiler is handed for ``--compile``."""
-    from perfmodel.harness.tokamax_validation import recorded_point
+    from perfmodel.harness.tokamax_subset import recorded_point
     from perfmodel.hw.registry import get_chip
     from perfmodel.schedule.device_kind import as_device
 

@@ -22,18 +22,16 @@ judged on and is not used here.
 
 from __future__ import annotations
 
-import functools
 import re
 import zlib
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from perfmodel.harness.published_validation import ValidationPoint
+from perfmodel.harness.tokamax_subset import shipped
 
-TOKAMAX_FILE = "validation/tokamax_tpu_calibration.yaml"
 #: The prefix of every tokamax group (``--group tokamax`` selects them all).
 GROUP_PREFIX = "tokamax"
 #: Role of the half of the subset constants may be fitted on.
@@ -243,28 +241,13 @@ def role(point_id: str) -> str:
 PALLAS_PATHS = ("op-model", "analyze")
 
 
-@functools.lru_cache(maxsize=1)
-def _shipped() -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(resources.files("perfmodel.data").joinpath(TOKAMAX_FILE).read_text())
-
-
-def recorded_point(point_id: str) -> dict[str, Any]:
-    """The shipped subset's record of one point (op, args, config, measurement); KeyError naming the id."""
-    for p in _shipped()["points"]:
-        if p["id"] == point_id:
-            return p
-    raise KeyError(f"no point '{point_id}' in {TOKAMAX_FILE}")
-
-
 def load_points(text: str | None = None, *, pallas: str = "op-model") -> tuple[list[ValidationPoint], list[Skipped]]:
     """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no model.
     ``pallas``: one of :data:`PALLAS_PATHS`; with "analyze" every Pallas point (backward ones and the fused
     cross-entropy too) is modelled by perfmodel.analyze on tokamax's kernel."""
     import yaml
 
-    data = _shipped() if text is None else yaml.safe_load(text)
+    data = shipped() if text is None else yaml.safe_load(text)
     cite = data["cite_as"]
     points, skipped = [], []
     for p in data["points"]:
