@@ -237,9 +237,39 @@ def _dot_flops(ins: Instruction, shapes: dict[str, tuple[Array, ...]]) -> float:
     return 2.0 * out * k
 
 
-def _conv_flops(ins: Instruction, shapes: dict[str, tuple[Array, ...]]) -> float:
+def _group_mask(comps: dict[str, Computation], producers: dict[str, Instruction], value: str) -> tuple[str, int] | None:
+    """(mask operand, groups G) when ``value`` is a fusion computing ``select(broadcast(mask), x, broadcast(0))``
+    with ``mask`` a pred[G, R] parameter: ``x`` broadcast over G groups, each group keeping its own rows."""
+    ins = producers.get(value)
+    called = _CALLS_ONLY.search(ins.attrs) if ins is not None and ins.opcode == "fusion" else None
+    comp = comps.get(called.group(1)) if called else None
+    root = comp.root if comp is not None else None
+    if root is None or root.opcode != "select" or len(root.operands) != 3:
+        return None
+    inner = comp.by_name()
+    keep, zero = inner.get(root.operands[0]), inner.get(root.operands[2])
+    if keep is None or zero is None or keep.opcode != "broadcast" or zero.opcode != "broadcast":
+        return None
+    mask, fill = inner.get(keep.operands[0]) if keep.operands else None, inner.get(zero.operands[0]) if zero.operands else None
+    if (mask is None or fill is None or mask.opcode != "parameter" or fill.opcode != "constant"
+            or fill.args_text.strip() not in ("0", "0.0", "-0")):
+        return None
+    arr = mask.arrays[0] if mask.arrays else None
+    if arr is None or arr.dtype != "pred" or len(arr.dims) != 2 or not mask.args_text.strip().isdigit():
+        return None
+    index = int(mask.args_text)
+    return (ins.operands[index], arr.dims[0]) if index < len(ins.operands) else None
+
+
+def _conv_flops(ins: Instruction, shapes: dict[str, tuple[Array, ...]], comps: dict[str, Computation] | None = None,
+                producers: dict[str, Instruction] | None = None) -> float:
     """2 x output elements x (input features x window taps that land on real input); a batched matmul the
-    compiler writes as a base-dilated convolution (window size = lhs dilation) has one tap per output."""
+    compiler writes as a base-dilated convolution (window size = lhs dilation) has one tap per output.
+
+    jax's ragged contraction (``ragged_dot_general`` with the group dimension on the contracting rows) lowers
+    to such a convolution over G masked copies of both operands, each keeping the rows of one group
+    (``select(row mask pred[G, R], x, 0)``, the same mask on both): every row is in one group, so the work is
+    the dense count / G (the compiled program walks each group's own rows: ``group_starts`` / ``group_ends``)."""
     out = sum(a.elements for a in ins.arrays)
     kernel = shapes.get(ins.operands[1], ()) if len(ins.operands) > 1 else ()
     m = _DIM_LABELS.search(ins.attrs)
@@ -254,6 +284,10 @@ def _conv_flops(ins: Instruction, shapes: dict[str, tuple[Array, ...]]) -> float
     dilate = [int(x) for x in dil.group(1).split("x")] if dil else [1] * len(sizes)
     for size, d in zip(sizes, dilate):
         per_out *= math.ceil(size / max(d, 1))
+    if comps is not None and producers is not None and len(ins.operands) == 2:
+        masks = [_group_mask(comps, producers, o) for o in ins.operands]
+        if masks[0] is not None and masks[0] == masks[1]:
+            per_out /= masks[0][1]
     return 2.0 * out * per_out
 
 
@@ -266,9 +300,10 @@ def computation_flops(comps: dict[str, Computation], name: str, _memo: dict | No
     if comp is None:
         return 0.0, 0.0
     shapes = {i.name: i.arrays for i in comp.instructions}
+    producers = comp.by_name()
     flops = trans = 0.0
     for ins in comp.instructions:
-        f, t = instruction_flops(comps, ins, shapes, memo)
+        f, t = instruction_flops(comps, ins, shapes, memo, producers)
         flops += f
         trans += t
     memo[name] = (flops, trans)
@@ -276,13 +311,15 @@ def computation_flops(comps: dict[str, Computation], name: str, _memo: dict | No
 
 
 def instruction_flops(comps: dict[str, Computation], ins: Instruction, shapes: dict[str, tuple[Array, ...]],
-                      memo: dict | None = None) -> tuple[float, float]:
+                      memo: dict | None = None, producers: dict[str, Instruction] | None = None) -> tuple[float, float]:
+    """(flops, transcendentals) of one instruction; ``producers``: its computation's instructions by name
+    (how a convolution tells a ragged contraction's masked operands)."""
     out = float(sum(a.elements for a in ins.arrays))
     op = ins.opcode
     if op == "dot":
         return _dot_flops(ins, shapes), 0.0
     if op == "convolution":
-        return _conv_flops(ins, shapes), 0.0
+        return _conv_flops(ins, shapes, comps, producers), 0.0
     if op == "fusion":
         called = _CALLS_ONLY.search(ins.attrs)
         return computation_flops(comps, called.group(1), memo) if called else (0.0, 0.0)

@@ -440,3 +440,44 @@ ENTRY %main (lhs: bf16[262144,256], rhs: bf16[256,256,7168], a: s32[1], b: s32[2
     grid = ragged_dot_grid(main.by_name()["ragged-dot-none"], shapes)
     assert grid is not None and grid.steps == 2 * 1279 and grid.extra_hbm_bytes == 262144 * 256 * 2
     assert ragged_dot_grid(main.by_name()["lhs"], shapes) is None
+
+
+def _ragged_contraction_hlo(second_mask: str) -> str:
+    """jax's ragged contraction lowered as XLA does it (shrunk from 7x-rd-fwd-xla-060's program): lhs [R=16, K=8]
+    and rhs [R, N=4] broadcast over G=4 groups, each masked to its group's rows, then one base-dilated
+    convolution contracting all R rows per group (window = lhs dilation = G: one tap per output)."""
+    def select(name: str, width: int) -> str:
+        return (f"%{name}_sel (x: bf16[16,{width}], m: pred[4,16]) -> bf16[4,16,{width}] {{\n"
+                "  %m = pred[4,16]{1,0} parameter(1)\n"
+                f"  %mb = pred[4,16,{width}]{{2,1,0}} broadcast(%m), dimensions={{0,1}}\n"
+                f"  %x = bf16[16,{width}]{{1,0}} parameter(0)\n"
+                f"  %xb = bf16[4,16,{width}]{{2,1,0}} broadcast(%x), dimensions={{1,2}}\n"
+                "  %zero = bf16[] constant(0)\n"
+                f"  %zb = bf16[4,16,{width}]{{2,1,0}} broadcast(%zero), dimensions={{}}\n"
+                f"  ROOT %s = bf16[4,16,{width}]{{2,1,0}} select(%mb, %xb, %zb)\n}}\n\n")
+    return ("HloModule jit_ragged_dot\n\n" + select("lhs", 8) + select("rhs", 4)
+            + "%conv_fusion (a: bf16[16,8], b: bf16[16,4], m0: pred[4,16], m1: pred[4,16]) -> bf16[4,8,4] {\n"
+              "  %a = bf16[16,8]{1,0} parameter(0)\n  %b = bf16[16,4]{1,0} parameter(1)\n"
+              "  %m0 = pred[4,16]{1,0} parameter(2)\n  %m1 = pred[4,16]{1,0} parameter(3)\n"
+              "  %fa = bf16[4,16,8]{2,1,0} fusion(%a, %m0), kind=kLoop, calls=%lhs_sel\n"
+              f"  %fb = bf16[4,16,4]{{2,1,0}} fusion(%b, %{second_mask}), kind=kLoop, calls=%rhs_sel\n"
+              "  ROOT %c = bf16[4,8,4]{2,1,0} convolution(%fa, %fb), window={size=4 stride=3 lhs_dilate=4}, "
+              "dim_labels=0fb_0io->0bf\n}\n")
+
+
+@pytest.mark.parametrize("second_mask, conv_flops", [
+    # one mask on both operands: each of the 16 rows is in one of the 4 groups:
+    # 2 x 128 outputs (4 x 8 x 4) x 16 rows / 4 groups = 1024
+    ("m0", 1024.0),
+    # different masks: nothing says the rows are shared out, so the dense count: 2 x 128 x 16 = 4096
+    ("m1", 4096.0),
+])
+def test_ragged_contraction_convolution_counts_each_row_once(second_mask, conv_flops):
+    comps = hlo.parse_module(_ragged_contraction_hlo(second_mask))
+    comp = comps["conv_fusion"]
+    conv = comp.root
+    shapes = {i.name: i.arrays for i in comp.instructions}
+    flops, _ = hlo.instruction_flops(comps, conv, shapes, {}, comp.by_name())
+    assert flops == conv_flops
+    # without its computation's producers the convolution is counted dense
+    assert hlo.instruction_flops(comps, conv, shapes, {})[0] == 4096.0
