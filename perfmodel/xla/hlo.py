@@ -7,7 +7,9 @@ instruction that runs at the top level of a computation (not inside a fusion),
 its work the way XLA's HloCostAnalysis does:
 
 * FLOPs: a ``dot`` is 2 x output elements x contracted size, a
-  ``convolution`` 2 x output elements x (kernel elements / output features);
+  ``convolution`` 2 x output elements x (kernel elements / output features)
+  (taps on a base-dilated input's zeros left out; a ragged contraction's
+  group-masked operands counted once per row, see :func:`_conv_flops`);
   elementwise arithmetic one per output element, a ``reduce`` one per input
   element; transcendentals (exp, log, tanh, rsqrt, ...) are counted apart;
   a fusion sums its fused computation (recursively);
