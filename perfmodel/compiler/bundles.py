@@ -231,21 +231,19 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     # A region spanning most of the body guards the whole step (the software pipeline skips it on its
     # fill/drain iterations): every real step runs it, so it is not counted as predicated.
     guards = [r for r in inside if r.bundles >= GUARD_SHARE * (hi - lo + 1)]
-    outer_regions: list[tuple[int, int]] = []
-    outer_branches: list[tuple[bool, str] | None] = []
+    outer: list[Region] = []
     for r in inside:
         if r in guards:
             continue
-        if not (outer_regions and r.last <= outer_regions[-1][1]):  # else nested in the previous outer region
-            outer_regions.append((r.first, r.last))
-            outer_branches.append(r.predicate)
+        if not (outer and r.last <= outer[-1].last):  # else nested in the previous outer region
+            outer.append(r)
         for i in range(r.first, r.last + 1):
             predicated[i - lo] = True
     body = sched.bundles[lo:hi + 1]
     always = sum(w for w, p in zip(weight, predicated) if not p)
     pred = sum(w for w, p in zip(weight, predicated) if p)
-    pred_max = most_run([(sum(weight[first - lo:last - lo + 1]), br)
-                         for (first, last), br in zip(outer_regions, outer_branches)], (b.code for b in body))
+    pred_max = most_run([(sum(weight[r.first - lo:r.last - lo + 1]), r.predicate) for r in outer],
+                        (b.code for b in body))
     counts = {"dma_starts": 0, "dma_waits": 0, "halts": 0, "sst": 0, "sld": 0}
     for b, w in zip(body, weight):
         for op in b.ops:
@@ -275,7 +273,7 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
         weighted_bundles=sum(weight),
         always_bundles=always,
         predicated_bundles=pred,
-        predicated_regions=tuple(last - first + 1 for first, last in outer_regions),
+        predicated_regions=tuple(r.bundles for r in outer),
         predicated_max_bundles=pred_max,
         guarded_bundles=max((r.bundles for r in guards), default=0),
         trip_count=loop.trip_count if loop else 1,

@@ -16,6 +16,7 @@ are too many it gives up and every region counts, as if none excluded another.
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -29,6 +30,9 @@ MAX_ASSIGNMENTS = 1 << 14
 MAX_DEPTH = 48
 
 _U32 = 1 << 32
+#: The scalar compares' conditions (looked up once per evaluation, not rebuilt).
+_CONDS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+          "ge": operator.ge}
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class _Reader:
 def _compare(cond: str, unsigned: bool, a: int, b: int) -> bool:
     if unsigned:
         a, b = a % _U32, b % _U32
-    return {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[cond]
+    return _CONDS[cond](a, b)
 
 
 def _atoms(e: Expr, cmps: set[Cmp], frees: set[str]) -> None:
