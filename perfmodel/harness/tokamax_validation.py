@@ -11,10 +11,12 @@ TPU7x, hence ``tpu-7x/core``) becomes the perfmodel ops that do its work, summed
 * Pallas ``flash_attention`` forward: the flash-attention op model with the recorded blocks;
 * XLA ``linear_softmax_cross_entropy_loss``: the logits GEMM and a pass over the logits (forward), plus the two
   gradient GEMMs (``vjp``);
-* ``normalization``: one elementwise pass.
+* ``normalization``: XLA's three passes (mean, variance, normalize);
+* XLA ``triangle_multiplication`` (AlphaFold's triangle update): its two layer norms, the four projection GEMMs
+  (two fused with a sigmoid gate) and the batched triangle GEMM, with the transpose that feeds it.
 
-What has no op model yet (triangle multiplication, backward flash attention, the fused Pallas cross-entropy,
-which never writes its logits) is listed as not modelled, with the reason. The subset is split in two by a fixed
+What has no op model yet (backward flash attention, the fused Pallas cross-entropy, which never writes its
+logits) is listed as not modelled, with the reason. The subset is split in two by a fixed
 hash of each point's id: the ``fit`` half is what perfmodel's constants may be fitted on, the other half is held
 out; the validation report prints both errors. The rest of tokamax's cache is the held-out set this project is
 judged on and is not used here.
@@ -197,6 +199,34 @@ def _normalization(args: dict[str, Any]) -> list[Part]:
                           "subtract_mean": bool(args.get("subtract_mean", True)), "form": "unfused"})]
 
 
+def _triangle_multiplication(args: dict[str, Any]) -> list[Part]:
+    """tokamax's XLA triangle multiplication over x [N, N, C] as XLA compiles it (libtpu, deviceless, 7x-tri-fwd-
+    xla-002, N = 384): a layer norm over C (its statistics passes; the normalized x is what the GEMMs read);
+    left/right projections and their gates, x [N^2, C] @ [C, 2H] twice, the second fused with sigmoid(gate) *
+    projection (reading the first's output); the transpose to [2, H, N, N] with the mask multiplied in; the
+    triangle itself, H batched [N, N] x [N, N] GEMMs ("cik,cjk->ijc" outgoing, "ckj,cki->ijc" incoming: the same
+    work); a layer norm over H; the output projection [N^2, H] @ [H, D]; and the output gate [N^2, C] @ [C, D]
+    fused with its sigmoid and the product. All in x's dtype (``precision`` DEFAULT), f32 statistics."""
+    dt, (n, n2, c) = array(args["x"])
+    _, (_, two, h) = array(args["projection_in_weights"])
+    _, (_, d) = array(args["gate_out_weights"])
+    rows = n * n2
+
+    def norm(hidden: int) -> Part:
+        return ("rms-norm", {"tokens": rows, "hidden": hidden, "dtype": dt, "residual": False,
+                             "subtract_mean": True, "form": "unfused"})
+
+    def proj(k: int, width: int, gated: bool = False) -> Part:
+        epilogue = ["sigmoid", "residual"] if gated else []
+        return ("gemm", {"m": rows, "n": width, "k": k, "lhs_dtype": dt, "rhs_dtype": dt, "out_dtype": dt,
+                         "epilogue": epilogue})
+
+    return [norm(c), proj(c, two * h), proj(c, two * h, gated=True),
+            ("copy", {"array_elements": rows * two * h, "dtype": dt, "elementwise": True}),
+            ("gemm", {"batch": h, "m": n, "n": n2, "k": n, "lhs_dtype": dt, "rhs_dtype": dt, "out_dtype": dt}),
+            norm(h), proj(h, d), proj(c, d, gated=True)]
+
+
 def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
              config: dict[str, Any]) -> list[Part]:
     """The perfmodel ops (predict op name, parameters) whose times add up to one recorded tokamax call."""
@@ -211,6 +241,8 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
         return _cross_entropy(args, backward)
     if op == "normalization" and not backward:
         return _normalization(args)
+    if op == "triangle_multiplication" and not pallas and not backward:
+        return _triangle_multiplication(args)
     raise NotModelled(f"{op} {'vjp' if backward else 'fwd'} ({implementation}): no op model yet")
 
 

@@ -78,8 +78,10 @@ def test_ragged_contraction_is_one_gemm_per_group():
 def test_unknown_layouts_and_ops_are_not_modelled():
     with pytest.raises(tv.NotModelled, match="dimension numbers"):
         tv.parts_of("ragged_dot", False, "xla", _ragged("bf16[512,256]", "bf16[4,256,1024]", [[1], [1]], [1], [1]), {})
-    with pytest.raises(tv.NotModelled, match="triangle_multiplication fwd"):
-        tv.parts_of("triangle_multiplication", False, "xla", {}, {})
+    with pytest.raises(tv.NotModelled, match="triangle_multiplication vjp"):
+        tv.parts_of("triangle_multiplication", True, "xla", {}, {})
+    with pytest.raises(tv.NotModelled, match=r"flash_attention vjp \(pallas_mosaic_tpu\)"):
+        tv.parts_of("flash_attention", True, "pallas_mosaic_tpu", {}, {})
 
 
 def test_attention_and_cross_entropy_parts():
@@ -213,6 +215,24 @@ def test_normalization_is_xlas_three_passes():
     (op, p), = tv.parts_of("normalization", False, "xla", args, {})
     assert op == "rms-norm" and (p["tokens"], p["hidden"]) == (384 * 384, 128)
     assert p["subtract_mean"] and p["form"] == "unfused" and not p["residual"]
+
+
+def test_triangle_multiplication_is_xlas_fusions():
+    # x [384, 384, 64], H = D = 64: 147,456 rows of C = 64.
+    args = {"x": "bf16[384,384,64]", "projection_in_weights": "bf16[64,2,64]", "gate_out_weights": "bf16[64,64]"}
+    parts = tv.parts_of("triangle_multiplication", False, "xla", args, {})
+    assert [op for op, _ in parts] == ["rms-norm", "gemm", "gemm", "copy", "gemm", "rms-norm", "gemm", "gemm"]
+    norm_in, left, gated, transpose, tri, norm_out, out_proj, out_gate = (p for _, p in parts)
+    assert (norm_in["tokens"], norm_in["hidden"], norm_out["hidden"]) == (147456, 64, 64)
+    # The projections: [147,456 x 64] @ [64 x 128], the second gated (sigmoid, times the first's output).
+    assert (left["m"], left["k"], left["n"], left["epilogue"]) == (147456, 64, 128, [])
+    assert gated["epilogue"] == ["sigmoid", "residual"] and out_gate["epilogue"] == ["sigmoid", "residual"]
+    # The transpose to [2, H, N, N] passes over both projections: 147,456 x 128 elements.
+    assert transpose["array_elements"] == 147456 * 128 and transpose["elementwise"]
+    # The triangle: 64 GEMMs of [384 x 384] @ [384 x 384] = 64 x 2 x 384^3 = 7.25 GFLOP.
+    assert (tri["batch"], tri["m"], tri["n"], tri["k"]) == (64, 384, 384, 384)
+    assert (out_proj["m"], out_proj["k"], out_proj["n"]) == (147456, 64, 64)
+    assert tv.parts_of("triangle_multiplication", False, "xla", {**args, "triangle_type": "outgoing"}, {}) == parts
 
 
 def test_xla_ragged_dot_points_name_the_implementation():
