@@ -152,6 +152,29 @@ def layer_norm(x: Any, scale: Any, offset: Any, *, axis: int = -1, epsilon: floa
     return y.astype(x.dtype)
 
 
+def triangle_multiplication(x: Any, mask: Any, projection_in_weights: Any, gate_in_weights: Any,
+                            projection_out_weights: Any, gate_out_weights: Any, layernorm_in_scale: Any,
+                            layernorm_in_offset: Any, layernorm_out_scale: Any, layernorm_out_offset: Any, *,
+                            triangle_type: str, epsilon: float = 1e-6) -> Any:
+    """tokamax's XLA triangle multiplication (AlphaFold's triangle update) on x [N, N, C]: layer norm over C;
+    sigmoid(x W_gate) * (x W_proj) with both [C, 2, H] weights' halves side by side ([C, 2H]), in f32, cast back;
+    transposed to [2, H, N, N] and masked; the triangle GEMM ("cik,cjk->ijc" outgoing, "ckj,cki->ijc" incoming);
+    layer norm over H; @ W_out [H, D], times sigmoid(layer-normed x @ W_gate_out [C, D])."""
+    import jax
+    import jax.numpy as jnp
+
+    h = layernorm_out_scale.shape[0]
+    left = layer_norm(x, layernorm_in_scale, layernorm_in_offset, epsilon=epsilon)
+    halves = [jnp.concatenate([w[:, 0, :], w[:, 1, :]], axis=-1) for w in (gate_in_weights, projection_in_weights)]
+    gate, proj = (jnp.matmul(left, w) for w in halves)
+    act = (jax.nn.sigmoid(gate.astype(jnp.float32)) * proj.astype(jnp.float32)).astype(x.dtype)
+    act = mask * jnp.transpose(act.reshape(*act.shape[:2], 2, h), (2, 3, 0, 1))  # [2, H, N, N]
+    equation = "cik,cjk->ijc" if triangle_type == "outgoing" else "ckj,cki->ijc"
+    out = jnp.einsum(equation, act[0], act[1])
+    out = layer_norm(out, layernorm_out_scale, layernorm_out_offset, epsilon=epsilon)
+    return jnp.dot(out, projection_out_weights) * jax.nn.sigmoid(jnp.dot(left, gate_out_weights))
+
+
 # ----------------------------------------------------------------------------- recorded call -> compile request
 
 
@@ -233,6 +256,14 @@ def compiled_call(call: dict[str, Any]) -> CompiledCall:
                   "scale_offset": float(args.get("scale_offset") or 0.0)}
         return CompiledCall(target=f"{_MODULE}:layer_norm", shapes=tuple(shapes),
                             args=tuple(f"{k}={v!r}" for k, v in static.items()))
+    if op == "triangle_multiplication" and not backward:
+        names = ("x", "mask", "projection_in_weights", "gate_in_weights", "projection_out_weights",
+                 "gate_out_weights", "layernorm_in_scale", "layernorm_in_offset", "layernorm_out_scale",
+                 "layernorm_out_offset")
+        static = {"triangle_type": str(args["triangle_type"]), "epsilon": float(args.get("epsilon", 1e-6))}
+        return CompiledCall(target=f"{_MODULE}:triangle_multiplication",
+                            shapes=tuple(_shape(n, args[n]) for n in names),
+                            args=tuple(f"{k}={v!r}" for k, v in static.items()))
     raise ValueError(f"{op} {'vjp' if backward else 'fwd'}: no function yet")
 
 
@@ -309,4 +340,5 @@ def compile_points(points: Sequence[Any], *, jobs: int = 1,
 
 
 __all__ = ["CompiledCall", "CompiledTime", "attention", "attention_vjp", "compile_chip", "compile_points",
-           "compiled_call", "cross_entropy", "cross_entropy_vjp", "layer_norm", "ragged_dot", "sample"]
+           "compiled_call", "cross_entropy", "cross_entropy_vjp", "layer_norm", "ragged_dot", "sample",
+           "triangle_multiplication"]

@@ -115,3 +115,34 @@ def test_compiled_time_of_a_pallas_point():
     r = done[0]
     assert r.point.tokamax_kernel and 0.5 < r.compiled_expected_s / r.point.measured_s < 2.0
     assert all(r.compiled_note == "not in the --sample" for r in report.rows if r.compiled_expected_s is None)
+
+
+@pytest.mark.parametrize("triangle_type", ["incoming", "outgoing"])
+def test_rebuilt_triangle_multiplication_is_tokamaxs(triangle_type, monkeypatch):
+    # perfmodel.harness.tokamax_compiled rebuilds tokamax's XLA triangle multiplication to compile it without
+    # tokamax: the same values as tokamax's own op (its recorded-call form, as the subset's points are built) on a
+    # small random case (N = 8, C = 16, H = 8, D = 4; f32).
+    import jax
+    import jax.numpy as jnp
+
+    from perfmodel.harness import tokamax_compiled as tc
+    from perfmodel.harness.tokamax_analyze import bound_call
+
+    monkeypatch.setattr("sys.argv", ["pytest"])  # tokamax's inner ops read absl flags from the command line
+    n, c, h, d = 8, 16, 8, 4
+    specs = {"x": (n, n, c), "mask": (n, n), "projection_in_weights": (c, 2, h), "gate_in_weights": (c, 2, h),
+             "projection_out_weights": (h, d), "gate_out_weights": (c, d), "layernorm_in_scale": (c,),
+             "layernorm_in_offset": (c,), "layernorm_out_scale": (h,), "layernorm_out_offset": (h,)}
+    args = {k: f"{'bool' if k == 'mask' else 'f32'}[{','.join(map(str, v))}]" for k, v in specs.items()}
+    fn, arrays = bound_call({"tokamax_op": "tokamax._src.ops.triangle_multiplication.base.TriangleMultiplication",
+                             "config": {}, "args": {**args, "triangle_type": triangle_type, "precision": ["DEFAULT"] * 2,
+                                                     "epsilon": 1e-6, "return_residuals": False}})
+    keys = iter(jax.random.split(jax.random.key(0), len(specs)))
+    values = {k: jax.random.bernoulli(next(keys), 0.8, v) if k == "mask" else jax.random.normal(next(keys), v)
+              for k, v in specs.items()}
+    names = sorted(specs)  # the bound call takes its arrays in the flattened (key-sorted) order of its arguments
+    assert [a.shape for a in arrays] == [specs[k] for k in names]
+    want, _ = fn(*(values[k] for k in names))
+    got = tc.triangle_multiplication(*values.values(), triangle_type=triangle_type)
+    assert got.shape == want.shape == (n, n, d)
+    assert jnp.allclose(got, want, rtol=2e-3, atol=2e-3)

@@ -52,6 +52,9 @@ def traced(point):
     ("7x-lse-vjp-xla-001", (((1024, 4096), "bfloat16"), ((4096, 151936), "bfloat16"))),
     ("7x-norm-fwd-xla-002", ((384, 384, 128), "bfloat16")),
     ("7x-norm-fwd-xla-004", ((128, 384, 384), "bfloat16")),  # normalized over axis 0
+    # x [384, 384, 64] -> [N, N, D = 64], incoming and outgoing
+    ("7x-tri-fwd-xla-002", ((384, 384, 64), "bfloat16")),
+    ("7x-tri-fwd-xla-003", ((640, 640, 64), "bfloat16")),
 ])
 def test_functions_trace_with_the_recorded_output_shapes(points, point_id, expected):
     got = traced(points[point_id])
@@ -77,8 +80,29 @@ def test_pallas_and_unknown_calls_have_no_function(points):
     pallas = next(p for p in points.values() if p.call["implementation"].startswith("pallas"))
     with pytest.raises(ValueError, match="compiled with --pallas analyze"):
         tc.compiled_call(pallas.call)
-    with pytest.raises(ValueError, match="no function yet"):
-        tc.compiled_call({"op": "triangle_multiplication", "pass": "fwd", "implementation": "xla", "args": {}})
+    with pytest.raises(ValueError, match="triangle_multiplication vjp: no function yet"):
+        tc.compiled_call({"op": "triangle_multiplication", "pass": "vjp", "implementation": "xla", "args": {}})
+
+
+def test_triangle_multiplication_call_passes_every_array_and_the_type(points):
+    call = tc.compiled_call(points["7x-tri-fwd-xla-002"].call)
+    assert call.target == "perfmodel.harness.tokamax_compiled:triangle_multiplication"
+    assert call.shapes[:2] == ("x=384x384x64:bf16", "mask=384x384:bool") and len(call.shapes) == 10
+    assert "triangle_type='incoming'" in call.args
+
+
+def test_triangle_multiplication_ends_worked_by_hand():
+    # C = H = D = 1: a layer norm over one channel leaves only its offset, so whatever x and the triangle are,
+    # out = offset_out (2) @ W_out (3) * sigmoid(offset_in (1) @ W_gate_out (1)) = 6 x 0.73106 = 4.3864.
+    # (test_tokamax_analyze.py compares the whole op with tokamax's own on a random case.)
+    import jax.numpy as jnp
+
+    n, one, zero = 3, jnp.ones, jnp.zeros(1)
+    out = tc.triangle_multiplication(
+        jnp.arange(n * n, dtype=jnp.float32).reshape(n, n, 1), one((n, n), bool), one((1, 2, 1)), one((1, 2, 1)),
+        jnp.full((1, 1), 3.0), one((1, 1)), zero, one(1), zero, jnp.full(1, 2.0), triangle_type="outgoing")
+    assert out.shape == (n, n, 1)
+    assert jnp.allclose(out, 6 / (1 + jnp.exp(-1.0)), atol=1e-5)
 
 
 def test_compile_chip_is_the_whole_chip_of_a_core():
