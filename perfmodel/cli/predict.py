@@ -70,15 +70,20 @@ def precision_option(fn: Any) -> Any:
 @click.option("--block-m", type=int, default=None, help="With --groups / --group-sizes: the kernel's row tile; the "
               "MXU then issues a whole tile per group in it (padded rows counted).")
 @click.option("--implementation", type=click.Choice(["kernel", "xla"]), default=None, help="With --groups / "
-              "--group-sizes: kernel (a grouped-GEMM kernel; default) or xla (jax.lax.ragged_dot as XLA lowers it, at "
-              "the chip's fitted share of a kernel's MXU rate).")
+              "--group-sizes: kernel (a grouped-GEMM kernel; default) or xla (jax.lax.ragged_dot as XLA lowers it: "
+              "its ragged-dot kernel at the tiles XLA picks, or with --ragged contraction its convolution).")
+@click.option("--ragged", type=click.Choice(["rows", "contraction"]), default=None, help="With --groups / "
+              "--group-sizes: what the groups split: rows (lhs's M rows, the forward; default) or contraction (the "
+              "K rows of both operands, a weight gradient: out[g] = lhs[rows of g]^T @ rhs[rows of g], M x N per "
+              "group; K defaults to the sum of the sizes).")
 @precision_option
 @predict_options
 @user_errors
 def gemm(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool, **params: Any) -> None:
     """[batch, M, K] x [batch, K, N] GEMM, f32 accumulation, optional quantization and epilogue; with --groups or
     --group-sizes a grouped GEMM (mixture of experts: rows sorted by expert, one weight matrix per expert)."""
-    required = ("n", "k") if params.get("group_sizes") else ("m", "n", "k")
+    contraction = params.get("ragged") == "contraction"
+    required = (("m", "n") if contraction else ("n", "k")) if params.get("group_sizes") else ("m", "n", "k")
     run_op("gemm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=required)
 
 

@@ -4,8 +4,9 @@ points of ``perfmodel validate --group tokamax``.
 Each timed tokamax call (one jitted op on ONE JAX device: the whole chip on v5e, one of the two TensorCores of a
 TPU7x, hence ``tpu-7x/core``) becomes the perfmodel ops that do its work, summed:
 
-* ``ragged_dot`` (both implementations): the grouped GEMM of its group sizes; a ragged contracting dimension (the weight-gradient form, out[g] = lhs[rows of
-  g]^T @ rhs[rows of g]) as one GEMM per group whose K is the group's rows;
+* ``ragged_dot`` (both implementations): the grouped GEMM of its group sizes; a ragged contracting dimension (the
+  weight-gradient form, out[g] = lhs[rows of g]^T @ rhs[rows of g]) as the grouped GEMM ragged along its
+  contraction (one GEMM per group whose K is the group's rows; XLA's convolution for the XLA implementation);
 * XLA ``attention``: the two batched GEMMs of logits and output and one elementwise pass over the f32 logits
   (softmax); its ``vjp`` five GEMMs and two passes;
 * Pallas ``flash_attention`` forward: the flash-attention op model with the recorded blocks;
@@ -117,10 +118,10 @@ def _ragged_dot(args: dict[str, Any], pallas: bool) -> list[Part]:
             parts.append(("copy", {"array_elements": m * n, "dtype": ldt}))
         out_elems = m * n
     elif dn["rhs_group_dimensions"] == [] and lc == [0] and rc == [0]:
-        # out[g] = lhs[rows of g]^T @ rhs[rows of g]: [K, N] per group, K = lhs's other dim, N = rhs's.
-        used, counts = np.unique([s for s in sizes if s > 0], return_counts=True)
-        parts = [("gemm", {"m": lhs[1], "n": rhs[1], "k": int(s), "batch": int(c), **dtypes})
-                 for s, c in zip(used, counts)]
+        # out[g] = lhs[rows of g]^T @ rhs[rows of g]: [K, N] per group, K = lhs's other dim, N = rhs's (the
+        # grouped GEMM ragged along its contraction: one GEMM per group in a kernel, XLA's convolution otherwise).
+        parts = [("gemm", {"m": lhs[1], "n": rhs[1], "k": lhs[0], "group_sizes": ",".join(map(str, sizes)),
+                           "ragged": "contraction", **dtypes, **({} if pallas else {"implementation": "xla"})})]
         if pallas:
             return parts
         out_elems = len(sizes) * lhs[1] * rhs[1]

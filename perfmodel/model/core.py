@@ -31,6 +31,8 @@ Num = Union[float, int, np.ndarray]
 
 #: Units in the order they are reported; each maps to an OpCost work field.
 UNITS: tuple[str, ...] = ("mxu", "vpu", "eup", "hbm", "ici")
+#: Work that runs alone, on the critical path (fixed parts of the expected time): serial VPU ops, serial HBM bytes.
+SERIAL_UNITS: tuple[str, ...] = ("serial_vpu", "serial_hbm")
 
 #: Human names of the bound each unit implies.
 BOUND_NAMES: dict[str, str] = {
@@ -78,6 +80,10 @@ class OpCost:
     #: Part of vpu_ops on the critical path (dequantizing weights or KV between their DMA and the MXU):
     #: their time adds to the slowest unit's in expected and no-overlap times instead of overlapping.
     serial_vpu_ops: Num = 0
+    #: Part of the HBM bytes (included in hbm_read/write_bytes) moved while nothing else runs (an output an
+    #: XLA op writes after its compute, not under it): their time adds to the slowest unit's in expected and
+    #: no-overlap times instead of overlapping.
+    serial_hbm_bytes: Num = 0
     #: Multiplier (<= 1) on the MXU's achievable share for this shape: contraction ramp x GPU waves
     #: (perfmodel.model.efficiency.mxu_factor); expected and no-overlap only.
     mxu_efficiency: Num = 1.0
@@ -152,7 +158,8 @@ class Roofline:
     peak_share: dict[str, Num]
     #: The fixed costs in expected_s and no_overlap_s by kind: "launch" (op / pallas_call launches),
     #: "dma_latency" (exposed first-fetch and last-write latencies), "op" (the op model's own: grid steps,
-    #: ICI hops) and "serial_vpu" (dequantization on the critical path, at its achievable rate).
+    #: ICI hops), "serial_vpu" (dequantization on the critical path, at its achievable rate) and "serial_hbm"
+    #: (HBM traffic that runs alone, at its achievable rate).
     fixed_parts_s: dict[str, Num] = dataclasses.field(default_factory=dict)
     #: Share of peak per unit the expected time assumes (perfmodel.model.efficiency.unit_shares).
     achievable_share: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -282,7 +289,7 @@ def _achievable_times(cost: OpCost, chip: ChipSpec, times: dict[str, np.ndarray]
 
     if cost.parts:
         per = [_achievable_times(p, chip, unit_times(p, chip)) for p in cost.parts]
-        return {u: sum(t[u] for t in per) for u in (*UNITS, "serial_vpu")}
+        return {u: sum(t[u] for t in per) for u in (*UNITS, *SERIAL_UNITS)}
     shares = unit_shares(chip, cost.mxu_dtype if cost.mxu_dtype in chip.compute.matmul_flops_per_s_per_chip
                          else "bf16")
     out = {u: np.asarray(times[u], dtype=float) / shares[u] for u in UNITS}
@@ -290,6 +297,10 @@ def _achievable_times(cost: OpCost, chip: ChipSpec, times: dict[str, np.ndarray]
     serial = np.asarray(cost.serial_vpu_ops, dtype=float) / (chip.compute.vpu_flops_per_s_per_chip * shares["vpu"])
     out["vpu"] = out["vpu"] - serial
     out["serial_vpu"] = serial
+    serial_hbm = np.asarray(cost.serial_hbm_bytes, dtype=float) / (chip.memory.hbm_bw_bytes_per_s_per_chip
+                                                                    * shares["hbm"])
+    out["hbm"] = out["hbm"] - serial_hbm
+    out["serial_hbm"] = serial_hbm
     return out
 
 
@@ -303,7 +314,7 @@ def additive_times(cost: OpCost, chip: ChipSpec) -> tuple[np.ndarray, np.ndarray
     ach = _achievable_times(cost, chip, times)
     launch_s, dma_s = _launch_costs(cost, chip)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(ach[u], dtype=float) for u in UNITS)))
-    own = np.asarray(ach["serial_vpu"], dtype=float) + np.asarray(cost.fixed_s, dtype=float)
+    own = sum(np.asarray(ach[u], dtype=float) for u in SERIAL_UNITS) + np.asarray(cost.fixed_s, dtype=float)
     return stacked, own, np.asarray(launch_s, dtype=float) + np.asarray(dma_s, dtype=float)
 
 
@@ -323,7 +334,7 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
     launch_s, dma_s = _launch_costs(cost, chip)
     parts = {"launch": launch_s, "dma_latency": dma_s,
              "op": np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float),
-             "serial_vpu": ach["serial_vpu"]}
+             **{u: ach[u] for u in SERIAL_UNITS}}
     fixed_overhead_s = sum(np.asarray(v, dtype=float) for v in parts.values())
     achievable = np.stack(np.broadcast_arrays(*(ach[u] for u in UNITS)))
     # Expected: the slowest unit at its achievable rate (units overlap). No-overlap ceiling: every unit
@@ -390,7 +401,7 @@ def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[st
 
 
 _ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes",
-             "vpu_padding_ops", "fixed_s", "launches", "serial_vpu_ops")
+             "vpu_padding_ops", "fixed_s", "launches", "serial_vpu_ops", "serial_hbm_bytes")
 
 
 def to_cost_estimate(cost: OpCost) -> Any:

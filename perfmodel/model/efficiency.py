@@ -154,6 +154,16 @@ def gather_row_cycles(chip: Any) -> float | None:
     return chip_efficiency(chip.name).gather_row_cycles
 
 
+def xla_ragged_contraction_share(n: Any) -> np.ndarray:
+    """Share of the bf16 MXU peak XLA's ragged-contraction convolution runs at (``jax.lax.ragged_dot_general``
+    with the groups on the contracting rows: out[g] = lhs[rows of g]^T @ rhs[rows of g], [m, n] per group): a
+    line in n, the output's minor (column) count, fitted with its fit points in the calibration file, capped at
+    1."""
+    fit = _table()["xla_ragged_contraction_mxu_share"]
+    share = float(fit["base"]) + float(fit["per_column"]) * np.asarray(n, dtype=float)
+    return np.minimum(share, 1.0)
+
+
 def mxu_share(chip: Any, rate_key: str) -> float:
     """Plateau share of the chip's peak for matmuls at ``rate_key`` (e.g. "bf16")."""
     eff = chip_efficiency(chip.name)

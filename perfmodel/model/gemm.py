@@ -260,7 +260,7 @@ def grouped_gemm(
     *,
     group_sizes: Sequence[int] | str,
     n: int,
-    k: int,
+    k: int | None = None,
     m: int | None = None,
     lhs_dtype: str = "bf16",
     rhs_dtype: str = "bf16",
@@ -269,10 +269,13 @@ def grouped_gemm(
     scale_block: int | None = None,
     block_m: int | None = None,
     implementation: str = "kernel",
+    ragged: str = "rows",
     chip: object | None = None,
 ) -> OpCost:
     """Grouped GEMM (mixture of experts): rows of ``lhs [m, k]`` sorted by group, group g's rows times
-    ``rhs[g] [k, n]`` (megablox's gmm; the bundled ``kernels/grouped_matmul``).
+    ``rhs[g] [k, n]`` (megablox's gmm; the bundled ``kernels/grouped_matmul``). ``ragged`` "contraction": the
+    groups split the contracting dimension instead (the weight gradient, megablox's tgmm): ``k`` rows sorted by
+    group, out[g] = lhs[rows of g]^T @ rhs[rows of g], [m, n] per group (:func:`ragged_contraction`).
 
     ``implementation``: "kernel" (a grouped-GEMM kernel: megablox, tokamax, the bundled one) or "xla"
     (``jax.lax.ragged_dot`` as XLA lowers it: its own Mosaic ragged-dot kernel with the tiles XLA picks,
@@ -289,6 +292,20 @@ def grouped_gemm(
     if implementation not in ("kernel", "xla"):
         raise InputError(f"`implementation` '{implementation}': one of kernel (a grouped-GEMM kernel), xla "
                          "(jax.lax.ragged_dot lowered by XLA)", fields=("implementation",))
+    if ragged not in RAGGED_DIMS:
+        raise InputError(f"`ragged` '{ragged}': one of rows (the groups split lhs's rows), contraction (they "
+                         "split the contracting dimension: a weight gradient)", fields=("ragged",))
+    if ragged == "contraction":
+        if block_m is not None:
+            raise InputError("`block_m` is a row tile of the rows-ragged form; drop it with `ragged` contraction",
+                             fields=("block_m", "ragged"))
+        if m is None:
+            raise InputError("`m`: with `ragged` contraction, the rows of each group's [m, n] output (lhs's "
+                             "other dimension)", fields=("m",))
+        return ragged_contraction(group_sizes=group_sizes, m=m, n=n, k=k, lhs_dtype=lhs_dtype,
+                                  rhs_dtype=rhs_dtype, out_dtype=out_dtype, implementation=implementation, chip=chip)
+    if k is None:
+        raise InputError("`k`: the contraction of every group's GEMM", fields=("k",))
     if implementation == "xla" and block_m is not None:
         raise InputError("`block_m` is a grouped-GEMM kernel's row tile; with `implementation` xla, XLA picks "
                          "its own tiles (drop block_m)", fields=("block_m", "implementation"))
@@ -339,6 +356,74 @@ def grouped_gemm(
                                metrics=metrics)
 
 
+
+#: What a grouped GEMM's group sizes split: lhs's rows (the forward), or the contracting dimension.
+RAGGED_DIMS = ("rows", "contraction")
+
+
+def ragged_contraction(
+    *,
+    group_sizes: Sequence[int] | str,
+    m: int,
+    n: int,
+    k: int | None = None,
+    lhs_dtype: str = "bf16",
+    rhs_dtype: str = "bf16",
+    out_dtype: str = "bf16",
+    implementation: str = "kernel",
+    chip: object | None = None,
+) -> OpCost:
+    """A grouped GEMM ragged along its contraction (an MoE weight gradient, megablox's tgmm): lhs [k, m] and rhs
+    [k, n] with their k rows sorted by group; out[g] = lhs[rows of g]^T @ rhs[rows of g], [m, n] per group.
+    ``k``: the rows (default and at most: the sum of the sizes).
+
+    "kernel": one GEMM per non-empty group whose contraction is its rows (each reads its rows of both operands
+    once and writes its [m, n]). "xla": XLA lowers it to one convolution over the rows with the group mask in its
+    operands (libtpu's compiled program; ``vmatmul.mubr.f32``: the operands reach the MXU as f32), which writes
+    every group's output, empty ones too. Its MXU work runs at
+    :func:`perfmodel.model.efficiency.xla_ragged_contraction_share` of the bf16 peak and the output is written
+    after it, not under it (``serial_hbm_bytes``): on tokamax's 7x timings, time at a fixed shape grows linearly
+    in the rows from an intercept that is the output's HBM traffic (the calibration file names the points)."""
+    from perfmodel.model.efficiency import unit_shares, xla_ragged_contraction_share
+
+    rows = group_size_list(group_sizes)
+    total = int(rows.sum())
+    k_rows = total if k is None else int(sizes("k", k))
+    if k_rows < total:
+        raise InputError(f"`group_sizes` sum to {total} rows of the contraction, more than `k`={k_rows}; the "
+                         "groups must fit in the operands' rows", fields=("group_sizes", "k"))
+    m, n = int(sizes("m", m)), int(sizes("n", n))
+    tpu = chip is None or getattr(chip, "kind", "tpu") == "tpu"
+    if implementation == "kernel" or not tpu:
+        used, counts = np.unique(rows[rows > 0], return_counts=True)
+        if not used.size:
+            raise InputError("`group_sizes`: every group is empty, so there is no work", fields=("group_sizes",))
+        parts = [gemm(m=m, n=n, k=int(s), batch=int(c), lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
+                      out_dtype=out_dtype, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
+        fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
+        return dataclasses.replace(parts[0], name="grouped_gemm", **fields,
+                                   notes=tuple(dict.fromkeys(note for p in parts for note in p.notes)) + (
+                                       "ragged contraction: one GEMM per group over its rows",) + (
+                                       () if tpu else ("implementation xla: XLA's ragged-contraction convolution "
+                                                       "is modelled on TPUs only; priced as a kernel",)),
+                                   metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0))})
+    whole = gemm(m=m, n=n, k=k_rows, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, chip=chip)
+    out_item = DTYPES[parse_dtype(out_dtype, "`out_dtype`")].itemsize_bytes
+    out_bytes = float(len(rows) * m * n * out_item)
+    share = float(xla_ragged_contraction_share(n))
+    efficiency = whole.mxu_efficiency
+    if chip is not None:
+        chip_share = unit_shares(chip, "bf16")["mxu"]
+        efficiency = min(share / chip_share, 1.0)
+    return dataclasses.replace(
+        whole, name="grouped_gemm", hbm_write_bytes=fval(out_bytes), serial_hbm_bytes=fval(out_bytes),
+        mxu_efficiency=efficiency,
+        notes=whole.notes + (f"implementation xla, ragged contraction: XLA's convolution over the rows, its MXU "
+                             f"work at {share:.2f} of the bf16 peak (n = {n}), then the {len(rows)} groups' "
+                             "outputs written (not overlapped)",),
+        metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0)), "mxu_share": share})
+
+
 #: The OpCost fields a grouped GEMM adds over its groups (the rest are the largest group's).
-_ADDITIVE_FIELDS = ("mxu_flops", "useful_flops", "vpu_ops", "vpu_padding_ops", "serial_vpu_ops", "eup_ops",
-                    "hbm_read_bytes", "hbm_write_bytes")
+_ADDITIVE_FIELDS = ("mxu_flops", "useful_flops", "vpu_ops", "vpu_padding_ops", "serial_vpu_ops", "serial_hbm_bytes",
+                    "eup_ops", "hbm_read_bytes", "hbm_write_bytes")

@@ -88,13 +88,14 @@ def blame_context(field: str) -> Iterator[None]:
 
 
 def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any = None, implementation: Any = None,
-         **params: Any) -> Any:
-    """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm); with ``groups`` (M rows split evenly) or
-    ``group_sizes`` the grouped GEMM of mixture of experts (perfmodel.model.gemm.grouped_gemm)."""
+         ragged: Any = None, **params: Any) -> Any:
+    """[batch, M, K] x [batch, K, N] GEMM (perfmodel.model.gemm.gemm); with ``groups`` (M rows split evenly; K rows
+    with ``ragged`` contraction) or ``group_sizes`` the grouped GEMM of mixture of experts
+    (perfmodel.model.gemm.grouped_gemm)."""
     from perfmodel.model import gemm as models
 
     if groups is None and group_sizes is None:
-        for name, value in (("block_m", block_m), ("implementation", implementation)):
+        for name, value in (("block_m", block_m), ("implementation", implementation), ("ragged", ragged)):
             if value is not None:
                 raise InputError(f"`{name}`: only for a grouped GEMM; add `groups` or `group_sizes`",
                                  fields=(name, "groups"))
@@ -107,12 +108,16 @@ def gemm(*, chip: Any, groups: Any = None, group_sizes: Any = None, block_m: Any
     if unsupported:
         raise InputError(f"`{unsupported[0]}`: not modelled for a grouped GEMM (the grouped kernel has none)",
                          fields=(unsupported[0],))
-    m = params.get("m")
-    sizes = models.uniform_group_sizes(m, groups) if groups is not None else models.group_size_list(group_sizes)
-    return models.grouped_gemm(chip=chip, group_sizes=sizes, m=m, n=params["n"], k=params["k"],
+    m, k = params.get("m"), params.get("k")
+    split = k if ragged == "contraction" else m  # the dimension the groups split
+    if groups is not None and split is None:
+        name = "k" if ragged == "contraction" else "m"
+        raise InputError(f"`groups` splits `{name}` evenly: give `{name}` (or `group_sizes`)", fields=(name, "groups"))
+    sizes = models.uniform_group_sizes(split, groups) if groups is not None else models.group_size_list(group_sizes)
+    return models.grouped_gemm(chip=chip, group_sizes=sizes, m=m, n=params["n"], k=k,
                                lhs_dtype=params.get("lhs_dtype", "bf16"), rhs_dtype=params.get("rhs_dtype", "bf16"),
                                out_dtype=params.get("out_dtype", "bf16"), weight_scale=params.get("weight_scale"),
-                               block_m=block_m, implementation=implementation or "kernel")
+                               block_m=block_m, implementation=implementation or "kernel", ragged=ragged or "rows")
 
 
 def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, kv_heads: Any = None,

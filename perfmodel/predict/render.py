@@ -51,7 +51,7 @@ def _unit_row(label: str, preds: list[OpPrediction], unit: str) -> list[str]:
 
 #: Roofline.fixed_parts_s keys -> how the text report names them.
 FIXED_PART_LABELS = {"launch": "launch", "dma_latency": "DMA latency", "op": "op fixed costs",
-                     "serial_vpu": "serial dequantization"}
+                     "serial_vpu": "serial dequantization", "serial_hbm": "HBM traffic run alone"}
 
 
 def report_rows(preds: list[OpPrediction]) -> list[list[str]]:

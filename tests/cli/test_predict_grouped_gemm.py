@@ -70,3 +70,28 @@ def test_implementation_is_for_a_grouped_gemm_only():
     assert "--implementation" in out and "--groups" in out and "Traceback" not in out
     out = run("-m", "64", "-k", "128", "-n", "128", "--groups", "2", "--implementation", "cuda", code=2)
     assert "--implementation" in out
+
+
+def test_ragged_contraction_is_a_weight_gradient():
+    # --ragged contraction: 4 groups split K = 4096 rows evenly; out[g] = lhs[rows of g]^T @ rhs[rows of g] is
+    # [512 x 1024] per group: 2 x 512 x 1024 x 4096 = 4,294,967,296 FLOPs; lhs 4096 x 512 and rhs 4096 x 1024
+    # bf16 read once = 12,582,912 B; a kernel writes each group's bf16 output: 4 x 512 x 1024 x 2 = 4,194,304 B.
+    rec = json.loads(run("-m", "512", "-n", "1024", "-k", "4096", "--groups", "4", "--ragged", "contraction",
+                         "--json"))[0]
+    assert rec["cost"]["useful_flops"] == 4_294_967_296
+    assert rec["cost"]["hbm_read_bytes"] == 12_582_912 and rec["cost"]["hbm_write_bytes"] == 4_194_304
+    # XLA's convolution writes its outputs alone: the text report says how long
+    out = run("-m", "512", "-n", "1024", "--group-sizes", "1024,1024,0,2048", "--ragged", "contraction",
+              "--implementation", "xla")
+    assert "in expected: HBM traffic run alone" in out and "XLA's convolution over the rows" in out
+
+
+def test_ragged_contraction_errors_name_the_flags():
+    out = run("-m", "512", "-n", "1024", "--groups", "4", "--ragged", "contraction", code=2)
+    assert "missing option --k" in out and "Traceback" not in out  # --groups splits K evenly
+    out = run("-n", "1024", "--group-sizes", "8,8", "--ragged", "contraction", code=2)
+    assert "missing option --m" in out
+    out = run("-m", "64", "-k", "128", "-n", "128", "--ragged", "contraction", code=2)
+    assert "--ragged: only for a grouped GEMM" in out
+    out = run("-m", "64", "-n", "128", "--group-sizes", "8,8", "--ragged", "diagonal", code=2)
+    assert "Invalid value for '--ragged'" in out

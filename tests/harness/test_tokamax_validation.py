@@ -64,15 +64,17 @@ def test_ragged_dot_row_ragged_and_transposed_weights():
     assert (p["k"], p["n"]) == (256, 1024)
 
 
-def test_ragged_contraction_is_one_gemm_per_group():
-    # out[g] = lhs[rows of g]^T @ rhs[rows of g]: groups of 128, 128 and 256 rows (one empty) ->
-    # 2 GEMMs of K=128 and 1 of K=256, each [256 x K] @ [K x 1024]: 2 x 256 x 1024 x 512 rows = 268,435,456 FLOPs.
-    parts = [part for part in tv.parts_of(
-        "ragged_dot", False, "xla", _ragged("bf16[512,256]", "bf16[512,1024]", [[0], [0]], [], [128, 0, 128, 256]),
-        {}) if part[0] == "gemm"]
-    assert sorted((p["k"], p["batch"]) for _, p in parts) == [(128, 2), (256, 1)]
-    assert all((p["m"], p["n"]) == (256, 1024) for _, p in parts)
-    assert sum(2 * p["m"] * p["n"] * p["k"] * p["batch"] for _, p in parts) == 268_435_456
+def test_ragged_contraction_is_the_contraction_ragged_grouped_gemm():
+    # out[g] = lhs[rows of g]^T @ rhs[rows of g]: groups of 128, 0, 128 and 256 of lhs's 512 rows, each
+    # [256 x rows] @ [rows x 1024]: one grouped GEMM ragged along its contraction (K = the 512 rows).
+    args = _ragged("bf16[512,256]", "bf16[512,1024]", [[0], [0]], [], [128, 0, 128, 256])
+    (op, p), cast = tv.parts_of("ragged_dot", False, "xla", args, {})
+    assert op == "gemm" and (p["m"], p["n"], p["k"]) == (256, 1024, 512)
+    assert p["ragged"] == "contraction" and p["group_sizes"] == "128,0,128,256" and p["implementation"] == "xla"
+    # XLA writes all 4 groups' f32 [256 x 1024] outputs; the cast reads them
+    assert cast[1]["array_elements"] == 4 * 256 * 1024 and cast[1]["dtype"] == "fp32"
+    (_, kernel), = tv.parts_of("ragged_dot", False, "pallas_mosaic_tpu", args, {})
+    assert "implementation" not in kernel and kernel["ragged"] == "contraction"
 
 
 def test_unknown_layouts_and_ops_are_not_modelled():

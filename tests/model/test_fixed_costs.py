@@ -23,7 +23,8 @@ def test_copy_hand_worked_on_v5e(v5e, rtol):
     assert r.floor_s == pytest.approx(4194304 / 819e9, rel=rtol["time"])
     # expected: 5.121 us / 0.85 + 1 us launch + 2 x 0.255 us DMA latency = 6.025 + 1.51 = 7.535 us
     assert r.expected_s == pytest.approx(4194304 / 819e9 / 0.85 + 1e-6 + 2 * 2.55e-7, rel=rtol["time"])
-    assert r.fixed_parts_s == pytest.approx({"launch": 1e-6, "dma_latency": 5.1e-7, "op": 0.0, "serial_vpu": 0.0})
+    assert r.fixed_parts_s == pytest.approx({"launch": 1e-6, "dma_latency": 5.1e-7, "op": 0.0, "serial_vpu": 0.0,
+                                             "serial_hbm": 0.0})
     # host dispatch is reported apart: 7.535 us + 107 us
     assert r.expected_with_dispatch_s == pytest.approx(r.expected_s + 1.07e-4, rel=rtol["time"])
 
@@ -107,6 +108,23 @@ def test_int8_decode_gemm_gains_about_1_3x_not_2x(v5e):
     assert 1.2 < bf16.expected_s / int8.expected_s < 1.6
     # the floor still sees the full 2x of the bytes
     assert bf16.floor_s / int8.floor_s > 1.9
+
+
+def test_serial_hbm_bytes_run_alone(v5e, rtol):
+    # A copy of 1 MiB in and 1 MiB out whose whole write runs alone: the HBM unit keeps the read (1 MiB at
+    # 819 GB/s x 0.85 = 1.506 us), the write's 1.506 us adds to it as a fixed part; the floor sees both.
+    cost = copy(array_bytes=2**20, chip=v5e)
+    serial = dataclasses.replace(cost, serial_hbm_bytes=2**20)
+    plain, alone = evaluate(cost, v5e), evaluate(serial, v5e)
+    one = 2**20 / (819e9 * 0.85)
+    assert alone.fixed_parts_s["serial_hbm"] == pytest.approx(one, rel=rtol["time"])
+    assert alone.expected_s == pytest.approx(plain.expected_s, rel=rtol["time"])  # nothing else runs: no change
+    assert alone.floor_s == plain.floor_s
+    # next to compute that covers the read: the write adds instead of hiding (8 MFLOP of VPU work at 6.16e12 x
+    # 0.8 = 1.62 us > the read's 1.506 us, so expected = 1.62 + 1.506 us + the fixed launch and DMA latency)
+    busy = dataclasses.replace(serial, vpu_ops=8e6)
+    fixed = 1e-6 + 2 * 2.55e-7
+    assert evaluate(busy, v5e).expected_s == pytest.approx(8e6 / (6.16e12 * 0.8) + one + fixed, rel=rtol["time"])
 
 
 @pytest.mark.parametrize("name", TPUS + GPUS)

@@ -77,3 +77,82 @@ def test_xla_grouped_gemm_refuses_a_row_tile():
     with pytest.raises(InputError, match="XLA picks its own tiles"):
         grouped_gemm(group_sizes="128,128", k=512, n=512, implementation="xla", block_m=64,
                      chip=get_chip("tpu-v5e"))
+
+
+# ----------------------------------------------------------------------------- the ragged contraction
+
+
+def test_ragged_contraction_kernel_is_one_gemm_per_group():
+    from perfmodel.model.gemm import gemm
+
+    # Groups of 128, 0, 128 and 256 rows of the contraction, [256 x rows] @ [rows x 1024] each: two GEMMs of
+    # K = 128 and one of K = 256, 2 x 256 x 1024 x 512 rows = 268,435,456 FLOPs; the empty group costs nothing.
+    cost = grouped_gemm(group_sizes=[128, 0, 128, 256], m=256, n=1024, ragged="contraction")
+    parts = [gemm(m=256, n=1024, k=128, batch=2), gemm(m=256, n=1024, k=256)]
+    assert cost.useful_flops == 268_435_456
+    for field in ("mxu_flops", "hbm_read_bytes", "hbm_write_bytes"):
+        assert getattr(cost, field) == sum(getattr(p, field) for p in parts)
+    assert cost.serial_hbm_bytes == 0
+
+
+@pytest.mark.parametrize("chip_name", ["tpu-7x/core", "tpu-v5e"])
+@pytest.mark.parametrize("n", [512, 1536, 7168])
+def test_ragged_contraction_xla_adds_its_output_write_to_its_mxu_work(chip_name, n):
+    from perfmodel.model.core import evaluate
+    from perfmodel.model.efficiency import unit_shares
+
+    chip = get_chip(chip_name)
+    g, m, rows = 8, 1024, 65536
+    cost = grouped_gemm(group_sizes=[rows // g] * g, m=m, n=n, out_dtype="fp32", implementation="xla",
+                        ragged="contraction", chip=chip)
+    # The MXU work at 0.247 + 4.05e-5 x n of the bf16 peak (2 x 1024 x n x 65536 FLOPs), then all 8 groups'
+    # f32 [1024 x n] outputs written alone at the achievable HBM rate; the inputs' reads (65536 x (1024 + n)
+    # x 2 B) are under the MXU work.
+    share = 0.247 + 4.05e-5 * n
+    peak = chip.compute.matmul_flops_per_s_per_chip["bf16"]
+    out = g * m * n * 4
+    hbm_rate = chip.memory.hbm_bw_bytes_per_s_per_chip * unit_shares(chip, "bf16")["hbm"]
+    assert cost.hbm_write_bytes == cost.serial_hbm_bytes == out
+    assert cost.hbm_read_bytes == rows * (m + n) * 2
+    r = evaluate(cost, chip)
+    mxu = 2 * m * n * rows / (peak * share)
+    assert mxu > rows * (m + n) * 2 / hbm_rate  # the reads hide under the MXU work
+    fixed = sum(v for k, v in r.fixed_parts_s.items() if k != "serial_hbm")
+    assert r.fixed_parts_s["serial_hbm"] == pytest.approx(out / hbm_rate)
+    assert r.expected_s == pytest.approx(mxu + out / hbm_rate + fixed, rel=1e-9)
+    assert r.floor_s == pytest.approx(max(2 * m * n * rows / peak, (out + cost.hbm_read_bytes)
+                                          / chip.memory.hbm_bw_bytes_per_s_per_chip))
+
+
+def test_ragged_contraction_xla_on_a_gpu_is_priced_as_a_kernel():
+    chip = get_chip("h100-sxm")
+    xla = grouped_gemm(group_sizes=[64, 64], m=256, n=256, implementation="xla", ragged="contraction", chip=chip)
+    kernel = grouped_gemm(group_sizes=[64, 64], m=256, n=256, ragged="contraction", chip=chip)
+    assert xla.mxu_flops == kernel.mxu_flops and xla.serial_hbm_bytes == 0
+    assert any("modelled on TPUs only" in note for note in xla.notes)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ragged": "cols"}, r"`ragged` 'cols': one of rows .*, contraction"),
+    ({"ragged": "contraction", "block_m": 128}, "`block_m` is a row tile of the rows-ragged form"),
+    ({"ragged": "contraction", "m": None}, r"`m`: with `ragged` contraction, the rows of each group's"),
+    ({"ragged": "contraction", "k": 100}, "`group_sizes` sum to 128 rows of the contraction, more than `k`=100"),
+    ({"ragged": "contraction", "group_sizes": [0, 0]}, "every group is empty"),
+    ({"ragged": "rows", "k": None}, "`k`: the contraction of every group's GEMM"),
+])
+def test_ragged_contraction_errors(kwargs, match):
+    args = {"group_sizes": [64, 64], "m": 256, "n": 256, "k": 128, **kwargs}
+    with pytest.raises(InputError, match=match):
+        grouped_gemm(**args)
+
+
+def test_predict_gemm_groups_split_k_with_ragged_contraction():
+    from perfmodel.predict.ops import predict_op
+
+    chip = get_chip("tpu-v5e")
+    with pytest.raises(InputError, match=r"`groups` splits `k` evenly: give `k` \(or `group_sizes`\)"):
+        predict_op("gemm", {"m": 512, "n": 1024, "groups": 4, "ragged": "contraction"}, chips=[chip])
+    (pred,) = predict_op("gemm", {"m": 512, "n": 1024, "k": 4096, "groups": 4, "ragged": "contraction"},
+                         chips=[chip]).predictions
+    assert pred.roofline.cost.metrics["groups"] == 4  # 4 groups of 1024 rows of the contraction
+    assert pred.roofline.cost.useful_flops == 2 * 512 * 1024 * 4096
