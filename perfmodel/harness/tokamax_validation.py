@@ -177,16 +177,19 @@ def _flash_attention(args: dict[str, Any], config: dict[str, Any]) -> list[Part]
 
 
 def _cross_entropy(args: dict[str, Any], backward: bool) -> list[Part]:
-    """x [B, H] @ w [H, V] -> f32 logits, one pass over them (log-sum-exp and the label's logit); the backward
-    recomputes them and adds dx = dlogits w^T and dw = x^T dlogits."""
+    """tokamax's XLA cross-entropy (its reference functions): logits = x @ w in the operands' promoted dtype (bf16
+    when x and w are bf16, f32 when x is f32: no f32 accumulation asked for), one pass over them (log-softmax,
+    the one-hot loss, log-sum-exp); the backward recomputes them, s = exp(logits - lse) - one_hot in that dtype,
+    and dx = s w^T, dw = x^T s, both scaled by the f32 cotangent, so written in f32."""
     xdt, (b, h) = array(args["x"])
     wdt, (_, v) = array(args["w"])
-    logits = ("gemm", {"m": b, "n": v, "k": h, "lhs_dtype": xdt, "rhs_dtype": wdt, "out_dtype": "fp32"})
-    softmax = ("copy", {"array_elements": b * v, "dtype": "fp32", "elementwise": True})
+    act = xdt if xdt == wdt else "fp32"  # jnp's promotion of two different float dtypes (bf16, f16, f32) is f32
+    logits = ("gemm", {"m": b, "n": v, "k": h, "lhs_dtype": xdt, "rhs_dtype": wdt, "out_dtype": act})
+    softmax = ("copy", {"array_elements": b * v, "dtype": act, "elementwise": True})
     if not backward:
         return [logits, softmax]
-    dx = ("gemm", {"m": b, "n": h, "k": v, "lhs_dtype": "fp32", "rhs_dtype": wdt, "out_dtype": xdt})
-    dw = ("gemm", {"m": h, "n": v, "k": b, "lhs_dtype": xdt, "rhs_dtype": "fp32", "out_dtype": wdt})
+    dx = ("gemm", {"m": b, "n": h, "k": v, "lhs_dtype": act, "rhs_dtype": wdt, "out_dtype": "fp32"})
+    dw = ("gemm", {"m": h, "n": v, "k": b, "lhs_dtype": xdt, "rhs_dtype": act, "out_dtype": "fp32"})
     return [logits, softmax, dx, dw]
 
 

@@ -171,7 +171,7 @@ def test_program_hbm_runs_at_the_chips_fitted_share():
 def test_an_ops_flops_take_at_least_their_time_at_the_fitted_xla_mxu_share(chip_name, floored):
     # The matmul fusion does 2 x 8 x 256 x 512 = 2.10 MFLOP per trip. With one bundle (0.45-0.67 ns at the
     # clock) its compute is its FLOPs at the fitted bf16 share where efficiency.yaml has one (one 7x core:
-    # 0.82 of 1.15 PFLOP/s = 2.2 ns; v5e: 0.95 of 197 TFLOP/s = 11.2 ns); v6e has none: the bundle alone.
+    # 0.74 of 1.15 PFLOP/s = 2.5 ns; v5e: 0.95 of 197 TFLOP/s = 11.2 ns); v6e has none: the bundle alone.
     from perfmodel.model.efficiency import chip_efficiency
     from perfmodel.schedule.compiled import default_constants
 
