@@ -180,17 +180,23 @@ def _cross_entropy(args: dict[str, Any], backward: bool) -> list[Part]:
     """tokamax's XLA cross-entropy (its reference functions): logits = x @ w in the operands' promoted dtype (bf16
     when x and w are bf16, f32 when x is f32: no f32 accumulation asked for), one pass over them (log-softmax,
     the one-hot loss, log-sum-exp); the backward recomputes them, s = exp(logits - lse) - one_hot in that dtype,
-    and dx = s w^T, dw = x^T s, both scaled by the f32 cotangent, so written in f32."""
+    and dx = s w^T, dw = x^T s, both scaled by the cotangent (recorded in x's dtype), in their promoted dtype."""
     xdt, (b, h) = array(args["x"])
     wdt, (_, v) = array(args["w"])
-    act = xdt if xdt == wdt else "fp32"  # jnp's promotion of two different float dtypes (bf16, f16, f32) is f32
+    act = _promoted(xdt, wdt)
     logits = ("gemm", {"m": b, "n": v, "k": h, "lhs_dtype": xdt, "rhs_dtype": wdt, "out_dtype": act})
     softmax = ("copy", {"array_elements": b * v, "dtype": act, "elementwise": True})
     if not backward:
         return [logits, softmax]
-    dx = ("gemm", {"m": b, "n": h, "k": v, "lhs_dtype": act, "rhs_dtype": wdt, "out_dtype": "fp32"})
-    dw = ("gemm", {"m": h, "n": v, "k": b, "lhs_dtype": xdt, "rhs_dtype": act, "out_dtype": "fp32"})
+    out = _promoted(act, array(args["dout"])[0]) if args.get("dout") else act
+    dx = ("gemm", {"m": b, "n": h, "k": v, "lhs_dtype": act, "rhs_dtype": wdt, "out_dtype": out})
+    dw = ("gemm", {"m": h, "n": v, "k": b, "lhs_dtype": xdt, "rhs_dtype": act, "out_dtype": out})
     return [logits, softmax, dx, dw]
+
+
+def _promoted(a: str, b: str) -> str:
+    """jnp's promotion of two float dtypes: the same, or f32 for two different ones (bf16 and f16 included)."""
+    return a if a == b else "fp32"
 
 
 def _normalization(args: dict[str, Any]) -> list[Part]:

@@ -106,15 +106,17 @@ def test_attention_and_cross_entropy_parts():
     assert len(tv.parts_of("linear_softmax_cross_entropy_loss", True, "xla", ce, {})) == 4
 
 
-@pytest.mark.parametrize("x, logits_dtype", [("f32[1024,4096]", "fp32"), ("bf16[1024,4096]", "bf16")])
-def test_cross_entropy_logits_are_in_the_promoted_dtype(x, logits_dtype):
+@pytest.mark.parametrize("x, dout, logits_dtype, grad_dtype", [
+    ("f32[1024,4096]", "f32[]", "fp32", "fp32"), ("bf16[1024,4096]", "bf16[]", "bf16", "bf16"),
+    ("bf16[1024,4096]", "f32[]", "bf16", "fp32")])
+def test_cross_entropy_logits_are_in_the_promoted_dtype(x, dout, logits_dtype, grad_dtype):
     # tokamax's reference: logits = x @ w with no f32 accumulation asked for, so bf16 x bf16 -> bf16 logits and
-    # f32 x bf16 -> f32; s = exp(logits - lse) - one_hot stays in that dtype; dx and dw are scaled by the f32
-    # cotangent, so written in f32.
-    ce = {"x": x, "w": "bf16[4096,151936]"}
+    # f32 x bf16 -> f32; s = exp(logits - lse) - one_hot stays in that dtype; dx and dw are scaled by the
+    # cotangent: bf16 x bf16 dout stays bf16, an f32 one promotes them to f32.
+    ce = {"x": x, "w": "bf16[4096,151936]", "dout": dout}
     (_, logits), (_, softmax), (_, dx), (_, dw) = tv.parts_of("linear_softmax_cross_entropy_loss", True, "xla", ce, {})
     assert logits["out_dtype"] == softmax["dtype"] == dx["lhs_dtype"] == dw["rhs_dtype"] == logits_dtype
-    assert dx["out_dtype"] == dw["out_dtype"] == "fp32"
+    assert dx["out_dtype"] == dw["out_dtype"] == grad_dtype
     assert (dx["m"], dx["n"], dx["k"], dw["m"], dw["n"], dw["k"]) == (1024, 4096, 151936, 4096, 151936, 1024)
 
 
