@@ -105,29 +105,32 @@ def attention_vjp(q: Any, k: Any, v: Any, dout: Any, *, logits_scale: float, is_
     return pullback(dout)
 
 
-def _cross_entropy_loss(x: Any, labels: Any, w: Any, reduction: str) -> Any:
-    """f32 logits = x @ w, per-row logsumexp minus the label's logit, reduced by mean or sum."""
+def cross_entropy(x: Any, labels: Any, w: Any, *, reduction: str = "mean") -> Any:
+    """Forward of tokamax's XLA linear softmax cross-entropy loss, as its reference function computes it: logits =
+    x @ w in the operands' promoted dtype (no f32 accumulation asked for), log-softmax, the one-hot loss summed in
+    f32 (over the rows for "mean"); the loss in x's dtype, as the recorded calls return it."""
     import jax
     import jax.numpy as jnp
 
-    logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
-    loss = lse - label_logit
-    return jnp.mean(loss) if reduction == "mean" else jnp.sum(loss)
+    logits = x @ w
+    one_hot = jax.nn.one_hot(labels, num_classes=w.shape[1], dtype=x.dtype)
+    total = jnp.sum(-one_hot * jax.nn.log_softmax(logits, axis=-1), dtype=jnp.float32)
+    return (total / x.shape[0] if reduction == "mean" else total).astype(x.dtype)
 
 
-def cross_entropy(x: Any, labels: Any, w: Any, *, reduction: str = "mean") -> Any:
-    """Forward of tokamax's XLA linear softmax cross-entropy loss (the loss in x's dtype)."""
-    return _cross_entropy_loss(x, labels, w, reduction).astype(x.dtype)
-
-
-def cross_entropy_vjp(x: Any, labels: Any, w: Any, dout: Any, *, reduction: str = "mean") -> Any:
-    """dx, dw of the loss for the scalar cotangent ``dout`` (jax.vjp w.r.t. x and w: the logits are recomputed)."""
+def cross_entropy_vjp(x: Any, labels: Any, w: Any, dout: Any, lse: Any, *, reduction: str = "mean") -> Any:
+    """dx, dw of :func:`cross_entropy` as tokamax's reference backward computes them from the forward's
+    log-sum-exp ``lse`` (its residual): s = exp(x @ w - lse) - one_hot in the logits' dtype, dx = s w^T, dw = x^T s (over the
+    rows for "mean"), each scaled by the cotangent ``dout``."""
     import jax
+    import jax.numpy as jnp
 
-    _, pullback = jax.vjp(lambda x_, w_: _cross_entropy_loss(x_, labels, w_, reduction), x, w)
-    return pullback(dout.astype("float32"))
+    one_hot = jax.nn.one_hot(labels, num_classes=w.shape[1], dtype=x.dtype)
+    s = -one_hot + jnp.exp(x @ w - lse[:, None])
+    dx, dw = s @ w.T, x.T @ s
+    if reduction == "mean":
+        dx, dw = dx / x.shape[0], dw / x.shape[0]
+    return dout * dx, dout * dw
 
 
 def layer_norm(x: Any, scale: Any, offset: Any, *, axis: int = -1, epsilon: float = 1e-6,
@@ -246,8 +249,9 @@ def compiled_call(call: dict[str, Any]) -> CompiledCall:
         shapes = [_shape(n, args[n]) for n in ("x", "labels", "w")]
         static = (f"reduction={args.get('reduction', 'mean')!r}",)
         if backward:
-            return CompiledCall(target=f"{_MODULE}:cross_entropy_vjp", shapes=(*shapes, _shape("dout", args["dout"])),
-                                args=static)
+            (lse,) = args["residuals"]
+            return CompiledCall(target=f"{_MODULE}:cross_entropy_vjp",
+                                shapes=(*shapes, _shape("dout", args["dout"]), _shape("lse", lse)), args=static)
         return CompiledCall(target=f"{_MODULE}:cross_entropy", shapes=tuple(shapes), args=static)
     if op == "normalization" and not backward:
         shapes = [_shape("x", args["x"])] + [_shape(n, args[n]) for n in ("scale", "offset") if args.get(n)]

@@ -73,7 +73,7 @@ def test_compiled_call_is_a_perfmodel_xla_command(points):
     assert call.target == "perfmodel.harness.tokamax_compiled:ragged_dot"
     assert call.shapes == ("lhs=131072x7168:bf16", "rhs=256x7168x1024:bf16")
     assert "rhs_group=[0]" in call.args and call.command.startswith("perfmodel xla perfmodel.harness")
-    assert tc.compiled_call(points["7x-lse-vjp-xla-001"].call).shapes[-1] == "dout=scalar:bf16"
+    assert tc.compiled_call(points["7x-lse-vjp-xla-001"].call).shapes[-2:] == ("dout=scalar:bf16", "lse=1024:bf16")
 
 
 def test_pallas_and_unknown_calls_have_no_function(points):
