@@ -205,8 +205,14 @@ def _normalization(args: dict[str, Any]) -> list[Part]:
     (three fusions in the compiled program of every subset point); the normalized axis is ``hidden``."""
     dt, dims = array(args["x"])
     hidden = dims[int(args.get("axis", -1))]
-    return [("rms-norm", {"tokens": int(np.prod(dims)) // hidden, "hidden": hidden, "dtype": dt, "residual": False,
-                          "subtract_mean": bool(args.get("subtract_mean", True)), "form": "unfused"})]
+    return [_layer_norm(int(np.prod(dims)) // hidden, hidden, dt, bool(args.get("subtract_mean", True)))]
+
+
+def _layer_norm(rows: int, hidden: int, dtype: str, subtract_mean: bool = True) -> Part:
+    """XLA's layer norm (RMS norm without ``subtract_mean``) over [rows, hidden]: the f32 statistics passes and
+    the normalizing pass."""
+    return ("rms-norm", {"tokens": rows, "hidden": hidden, "dtype": dtype, "residual": False,
+                         "subtract_mean": subtract_mean, "form": "unfused"})
 
 
 def _triangle_multiplication(args: dict[str, Any]) -> list[Part]:
@@ -222,19 +228,15 @@ def _triangle_multiplication(args: dict[str, Any]) -> list[Part]:
     _, (_, d) = array(args["gate_out_weights"])
     rows = n * n2
 
-    def norm(hidden: int) -> Part:
-        return ("rms-norm", {"tokens": rows, "hidden": hidden, "dtype": dt, "residual": False,
-                             "subtract_mean": True, "form": "unfused"})
-
     def proj(k: int, width: int, gated: bool = False) -> Part:
         epilogue = ["sigmoid", "residual"] if gated else []
         return ("gemm", {"m": rows, "n": width, "k": k, "lhs_dtype": dt, "rhs_dtype": dt, "out_dtype": dt,
                          "epilogue": epilogue})
 
-    return [norm(c), proj(c, two * h), proj(c, two * h, gated=True),
+    return [_layer_norm(rows, c, dt), proj(c, two * h), proj(c, two * h, gated=True),
             ("copy", {"array_elements": rows * two * h, "dtype": dt, "elementwise": True}),
             ("gemm", {"batch": h, "m": n, "n": n2, "k": n, "lhs_dtype": dt, "rhs_dtype": dt, "out_dtype": dt}),
-            norm(h), proj(h, d), proj(c, d, gated=True)]
+            _layer_norm(rows, h, dt), proj(h, d), proj(c, d, gated=True)]
 
 
 def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],

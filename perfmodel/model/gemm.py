@@ -23,7 +23,7 @@ Work model
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -315,11 +315,9 @@ def grouped_gemm(
     if out_rows < total:
         raise InputError(f"`group_sizes` sum to {total} rows, more than `m`={out_rows}; "
                          "the groups must fit in lhs's rows (drop rows or raise m)")
-    used, counts = np.unique(rows[rows > 0], return_counts=True)
-    parts = [gemm(m=int(s), n=n, k=k, batch=int(c), lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype,
-                  weight_scale=weight_scale, scale_block=scale_block, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
-    total_fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
-    notes = tuple(dict.fromkeys(note for p in parts for note in p.notes))
+    first, total_fields, notes = _sum_of_group_gemms(rows, lambda s, c: gemm(
+        m=s, n=n, k=k, batch=c, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype,
+        weight_scale=weight_scale, scale_block=scale_block, chip=chip))
     extra_rows = out_rows - total
     if extra_rows:
         total_fields["hbm_write_bytes"] += extra_rows * n * DTYPES[parse_dtype(out_dtype)].itemsize_bytes
@@ -330,8 +328,8 @@ def grouped_gemm(
         path = matmul_path(chip, parse_dtype(lhs_dtype), parse_dtype(rhs_dtype))
         total_fields["mxu_flops"] = fval(mxu_issued_flops(visits * block, n, k, 1, tiles, path.passes))
         notes += (f"{visits} row tiles of {block} issued (tiles straddling groups computed once per group)",)
-    efficiency = parts[0].mxu_efficiency
-    metrics = {"groups": len(rows), "groups_touched": int(np.sum(rows > 0))}
+    efficiency = first.mxu_efficiency
+    metrics = _group_metrics(rows)
     if implementation == "xla":
         lhs_b, rhs_b, out_b = (DTYPES[parse_dtype(d)].itemsize_bytes for d in (lhs_dtype, rhs_dtype, out_dtype))
         tiling = xla_ragged_dot_tiling(chip, m=out_rows, k=int(k), n=int(n), lhs_itemsize=lhs_b,
@@ -352,9 +350,21 @@ def grouped_gemm(
             notes += (f"implementation xla: XLA's ragged-dot kernel, tiles {tiling.tile_m} x {tiling.tile_k} x "
                       f"{tiling.tile_n} (rows x K x columns): {visits} row-tile visits x {tiling.n_tiles} column "
                       f"tile(s) x {tiling.k_tiles} K tile(s), lhs read once per column tile",)
-    return dataclasses.replace(parts[0], name="grouped_gemm", notes=notes, **total_fields, mxu_efficiency=efficiency,
+    return dataclasses.replace(first, name="grouped_gemm", notes=notes, **total_fields, mxu_efficiency=efficiency,
                                metrics=metrics)
 
+
+def _sum_of_group_gemms(rows: np.ndarray, gemm_of: Any) -> tuple[OpCost, dict[str, Num], tuple[str, ...]]:
+    """One GEMM per distinct non-empty group size (``gemm_of(size, count)``, the groups of that size as its
+    batch), largest first: (the largest's cost, the additive fields summed over all, their notes)."""
+    used, counts = np.unique(rows[rows > 0], return_counts=True)
+    parts = [gemm_of(int(s), int(c)) for s, c in zip(used[::-1], counts[::-1])]
+    fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
+    return parts[0], fields, tuple(dict.fromkeys(note for p in parts for note in p.notes))
+
+
+def _group_metrics(rows: np.ndarray) -> dict[str, Num]:
+    return {"groups": len(rows), "groups_touched": int(np.sum(rows > 0))}
 
 
 #: What a grouped GEMM's group sizes split: lhs's rows (the forward), or the contracting dimension.
@@ -395,18 +405,15 @@ def ragged_contraction(
     m, n = int(sizes("m", m)), int(sizes("n", n))
     tpu = chip is None or getattr(chip, "kind", "tpu") == "tpu"
     if implementation == "kernel" or not tpu:
-        used, counts = np.unique(rows[rows > 0], return_counts=True)
-        if not used.size:
+        if not np.any(rows > 0):
             raise InputError("`group_sizes`: every group is empty, so there is no work", fields=("group_sizes",))
-        parts = [gemm(m=m, n=n, k=int(s), batch=int(c), lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype,
-                      out_dtype=out_dtype, chip=chip) for s, c in zip(used[::-1], counts[::-1])]
-        fields = {f: sum(getattr(p, f) for p in parts) for f in _ADDITIVE_FIELDS}
-        return dataclasses.replace(parts[0], name="grouped_gemm", **fields,
-                                   notes=tuple(dict.fromkeys(note for p in parts for note in p.notes)) + (
-                                       "ragged contraction: one GEMM per group over its rows",) + (
-                                       () if tpu else ("implementation xla: XLA's ragged-contraction convolution "
-                                                       "is modelled on TPUs only; priced as a kernel",)),
-                                   metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0))})
+        first, fields, notes = _sum_of_group_gemms(rows, lambda s, c: gemm(
+            m=m, n=n, k=s, batch=c, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, chip=chip))
+        notes += ("ragged contraction: one GEMM per group over its rows",)
+        if not tpu:
+            notes += ("implementation xla: XLA's ragged-contraction convolution is modelled on TPUs only; priced "
+                      "as a kernel",)
+        return dataclasses.replace(first, name="grouped_gemm", **fields, notes=notes, metrics=_group_metrics(rows))
     whole = gemm(m=m, n=n, k=k_rows, lhs_dtype=lhs_dtype, rhs_dtype=rhs_dtype, out_dtype=out_dtype, chip=chip)
     out_item = DTYPES[parse_dtype(out_dtype, "`out_dtype`")].itemsize_bytes
     out_bytes = float(len(rows) * m * n * out_item)
@@ -421,7 +428,7 @@ def ragged_contraction(
         notes=whole.notes + (f"implementation xla, ragged contraction: XLA's convolution over the rows, its MXU "
                              f"work at {share:.2f} of the bf16 peak (n = {n}), then the {len(rows)} groups' "
                              "outputs written (not overlapped)",),
-        metrics={"groups": len(rows), "groups_touched": int(np.sum(rows > 0)), "mxu_share": share})
+        metrics={**_group_metrics(rows), "mxu_share": share})
 
 
 #: The OpCost fields a grouped GEMM adds over its groups (the rest are the largest group's).
