@@ -329,10 +329,12 @@ def fused() -> None:
 @click.option("--out-dtype", default=None)
 @click.option("--subtract-mean", is_flag=True, help="A layer norm: the mean taken off first (unfused: one more "
               "reduction pass).")
+@click.option("--backward", is_flag=True, help="The norm's gradient (dx and the weight's, from the forward's f32 "
+              "statistics) instead; unfused: XLA's reduction pass and dx pass.")
 @predict_options
 @user_errors
 def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:
-    """Residual add + RMSNorm (or layer norm, --subtract-mean)."""
+    """Residual add + RMSNorm (or layer norm, --subtract-mean), or its gradient (--backward)."""
     run_op("rms-norm", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("tokens", "hidden"))
 
 

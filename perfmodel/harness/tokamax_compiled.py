@@ -133,7 +133,7 @@ def cross_entropy_vjp(x: Any, labels: Any, w: Any, dout: Any, lse: Any, *, reduc
     return dout * dx, dout * dw
 
 
-def layer_norm(x: Any, scale: Any, offset: Any, *, axis: int = -1, epsilon: float = 1e-6,
+def layer_norm(x: Any, scale: Any = None, offset: Any = None, *, axis: int = -1, epsilon: float = 1e-6,
                subtract_mean: bool = True, scale_offset: float = 0.0) -> Any:
     """tokamax's XLA normalization: statistics in f32 over ``axis``, (x - mean) / sqrt(var + eps) * (scale +
     scale_offset) + offset, in x's dtype (``subtract_mean`` False: RMS norm)."""
@@ -153,6 +153,32 @@ def layer_norm(x: Any, scale: Any, offset: Any, *, axis: int = -1, epsilon: floa
     if offset is not None:
         y = y + offset.astype(jnp.float32).reshape(shape)
     return y.astype(x.dtype)
+
+
+def layer_norm_vjp(x: Any, dout: Any, rstddev: Any, mean: Any = None, scale: Any = None, offset: Any = None, *,
+                   axis: int = -1, scale_offset: float = 0.0) -> Any:
+    """tokamax's XLA normalization backward (NormalizationVjp) from the forward's residuals ``mean`` (None: RMS
+    norm) and ``rstddev`` (f32, the normalized axis kept as 1): in f32, x_norm = (x - mean) * rstddev; the
+    offset's gradient sums dout and the scale's sums dout * x_norm over every other axis; dx = (dout * (scale +
+    scale_offset) - mean over ``axis`` of that times x_norm * x_norm - its mean) * rstddev, in x's dtype."""
+    import jax.numpy as jnp
+
+    ax = axis % x.ndim
+    others = tuple(a for a in range(x.ndim) if a != ax)
+    g = dout.astype(jnp.float32)
+    x_norm = x.astype(jnp.float32)
+    if mean is not None:
+        x_norm = x_norm - mean
+    x_norm = x_norm * rstddev
+    doffset = None if offset is None else jnp.sum(g, others).astype(offset.dtype)
+    dscale = None
+    if scale is not None:
+        dscale = jnp.sum(g * x_norm, others).astype(scale.dtype)
+        g = g * (jnp.expand_dims(scale.astype(jnp.float32), others) + scale_offset)
+    dx = g - jnp.mean(g * x_norm, axis=ax, keepdims=True) * x_norm
+    if mean is not None:
+        dx = dx - jnp.mean(g, axis=ax, keepdims=True)
+    return (dx * rstddev).astype(x.dtype), dscale, doffset
 
 
 def triangle_multiplication(x: Any, mask: Any, projection_in_weights: Any, gate_in_weights: Any,
@@ -253,12 +279,18 @@ def compiled_call(call: dict[str, Any]) -> CompiledCall:
             return CompiledCall(target=f"{_MODULE}:cross_entropy_vjp",
                                 shapes=(*shapes, _shape("dout", args["dout"]), _shape("lse", lse)), args=static)
         return CompiledCall(target=f"{_MODULE}:cross_entropy", shapes=tuple(shapes), args=static)
-    if op == "normalization" and not backward:
-        shapes = [_shape("x", args["x"])] + [_shape(n, args[n]) for n in ("scale", "offset") if args.get(n)]
-        static = {"axis": int(args.get("axis", -1)), "epsilon": float(args.get("epsilon", 1e-6)),
-                  "subtract_mean": bool(args.get("subtract_mean", True)),
-                  "scale_offset": float(args.get("scale_offset") or 0.0)}
-        return CompiledCall(target=f"{_MODULE}:layer_norm", shapes=tuple(shapes),
+    if op == "normalization":
+        params = [_shape(n, args[n]) for n in ("scale", "offset") if args.get(n)]
+        axis, scale_offset = int(args.get("axis", -1)), float(args.get("scale_offset") or 0.0)
+        if backward:  # residuals: (mean or None, rstddev), as NormalizationVjp takes them
+            mean, rstddev = args["residuals"]
+            shapes = [_shape("x", args["x"]), _shape("dout", args["dout"]), _shape("rstddev", rstddev),
+                      *([_shape("mean", mean)] if mean else []), *params]
+            return CompiledCall(target=f"{_MODULE}:layer_norm_vjp", shapes=tuple(shapes),
+                                args=(f"axis={axis!r}", f"scale_offset={scale_offset!r}"))
+        static = {"axis": axis, "epsilon": float(args.get("epsilon", 1e-6)),
+                  "subtract_mean": bool(args.get("subtract_mean", True)), "scale_offset": scale_offset}
+        return CompiledCall(target=f"{_MODULE}:layer_norm", shapes=(_shape("x", args["x"]), *params),
                             args=tuple(f"{k}={v!r}" for k, v in static.items()))
     if op == "triangle_multiplication" and not backward:
         names = ("x", "mask", "projection_in_weights", "gate_in_weights", "projection_out_weights",

@@ -199,20 +199,23 @@ def _promoted(a: str, b: str) -> str:
     return a if a == b else "fp32"
 
 
-def _normalization(args: dict[str, Any]) -> list[Part]:
+def _normalization(args: dict[str, Any], backward: bool) -> list[Part]:
     """tokamax's XLA normalization as XLA compiles it: statistics in f32, each its own reduction pass over x
     (the mean where ``subtract_mean``, then the variance), then the normalizing pass that writes the output
-    (three fusions in the compiled program of every subset point); the normalized axis is ``hidden``."""
+    (three fusions in the compiled program of every subset point); the normalized axis is ``hidden``. The
+    backward (NormalizationVjp, from the forward's f32 statistics): a reduction pass over x and the cotangent,
+    then the dx pass (two fusions in the compiled program of every shape of tokamax's benchmark)."""
     dt, dims = array(args["x"])
     hidden = dims[int(args.get("axis", -1))]
-    return [_layer_norm(int(np.prod(dims)) // hidden, hidden, dt, bool(args.get("subtract_mean", True)))]
+    return [_layer_norm(int(np.prod(dims)) // hidden, hidden, dt, bool(args.get("subtract_mean", True)),
+                        backward=backward)]
 
 
-def _layer_norm(rows: int, hidden: int, dtype: str, subtract_mean: bool = True) -> Part:
+def _layer_norm(rows: int, hidden: int, dtype: str, subtract_mean: bool = True, backward: bool = False) -> Part:
     """XLA's layer norm (RMS norm without ``subtract_mean``) over [rows, hidden]: the f32 statistics passes and
-    the normalizing pass."""
+    the normalizing pass (``backward``: its gradient's reduction and dx passes)."""
     return ("rms-norm", {"tokens": rows, "hidden": hidden, "dtype": dtype, "residual": False,
-                         "subtract_mean": subtract_mean, "form": "unfused"})
+                         "subtract_mean": subtract_mean, "form": "unfused", **({"backward": True} if backward else {})})
 
 
 def _triangle_multiplication(args: dict[str, Any]) -> list[Part]:
@@ -251,8 +254,8 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
         return _flash_attention(args, config)
     if op == "linear_softmax_cross_entropy_loss" and not pallas:
         return _cross_entropy(args, backward)
-    if op == "normalization" and not backward:
-        return _normalization(args)
+    if op == "normalization" and not pallas:
+        return _normalization(args, backward)
     if op == "triangle_multiplication" and not pallas and not backward:
         return _triangle_multiplication(args)
     raise NotModelled(f"{op} {'vjp' if backward else 'fwd'} ({implementation}): no op model yet")

@@ -26,6 +26,11 @@ from perfmodel.model.shapes import chip_tiles, choice, fval, sizes
 RMS_NORM_VPU_OPS = 4
 #: A layer norm's mean on top: its sum and the subtraction.
 LAYER_NORM_EXTRA_VPU_OPS = 2
+#: The norm's backward per element (dx, dscale): x_norm = x * rstd, g = dout * weight, g * x_norm, its sum over
+#: the row, the weight gradient's sum over the tokens, dx = (g - mean(g * x_norm) * x_norm) * rstd (3).
+RMS_NORM_BACKWARD_VPU_OPS = 8
+#: A layer norm's backward on top: x - mean, the row sum of g, the offset gradient's sum, dx - mean(g).
+LAYER_NORM_BACKWARD_EXTRA_VPU_OPS = 4
 #: RoPE per element: x*cos, rotate-half (lane roll and negate), *sin, add.
 ROPE_VPU_OPS = 5
 GLU_KINDS = {"swiglu": "silu", "geglu": "gelu"}
@@ -61,9 +66,11 @@ def rms_norm(
     out_dtype: str | None = None,
     fused: bool = True,
     subtract_mean: bool = False,
+    backward: bool = False,
     chip: object | None = None,
 ) -> OpCost:
-    """(Residual add +) RMSNorm over [tokens, hidden]; ``subtract_mean``: a layer norm (the mean taken off first).
+    """(Residual add +) RMSNorm over [tokens, hidden]; ``subtract_mean``: a layer norm (the mean taken off first);
+    ``backward``: its gradient instead (:func:`_norm_backward`).
 
     Fused: read x (and the residual) and the weight, write the output (and the
     updated residual). Unfused: the add writes the sum, a reduction reads it
@@ -81,6 +88,10 @@ def rms_norm(
     item, out_item = DTYPES[dt].itemsize_bytes, DTYPES[out_dt].itemsize_bytes
     act = elems * item
     weight = hidden * item
+    if backward:
+        return _norm_backward(tokens=tokens, hidden=hidden, elems=elems, padded=padded, item=item,
+                              out_item=out_item, cast_ops=_cast_ops(dt, dt, out_dt), residual=residual,
+                              subtract_mean=subtract_mean, fused=fused)
     vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt) + LAYER_NORM_EXTRA_VPU_OPS * subtract_mean
     if fused:
         read = act * (1 + residual) + weight
@@ -94,6 +105,39 @@ def rms_norm(
     norm = "layer-norm" if subtract_mean else "rms-norm"
     return _elementwise_cost(name=norm if not residual else f"add+{norm}", elements=elems,
                              elements_padded=padded, vpu_per=vpu_per, eup=1.0 * tokens, read=read, write=write,
+                             kernels=kernels, fused=fused)
+
+
+def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: int, out_item: int,
+                   cast_ops: int, residual: bool, subtract_mean: bool, fused: bool) -> OpCost:
+    """The gradient of (residual add +) RMSNorm / layer norm over [tokens, hidden] from the forward's f32
+    statistics (rstd, and the mean for a layer norm): dx (in ``out_item`` bytes), the weight's gradient (and the
+    offset's for a layer norm), each summed over the tokens in f32.
+
+    Fused: one kernel reads x, the cotangent dout, the statistics and the weight, and writes dx and the
+    parameter gradients. Unfused, as XLA compiles tokamax's normalization backward (two fusions, libtpu,
+    deviceless, every shape of tokamax's normalization benchmark on 7x): a reduction pass reads x, dout, the
+    statistics and the weight and writes the row sums (mean(g * x_norm), and mean(g) for a layer norm, f32 per
+    token) and the parameter gradients; the dx pass reads all of those again and the row sums, and writes dx. The
+    residual add's gradient is dx plus the residual stream's cotangent: one more input read when fused, one more
+    add kernel (two reads, one write) unfused."""
+    act, out = elems * item, elems * out_item
+    stats = tokens * 4.0 * (1 + subtract_mean)  # f32 rstd (and mean) per token
+    params_read = hidden * item
+    params_grad = hidden * 4.0 * (1 + subtract_mean)  # dscale (and doffset), f32 sums
+    if fused:
+        read = 2 * act + stats + params_read + act * residual
+        write = out + params_grad
+        kernels = 1
+    else:
+        row_sums = stats
+        read = 2 * (2 * act + stats + params_read) + row_sums + 2 * out * residual
+        write = row_sums + params_grad + out + out * residual
+        kernels = 2 + residual
+    vpu_per = RMS_NORM_BACKWARD_VPU_OPS + LAYER_NORM_BACKWARD_EXTRA_VPU_OPS * subtract_mean + cast_ops + residual
+    norm = "layer-norm" if subtract_mean else "rms-norm"
+    return _elementwise_cost(name=f"{norm} backward" if not residual else f"add+{norm} backward", elements=elems,
+                             elements_padded=padded, vpu_per=vpu_per, eup=0.0, read=read, write=write,
                              kernels=kernels, fused=fused)
 
 

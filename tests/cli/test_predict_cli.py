@@ -440,6 +440,17 @@ def test_fused_layer_norm_and_one_form():
         predict_op("rms-norm", {"tokens": 8, "hidden": 128, "form": "both"}, chips=[get_chip("v5e")])
 
 
+def test_fused_norm_backward():
+    recs = run_json("fused", "rms-norm", "--hw", "v5e", "--tokens", "4096", "--hidden", "8192", "--no-residual",
+                    "--subtract-mean", "--backward")
+    assert [r["cost"]["name"] for r in recs] == ["layer-norm backward"] * 2
+    # fused: x and dout (2 x 4096 x 8192 x 2 B), rstd and mean (2 x 4096 x 4 B) and the weight (8192 x 2 B)
+    assert recs[0]["cost"]["hbm_read_bytes"] == 2 * 4096 * 8192 * 2 + 2 * 4096 * 4 + 8192 * 2
+    assert recs[1]["cost"]["metrics"]["kernels"] == 2 and recs[0]["cost"]["eup_ops"] == 0
+    text = run("fused", "rms-norm", "--hw", "v5e", "--tokens", "4096", "--hidden", "8192", "--backward")
+    assert "backward=True" in text and "µs" in text
+
+
 def test_copy_needs_one_size():
     out = run("copy", "--hw", "v5e", code=2)
     assert "--bytes" in out and "--elements" in out

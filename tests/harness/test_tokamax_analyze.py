@@ -172,3 +172,37 @@ def test_rebuilt_cross_entropy_is_tokamaxs_reference(dtype, reduction):
     for g, h in zip(got, want):
         assert g.dtype == h.dtype and g.shape == h.shape
         assert jnp.allclose(g.astype(jnp.float32), h.astype(jnp.float32), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("subtract_mean", [True, False])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_rebuilt_normalization_backward_is_tokamaxs(subtract_mean, axis, monkeypatch):
+    # The compiled rebuild of tokamax's XLA normalization backward against tokamax's NormalizationVjp on its own
+    # forward's residuals (x [6, 5, 8] bf16, f32 parameters, random cotangent): dx, dscale, doffset. Over a
+    # leading axis tokamax 0.0.12's backward multiplies the cotangent by the scale without broadcasting it to
+    # that axis (a [6] scale against [6, 5, 8]), and fails: only the last axis has a tokamax backward to match
+    # (the rebuild matches jax.vjp of the forward on both, test_tokamax_compiled.py).
+    import jax
+    import jax.numpy as jnp
+    from tokamax._src.ops.normalization.base import Normalization, NormalizationVjp
+
+    from perfmodel.harness import tokamax_compiled as tc
+
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    kx, ks, ko, kg = jax.random.split(jax.random.key(3), 4)
+    x = jax.random.normal(kx, (6, 5, 8)).astype(jnp.bfloat16)
+    width = x.shape[axis]
+    scale, offset = jax.random.normal(ks, (width,)), jax.random.normal(ko, (width,))
+    kw = {"axis": axis, "epsilon": 1e-6, "scale_offset": 0.25, "subtract_mean": subtract_mean}
+    out, residuals = Normalization()(x, scale, offset, return_residuals=True, **kw)
+    dout = jax.random.normal(kg, x.shape).astype(jnp.bfloat16)
+    if axis == 0:
+        with pytest.raises(ValueError, match="Incompatible shapes for broadcasting"):
+            NormalizationVjp()(residuals, out, dout, x, scale, offset, return_residuals=False, **kw)
+        return
+    want = NormalizationVjp()(residuals, out, dout, x, scale, offset, return_residuals=False, **kw)
+    mean, rstddev = residuals
+    got = tc.layer_norm_vjp(x, dout, rstddev, mean, scale, offset, axis=axis, scale_offset=0.25)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert jnp.allclose(g.astype(jnp.float32), w.astype(jnp.float32), rtol=1e-2, atol=1e-2)

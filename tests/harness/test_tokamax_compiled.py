@@ -105,6 +105,50 @@ def test_triangle_multiplication_ends_worked_by_hand():
     assert jnp.allclose(out, 6 / (1 + jnp.exp(-1.0)), atol=1e-5)
 
 
+_NORM_VJP_ARGS = {"residuals": ["f32[384,384,1]", "f32[384,384,1]"], "out": "bf16[384,384,128]",
+                  "dout": "bf16[384,384,128]", "x": "bf16[384,384,128]", "scale": "f32[128]", "offset": "f32[128]",
+                  "axis": -1, "epsilon": 1e-6, "scale_offset": 0.0, "subtract_mean": True}
+
+
+def test_normalization_backward_call_takes_the_residuals():
+    # NormalizationVjp's recorded call: x, the cotangent, the residuals (rstddev, and the mean of a layer norm),
+    # the parameters; dx in x's shape and dtype, the parameters' gradients in theirs.
+    call = {"op": "normalization", "pass": "vjp", "implementation": "xla", "args": _NORM_VJP_ARGS}
+    c = tc.compiled_call(call)
+    assert c.target == "perfmodel.harness.tokamax_compiled:layer_norm_vjp"
+    assert c.shapes == ("x=384x384x128:bf16", "dout=384x384x128:bf16", "rstddev=384x384x1:f32",
+                        "mean=384x384x1:f32", "scale=128:f32", "offset=128:f32")
+    rms = tc.compiled_call({**call, "args": {**_NORM_VJP_ARGS, "residuals": [None, "f32[384,384,1]"]}})
+    assert not any(s.startswith("mean=") for s in rms.shapes)
+    point = pv.ValidationPoint(id="n", group="g", chip="tpu-7x/core", source="test", role="held-out",
+                               measured_s=1e-4, includes_dispatch=False, timed="test", parts=(), call=call)
+    assert traced(point) == (((384, 384, 128), "bfloat16"), ((128,), "float32"), ((128,), "float32"))
+
+
+@pytest.mark.parametrize("subtract_mean", [True, False])
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_normalization_backward_is_the_forwards_gradient(subtract_mean, axis):
+    # layer_norm_vjp (tokamax's NormalizationVjp, rebuilt) from the forward's statistics equals jax.vjp of the
+    # rebuilt forward (x [6, 5, 8] f32, random scale, offset and cotangent).
+    import jax
+    import jax.numpy as jnp
+
+    kx, ks, ko, kg = jax.random.split(jax.random.key(2), 4)
+    x = jax.random.normal(kx, (6, 5, 8)) * 3 + 1
+    width = x.shape[axis]
+    scale, offset = jax.random.normal(ks, (width,)), jax.random.normal(ko, (width,))
+    dout = jax.random.normal(kg, x.shape)
+    fwd = lambda x_, s_, o_: tc.layer_norm(x_, s_, o_, axis=axis, subtract_mean=subtract_mean, scale_offset=0.5)
+    _, pullback = jax.vjp(fwd, x, scale, offset)
+    want = pullback(dout)
+    mean = jnp.mean(x, axis, keepdims=True) if subtract_mean else None
+    centred = x - mean if subtract_mean else x
+    rstd = jax.lax.rsqrt(jnp.mean(centred * centred, axis, keepdims=True) + 1e-6)
+    got = tc.layer_norm_vjp(x, dout, rstd, mean, scale, offset, axis=axis, scale_offset=0.5)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and jnp.allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_compile_chip_is_the_whole_chip_of_a_core():
     assert tc.compile_chip("tpu-7x/core") == "tpu-7x"
     assert tc.compile_chip("tpu-v5e") == "tpu-v5e"

@@ -233,6 +233,58 @@ def test_normalization_is_xlas_three_passes():
     assert p["subtract_mean"] and p["form"] == "unfused" and not p["residual"]
 
 
+def test_normalization_backward_is_xlas_two_passes():
+    # NormalizationVjp (not in the subset; tokamax's cache has a normalization_vjp file for 7x): the same rows,
+    # priced as the norm's backward, unfused (the compiled program's reduction and dx fusions).
+    args = {"x": "bf16[384,384,128]", "axis": -1, "subtract_mean": True}
+    (op, p), = tv.parts_of("normalization", True, "xla", args, {})
+    assert op == "rms-norm" and (p["tokens"], p["hidden"]) == (384 * 384, 128)
+    assert p["backward"] and p["form"] == "unfused" and p["subtract_mean"]
+    assert "backward" not in tv.parts_of("normalization", False, "xla", args, {})[0][1]
+
+
+_VJP_POINT = """
+cite_as: tokamax (test)
+points:
+- id: 7x-norm-vjp-xla-001
+  chip: TPU7x
+  op: normalization
+  pass: vjp
+  implementation: xla
+  tokamax_op: tokamax._src.ops.normalization.base.NormalizationVjp
+  args:
+    residuals:
+    - f32[1,384,384]
+    - f32[1,384,384]
+    out: bf16[128,384,384]
+    dout: bf16[128,384,384]
+    x: bf16[128,384,384]
+    scale: f32[128]
+    offset: f32[128]
+    axis: 0
+    epsilon: 1.0e-06
+    scale_offset: 0.0
+    subtract_mean: true
+    return_residuals: false
+  config: {}
+  measured: {median_ms: 0.1}
+  src: test
+"""
+
+
+def test_a_normalization_backward_point_is_modelled():
+    # A point in the subset's format (the residuals (mean, rstddev) with the normalized axis kept as 1): a group of
+    # its own, priced (not skipped), and its expected time from the backward's two passes.
+    (point,), skipped = tv.load_points(_VJP_POINT)
+    assert skipped == [] and point.group == "tokamax-7x-normalization-vjp-xla"
+    (op, p), = point.parts
+    assert p["backward"] and (p["tokens"], p["hidden"]) == (384 * 384, 128)
+    row = pv.evaluate_point(point)
+    # 5 passes of 37.7 MB (x and dout twice, dx once) at one 7x core's fitted HBM rate (0.59 x 3.69 TB/s):
+    # 189 MB / 2.18 TB/s = 87 us, plus the two fusions' fixed costs
+    assert 80e-6 < row.expected_s < 100e-6
+
+
 def test_triangle_multiplication_is_xlas_fusions():
     # x [384, 384, 64], H = D = 64: 147,456 rows of C = 64.
     args = {"x": "bf16[384,384,64]", "projection_in_weights": "bf16[64,2,64]", "gate_out_weights": "bf16[64,64]"}

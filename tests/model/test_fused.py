@@ -44,6 +44,35 @@ def test_layer_norm_adds_a_mean_pass_unfused(v5e):
     assert fused.name == "layer-norm" and fused.hbm_read_bytes == act + h * 2 and fused.vpu_ops > rms.vpu_ops
 
 
+def test_layer_norm_backward_hand_worked(v5e):
+    # tokamax's normalization backward on x [384 x 384 rows, 128] bf16: x and dout are 147,456 x 128 x 2 B =
+    # 37,748,736 B each; the statistics (rstd, mean) and the two row sums are 2 x 4 B per row; the weight is
+    # 128 x 2 B, its and the offset's gradients 2 x 128 x 4 B (f32 sums).
+    t, h = 384 * 384, 128
+    act, stats, grads = t * h * 2, 2 * t * 4, 2 * h * 4
+    fused = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, backward=True, chip=v5e)
+    # one kernel: read x, dout, the statistics and the weight; write dx and the parameter gradients
+    assert fused.name == "layer-norm backward" and fused.metrics["kernels"] == 1
+    assert fused.hbm_read_bytes == 2 * act + stats + h * 2
+    assert fused.hbm_write_bytes == act + grads
+    unfused = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, backward=True, fused=False, chip=v5e)
+    # XLA's two fusions: the reduction pass (x, dout, stats, weight -> row sums, gradients), the dx pass (the same
+    # inputs and the row sums -> dx): 2 x 75.5 MB + 2.4 MB read against the compiled program's 2 x 75.5 MB
+    assert unfused.hbm_read_bytes == 2 * (2 * act + stats + h * 2) + stats
+    assert unfused.hbm_write_bytes == stats + grads + act and unfused.metrics["kernels"] == 2
+    assert unfused.vpu_ops == fused.vpu_ops and fused.eup_ops == 0  # rstd is the forward's: no rsqrt
+    rms = rms_norm(tokens=t, hidden=h, residual=False, backward=True, chip=v5e)
+    assert rms.name == "rms-norm backward" and rms.vpu_ops < fused.vpu_ops
+    assert rms.hbm_read_bytes == 2 * act + t * 4 + h * 2  # rstd only
+    # with the residual add: its gradient is dx plus the residual stream's cotangent (one more read fused; one
+    # more add kernel unfused: two reads, one write)
+    res = rms_norm(tokens=t, hidden=h, subtract_mean=True, backward=True, chip=v5e)
+    assert res.name == "add+layer-norm backward" and res.hbm_read_bytes == fused.hbm_read_bytes + act
+    res_u = rms_norm(tokens=t, hidden=h, subtract_mean=True, backward=True, fused=False, chip=v5e)
+    assert res_u.hbm_read_bytes == unfused.hbm_read_bytes + 2 * act
+    assert res_u.hbm_write_bytes == unfused.hbm_write_bytes + act and res_u.metrics["kernels"] == 3
+
+
 @pytest.mark.parametrize("fn", [swiglu, geglu])
 def test_glu_traffic(v5e, fn):
     t, i = 512, 14336
