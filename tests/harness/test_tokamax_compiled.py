@@ -220,3 +220,28 @@ def test_cli_compile_json_carries_the_compiled_fields():
     assert {p["compiled_note"] for p in report["points"] if p["compiled_expected_s"] is None} <= {tc.NOT_SAMPLED}
     (group,) = report["groups"]
     assert group["compiled_held_out"]["compiled"]["count"] + group["compiled_fit"]["compiled"]["count"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.needs_libtpu
+@needs_libtpu
+def test_normalization_backward_compiles_for_7x():
+    # A NormalizationVjp point (x [64, 32, 128] bf16 over its last axis) through --compile on one 7x core: the
+    # compiled program's HBM traffic is the op model's two passes (x and dout read twice, dx written once:
+    # 5 x 524,288 B = 2.6 MB, give or take the statistics), and its time is positive.
+    from perfmodel.compiler.api import CompileCall, compile_many
+    from perfmodel.xla.program import build_program
+
+    args = {**_NORM_VJP_ARGS, "residuals": ["f32[64,32,1]", "f32[64,32,1]"], "x": "bf16[64,32,128]",
+            "dout": "bf16[64,32,128]", "out": "bf16[64,32,128]"}
+    point = pv.ValidationPoint(id="n", group="g", chip="tpu-7x/core", source="test", role="held-out",
+                               measured_s=1e-4, includes_dispatch=False, timed="test", parts=(),
+                               call={"op": "normalization", "pass": "vjp", "implementation": "xla", "args": args})
+    (compiled,) = tc.compile_points([point]).values()
+    assert compiled.reason in (None, "") and compiled.expected_s > 0
+    c = tc.compiled_call(point.call)
+    (rep,) = compile_many([CompileCall(kind="function", target=c.target, shapes=c.shapes, args=c.args)],
+                          get_chip("tpu-7x"))
+    prog = build_program(rep, get_chip("tpu-7x/core"))
+    moved = sum(o.hbm_bytes * o.count for o in prog.ops)
+    assert 5 * 64 * 32 * 128 * 2 <= moved <= 6 * 64 * 32 * 128 * 2
