@@ -107,7 +107,7 @@ class ValidationRow:
     expected_s: float
     dispatch_s: float
     #: ``--compile`` (tokamax XLA points): the compiled program's time (perfmodel.harness.tokamax_compiled),
-    #: None without one; ``compiled_note`` says why there is none.
+    #: None without one; ``compiled_note`` says why there is none (with one: what to doubt in it, or "").
     compiled_expected_s: float | None = None
     compiled_note: str = ""
 
@@ -544,6 +544,10 @@ def compiled_text(report: ValidationReport) -> str:
                     if r.compiled_expected_s is None and r.compiled_note and r.point.call is not None)
     if notes:
         out.append("no compiled time: " + "; ".join(f"{n} x {why}" for why, n in notes.items()))
+    doubted = [r.point.id for r in done if r.compiled_note]
+    if doubted:
+        out.append(f"compiled times to doubt (a fusion XLA's cost model gave no estimate for; --json: compiled_note): "
+                   f"{', '.join(doubted)}")
     return "\n".join(out)
 
 

@@ -333,7 +333,8 @@ class CompiledTime:
 
     id: str
     expected_s: float | None
-    #: Why there is no time ("" with one).
+    #: Why there is no time; with one, what to doubt in it (a fusion XLA's cost model gave no estimate for);
+    #: else "".
     reason: str = ""
     command: str = ""
     compile_s: float = 0.0
@@ -348,7 +349,7 @@ def compile_points(points: Sequence[Any], *, jobs: int = 1,
     from perfmodel.compiler.toolchain import toolchain
     from perfmodel.errors import PerfmodelError
     from perfmodel.hw.registry import get_chip
-    from perfmodel.xla.program import build_program
+    from perfmodel.xla.program import NO_ESTIMATE_NOTE, build_program
 
     toolchain()  # one line when libtpu is missing
     out: dict[str, CompiledTime] = {}
@@ -370,11 +371,12 @@ def compile_points(points: Sequence[Any], *, jobs: int = 1,
             except PerfmodelError as exc:
                 out[p.id] = CompiledTime(id=p.id, expected_s=None, reason=str(exc).splitlines()[0], command=c.command)
                 continue
-            out[p.id] = CompiledTime(id=p.id, expected_s=float(prog.step_s), command=c.command,
+            doubt = "; ".join(n for n in prog.notes if NO_ESTIMATE_NOTE in n)
+            out[p.id] = CompiledTime(id=p.id, expected_s=float(prog.step_s), command=c.command, reason=doubt,
                                      compile_s=float(rep.compile_s), from_cache=bool(rep.from_cache))
     return out
 
 
 __all__ = ["CompiledCall", "CompiledTime", "attention", "attention_vjp", "compile_chip", "compile_points",
-           "compiled_call", "cross_entropy", "cross_entropy_vjp", "layer_norm", "ragged_dot", "sample",
+           "compiled_call", "cross_entropy", "cross_entropy_vjp", "layer_norm", "layer_norm_vjp", "ragged_dot", "sample",
            "triangle_multiplication"]

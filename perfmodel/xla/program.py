@@ -214,6 +214,13 @@ def _walk(comps: Mapping[str, hlo.Computation], comp: hlo.Computation, count: in
         out.append((ins, comp, count))
 
 
+#: In an op's backend config: XLA's cost model gave up on the fusion's window config (seen on fusions whose
+#: deviceless program runs several times the measured time; perfmodel/harness/README.md, the --compile section).
+_NO_COST_ESTIMATE = '"estimated_cycles":"9223372036854775807"'
+#: The program note on such a fusion (``--compile`` rows carry it as what to doubt in their time).
+NO_ESTIMATE_NOTE = "XLA's cost model gave no estimate for this fusion"
+
+
 def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] | None = None,
                   hlo_text: str | None = None) -> Program:
     """Per-op view of a CompileReport (compiled, with its HLO text kept). ``kernel_times``: HLO name of a
@@ -286,6 +293,9 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
             no_program += 1
             no_program_bytes += count * work.hbm_bytes
         compute = stall * nb / clock if nb and clock else 0.0
+        if nb and _NO_COST_ESTIMATE in ins.attrs:
+            notes.append(f"{ins.name}: {NO_ESTIMATE_NOTE} (estimated_cycles = "
+                         f"INT64_MAX); its {nb:,.0f} bundles may not be the program a device compile emits")
         if mxu_rate and nb and kind != "pallas":
             compute = max(compute, work.flops / mxu_rate)
         memory = work.hbm_bytes / hbm_rate if hbm_rate else 0.0

@@ -191,6 +191,21 @@ def _hand_made_point():
         call={"op": "ragged_dot", "pass": "fwd", "implementation": "xla", "args": args})
 
 
+def test_a_doubted_compiled_time_is_listed(monkeypatch):
+    # A compiled time whose program has a fusion XLA's cost model gave up on keeps its value and says so: the
+    # --json row's compiled_note, and one line of the text report naming the point.
+    from perfmodel.xla.program import NO_ESTIMATE_NOTE
+
+    doubt = f"fusion.26: {NO_ESTIMATE_NOTE} (estimated_cycles = INT64_MAX); its 36,131,219 bundles ..."
+    monkeypatch.setattr(tc, "compile_points", lambda points, **_: {
+        p.id: tc.CompiledTime(id=p.id, expected_s=2 * p.measured_s, reason=doubt) for p in points})
+    report = pv.run_validation([_hand_made_point()], with_compile=True)
+    (row,) = report.rows
+    assert row.compiled_expected_s == pytest.approx(20e-6) and row.compiled_note == doubt
+    text = pv.report_text(report)
+    assert "compiled times to doubt" in text and "hand-rd" in text.split("compiled times to doubt")[1]
+
+
 needs_libtpu = pytest.mark.skipif(not available(), reason="libtpu not installed: pip install -e '.[tpu-compiler]'")
 
 

@@ -481,3 +481,18 @@ def test_ragged_contraction_convolution_counts_each_row_once(second_mask, conv_f
     assert flops == conv_flops
     # without its computation's producers the convolution is counted dense
     assert hlo.instruction_flops(comps, conv, shapes, {})[0] == 4096.0
+
+
+def test_a_fusion_xlas_cost_model_gave_up_on_is_flagged():
+    # XLA writes estimated_cycles = INT64_MAX into a fusion's backend config when its cost model gives up on the
+    # window config (the deviceless programs of some causal XLA attention fusions, several times the measured
+    # time): the program says so, naming the op and its bundles; other fusions are not flagged.
+    from perfmodel.xla.program import NO_ESTIMATE_NOTE
+
+    flagged = HLO.replace('calls=%fused_dot, metadata', 'calls=%fused_dot, backend_config={"window_config":'
+                          '{"estimated_cycles":"9223372036854775807"}}, metadata')
+    p = build_program(_report({"fusion.1": 30_000, "fusion.2": 10}), get_chip("v5e"), hlo_text=flagged)
+    (note,) = [n for n in p.notes if NO_ESTIMATE_NOTE in n]
+    assert note.startswith("fusion.1:") and "30,000 bundles" in note
+    plain = build_program(_report({"fusion.1": 30_000, "fusion.2": 10}), get_chip("v5e"), hlo_text=HLO)
+    assert not any(NO_ESTIMATE_NOTE in n for n in plain.notes)
