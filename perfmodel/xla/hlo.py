@@ -364,6 +364,14 @@ def _sliced_read(comps: dict[str, Computation], comp: Computation, value: str, u
                 return None
             idx = [i for i, o in enumerate(u.operands) if o == value]
             reads = _fused_param_reads(comps, inner.name, depth + 1)
+            if any(reads.get(i) is None for i in idx) and _layout_only(inner):
+                # a nested copy/bitcast fusion (a re-tiling of the whole array): what reads its result is what
+                # reads the value
+                part = _sliced_read(comps, comp, u.name, users, depth + 1)
+                if part is None:
+                    return None
+                total += part
+                continue
             for i in idx:
                 if reads.get(i) is None:
                     return None
@@ -371,6 +379,12 @@ def _sliced_read(comps: dict[str, Computation], comp: Computation, value: str, u
         else:
             return None
     return total
+
+
+def _layout_only(comp: Computation) -> bool:
+    """Whether a fused computation only moves one parameter's elements (copies, bitcasts, transposes...)."""
+    params = [i for i in comp.instructions if i.opcode == "parameter"]
+    return len(params) == 1 and all(i.opcode == "parameter" or i.opcode in _PASS_THROUGH for i in comp.instructions)
 
 
 def _fused_param_reads(comps: dict[str, Computation], name: str, depth: int = 0) -> dict[int, float | None]:

@@ -496,3 +496,46 @@ def test_a_fusion_xlas_cost_model_gave_up_on_is_flagged():
     assert note.startswith("fusion.1:") and "30,000 bundles" in note
     plain = build_program(_report({"fusion.1": 30_000, "fusion.2": 10}), get_chip("v5e"), hlo_text=HLO)
     assert not any(NO_ESTIMATE_NOTE in n for n in plain.notes)
+
+
+# A loop-body matmul fusion that slices one chunk of a [4, 256, 128] array through a nested fusion which first
+# re-tiles the whole array (a copy in its own fused computation), as XLA compiles tokamax's chunked attention.
+RETILED_SLICE = """HloModule jit_chunk
+
+%retile (c0: bf16[4,256,128]) -> bf16[4,256,128] {
+  %c0 = bf16[4,256,128]{2,1,0:T(16,128)(2,1)} parameter(0)
+  ROOT %cp = bf16[4,256,128]{2,1,0:T(8,128)(2,1)} copy(%c0)
+}
+
+%chunk (s0: bf16[4,256,128], s1: s32[]) -> bf16[4,64,128] {
+  %s0 = bf16[4,256,128]{2,1,0} parameter(0)
+  %s1 = s32[] parameter(1)
+  %re = bf16[4,256,128]{2,1,0} fusion(%s0), kind=kLoop, calls=%retile
+  %z = s32[] constant(0)
+  ROOT %ds = bf16[4,64,128]{2,1,0} dynamic-slice(%re, %z, %s1, %z), dynamic_slice_sizes={4,64,128}
+}
+
+%body (k0: bf16[4,256,128], k1: s32[], k2: bf16[4,128,64]) -> bf16[4,128,128] {
+  %k0 = bf16[4,256,128]{2,1,0} parameter(0)
+  %k1 = s32[] parameter(1)
+  %k2 = bf16[4,128,64]{2,1,0} parameter(2)
+  %kc = bf16[4,64,128]{2,1,0} fusion(%k0, %k1), kind=kLoop, calls=%chunk
+  ROOT %d = bf16[4,128,128]{2,1,0} dot(%k2, %kc), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_contracting_dims={1}
+}
+
+ENTRY %main (k: bf16[4,256,128], i: s32[], q: bf16[4,128,64]) -> bf16[4,128,128] {
+  %k = bf16[4,256,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %q = bf16[4,128,64]{2,1,0} parameter(2)
+  ROOT %fusion.7 = bf16[4,128,128]{2,1,0} fusion(%k, %i, %q), kind=kOutput, calls=%body
+}
+"""
+
+
+def test_a_slice_after_a_nested_retiling_reads_the_slice():
+    comps = hlo.parse_module(RETILED_SLICE)
+    main_ = hlo.entry(comps)
+    w = hlo.instruction_work(comps, main_.by_name()["fusion.7"], {i.name: i.arrays for i in main_.instructions})
+    # reads the [4, 64, 128] bf16 chunk (65,536 B; the whole array is 262,144 B), the index (4 B) and q
+    # [4, 128, 64] (65,536 B); writes [4, 128, 128] bf16 (131,072 B)
+    assert w.bytes == 65536 + 4 + 65536 + 131072
