@@ -30,10 +30,14 @@ from perfmodel.cli.common import Progress, UserError, emit, json_option, output_
               help="tokamax groups: how their Pallas points are modelled: by the op models of the work they do, or "
                    "by perfmodel.analyze on tokamax's own kernels at the recorded block configs (needs tokamax "
                    "importable; models the backward and fused cross-entropy kernels too).")
+@click.option("--tokamax-file", default=None, metavar="PATH",
+              help="tokamax groups: read the timings from this file (the format of perfmodel/data/validation/"
+                   "tokamax_tpu_calibration.yaml, e.g. other entries of tokamax's cache) instead of the shipped "
+                   "subset; every point is held out. Implies --group tokamax when no group is given.")
 @json_option
 @user_errors
 def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, with_compile: bool,
-             sample: int | None, jobs: int, pallas: str, as_json: bool) -> None:
+             sample: int | None, jobs: int, pallas: str, tokamax_file: str | None, as_json: bool) -> None:
     """Run every published measurement of perfmodel/data/validation/ through the same library calls as
     `perfmodel predict` / `perfmodel analyze` and print measured vs floor vs expected, the error, and the
     median and worst error per group (points used to fit a constant apart from the held-out ones), and the
@@ -47,6 +51,7 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, wit
       perfmodel validate --group gpu-gemm --json
       perfmodel validate --group tokamax --compile --sample 4
       perfmodel validate --group tokamax --pallas analyze
+      perfmodel validate --tokamax-file my_timings.yaml --pallas analyze
     """
     from perfmodel.harness.published_validation import report_records, report_text, run_validation
 
@@ -60,9 +65,11 @@ def validate(groups: tuple[str, ...], no_kernels: bool, workers: int | None, wit
         groups = tuple(g for g in groups if g != "serving-sim")
         if not groups:
             return
+    if tokamax_file is not None and not groups:
+        groups = ("tokamax",)
     with Progress("validate") as bar:
         report = run_validation(groups=groups, kernels=not no_kernels, progress=bar, with_compile=with_compile,
-                                sample=sample, jobs=jobs, pallas=pallas)
+                                sample=sample, jobs=jobs, pallas=pallas, tokamax_file=tokamax_file)
     emit(output_format(as_json), text=lambda: report_text(report), json=lambda: report_records(report))
     if report.beats_floor:
         raise UserError(f"{len(report.beats_floor)} measurement(s) faster than their floor: "

@@ -342,16 +342,21 @@ def model_config_from_hf(name: str, hf_config: dict[str, Any]) -> Any:
 
 def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: Sequence[str] = (),
                    kernels: bool = True, progress: Callable[[str], None] | None = None, with_compile: bool = False,
-                   sample: int | None = None, jobs: int = 1, pallas: str = "op-model") -> ValidationReport:
+                   sample: int | None = None, jobs: int = 1, pallas: str = "op-model",
+                   tokamax_file: str | None = None) -> ValidationReport:
     """Evaluate every point (of ``groups`` when given) and summarize the errors per group and overall.
     ``with_compile``: also a compiler-backed time for each tokamax XLA point (``sample``: at most that many per group,
     evenly spaced; ``jobs`` compiles at a time), see :mod:`perfmodel.harness.tokamax_compiled`. ``pallas``: how
     the tokamax Pallas points are modelled (:data:`perfmodel.harness.tokamax_validation.PALLAS_PATHS`; "analyze"
-    needs tokamax importable)."""
+    needs tokamax importable). ``tokamax_file``: the tokamax groups' timings from this file (the subset's format,
+    every point held out) instead of the shipped subset."""
     from perfmodel.errors import InputError
     from perfmodel.harness import tokamax_validation as tokamax
 
     wants_tokamax = any(g == tokamax.GROUP_PREFIX or g.startswith(tokamax.GROUP_PREFIX + "-") for g in groups)
+    if tokamax_file is not None and points is None and not wants_tokamax:
+        raise InputError("`tokamax-file`: the file holds timings for the tokamax groups; add --group tokamax (or "
+                         "one tokamax-... group)", fields=("tokamax_file",))
     if (with_compile or sample is not None) and points is None and not wants_tokamax:
         flag = "--compile" if with_compile else "--sample"
         raise InputError(f"`{flag.lstrip('-')}`: compiled times are for the tokamax groups only; add "
@@ -374,7 +379,7 @@ def run_validation(points: Sequence[ValidationPoint] | None = None, *, groups: S
     else:
         pts = load_points(kernels=kernels)
         if any(g.startswith(tokamax.GROUP_PREFIX) for g in groups):
-            more, skipped = tokamax.load_points(pallas=pallas)
+            more, skipped = tokamax.load_points(pallas=pallas, path=tokamax_file)
             pts += more
     known = sorted({p.group for p in pts} | {tokamax.GROUP_PREFIX})
     for g in groups:

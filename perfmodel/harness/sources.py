@@ -79,7 +79,7 @@ def published_records(path: str | Path) -> Loaded:
     text = read_text(p)
     try:
         data = yaml.safe_load(text)
-        lines = _point_lines(text)
+        lines = point_lines(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
@@ -133,7 +133,7 @@ def published_records(path: str | Path) -> Loaded:
     return Loaded(items=tuple(items))
 
 
-def _point_lines(text: str) -> list[int]:
+def point_lines(text: str) -> list[int]:
     """1-based line of each item of the top-level 'points' list."""
     import yaml
 

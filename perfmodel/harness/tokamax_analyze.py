@@ -76,15 +76,16 @@ def analyze_call(call: dict[str, Any], chip: Any) -> KernelTime:
     return KernelTime(floor_s=float(floor), expected_s=float(analysis.total_s), kernels=len(analysis.kernels))
 
 
-def recorded_call(*, point: str, chip: Any, **arrays: Any) -> Any:
-    """Run the recorded Pallas call of the shipped subset's point ``point`` on ``arrays`` (``a0``, ``a1``, ... in
-    :func:`bound_call`'s order), traced as on ``chip`` (tokamax's kernels ask the device what TPU they run on):
-    the MODULE:FUNCTION the TPU compiler is handed for ``--compile``."""
+def recorded_call(*, point: str, chip: Any, timings: str | None = None, **arrays: Any) -> Any:
+    """Run the recorded Pallas call of the point ``point`` of the shipped subset (or of the timings file
+    ``timings``) on ``arrays`` (``a0``, ``a1``, ... in :func:`bound_call`'s order), traced as on ``chip``
+    (tokamax's kernels ask the device what TPU they run on): the MODULE:FUNCTION the TPU compiler is handed for
+    ``--compile``."""
     from perfmodel.harness.tokamax_subset import recorded_point
     from perfmodel.hw.registry import get_chip
     from perfmodel.schedule.device_kind import as_device
 
-    fn, _ = bound_call(recorded_point(point))
+    fn, _ = bound_call(recorded_point(point, timings))
     with as_device(get_chip(chip) if isinstance(chip, str) else chip):
         return fn(*(arrays[f"a{i}"] for i in range(len(arrays))))
 
@@ -106,8 +107,9 @@ def compiled_time(point: Any) -> tuple[float | None, str]:
     _, arrays = bound_call(point.call)
     shapes = [f"a{i}={'x'.join(map(str, a.shape)) or 'scalar'}:{np.dtype(a.dtype).name}" for i, a in enumerate(arrays)]
     try:
-        result = analyze_target(COMPILE_TARGET, shapes, [f"point={point.id!r}"], split_device_suffix(point.chip)[0],
-                                with_compile=True)
+        timings = point.call.get("timings_file")
+        args = [f"point={point.id!r}"] + ([f"timings={timings!r}"] if timings else [])
+        result = analyze_target(COMPILE_TARGET, shapes, args, split_device_suffix(point.chip)[0], with_compile=True)
     except PerfmodelError as exc:
         return None, str(exc).splitlines()[0]
     times = [k.time.expected_s if k.time is not None else None for k in result.compiled.compiled_kernels]

@@ -23,9 +23,19 @@ def shipped() -> dict[str, Any]:
     return yaml.safe_load(resources.files("perfmodel.data").joinpath(TOKAMAX_FILE).read_text())
 
 
-def recorded_point(point_id: str) -> dict[str, Any]:
-    """The shipped subset's record of one point (op, args, config, measurement); KeyError naming the id."""
-    for p in shipped()["points"]:
+@functools.lru_cache(maxsize=4)
+def _timings(path: str) -> dict[str, Any]:
+    """A timings file in the subset's format (already checked by the validation that named it), parsed once."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def recorded_point(point_id: str, timings: str | None = None) -> dict[str, Any]:
+    """The record of one point (op, args, config, measurement) in the shipped subset, or in the timings file
+    ``timings`` (a path, in the subset's format); KeyError naming the id."""
+    for p in (shipped() if timings is None else _timings(timings))["points"]:
         if p["id"] == point_id:
             return p
-    raise KeyError(f"no point '{point_id}' in {TOKAMAX_FILE}")
+    raise KeyError(f"no point '{point_id}' in {TOKAMAX_FILE if timings is None else timings}")

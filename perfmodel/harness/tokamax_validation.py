@@ -25,6 +25,7 @@ judged on and is not used here.
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -288,32 +289,93 @@ def role(point_id: str) -> str:
 PALLAS_PATHS = ("op-model", "analyze")
 
 
-def load_points(text: str | None = None, *, pallas: str = "op-model") -> tuple[list[ValidationPoint], list[Skipped]]:
-    """Every point of the shipped subset (or of ``text``) as a ValidationPoint, and the points with no model.
-    ``pallas``: one of :data:`PALLAS_PATHS`; with "analyze" every Pallas point (backward ones and the fused
-    cross-entropy too) is modelled by perfmodel.analyze on tokamax's kernel."""
+#: Fields every point of a timings file carries (the subset's format).
+POINT_FIELDS = ("id", "chip", "op", "pass", "implementation", "tokamax_op", "args", "measured")
+
+
+def read_timings(path: str) -> tuple[dict[str, Any], list[int]]:
+    """A timings file in the subset's format (``points``: each with :data:`POINT_FIELDS`, ``measured.median_ms``
+    in ms; ``cite_as`` optional), and the 1-based line of each point; InputError naming the file and line and the
+    fix otherwise."""
     import yaml
 
-    data = shipped() if text is None else yaml.safe_load(text)
-    cite = data["cite_as"]
+    from perfmodel.errors import InputError
+    from perfmodel.harness.sources import point_lines
+    from perfmodel.inputcheck import read_text
+
+    text = read_text(path, "`tokamax-file`")
+    try:
+        data = yaml.safe_load(text)
+        lines = point_lines(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})", fields=("tokamax_file",)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list) or not data["points"]:
+        raise InputError(f"{path}: expected tokamax timings with a non-empty 'points' list (the format of "
+                         "perfmodel/data/validation/tokamax_tpu_calibration.yaml)", fields=("tokamax_file",))
+    seen: set[str] = set()
+    for i, p in enumerate(data["points"]):
+        where = f"{path}:{lines[i] if i < len(lines) else '?'}"
+        missing = [f for f in POINT_FIELDS if not isinstance(p, dict) or f not in p]
+        if missing:
+            raise InputError(f"{where}: point {i + 1} lacks {', '.join(missing)} (every point needs "
+                             f"{', '.join(POINT_FIELDS)})", fields=("tokamax_file",))
+        ms = (p["measured"] or {}).get("median_ms") if isinstance(p["measured"], dict) else None
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not np.isfinite(ms) or ms <= 0:
+            raise InputError(f"{where}: point '{p['id']}': measured.median_ms must be a positive number of "
+                             f"milliseconds, got {ms!r}", fields=("tokamax_file",))
+        if p["id"] in seen:
+            raise InputError(f"{where}: point id '{p['id']}' appears twice; ids must be unique",
+                             fields=("tokamax_file",))
+        seen.add(p["id"])
+    return data, lines
+
+
+def load_points(text: str | None = None, *, pallas: str = "op-model",
+                path: str | None = None) -> tuple[list[ValidationPoint], list[Skipped]]:
+    """Every point of the shipped subset (or of ``text``, or of the timings file ``path``: see
+    :func:`read_timings`; all its points are held out, nothing was fitted on them) as a ValidationPoint, and the
+    points with no model. ``pallas``: one of :data:`PALLAS_PATHS`; with "analyze" every Pallas point (backward
+    ones and the fused cross-entropy too) is modelled by perfmodel.analyze on tokamax's kernel."""
+    import yaml
+
+    from perfmodel.errors import InputError
+
+    lines: list[int] = []
+    if path is not None:
+        data, lines = read_timings(path)
+    else:
+        data = shipped() if text is None else yaml.safe_load(text)
+    cite = data.get("cite_as") or (path or "tokamax timings")
     points, skipped = [], []
-    for p in data["points"]:
-        chip, short = device_chip(p["chip"])
-        backward = p["pass"].startswith("vjp")
-        group = group_name(short, p["op"], backward, p["implementation"])
-        kernel = pallas == "analyze" and p["implementation"].startswith("pallas")
+    for i, p in enumerate(data["points"]):
         try:
-            parts = parts_of(p["op"], backward, p["implementation"], p["args"], p.get("config") or {})
-        except NotModelled as e:
-            if not kernel:
-                skipped.append(Skipped(id=p["id"], group=group, reason=str(e)))
-                continue
-            parts = []  # analyze models it; it has no op model to floor it with
+            chip, short = device_chip(str(p["chip"]))
+            backward = str(p["pass"]).startswith("vjp")
+            group = group_name(short, str(p["op"]), backward, str(p["implementation"]))
+            kernel = pallas == "analyze" and str(p["implementation"]).startswith("pallas")
+            try:
+                parts = parts_of(p["op"], backward, p["implementation"], p["args"], p.get("config") or {})
+            except NotModelled as e:
+                if not kernel:
+                    skipped.append(Skipped(id=p["id"], group=group, reason=str(e)))
+                    continue
+                parts = []  # analyze models it; it has no op model to floor it with
+        except (KeyError, ValueError, TypeError, IndexError, InputError) as exc:
+            if path is None:
+                raise
+            where = f"{path}:{lines[i] if i < len(lines) else '?'}"
+            why = f"no {exc} in its args" if isinstance(exc, KeyError) else (str(exc).splitlines() or [repr(exc)])[0]
+            raise InputError(f"{where}: point '{p['id']}': {why}; check its chip, op and args against the subset's "
+                             "format", fields=("tokamax_file",)) from None
         points.append(ValidationPoint(
-            id=p["id"], group=group, chip=chip, source=f"{cite}: {p['src']}", role=role(p["id"]),
+            id=p["id"], group=group, chip=chip, source=f"{cite}: {p.get('src', p['id'])}",
+            role="held-out" if path is not None else role(p["id"]),
             measured_s=float(p["measured"]["median_ms"]) * 1e-3, includes_dispatch=False,
             timed=f"tokamax {p['op']} {p['pass']} ({p['implementation']}), device span of one jitted call",
             parts=tuple(parts), tokamax_kernel=kernel,
             call={**{k: p[k] for k in ("op", "pass", "implementation", "args")},
-                  "tokamax_op": p["tokamax_op"], "config": p.get("config") or {}}))
+                  "tokamax_op": p["tokamax_op"], "config": p.get("config") or {},
+                  **({"timings_file": os.path.abspath(path)} if path is not None else {})}))
     return points, skipped

@@ -103,6 +103,32 @@ def test_cli_one_group():
     assert len(report["points"]) == 12 and report["beats_floor"] == []
 
 
+def test_a_timings_file_runs_pallas_points_through_analyze(tmp_path, monkeypatch):
+    # A Pallas point of another timings file (here one of the subset's, copied): analyze prices it as it prices
+    # the shipped one, and its --compile request names the file, so the compile process rebuilds its call from it.
+    import yaml
+
+    from perfmodel.errors import PerfmodelError
+    from perfmodel.harness import tokamax_analyze as ta
+    from perfmodel.harness.tokamax_subset import recorded_point
+
+    path = tmp_path / "timings.yaml"
+    path.write_text(yaml.safe_dump({"points": [recorded_point("7x-fa-fwd-pl-051")]}))
+    (mine,), _ = tv.load_points(pallas="analyze", path=str(path))
+    shipped = next(p for p in tv.load_points(pallas="analyze")[0] if p.id == "7x-fa-fwd-pl-051")
+    assert pv.evaluate_point(mine).expected_s == pytest.approx(pv.evaluate_point(shipped).expected_s, rel=1e-12)
+    seen = {}
+
+    def fake(target, shapes, args, chip, with_compile):
+        seen["args"] = args
+        raise PerfmodelError("stop here")
+
+    monkeypatch.setattr("perfmodel.schedule.inspection.analyze_target", fake)
+    assert ta.compiled_time(mine) == (None, "stop here")
+    assert seen["args"] == ["point='7x-fa-fwd-pl-051'", f"timings={str(path)!r}"]
+    assert recorded_point("7x-fa-fwd-pl-051", str(path)) == recorded_point("7x-fa-fwd-pl-051")
+
+
 @pytest.mark.slow
 def test_compiled_time_of_a_pallas_point():
     # tokamax's flash attention forward (7x-fa-fwd-pl-051) compiled deviceless for TPU7x: the kernel's

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from perfmodel.cli.main import main
+from perfmodel.errors import InputError
 from perfmodel.harness import published_validation as pv
 from perfmodel.harness import tokamax_validation as tv
 from perfmodel.hw.registry import get_chip
@@ -349,3 +350,79 @@ def test_op_model_path_models_no_backward_pallas_kernel(loaded):
     points, skipped = loaded
     assert not any(p.tokamax_kernel for p in points)
     assert any("flash_attention vjp (pallas_mosaic_tpu)" in s.reason for s in skipped)
+
+
+# ----------------------------------------------------------------------------- --tokamax-file: other timings
+
+
+def _timings_file(tmp_path, points, **top):
+    import yaml
+
+    path = tmp_path / "timings.yaml"
+    path.write_text(yaml.safe_dump({"cite_as": "test timings", **top, "points": points}, sort_keys=False))
+    return str(path)
+
+
+def _shipped_points(ids):
+    from perfmodel.harness.tokamax_subset import recorded_point
+
+    return [recorded_point(i) for i in ids]
+
+
+_SOME = ["7x-norm-fwd-xla-002", "v5e-rd-fwd-xla-002", "7x-attn-fwd-xla-009", "7x-lse-vjp-xla-001"]
+
+
+def test_a_timings_file_runs_its_points_all_held_out(tmp_path):
+    # Points of another file (here: four of the subset's, copied) run through the same models: the same expected
+    # times as from the shipped subset, but every point held out (nothing was fitted on another file's points).
+    report = json.loads(CliRunner().invoke(main, ["validate", "--tokamax-file",
+                                                  _timings_file(tmp_path, _shipped_points(_SOME)), "--json"]).output)
+    got = {p["id"]: p for p in report["points"]}
+    assert sorted(got) == sorted(_SOME) and all(not p["fit"] and p["role"] == "held-out" for p in got.values())
+    shipped = {p.id: pv.evaluate_point(p) for p in tv.load_points()[0] if p.id in _SOME}
+    for i in _SOME:
+        assert got[i]["expected_s"] == pytest.approx(shipped[i].expected_s, rel=1e-12)
+        assert got[i]["source"].startswith("test timings: ")
+    assert {g["group"] for g in report["groups"]} == {r.point.group for r in shipped.values()}
+
+
+def test_a_timings_file_keeps_the_subset_split_out_of_it(tmp_path):
+    points, _ = tv.load_points(path=_timings_file(tmp_path, _shipped_points(_SOME[:2])))
+    assert [p.call["timings_file"] for p in points] == [str(tmp_path / "timings.yaml")] * 2
+    assert all(p.role == "held-out" for p in points)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda pts: [{k: v for k, v in pts[0].items() if k != "tokamax_op"}], r"timings.yaml:\d+: point 1 lacks "
+                                                                           r"tokamax_op"),
+    (lambda pts: [{**pts[0], "measured": {"median_ms": -1}}], r"timings.yaml:\d+: point '7x-norm-fwd-xla-002': "
+                                                              r"measured.median_ms must be a positive number"),
+    (lambda pts: [pts[0], pts[0]], r"timings.yaml:\d+: point id '7x-norm-fwd-xla-002' appears twice"),
+    (lambda pts: [{**pts[0], "chip": "TPU v99"}], r"timings.yaml:\d+: point '7x-norm-fwd-xla-002': unknown chip "
+                                                  r"'TPU v99'"),
+    (lambda pts: [{**pts[0], "args": {"x": "bf16[384,,128"}}], r"timings.yaml:\d+: point '7x-norm-fwd-xla-002': "
+                                                               r"not an array spec"),
+    (lambda pts: [{**pts[0], "args": {}}], r"timings.yaml:\d+: point '7x-norm-fwd-xla-002': no 'x' in its args"),
+])
+def test_a_bad_timings_file_is_one_line_naming_file_and_line(tmp_path, mutate, message):
+    path = _timings_file(tmp_path, mutate(_shipped_points(_SOME[:1])))
+    result = CliRunner().invoke(main, ["validate", "--tokamax-file", path])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(InputError, match=message):
+        tv.load_points(path=path)
+
+
+def test_timings_file_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("points:\n  - id: a\n    chip: [unclosed\n")
+    with pytest.raises(InputError, match=r"bad.yaml:\d+: not valid YAML"):
+        tv.load_points(path=str(bad))
+    with pytest.raises(InputError, match="no such file"):
+        tv.load_points(path=str(tmp_path / "missing.yaml"))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("points: []\n")
+    with pytest.raises(InputError, match="non-empty 'points' list"):
+        tv.load_points(path=str(empty))
+    result = CliRunner().invoke(main, ["validate", "--group", "xla-matmul", "--tokamax-file", str(empty)])
+    assert result.exit_code == 2 and "add --group tokamax" in result.output
