@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from perfmodel.errors import InputError
 from perfmodel.inputcheck import dimension, elements, finite, read_text, short
@@ -67,8 +67,6 @@ def published_records(path: str | Path) -> Loaded:
     :data:`perfmodel.schedule.timing.DEFAULT_HOST_DISPATCH`, as in the schedule
     model's own calibration.
     """
-    import yaml
-
     from perfmodel.model.gemm import gemm
     from perfmodel.schedule.analyze import resolve_chip
     from perfmodel.schedule.catalog import get_entry
@@ -76,14 +74,7 @@ def published_records(path: str | Path) -> Loaded:
     from perfmodel.schedule.timing import DEFAULT_HOST_DISPATCH
 
     p = Path(path)
-    text = read_text(p)
-    try:
-        data = yaml.safe_load(text)
-        lines = point_lines(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data, lines = load_points_yaml(read_text(p), str(p))
     if not isinstance(data, dict) or not isinstance(data.get("points"), list) or "chip" not in data:
         raise InputError(f"{p}: expected a published-measurement file with 'chip', 'source' and 'points' "
                          "(like perfmodel/data/validation/tpu_v5e_matmul.yaml)")
@@ -131,6 +122,19 @@ def published_records(path: str | Path) -> Loaded:
         )
         items.append(Located(where=where, record=record))
     return Loaded(items=tuple(items))
+
+
+def load_points_yaml(text: str, where: str, fields: tuple[str, ...] = ()) -> tuple[Any, list[int]]:
+    """A YAML file's content and the 1-based line of each item of its top-level 'points' list; InputError
+    "WHERE:LINE: not valid YAML (...)" (naming ``fields``) when it does not parse."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text), point_lines(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}" if mark is not None else where
+        raise InputError(f"{at}: not valid YAML ({getattr(exc, 'problem', exc)})", fields=fields) from None
 
 
 def point_lines(text: str) -> list[int]:

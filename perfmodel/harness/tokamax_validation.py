@@ -297,20 +297,11 @@ def read_timings(path: str) -> tuple[dict[str, Any], list[int]]:
     """A timings file in the subset's format (``points``: each with :data:`POINT_FIELDS`, ``measured.median_ms``
     in ms; ``cite_as`` optional), and the 1-based line of each point; InputError naming the file and line and the
     fix otherwise."""
-    import yaml
-
     from perfmodel.errors import InputError
-    from perfmodel.harness.sources import point_lines
+    from perfmodel.harness.sources import load_points_yaml
     from perfmodel.inputcheck import read_text
 
-    text = read_text(path, "`tokamax-file`")
-    try:
-        data = yaml.safe_load(text)
-        lines = point_lines(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise InputError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})", fields=("tokamax_file",)) from None
+    data, lines = load_points_yaml(read_text(path, "`tokamax-file`"), str(path), fields=("tokamax_file",))
     if not isinstance(data, dict) or not isinstance(data.get("points"), list) or not data["points"]:
         raise InputError(f"{path}: expected tokamax timings with a non-empty 'points' list (the format of "
                          "perfmodel/data/validation/tokamax_tpu_calibration.yaml)", fields=("tokamax_file",))
