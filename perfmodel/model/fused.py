@@ -88,10 +88,11 @@ def rms_norm(
     item, out_item = DTYPES[dt].itemsize_bytes, DTYPES[out_dt].itemsize_bytes
     act = elems * item
     weight = hidden * item
+    notes = _lane_reduction_note(hidden, tiles.lanes)
     if backward:
         return _norm_backward(tokens=tokens, hidden=hidden, elems=elems, padded=padded, item=item,
                               out_item=out_item, cast_ops=_cast_ops(dt, dt, out_dt), residual=residual,
-                              subtract_mean=subtract_mean, fused=fused)
+                              subtract_mean=subtract_mean, fused=fused, notes=notes)
     vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt) + LAYER_NORM_EXTRA_VPU_OPS * subtract_mean
     if fused:
         read = act * (1 + residual) + weight
@@ -105,11 +106,22 @@ def rms_norm(
     norm = "layer-norm" if subtract_mean else "rms-norm"
     return _elementwise_cost(name=norm if not residual else f"add+{norm}", elements=elems,
                              elements_padded=padded, vpu_per=vpu_per, eup=1.0 * tokens, read=read, write=write,
-                             kernels=kernels, fused=fused)
+                             kernels=kernels, fused=fused, notes=notes)
+
+
+def _lane_reduction_note(hidden: Num, lanes: int) -> tuple[str, ...]:
+    """A norm whose rows fit in one vreg row (hidden <= the chip's lanes): each row's sums are cross-lane
+    reductions on the XLU, whose rate no spec here gives, so the model's time is optimistic there."""
+    if lanes <= 1 or np.all(np.asarray(hidden) > lanes):
+        return ()
+    return (f"hidden <= {lanes} lanes: each row's sums are cross-lane (XLU) reductions, not priced; tokamax's "
+            "layer norms over a 128-wide last axis ran 1.7x the expected time on one TPU7x core "
+            "(perfmodel/harness/README.md)",)
 
 
 def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: int, out_item: int,
-                   cast_ops: int, residual: bool, subtract_mean: bool, fused: bool) -> OpCost:
+                   cast_ops: int, residual: bool, subtract_mean: bool, fused: bool,
+                   notes: tuple[str, ...] = ()) -> OpCost:
     """The gradient of (residual add +) RMSNorm / layer norm over [tokens, hidden] from the forward's f32
     statistics (rstd, and the mean for a layer norm): dx (in ``out_item`` bytes), the weight's gradient (and the
     offset's for a layer norm), each summed over the tokens in f32.
@@ -138,7 +150,7 @@ def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: i
     norm = "layer-norm" if subtract_mean else "rms-norm"
     return _elementwise_cost(name=f"{norm} backward" if not residual else f"add+{norm} backward", elements=elems,
                              elements_padded=padded, vpu_per=vpu_per, eup=0.0, read=read, write=write,
-                             kernels=kernels, fused=fused)
+                             kernels=kernels, fused=fused, notes=notes)
 
 
 def glu(

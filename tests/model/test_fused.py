@@ -123,3 +123,16 @@ def test_dequant_gemm_unfused_writes_weights_back(v5e):
 def test_bad_input(v5e, fn, kwargs, match):
     with pytest.raises(InputError, match=match):
         fn(chip=v5e, **kwargs)
+
+
+def test_a_norm_within_one_vreg_row_says_its_reductions_are_not_priced(v5e):
+    from perfmodel.hw import get_chip
+
+    h100 = get_chip("h100-sxm")
+    # hidden = 128 = a TPU vreg's lanes: each row's sums are cross-lane reductions (XLU), not priced; said in a
+    # note for both passes. Wider rows, and GPUs (no lanes in their spec), get no note.
+    for backward in (False, True):
+        (note,) = [n for n in rms_norm(tokens=1024, hidden=128, backward=backward, chip=v5e).notes if "XLU" in n]
+        assert note.startswith("hidden <= 128 lanes")
+    assert not any("XLU" in n for n in rms_norm(tokens=1024, hidden=4096, chip=v5e).notes)
+    assert not any("XLU" in n for n in rms_norm(tokens=1024, hidden=128, chip=h100).notes)
