@@ -312,7 +312,7 @@ def read_timings(path: str) -> tuple[dict[str, Any], list[int]]:
         if missing:
             raise InputError(f"{where}: point {i + 1} lacks {', '.join(missing)} (every point needs "
                              f"{', '.join(POINT_FIELDS)})", fields=("tokamax_file",))
-        ms = (p["measured"] or {}).get("median_ms") if isinstance(p["measured"], dict) else None
+        ms = p["measured"].get("median_ms") if isinstance(p["measured"], dict) else None
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not np.isfinite(ms) or ms <= 0:
             raise InputError(f"{where}: point '{p['id']}': measured.median_ms must be a positive number of "
                              f"milliseconds, got {ms!r}", fields=("tokamax_file",))
