@@ -98,6 +98,7 @@ LONG_CONTEXT = [
     ("copy", "--elements", str(1 << 36)),
     ("gather", "--rows", "65536", "--row-elements", "16384"),
     ("fused", "rms-norm", "--tokens", "65536", "--hidden", "16384"),
+    ("fused", "rms-norm", "--tokens", "131072", "--hidden", "16384", "--subtract-mean", "--backward"),
     ("fused", "swiglu", "--tokens", "65536", "--intermediate", "53248"),
     ("fused", "rope", "--tokens", "65536", "--heads", "128", "--head-dim", "128"),
     ("fused", "dequant-gemm", "-m", "65536", "-n", "53248", "-k", "16384"),
