@@ -289,6 +289,11 @@ def role(point_id: str) -> str:
 PALLAS_PATHS = ("op-model", "analyze")
 
 
+def _at(path: str, lines: list[int], i: int) -> str:
+    """``PATH:LINE`` of a timings file's point ``i`` (its index in ``points``)."""
+    return f"{path}:{lines[i] if i < len(lines) else '?'}"
+
+
 #: Fields every point of a timings file carries (the subset's format).
 POINT_FIELDS = ("id", "chip", "op", "pass", "implementation", "tokamax_op", "args", "measured")
 
@@ -307,7 +312,7 @@ def read_timings(path: str) -> tuple[dict[str, Any], list[int]]:
                          "perfmodel/data/validation/tokamax_tpu_calibration.yaml)", fields=("tokamax_file",))
     seen: set[str] = set()
     for i, p in enumerate(data["points"]):
-        where = f"{path}:{lines[i] if i < len(lines) else '?'}"
+        where = _at(path, lines, i)
         missing = [f for f in POINT_FIELDS if not isinstance(p, dict) or f not in p]
         if missing:
             raise InputError(f"{where}: point {i + 1} lacks {', '.join(missing)} (every point needs "
@@ -356,7 +361,7 @@ def load_points(text: str | None = None, *, pallas: str = "op-model",
         except (KeyError, ValueError, TypeError, IndexError, InputError) as exc:
             if path is None:
                 raise
-            where = f"{path}:{lines[i] if i < len(lines) else '?'}"
+            where = _at(path, lines, i)
             why = f"no {exc} in its args" if isinstance(exc, KeyError) else (str(exc).splitlines() or [repr(exc)])[0]
             raise InputError(f"{where}: point '{p['id']}': {why}; check its chip, op and args against the subset's "
                              "format", fields=("tokamax_file",)) from None

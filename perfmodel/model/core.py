@@ -294,13 +294,12 @@ def _achievable_times(cost: OpCost, chip: ChipSpec, times: dict[str, np.ndarray]
                          else "bf16")
     out = {u: np.asarray(times[u], dtype=float) / shares[u] for u in UNITS}
     out["mxu"] = out["mxu"] / np.asarray(cost.mxu_efficiency, dtype=float)
-    serial = np.asarray(cost.serial_vpu_ops, dtype=float) / (chip.compute.vpu_flops_per_s_per_chip * shares["vpu"])
-    out["vpu"] = out["vpu"] - serial
-    out["serial_vpu"] = serial
-    serial_hbm = np.asarray(cost.serial_hbm_bytes, dtype=float) / (chip.memory.hbm_bw_bytes_per_s_per_chip
-                                                                    * shares["hbm"])
-    out["hbm"] = out["hbm"] - serial_hbm
-    out["serial_hbm"] = serial_hbm
+    # The serial parts of a unit's work leave its overlapped time for a time of their own (SERIAL_UNITS).
+    for unit, work, peak in (("vpu", cost.serial_vpu_ops, chip.compute.vpu_flops_per_s_per_chip),
+                             ("hbm", cost.serial_hbm_bytes, chip.memory.hbm_bw_bytes_per_s_per_chip)):
+        serial = np.asarray(work, dtype=float) / (peak * shares[unit])
+        out[unit] = out[unit] - serial
+        out[f"serial_{unit}"] = serial
     return out
 
 

@@ -352,32 +352,26 @@ def _sliced_read(comps: dict[str, Computation], comp: Computation, value: str, u
     for u in us:
         if u.opcode in ("dynamic-slice", "slice", "gather") and u.operands and u.operands[0] == value:
             total += _nbytes(u.arrays)
-        elif u.opcode in _PASS_THROUGH:
-            part = _sliced_read(comps, comp, u.name, users, depth + 1)
-            if part is None:
-                return None
-            total += part
-        elif u.opcode == "fusion":
+            continue
+        if u.opcode == "fusion":
             called = _CALLS_ONLY.search(u.attrs)
             inner = comps.get(called.group(1)) if called else None
             if inner is None:
                 return None
             idx = [i for i, o in enumerate(u.operands) if o == value]
             reads = _fused_param_reads(comps, inner.name, depth + 1)
-            if any(reads.get(i) is None for i in idx) and _layout_only(inner):
-                # a nested copy/bitcast fusion (a re-tiling of the whole array): what reads its result is what
-                # reads the value
-                part = _sliced_read(comps, comp, u.name, users, depth + 1)
-                if part is None:
-                    return None
-                total += part
+            if all(reads.get(i) is not None for i in idx):
+                total += sum(reads[i] for i in idx)
                 continue
-            for i in idx:
-                if reads.get(i) is None:
-                    return None
-                total += reads[i]
-        else:
+            if not _layout_only(inner):
+                return None
+            # else a nested copy/bitcast fusion (a re-tiling of the whole array): followed like a layout-only op
+        elif u.opcode not in _PASS_THROUGH:
             return None
+        part = _sliced_read(comps, comp, u.name, users, depth + 1)  # what reads u's result reads the value
+        if part is None:
+            return None
+        total += part
     return total
 
 
