@@ -67,6 +67,20 @@ def v6e():
     return get_chip("tpu-v6e")
 
 
+@pytest.fixture(scope="session")
+def tpu7x():
+    from perfmodel.hw import get_chip
+
+    return get_chip("tpu-7x")
+
+
+@pytest.fixture(scope="session")
+def tpu_v2():
+    from perfmodel.hw import get_chip
+
+    return get_chip("tpu-v2")
+
+
 #: Test files whose tests share work that runs once per process: a module-scoped fixture (a whole `validate` run,
 #: a measured results file, a written report) or a per-chip batch of compiles (functools.cache). Under
 #: pytest-xdist (`make test`: --dist loadgroup) each of them runs on one worker; every other test goes wherever a

@@ -331,6 +331,9 @@ def fused() -> None:
               "reduction pass).")
 @click.option("--backward", is_flag=True, help="The norm's gradient (dx and the weight's, from the forward's f32 "
               "statistics) instead; unfused: XLA's reduction pass and dx pass.")
+@click.option("--normalized-axis", type=click.Choice(["last", "leading"]), default="last", show_default=True,
+              help="Where the normalized axis lies: the last (lane) axis, whose row sums and broadcasts go "
+              "through the XLU, or a leading axis (e.g. axis 0 of [hidden, ...]), summed on the VPU.")
 @predict_options
 @user_errors
 def fused_rms_norm(hw: Any, sweep: Any, as_json: bool, as_csv: bool, **params: Any) -> None:

@@ -38,6 +38,9 @@ _TARGET = re.compile(r"sbr\.rel\b\s*(?:\((!?)(%p\w+)\))?[^;]*?target\s*=\s*\$reg
 _REGION_START = re.compile(r"Start(?:/End empty)? region (\d+)\b")
 _EXIT_TEST = re.compile(r"scmp\.\w+\.s32\.\w+\s+%\w+,\s*(-?\d+|%\w+)\s*/\*\s*loop exit test")
 _MXU = re.compile(r"\.mxu(\d+)\b")
+#: An instruction handed to a cross-lane unit (vxpose / vbcast / vperm / vrot ... ``.xluN``); pops (``vpop``)
+#: take results back and are not counted.
+_XLU = re.compile(r"\.xlu(\d+)\b")
 
 #: A forward branch skipping at least this share of a loop body is the step guard, not a predicated path.
 GUARD_SHARE = 0.75
@@ -288,6 +291,42 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
         scalar_fills=counts["sld"],
         slot_utilization=util,
     )
+
+
+@dataclass(frozen=True)
+class XluIssue:
+    """What a schedule hands its cross-lane units (XLUs)."""
+
+    #: XLU index -> vregs pushed to it, an inner loop's pushes once per trip.
+    pushes: dict[int, int]
+    #: The most common distance, in bundles, between consecutive pushes to one XLU inside loops: the cadence
+    #: the compiler issues at where the XLU is what limits the loop; None when no loop pushes twice.
+    spacing: int | None
+
+
+def xlu_issue(sched: Schedule) -> XluIssue:
+    """Count the pushes to each XLU over the whole program (weighted by trip counts) and their spacing."""
+    weight = [1] * len(sched.bundles)
+    for lp in sched.loops:
+        trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
+        for i in range(lp.start, lp.end + 1):
+            weight[i] *= trips
+    pushes: dict[int, int] = {}
+    gaps: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for b, w in zip(sched.bundles, weight):
+        for op in b.ops:
+            m = _XLU.search(op)
+            if not m or op.startswith("vpop"):
+                continue
+            unit = int(m.group(1))
+            pushes[unit] = pushes.get(unit, 0) + w
+            if b.depth and unit in last and last[unit] < b.index:
+                gap = b.index - last[unit]
+                gaps[gap] = gaps.get(gap, 0) + 1
+            last[unit] = b.index
+    spacing = max(gaps, key=lambda g: (gaps[g], -g)) if gaps else None
+    return XluIssue(pushes=dict(sorted(pushes.items())), spacing=spacing)
 
 
 def grid_loop(sched: Schedule, steps: int | None = None) -> Loop | None:

@@ -86,7 +86,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     import jax
     from jax.experimental import topologies
 
-    from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_body_text, loop_stats
+    from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_body_text, loop_stats, xlu_issue
     from perfmodel.hw.registry import get_chip
 
     chip = get_chip(request["chip"])
@@ -165,9 +165,12 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         with open(f["bundles"], encoding="utf-8", errors="replace") as fh:
             sched = build_schedule(fh.read())
         whole = loop_stats(sched, None)
+        xlu = xlu_issue(sched)
         result["other_ops"].append({"hlo_name": name, "program_bundles": len(sched.bundles),
                                     "weighted_bundles": whole.weighted_bundles,
-                                    "unknown_trip_loops": whole.inner_loops_unknown_trips})
+                                    "unknown_trip_loops": whole.inner_loops_unknown_trips,
+                                    "xlu_pushes": {str(k): v for k, v in xlu.pushes.items()},
+                                    "xlu_spacing": xlu.spacing})
     return result
 
 

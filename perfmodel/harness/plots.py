@@ -15,7 +15,7 @@ from perfmodel.harness.records import Located, limited_by
 from perfmodel.units import intensity, si
 
 #: Colour per bound (op-floor limiter), shared by the plots.
-BOUND_COLOURS = {"mxu": "tab:blue", "hbm": "tab:orange", "vpu": "tab:green", "eup": "tab:purple",
+BOUND_COLOURS = {"mxu": "tab:blue", "hbm": "tab:orange", "vpu": "tab:green", "eup": "tab:purple", "xlu": "tab:olive",
                  "ici": "tab:brown", "none": "tab:gray"}
 INTERPRET_COLOUR = "0.6"
 #: Colour of records whose expected time is set by the per-grid-step overhead.

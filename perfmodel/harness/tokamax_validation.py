@@ -207,16 +207,20 @@ def _normalization(args: dict[str, Any], backward: bool) -> list[Part]:
     backward (NormalizationVjp, from the forward's f32 statistics): a reduction pass over x and the cotangent,
     then the dx pass (two fusions in the compiled program of every shape of tokamax's benchmark)."""
     dt, dims = array(args["x"])
-    hidden = dims[int(args.get("axis", -1))]
+    axis = int(args.get("axis", -1)) % len(dims)
+    hidden = dims[axis]
     return [_layer_norm(int(np.prod(dims)) // hidden, hidden, dt, bool(args.get("subtract_mean", True)),
-                        backward=backward)]
+                        backward=backward, lane_axis=axis == len(dims) - 1)]
 
 
-def _layer_norm(rows: int, hidden: int, dtype: str, subtract_mean: bool = True, backward: bool = False) -> Part:
+def _layer_norm(rows: int, hidden: int, dtype: str, subtract_mean: bool = True, backward: bool = False,
+                lane_axis: bool = True) -> Part:
     """XLA's layer norm (RMS norm without ``subtract_mean``) over [rows, hidden]: the f32 statistics passes and
-    the normalizing pass (``backward``: its gradient's reduction and dx passes)."""
+    the normalizing pass (``backward``: its gradient's reduction and dx passes); ``lane_axis`` False: the
+    normalized axis is a leading one."""
     return ("rms-norm", {"tokens": rows, "hidden": hidden, "dtype": dtype, "residual": False,
-                         "subtract_mean": subtract_mean, "form": "unfused", **({"backward": True} if backward else {})})
+                         "subtract_mean": subtract_mean, "form": "unfused", **({"backward": True} if backward else {}),
+                         **({} if lane_axis else {"normalized_axis": "leading"})})
 
 
 def _triangle_multiplication(args: dict[str, Any]) -> list[Part]:

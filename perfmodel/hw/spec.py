@@ -58,6 +58,10 @@ class Compute:
     vpu_flops_per_s_per_chip: float
     #: Transcendental throughput (EUP / SFU: exp, rsqrt, ...), ops per second.
     eup_ops_per_s_per_chip: float
+    #: Cross-lane unit throughput (TPU XLU: vreg transposes, lane broadcasts, permutes), vreg pushes per second
+    #: over every XLU of every core: what a row sum or a per-row broadcast over a short (<= lanes) minor axis
+    #: costs; None where not known (GPUs, TPUs without a deviceless compiler target).
+    xlu_vreg_ops_per_s_per_chip: float | None
     #: Core clock.
     clock_hz: float | None
 

@@ -30,7 +30,7 @@ from perfmodel.hw.spec import ChipSpec
 Num = Union[float, int, np.ndarray]
 
 #: Units in the order they are reported; each maps to an OpCost work field.
-UNITS: tuple[str, ...] = ("mxu", "vpu", "eup", "hbm", "ici")
+UNITS: tuple[str, ...] = ("mxu", "vpu", "eup", "xlu", "hbm", "ici")
 #: Work that runs alone, on the critical path (fixed parts of the expected time): serial VPU ops, serial HBM bytes.
 SERIAL_UNITS: tuple[str, ...] = ("serial_vpu", "serial_hbm")
 
@@ -39,6 +39,7 @@ BOUND_NAMES: dict[str, str] = {
     "mxu": "MXU-bound",
     "vpu": "VPU-bound",
     "eup": "EUP-bound",
+    "xlu": "XLU-bound",
     "hbm": "HBM-bound",
     "ici": "ICI-bound",
     #: Nothing to do (e.g. a collective over one chip): every unit time is zero.
@@ -54,7 +55,9 @@ class OpCost:
     included; ``useful_flops`` is the algorithmic count (2*M*N*K for a GEMM).
     ``mxu_dtype`` names the operand dtype whose peak rate applies. Vector work
     (``vpu_ops``) counts f32-equivalent elementwise operations, including
-    dtype conversions; ``eup_ops`` counts transcendentals (exp, rsqrt, ...).
+    dtype conversions; ``eup_ops`` counts transcendentals (exp, rsqrt, ...); ``xlu_ops`` counts vregs pushed
+    through the TPU's cross-lane units (transposes that turn lanes into sublanes for a row sum, lane broadcasts of
+    a per-row value).
     """
 
     name: str
@@ -63,6 +66,7 @@ class OpCost:
     mxu_dtype: str = "bf16"
     vpu_ops: Num = 0
     eup_ops: Num = 0
+    xlu_ops: Num = 0
     hbm_read_bytes: Num = 0
     hbm_write_bytes: Num = 0
     ici_bytes: Num = 0
@@ -96,6 +100,10 @@ class OpCost:
     metrics: dict[str, Num] = dataclasses.field(default_factory=dict)
     #: Sub-ops this cost is the sum of (e.g. the prefill and decode parts of a ragged batch).
     parts: tuple["OpCost", ...] = ()
+    #: The parts are kernels that run one after another (the passes of an unfused op), each bound by its own
+    #: slowest unit: floor and expected time are the sums of the parts' own. False: the parts' work overlaps
+    #: (one kernel, or kernels whose units the model lets overlap), so each unit's time is summed first.
+    parts_in_sequence: bool = False
 
     @property
     def hbm_bytes(self) -> Num:
@@ -130,6 +138,7 @@ ACHIEVABLE: dict[str, tuple[float, str]] = {
                   "calibrated against measurements)"),
     "vpu": (0.80, "assumption: VPU code rarely sustains full issue rate"),
     "eup": (0.80, "assumption, as for the VPU"),
+    "xlu": (0.80, "assumption, as for the VPU and EUP (not fitted: no timing a fit may use is XLU-bound)"),
     "ici": (0.80, "assumption: collectives reach ~80% of link bandwidth"),
 }
 
@@ -140,7 +149,7 @@ class Roofline:
 
     cost: OpCost
     chip: str
-    #: Seconds per unit at peak rate (mxu, vpu, eup, hbm, ici).
+    #: Seconds per unit at peak rate (mxu, vpu, eup, xlu, hbm, ici).
     unit_s: dict[str, Num]
     floor_s: Num
     no_overlap_s: Num
@@ -218,6 +227,8 @@ def unit_rates(chip: ChipSpec, mxu_dtype: str, links: Num = 0) -> dict[str, Num]
         "mxu": mxu,
         "vpu": chip.compute.vpu_flops_per_s_per_chip,
         "eup": chip.compute.eup_ops_per_s_per_chip,
+        # no XLU rate in the spec: the work is not priced (the op model says so in a note)
+        "xlu": chip.compute.xlu_vreg_ops_per_s_per_chip or float("inf"),
         "hbm": chip.memory.hbm_bw_bytes_per_s_per_chip,
         "ici": ici,
     }
@@ -229,6 +240,7 @@ def unit_work(cost: OpCost) -> dict[str, np.ndarray]:
         "mxu": np.asarray(cost.mxu_flops, dtype=float),
         "vpu": np.asarray(cost.vpu_ops, dtype=float),
         "eup": np.asarray(cost.eup_ops, dtype=float),
+        "xlu": np.asarray(cost.xlu_ops, dtype=float),
         "hbm": np.asarray(cost.hbm_bytes, dtype=float),
         "ici": np.asarray(cost.ici_bytes, dtype=float),
     }
@@ -309,6 +321,8 @@ def additive_times(cost: OpCost, chip: ChipSpec) -> tuple[np.ndarray, np.ndarray
     seconds; launch plus exposed-DMA seconds). For costs c_i of one launch each, the expected time of their sum
     as one launch is ``max_u(sum_i a_i[u]) + sum_i s_i + l`` (``l`` of any one of them): how a serving simulator
     adds the sequences of a ragged step without re-evaluating the op model each step."""
+    if cost.parts and cost.parts_in_sequence:
+        raise ValueError(f"additive_times: {cost.name}'s parts run in sequence; their times do not add per unit")
     times = unit_times(cost, chip)
     ach = _achievable_times(cost, chip, times)
     launch_s, dma_s = _launch_costs(cost, chip)
@@ -328,19 +342,20 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
 
     times = unit_times(cost, chip)
     stacked = np.stack(np.broadcast_arrays(*(np.asarray(times[u], dtype=float) for u in UNITS)))
-    floor = stacked.max(axis=0)
     ach = _achievable_times(cost, chip, times)
+    achievable = np.stack(np.broadcast_arrays(*(ach[u] for u in UNITS)))
+    floor, overlapped, bounded = _bounds(cost, chip, stacked, achievable)
     launch_s, dma_s = _launch_costs(cost, chip)
     parts = {"launch": launch_s, "dma_latency": dma_s,
              "op": np.asarray(fixed_overhead_s, dtype=float) + np.asarray(cost.fixed_s, dtype=float),
              **{u: ach[u] for u in SERIAL_UNITS}}
     fixed_overhead_s = sum(np.asarray(v, dtype=float) for v in parts.values())
-    achievable = np.stack(np.broadcast_arrays(*(ach[u] for u in UNITS)))
-    # Expected: the slowest unit at its achievable rate (units overlap). No-overlap ceiling: every unit
-    # at its achievable rate, one after another. So floor <= expected <= no_overlap always.
-    expected = achievable.max(axis=0) + fixed_overhead_s
+    # Expected: the slowest unit at its achievable rate (units overlap; per part for parts in sequence).
+    # No-overlap ceiling: every unit at its achievable rate, one after another. So floor <= expected <=
+    # no_overlap always.
+    expected = overlapped + fixed_overhead_s
     no_overlap = achievable.sum(axis=0) + fixed_overhead_s
-    idx = stacked.argmax(axis=0)
+    idx = bounded.argmax(axis=0)
     names = np.asarray(UNITS, dtype=object)[idx]
     limiter = np.where(floor > 0, names, "none").astype(object) if idx.ndim else (
         UNITS[int(idx)] if floor > 0 else "none")
@@ -374,6 +389,28 @@ def evaluate(cost: OpCost, chip: ChipSpec, *, fixed_overhead_s: Num = 0.0) -> Ro
     )
 
 
+def _bounds(cost: OpCost, chip: ChipSpec, stacked: np.ndarray,
+            achievable: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(floor, slowest achievable time, per unit the floor time it bounds) of a cost whose per-unit peak and
+    achievable times are ``stacked`` and ``achievable`` (:data:`UNITS` on the first axis). Parts in sequence
+    are each bound by their own slowest unit and add up."""
+    if not (cost.parts and cost.parts_in_sequence):
+        floor = stacked.max(axis=0)
+        return floor, achievable.max(axis=0), stacked
+    floor = overlapped = bounded = 0.0
+    for part in cost.parts:
+        times = unit_times(part, chip)
+        p_stacked = np.stack(np.broadcast_arrays(*(np.asarray(times[u], dtype=float) for u in UNITS)))
+        ach = _achievable_times(part, chip, times)
+        p_ach = np.stack(np.broadcast_arrays(*(np.asarray(ach[u], dtype=float) for u in UNITS)))
+        p_floor, p_over, p_bounded = _bounds(part, chip, p_stacked, p_ach)
+        floor, overlapped = floor + p_floor, overlapped + p_over
+        # the part's floor goes to the unit that sets it
+        top = p_bounded.argmax(axis=0)
+        bounded = bounded + np.where(np.arange(len(UNITS)).reshape((-1,) + (1,) * top.ndim) == top, p_floor, 0.0)
+    return floor, overlapped, bounded
+
+
 def _leaf_dtypes(cost: OpCost) -> list[str]:
     if cost.parts:
         return [d for p in cost.parts for d in _leaf_dtypes(p)]
@@ -381,8 +418,10 @@ def _leaf_dtypes(cost: OpCost) -> list[str]:
 
 
 def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[str, ...] = (), *,
-            launches: Num = 0, launch_kind: str = "xla") -> OpCost:
-    """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation.
+            launches: Num = 0, launch_kind: str = "xla", in_sequence: bool = False,
+            metrics: dict[str, Num] | None = None) -> OpCost:
+    """An OpCost that is the sum of parts: work fields add; times add per unit at evaluation (``in_sequence``:
+    the parts are kernels run one after another, each bound by its own slowest unit, and their times add).
 
     ``launches``: launches of the whole beyond its parts' own (e.g. 1 for one kernel whose parts are the
     prefill and decode halves of its work and launch nothing themselves)."""
@@ -396,10 +435,10 @@ def combine(name: str, parts: list[OpCost] | tuple[OpCost, ...], notes: tuple[st
     total["vmem_bytes"] = np.maximum.reduce([np.asarray(p.vmem_bytes, dtype=float) for p in parts])
     dtypes = {d for p in parts for d in _leaf_dtypes(p)}
     return OpCost(name=name, mxu_dtype=dtypes.pop() if len(dtypes) == 1 else "mixed", notes=notes, parts=parts,
-                  launch_kind=launch_kind, **total)
+                  launch_kind=launch_kind, parts_in_sequence=in_sequence, metrics=dict(metrics or {}), **total)
 
 
-_ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes",
+_ADDITIVE = ("mxu_flops", "useful_flops", "vpu_ops", "eup_ops", "xlu_ops", "hbm_read_bytes", "hbm_write_bytes", "ici_bytes",
              "vpu_padding_ops", "fixed_s", "launches", "serial_vpu_ops", "serial_hbm_bytes")
 
 

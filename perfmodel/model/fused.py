@@ -13,6 +13,7 @@ The VPU / EUP work is the same in both forms; only HBM traffic differs
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,8 @@ LAYER_NORM_BACKWARD_EXTRA_VPU_OPS = 4
 #: RoPE per element: x*cos, rotate-half (lane roll and negate), *sin, add.
 ROPE_VPU_OPS = 5
 GLU_KINDS = {"swiglu": "silu", "geglu": "gelu"}
+#: Where a norm's normalized axis lies in the array: the minor (lane) axis, or a leading one.
+NORMALIZED_AXES = ("last", "leading")
 
 
 def _cast_ops(*dtypes: str) -> int:
@@ -42,19 +45,46 @@ def _cast_ops(*dtypes: str) -> int:
 
 
 def _elementwise_cost(*, name: str, elements: Num, elements_padded: Num, vpu_per: float, eup: Num,
-                      read: Num, write: Num, kernels: int, fused: bool, notes: tuple[str, ...] = ()) -> OpCost:
+                      read: Num, write: Num, kernels: int, fused: bool, notes: tuple[str, ...] = (),
+                      xlu: Num = 0.0) -> OpCost:
     form = "fused: one kernel" if fused else f"unfused: {kernels} kernels, intermediates round-trip HBM"
     return OpCost(
         name=name,
         vpu_ops=fval(vpu_per * np.asarray(elements_padded, dtype=float)),
         vpu_padding_ops=fval(vpu_per * (np.asarray(elements_padded, dtype=float) - elements)),
         eup_ops=fval(eup),
+        xlu_ops=fval(xlu),
         hbm_read_bytes=fval(read),
         hbm_write_bytes=fval(write),
         notes=(form,) + notes,
         launches=1 if fused else kernels,
         metrics={"kernels": 1 if fused else kernels},
     )
+
+
+def _row_groups(tokens: Num, sublanes: int, item: int = 4) -> np.ndarray:
+    """Vregs one column of lanes takes over ``tokens`` rows: a vreg holds ``sublanes`` rows of 32-bit values,
+    twice that of 16-bit ones (packed)."""
+    per = sublanes * max(1, 4 // item)
+    return np.ceil(np.asarray(tokens, dtype=float) / per)
+
+
+def _norm_xlu_ops(tokens: Num, hidden: Num, tiles: Any, *, broadcasts: int, sums: int,
+                  sums_16bit: int = 0) -> np.ndarray:
+    """XLU vreg pushes of a pass over [tokens, hidden] rows that reduces ``sums`` per-row statistics over the
+    hidden (lane) axis and applies ``broadcasts`` of them: a row sum folds the row's vregs on the VPU, then
+    transposes what is left (one vreg per row group) through the XLU to add it across lanes; a per-row value is
+    lane-broadcast into one vreg per row group, which every vreg of those rows reuses. So the count does not grow
+    with hidden: it is most of the cost of a norm whose rows fill about one vreg row (hidden = lanes) and a
+    sliver of a wide one. A sum over a 16-bit input (XLA's mean pass over bf16 x) transposes packed vregs: half
+    the pushes. Narrower rows (hidden < lanes) take none: XLA lays such an axis on sublanes and sums it on the
+    VPU. Read off XLA's layer norm, RMS norm and their backward (libtpu, deviceless, x [384, 384, hidden] on 7x:
+    hidden 128 and 256 push about as many vregs, 64 none; the compiled counts are 9-28% above these)."""
+    if not tiles.sublanes:  # the normalized axis is not the lane axis
+        return np.zeros_like(np.asarray(tokens, dtype=float) * np.asarray(hidden, dtype=float))
+    groups = _row_groups(tokens, tiles.sublanes)
+    count = groups * (broadcasts + sums) + _row_groups(tokens, tiles.sublanes, 2) * sums_16bit
+    return np.where(np.asarray(hidden) >= tiles.lanes, count, 0.0)
 
 
 def rms_norm(
@@ -67,17 +97,21 @@ def rms_norm(
     fused: bool = True,
     subtract_mean: bool = False,
     backward: bool = False,
+    normalized_axis: str = "last",
     chip: object | None = None,
 ) -> OpCost:
     """(Residual add +) RMSNorm over [tokens, hidden]; ``subtract_mean``: a layer norm (the mean taken off first);
-    ``backward``: its gradient instead (:func:`_norm_backward`).
+    ``backward``: its gradient instead (:func:`_norm_backward`); ``normalized_axis`` "last" (the lane axis) or
+    "leading": a leading axis of the array (tokamax's ``axis=0`` over [hidden, ...]), whose row sums add whole
+    vregs on the VPU, so nothing goes through the XLU.
 
     Fused: read x (and the residual) and the weight, write the output (and the
-    updated residual). Unfused: the add writes the sum, a reduction reads it
-    and writes one f32 rms per token, the normalisation reads the sum, the rms
-    and the weight and writes the output; a layer norm's mean is one more
-    reduction pass (reads the sum, writes one f32 mean per token), as XLA runs
-    ``(x - mean(x)) * rsqrt(var + eps)`` in f32.
+    updated residual). Unfused, as XLA compiles it, kernels in sequence: the add
+    writes the sum; a layer norm's mean pass reads it and writes one f32 mean per
+    token; the reduction pass reads it (and the mean) and writes one f32 rms per
+    token; the normalising pass reads the sum, the statistics and the weight and
+    writes the output (XLA runs ``(x - mean(x)) * rsqrt(var + eps)`` in f32).
+    Row sums and per-row broadcasts go through the XLU (:func:`_norm_xlu_ops`).
     """
     tokens, hidden = sizes("tokens", tokens), sizes("hidden", hidden)
     dt = parse_dtype(dtype, "`dtype`")
@@ -88,39 +122,74 @@ def rms_norm(
     item, out_item = DTYPES[dt].itemsize_bytes, DTYPES[out_dt].itemsize_bytes
     act = elems * item
     weight = hidden * item
-    notes = _lane_reduction_note(hidden, tiles.lanes)
+    lane_axis = choice("normalized_axis", normalized_axis, NORMALIZED_AXES) == "last"
+    notes = _lane_reduction_note(hidden, tiles.lanes, chip) if lane_axis else ()
+    if not lane_axis:
+        tiles = dataclasses.replace(tiles, sublanes=0)  # no cross-lane work: _norm_xlu_ops counts none
     if backward:
         return _norm_backward(tokens=tokens, hidden=hidden, elems=elems, padded=padded, item=item,
                               out_item=out_item, cast_ops=_cast_ops(dt, dt, out_dt), residual=residual,
-                              subtract_mean=subtract_mean, fused=fused, notes=notes)
-    vpu_per = RMS_NORM_VPU_OPS + residual + _cast_ops(dt, out_dt) + LAYER_NORM_EXTRA_VPU_OPS * subtract_mean
-    if fused:
-        read = act * (1 + residual) + weight
-        write = elems * out_item + act * residual
-        kernels = 1
-    else:
-        rms = tokens * 4.0
-        read = act * 2 * residual + act + (rms + act + weight) + (act + rms) * subtract_mean
-        write = act * residual + rms + elems * out_item + rms * subtract_mean
-        kernels = 2 + residual + subtract_mean
+                              subtract_mean=subtract_mean, fused=fused, tiles=tiles, notes=notes)
+    stats = 1 + subtract_mean  # per-row statistics: rstd (and the mean)
     norm = "layer-norm" if subtract_mean else "rms-norm"
-    return _elementwise_cost(name=norm if not residual else f"add+{norm}", elements=elems,
-                             elements_padded=padded, vpu_per=vpu_per, eup=1.0 * tokens, read=read, write=write,
-                             kernels=kernels, fused=fused, notes=notes)
+    name = norm if not residual else f"add+{norm}"
+    cast = _cast_ops(dt, out_dt)
+    if fused:
+        vpu_per = RMS_NORM_VPU_OPS + residual + cast + LAYER_NORM_EXTRA_VPU_OPS * subtract_mean
+        return _elementwise_cost(name=name, elements=elems, elements_padded=padded, vpu_per=vpu_per,
+                                 eup=1.0 * tokens, read=act * (1 + residual) + weight,
+                                 write=elems * out_item + act * residual, kernels=1, fused=True, notes=notes,
+                                 xlu=_norm_xlu_ops(tokens, hidden, tiles, broadcasts=stats, sums=stats))
+    row = tokens * 4.0  # one f32 statistic per token
+    passes = []
+    if residual:
+        passes.append(_pass("residual add", elems, padded, 1, 0.0, 2 * act, act))
+    if subtract_mean:
+        passes.append(_pass("mean pass", elems, padded, LAYER_NORM_EXTRA_VPU_OPS / 2, 0.0, act, row,
+                            _norm_xlu_ops(tokens, hidden, tiles, broadcasts=0, sums=0, sums_16bit=1) if item == 2
+                            else _norm_xlu_ops(tokens, hidden, tiles, broadcasts=0, sums=1)))
+    # squares and sums (x - mean) for a layer norm: its mean broadcast, its subtraction
+    passes.append(_pass("reduction pass", elems, padded, RMS_NORM_VPU_OPS / 2 + subtract_mean, 0.0,
+                        act + row * subtract_mean, row,
+                        _norm_xlu_ops(tokens, hidden, tiles, broadcasts=subtract_mean, sums=1)))
+    passes.append(_pass("normalising pass", elems, padded, RMS_NORM_VPU_OPS / 2 + cast, 1.0 * tokens,
+                        act + row * stats + weight, elems * out_item,
+                        _norm_xlu_ops(tokens, hidden, tiles, broadcasts=stats, sums=0)))
+    return _in_sequence(name, passes, notes)
 
 
-def _lane_reduction_note(hidden: Num, lanes: int) -> tuple[str, ...]:
-    """A norm whose rows fit in one vreg row (hidden <= the chip's lanes): each row's sums are cross-lane
-    reductions on the XLU, whose rate no spec here gives, so the model's time is optimistic there."""
-    if lanes <= 1 or np.all(np.asarray(hidden) > lanes):
+def _pass(name: str, elements: Num, padded: Num, vpu_per: float, eup: Num, read: Num, write: Num,
+          xlu: Num = 0.0) -> OpCost:
+    """One kernel of an unfused op (an XLA fusion)."""
+    return _elementwise_cost(name=name, elements=elements, elements_padded=padded, vpu_per=vpu_per, eup=eup,
+                             read=read, write=write, kernels=1, fused=True, xlu=xlu, notes=())
+
+
+def _in_sequence(name: str, passes: list[OpCost], notes: tuple[str, ...]) -> OpCost:
+    kernels = len(passes)
+    return combine(name, passes, (f"unfused: {kernels} kernels, intermediates round-trip HBM",) + notes,
+                   in_sequence=True, metrics={"kernels": kernels})
+
+
+def _lane_reduction_note(hidden: Num, lanes: int, chip: object | None) -> tuple[str, ...]:
+    """A norm whose rows fill one or two vreg rows (lanes <= hidden <= 2 lanes), where the XLU work of its row
+    sums and broadcasts (:func:`_norm_xlu_ops`) is as large as its HBM traffic: priced at the chip's XLU rate
+    where the spec has one, else said to be missing."""
+    h = np.asarray(hidden)
+    if lanes <= 1 or not np.any((h >= lanes) & (h <= 2 * lanes)):
         return ()
-    return (f"hidden <= {lanes} lanes: each row's sums are cross-lane (XLU) reductions, not priced; tokamax's "
-            "layer norms over a 128-wide last axis ran 1.7x the expected time on one TPU7x core "
-            "(perfmodel/harness/README.md)",)
+    rate = getattr(getattr(chip, "compute", None), "xlu_vreg_ops_per_s_per_chip", None)
+    if rate is None:
+        return (f"hidden of {lanes}-{2 * lanes} lanes: each row's sums and broadcasts are cross-lane (XLU) work, "
+                f"which {getattr(chip, 'name', 'this chip')}'s spec gives no rate for: not priced, so the time is "
+                "optimistic",)
+    return (f"hidden of {lanes}-{2 * lanes} lanes: each row's sums and broadcasts are cross-lane (XLU) work, "
+            "priced at the compiler's XLU cadence (hwspecs compute.xlu_vreg_ops_per_s_per_chip); tokamax's "
+            "128-wide layer norms ran 1.19x the time so priced on one TPU7x core (perfmodel/harness/README.md)",)
 
 
 def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: int, out_item: int,
-                   cast_ops: int, residual: bool, subtract_mean: bool, fused: bool,
+                   cast_ops: int, residual: bool, subtract_mean: bool, fused: bool, tiles: Any,
                    notes: tuple[str, ...] = ()) -> OpCost:
     """The gradient of (residual add +) RMSNorm / layer norm over [tokens, hidden] from the forward's f32
     statistics (rstd, and the mean for a layer norm): dx (in ``out_item`` bytes), the weight's gradient (and the
@@ -128,29 +197,36 @@ def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: i
 
     Fused: one kernel reads x, the cotangent dout, the statistics and the weight, and writes dx and the
     parameter gradients. Unfused, as XLA compiles tokamax's normalization backward (two fusions, libtpu,
-    deviceless, every shape of tokamax's normalization benchmark on 7x): a reduction pass reads x, dout, the
-    statistics and the weight and writes the row sums (mean(g * x_norm), and mean(g) for a layer norm, f32 per
-    token) and the parameter gradients; the dx pass reads all of those again and the row sums, and writes dx. The
-    residual add's gradient is dx plus the residual stream's cotangent: one more input read when fused, one more
-    add kernel (two reads, one write) unfused."""
+    deviceless, every shape of tokamax's normalization benchmark on 7x), in sequence: a reduction pass reads x,
+    dout, the statistics and the weight and writes the row sums (mean(g * x_norm), and mean(g) for a layer
+    norm, f32 per token) and the parameter gradients; the dx pass reads all of those again and the row sums,
+    and writes dx. The residual add's gradient is dx plus the residual stream's cotangent: one more input read
+    when fused, one more add kernel (two reads, one write) unfused. Each pass broadcasts the statistics it uses
+    and the reduction pass sums its row sums across lanes (:func:`_norm_xlu_ops`)."""
     act, out = elems * item, elems * out_item
-    stats = tokens * 4.0 * (1 + subtract_mean)  # f32 rstd (and mean) per token
+    stats = 1 + subtract_mean  # per-row statistics (rstd, and the mean) = row sums the gradient takes
+    stat_bytes = tokens * 4.0 * stats  # f32 rstd (and mean) per token
     params_read = hidden * item
-    params_grad = hidden * 4.0 * (1 + subtract_mean)  # dscale (and doffset), f32 sums
-    if fused:
-        read = 2 * act + stats + params_read + act * residual
-        write = out + params_grad
-        kernels = 1
-    else:
-        row_sums = stats
-        read = 2 * (2 * act + stats + params_read) + row_sums + 2 * out * residual
-        write = row_sums + params_grad + out + out * residual
-        kernels = 2 + residual
+    params_grad = hidden * 4.0 * stats  # dscale (and doffset), f32 sums
     vpu_per = RMS_NORM_BACKWARD_VPU_OPS + LAYER_NORM_BACKWARD_EXTRA_VPU_OPS * subtract_mean + cast_ops + residual
     norm = "layer-norm" if subtract_mean else "rms-norm"
-    return _elementwise_cost(name=f"{norm} backward" if not residual else f"add+{norm} backward", elements=elems,
-                             elements_padded=padded, vpu_per=vpu_per, eup=0.0, read=read, write=write,
-                             kernels=kernels, fused=fused, notes=notes)
+    name = f"{norm} backward" if not residual else f"add+{norm} backward"
+    if fused:
+        return _elementwise_cost(name=name, elements=elems, elements_padded=padded, vpu_per=vpu_per, eup=0.0,
+                                 read=2 * act + stat_bytes + params_read + act * residual,
+                                 write=out + params_grad, kernels=1, fused=True, notes=notes,
+                                 xlu=_norm_xlu_ops(tokens, hidden, tiles, broadcasts=2 * stats, sums=stats))
+    row_sums = stat_bytes
+    half = (RMS_NORM_BACKWARD_VPU_OPS + LAYER_NORM_BACKWARD_EXTRA_VPU_OPS * subtract_mean) / 2
+    passes = [
+        _pass("reduction pass", elems, padded, half, 0.0, 2 * act + stat_bytes + params_read,
+              row_sums + params_grad, _norm_xlu_ops(tokens, hidden, tiles, broadcasts=stats, sums=stats)),
+        _pass("dx pass", elems, padded, half + cast_ops, 0.0, 2 * act + stat_bytes + params_read + row_sums, out,
+              _norm_xlu_ops(tokens, hidden, tiles, broadcasts=2 * stats, sums=0)),
+    ]
+    if residual:
+        passes.append(_pass("residual add", elems, padded, 1, 0.0, 2 * out, out))
+    return _in_sequence(name, passes, notes)
 
 
 def glu(

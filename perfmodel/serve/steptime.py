@@ -161,7 +161,7 @@ class StepTimes:
 
     def _rows(self, q: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([N, kernel, unit + 1] seconds, [kernel] launch seconds) of N sequences priced alone."""
-        from perfmodel.model.core import additive_times
+        from perfmodel.model.core import UNITS, additive_times
         from perfmodel.model.transformer import sequence_attention_ops
 
         rows = sequence_attention_ops(self.model, self._template, self.cfg.chip, q, c)
@@ -169,12 +169,13 @@ class StepTimes:
             self._kernels = [_Kernel(name=n, layers=layers, speedup=self._factor(n)) for n, layers, _ in rows]
             self._scale = np.asarray([k.layers / k.speedup for k in self._kernels])
         n = len(q)
-        out = np.zeros((n, len(rows), 6))
+        units = len(UNITS)
+        out = np.zeros((n, len(rows), units + 1))
         launch = np.zeros(len(rows))
         for k, (_, _, cost) in enumerate(rows):
             ach, own, lat = additive_times(cost, self.cfg.chip)
-            out[:, k, :5] = np.broadcast_to(ach, (5, n)).T
-            out[:, k, 5] = np.broadcast_to(own, (n,))
+            out[:, k, :units] = np.broadcast_to(ach, (units, n)).T
+            out[:, k, units] = np.broadcast_to(own, (n,))
             launch[k] = float(np.max(lat))
         if self._launch is None:
             self._launch = launch
@@ -269,7 +270,7 @@ class StepTimes:
 
     def kernel_times(self, parts: np.ndarray) -> np.ndarray:
         """Attention seconds per step for summed parts [..., kernel, unit + 1] (one step, or a stack of them)."""
-        per = parts[..., :5].max(axis=-1) + parts[..., 5] + self._launch
+        per = parts[..., :-1].max(axis=-1) + parts[..., -1] + self._launch
         return per @ self._scale
 
     def decode_sums(self, rows: np.ndarray) -> np.ndarray:

@@ -428,9 +428,10 @@ def test_fused_layer_norm_and_one_form():
     recs = run_json("fused", "rms-norm", "--hw", "v5e", "--tokens", "4096", "--hidden", "8192", "--no-residual",
                     "--subtract-mean")
     assert [r["cost"]["name"] for r in recs] == ["layer-norm", "layer-norm"]
-    # unfused: x read three times (mean, variance, normalize) = 3 x 4096 x 8192 x 2 B, plus 2 f32 statistics
-    # read back (2 x 4096 x 4 B) and the weight (8192 x 2 B)
-    assert recs[1]["cost"]["hbm_read_bytes"] == 3 * 4096 * 8192 * 2 + 2 * 4096 * 4 + 8192 * 2
+    # unfused: x read three times (mean, variance, normalize) = 3 x 4096 x 8192 x 2 B, plus 3 f32 statistics
+    # read back (the mean by the variance and normalizing passes, the rms by the latter: 3 x 4096 x 4 B) and the
+    # weight (8192 x 2 B)
+    assert recs[1]["cost"]["hbm_read_bytes"] == 3 * 4096 * 8192 * 2 + 3 * 4096 * 4 + 8192 * 2
     from perfmodel.hw.registry import get_chip
     from perfmodel.predict.ops import predict_op
 
@@ -438,6 +439,19 @@ def test_fused_layer_norm_and_one_form():
     assert pred.cost.metrics["kernels"] == 3
     with pytest.raises(InputError, match="unfused"):
         predict_op("rms-norm", {"tokens": 8, "hidden": 128, "form": "both"}, chips=[get_chip("v5e")])
+
+
+def test_norm_over_a_leading_axis_takes_no_xlu():
+    # tokamax's axis-0 layer norm of [128, 384, 384]: 147,456 rows of 128, summed across whole vregs on the VPU
+    args = ("fused", "rms-norm", "--hw", "tpu-7x/core", "--tokens", "147456", "--hidden", "128", "--no-residual",
+            "--subtract-mean")
+    last = run_json(*args)
+    leading = run_json(*args, "--normalized-axis", "leading")
+    assert all(r["cost"]["xlu_ops"] > 0 for r in last) and all(r["cost"]["xlu_ops"] == 0 for r in leading)
+    assert all(b["roofline"]["expected_s"] < a["roofline"]["expected_s"] for a, b in zip(last, leading))
+    assert last[0]["roofline"]["limiter"] == "xlu" and leading[0]["roofline"]["limiter"] == "hbm"
+    out = run(*args, "--normalized-axis", "middle", code=2)
+    assert "--normalized-axis" in out and "Traceback" not in out
 
 
 def test_fused_norm_backward():

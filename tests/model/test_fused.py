@@ -31,14 +31,16 @@ def test_rms_norm_without_residual(v6e):
 def test_layer_norm_adds_a_mean_pass_unfused(v5e):
     # [384 x 384 rows, 128] bf16 (tokamax's 7x-norm-fwd-xla-002), no residual: x is 147,456 x 128 x 2 B =
     # 37,748,736 B. Unfused as XLA runs it: a mean pass (read x, write one f32 per row), a variance pass (read x,
-    # write one f32 per row), the normalizing pass (read x, the two statistics, the weight; write y).
+    # write one f32 per row), a variance pass (read x and the mean, write one f32 per row), the normalizing pass
+    # (read x, the two statistics, the weight; write y).
     t, h = 384 * 384, 128
     act = t * h * 2
     ln = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, fused=False, chip=v5e)
     rms = rms_norm(tokens=t, hidden=h, residual=False, fused=False, chip=v5e)
-    assert ln.hbm_read_bytes == 3 * act + 2 * t * 4 + h * 2
+    assert ln.hbm_read_bytes == 3 * act + 3 * t * 4 + h * 2
     assert ln.hbm_write_bytes == act + 2 * t * 4
-    assert ln.hbm_read_bytes - rms.hbm_read_bytes == act + t * 4
+    # the mean pass reads x; the variance pass and the normalizing pass each read the mean
+    assert ln.hbm_read_bytes - rms.hbm_read_bytes == act + 2 * t * 4
     assert ln.metrics["kernels"] == rms.metrics["kernels"] + 1 == 3
     fused = rms_norm(tokens=t, hidden=h, residual=False, subtract_mean=True, chip=v5e)
     assert fused.name == "layer-norm" and fused.hbm_read_bytes == act + h * 2 and fused.vpu_ops > rms.vpu_ops
@@ -125,14 +127,73 @@ def test_bad_input(v5e, fn, kwargs, match):
         fn(chip=v5e, **kwargs)
 
 
-def test_a_norm_within_one_vreg_row_says_its_reductions_are_not_priced(v5e):
+def test_a_norm_one_or_two_vregs_wide_says_its_xlu_work_is_priced(v5e):
     from perfmodel.hw import get_chip
 
     h100 = get_chip("h100-sxm")
-    # hidden = 128 = a TPU vreg's lanes: each row's sums are cross-lane reductions (XLU), not priced; said in a
-    # note for both passes. Wider rows, and GPUs (no lanes in their spec), get no note.
+    # hidden = 128 = a TPU vreg's lanes: each row's sums and broadcasts are cross-lane (XLU) work as large as its
+    # HBM traffic, priced at the spec's XLU rate; said in a note for both passes. Wide rows, narrow rows (XLA sums
+    # them on sublanes) and GPUs (no lanes in their spec) get no note.
     for backward in (False, True):
         (note,) = [n for n in rms_norm(tokens=1024, hidden=128, backward=backward, chip=v5e).notes if "XLU" in n]
-        assert note.startswith("hidden <= 128 lanes")
-    assert not any("XLU" in n for n in rms_norm(tokens=1024, hidden=4096, chip=v5e).notes)
-    assert not any("XLU" in n for n in rms_norm(tokens=1024, hidden=128, chip=h100).notes)
+        assert note.startswith("hidden of 128-256 lanes") and "priced at the compiler's XLU cadence" in note
+    for hidden, chip in ((4096, v5e), (64, v5e), (128, h100)):
+        assert not any("XLU" in n for n in rms_norm(tokens=1024, hidden=hidden, chip=chip).notes)
+
+
+# XLU work of norms: x [384 x 384 rows, hidden] bf16 on 7x (8 sublanes): 147,456 rows = 18,432 row groups of 8
+# (9,216 of 16 packed bf16 rows). Per pass, one push per row group for each row sum and for each per-row value
+# broadcast across lanes, half that for a sum over the bf16 input itself.
+ROWS, GROUPS, PACKED = 384 * 384, 18432, 9216
+
+
+@pytest.mark.parametrize("subtract_mean,backward,fused,pushes", [
+    # layer norm, unfused: mean pass (sum of bf16 x) + variance pass (mean broadcast, sum) + normalizing pass
+    # (mean and rstd broadcast)
+    (True, False, False, PACKED + 2 * GROUPS + 2 * GROUPS),
+    (True, False, True, 4 * GROUPS),  # one kernel: two sums, two broadcasts
+    (False, False, False, GROUPS + GROUPS),  # RMS: the sum of squares, the rstd broadcast
+    (False, False, True, 2 * GROUPS),
+    # backward: reduction pass (2 statistics broadcast, 2 row sums) + dx pass (statistics and sums broadcast)
+    (True, True, False, 4 * GROUPS + 4 * GROUPS),
+    (True, True, True, 6 * GROUPS),
+    (False, True, False, 2 * GROUPS + 2 * GROUPS),
+])
+def test_norm_xlu_pushes_hand_worked(tpu7x, subtract_mean, backward, fused, pushes):
+    for hidden in (128, 256, 4096):  # the count does not grow with hidden
+        cost = rms_norm(tokens=ROWS, hidden=hidden, residual=False, subtract_mean=subtract_mean,
+                        backward=backward, fused=fused, chip=tpu7x)
+        assert float(cost.xlu_ops) == pushes
+    narrow = rms_norm(tokens=ROWS, hidden=64, residual=False, subtract_mean=subtract_mean, backward=backward,
+                      fused=fused, chip=tpu7x)
+    leading = rms_norm(tokens=ROWS, hidden=128, residual=False, subtract_mean=subtract_mean, backward=backward,
+                       fused=fused, normalized_axis="leading", chip=tpu7x)
+    assert float(narrow.xlu_ops) == float(leading.xlu_ops) == 0  # summed on the VPU
+
+
+def test_unfused_norm_passes_run_in_sequence(tpu7x):
+    # 7x-norm-fwd-xla-002's shape: the mean pass is HBM-bound, the variance and normalizing passes XLU-bound;
+    # one after another, each pass waits for its own slowest unit, so the floor is the sum of the passes' floors,
+    # above the slowest unit's total
+    cost = rms_norm(tokens=ROWS, hidden=128, residual=False, subtract_mean=True, fused=False, chip=tpu7x)
+    assert cost.parts_in_sequence and [p.name for p in cost.parts] == ["mean pass", "reduction pass",
+                                                                      "normalising pass"]
+    r = evaluate(cost, tpu7x)
+    each = [evaluate(p, tpu7x) for p in cost.parts]
+    assert [e.limiter for e in each] == ["hbm", "xlu", "xlu"] and r.limiter == "xlu"
+    assert r.floor_s == pytest.approx(sum(e.floor_s for e in each))
+    assert r.expected_s == pytest.approx(sum(e.expected_s for e in each))
+    assert r.floor_s > max(r.unit_s.values())
+    # the XLU at 2.2e9 pushes/s: 82,944 pushes = 37.7 us over the whole chip
+    assert r.unit_s["xlu"] == pytest.approx(82944 / 2.2e9)
+
+
+def test_norm_xlu_work_without_a_rate_is_said(tpu_v2):
+    cost = rms_norm(tokens=ROWS, hidden=128, residual=False, chip=tpu_v2)
+    assert float(cost.xlu_ops) > 0 and any("gives no rate" in n for n in cost.notes)
+    assert evaluate(cost, tpu_v2).unit_s["xlu"] == 0
+
+
+def test_normalized_axis_is_checked(tpu7x):
+    with pytest.raises(InputError, match="normalized_axis"):
+        rms_norm(tokens=8, hidden=128, normalized_axis="middle", chip=tpu7x)
