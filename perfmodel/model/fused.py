@@ -145,9 +145,10 @@ def rms_norm(
     if residual:
         passes.append(_pass("residual add", elems, padded, 1, 0.0, 2 * act, act))
     if subtract_mean:
+        # XLA sums a 16-bit x as it is read (packed vregs), any other as f32
         passes.append(_pass("mean pass", elems, padded, LAYER_NORM_EXTRA_VPU_OPS / 2, 0.0, act, row,
-                            _norm_xlu_ops(tokens, hidden, tiles, broadcasts=0, sums=0, sums_16bit=1) if item == 2
-                            else _norm_xlu_ops(tokens, hidden, tiles, broadcasts=0, sums=1)))
+                            _norm_xlu_ops(tokens, hidden, tiles, broadcasts=0, sums=int(item != 2),
+                                          sums_16bit=int(item == 2))))
     # squares and sums (x - mean) for a layer norm: its mean broadcast, its subtraction
     passes.append(_pass("reduction pass", elems, padded, RMS_NORM_VPU_OPS / 2 + subtract_mean, 0.0,
                         act + row * subtract_mean, row,
