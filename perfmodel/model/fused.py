@@ -161,9 +161,10 @@ def rms_norm(
 
 def _pass(name: str, elements: Num, padded: Num, vpu_per: float, eup: Num, read: Num, write: Num,
           xlu: Num = 0.0) -> OpCost:
-    """One kernel of an unfused op (an XLA fusion)."""
-    return _elementwise_cost(name=name, elements=elements, elements_padded=padded, vpu_per=vpu_per, eup=eup,
-                             read=read, write=write, kernels=1, fused=True, xlu=xlu, notes=())
+    """One kernel of an unfused op (an XLA fusion); the whole op's notes say what it is."""
+    cost = _elementwise_cost(name=name, elements=elements, elements_padded=padded, vpu_per=vpu_per, eup=eup,
+                             read=read, write=write, kernels=1, fused=True, xlu=xlu)
+    return dataclasses.replace(cost, notes=())
 
 
 def _in_sequence(name: str, passes: list[OpCost], notes: tuple[str, ...]) -> OpCost:

@@ -112,7 +112,7 @@ def report_rows(preds: list[OpPrediction]) -> list[list[str]]:
                 return "-"
             pr = evaluate(p.cost.parts[i], p.chip)
             return f"{seconds(_num(pr.floor_s))} {pr.bound}"
-        name = preds[0].cost.parts[part_idx].name if part_idx < len(preds[0].cost.parts) else f"part {part_idx}"
+        name = next((p.cost.parts[part_idx].name for p in preds if part_idx < len(p.cost.parts)), f"part {part_idx}")
         rows.append(row(f"part: {name}", part_cell))
     keys = list(dict.fromkeys(k for p in preds for k in p.cost.metrics))
     for k in keys:
