@@ -46,39 +46,22 @@ def pytest_collection_finish(session):
     os.environ["XLA_FLAGS"] = _CHILD_XLA_FLAGS
 
 
-@pytest.fixture(scope="session")
-def v5e():
-    from perfmodel.hw import get_chip
+def _chip_fixture(name: str):
+    """A session fixture returning the built-in chip spec ``name``."""
 
-    return get_chip("tpu-v5e")
+    def chip():
+        from perfmodel.hw import get_chip
 
+        return get_chip(name)
 
-@pytest.fixture(scope="session")
-def v5p():
-    from perfmodel.hw import get_chip
-
-    return get_chip("tpu-v5p")
+    return pytest.fixture(scope="session")(chip)
 
 
-@pytest.fixture(scope="session")
-def v6e():
-    from perfmodel.hw import get_chip
-
-    return get_chip("tpu-v6e")
-
-
-@pytest.fixture(scope="session")
-def tpu7x():
-    from perfmodel.hw import get_chip
-
-    return get_chip("tpu-7x")
-
-
-@pytest.fixture(scope="session")
-def tpu_v2():
-    from perfmodel.hw import get_chip
-
-    return get_chip("tpu-v2")
+v5e = _chip_fixture("tpu-v5e")
+v5p = _chip_fixture("tpu-v5p")
+v6e = _chip_fixture("tpu-v6e")
+tpu7x = _chip_fixture("tpu-7x")
+tpu_v2 = _chip_fixture("tpu-v2")
 
 
 #: Test files whose tests share work that runs once per process: a module-scoped fixture (a whole `validate` run,
