@@ -66,6 +66,9 @@ class ChipEfficiency:
     #: Achievable share of each unit's per-core peak in a Pallas kernel (the schedule model's rates,
     #: :func:`kernel_shares`), per unit ("mxu", "vpu", "eup", "hbm"); units not listed use ACHIEVABLE.
     pallas_kernel_shares: dict[str, float]
+    #: Seconds every grid step of a Pallas kernel adds after its compute or copies, whichever is longer (the
+    #: step's own bookkeeping, which does not overlap them); 0 where none was fitted.
+    pallas_step_residual_s: float
     #: Field -> the measurement it was fitted on.
     fitted_on: dict[str, str]
 
@@ -102,6 +105,7 @@ def chip_efficiency(chip_name: str) -> ChipEfficiency:
         gpu_tile_rule=_tile_rule(chip_name, entry.get("gpu_tile_rule")),
         gather_row_cycles=_gather_cycles(entry),
         pallas_kernel_shares=_kernel_shares(chip_name, entry.get("pallas_kernel_shares", {})),
+        pallas_step_residual_s=_step_residual(chip_name, entry.get("pallas_step_residual_s", 0.0)),
         fitted_on=dict(entry.get("fitted_on", {})),
     )
 
@@ -132,6 +136,23 @@ def kernel_shares(chip: Any) -> dict[str, float]:
 
     fitted = fitted_kernel_shares(chip)
     return {u: fitted.get(u, ACHIEVABLE[u][0]) for u in KERNEL_UNITS}
+
+
+def step_residual_s(chip: Any) -> float:
+    """Seconds a grid step of a Pallas kernel on ``chip`` adds after the longer of its compute and its copies
+    (the chip's fitted ``pallas_step_residual_s``; 0 where none was fitted). The one-device view of a chip
+    (``tpu-7x/core``) has the chip's figure."""
+    from perfmodel.hw.views import split_device_suffix
+
+    return chip_efficiency(split_device_suffix(chip.name)[0]).pallas_step_residual_s
+
+
+def _step_residual(chip_name: str, value: Any) -> float:
+    seconds = float(value)
+    if not 0 <= seconds < 1e-3:
+        raise ValueError(f"{EFFICIENCY_FILE}: chips.{chip_name}.pallas_step_residual_s = {value}: seconds per grid "
+                         "step, in [0, 1e-3)")
+    return seconds
 
 
 def fitted_kernel_shares(chip: Any) -> dict[str, float]:

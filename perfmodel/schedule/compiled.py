@@ -22,7 +22,8 @@ Per grid step i (on its TensorCore):
   issue-to-completion latency, which double buffering cannot hide when the
   step's compute is shorter), once per iteration of a software pipeline the
   body runs itself (``StepTimes.dma_waves``).
-* step_i = max(compute_i, dma_i); expected = prologue + sum + epilogue on the
+* step_i = max(compute_i, dma_i) + the chip's fitted step residual
+  (``efficiency.yaml`` ``pallas_step_residual_s``, as the analytic timing adds it; TPU7x); expected = prologue + sum + epilogue on the
   slowest core (prologue and epilogue pay the latency once each), and never
   below the op floor.
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from perfmodel.errors import InputError
 from perfmodel.hw.spec import ChipSpec
-from perfmodel.model.efficiency import fitted_kernel_shares
+from perfmodel.model.efficiency import fitted_kernel_shares, step_residual_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +112,7 @@ def compiled_time(kernel: Any, compiled: Any, chip: ChipSpec,
     waves = np.ones(n) if st.dma_waves is None else np.asarray(st.dma_waves, dtype=float)
     dma = np.where(dma > 0, dma + c.dma_latency_s * waves, 0.0)
     stacked = np.stack([compute, dma])
-    step = stacked.max(axis=0)
+    step = stacked.max(axis=0) + step_residual_s(chip)
     which = stacked.argmax(axis=0)
     core = np.asarray(st.core if st.core is not None else np.zeros(n, dtype=int))
     cores = int(core.max()) + 1 if n else 1

@@ -1,8 +1,10 @@
 """Expected time of a pipelined Pallas grid.
 
 Per TensorCore: prologue (its first step's block fetches, not overlapped) +
-the sum over its steps of max(step compute, step DMA + DMA latency, per-step overhead) +
-epilogue (its last step's write-backs). Step compute is the largest of the
+the sum over its steps of max(step compute, step DMA + DMA latency, per-step overhead) + step residual +
+epilogue (its last step's write-backs). The residual is the chip's fitted
+``pallas_step_residual_s`` (:func:`perfmodel.model.efficiency.step_residual_s`; 0 where not fitted): what a
+step adds that overlaps neither its compute nor its copies. Step compute is the largest of the
 MXU, VPU and EUP times (the units issue in parallel from one VLIW bundle);
 step DMA moves the next step's fetches and the previous step's write-backs
 plus any manual copies the body starts. Rates are per core (chip peak /
@@ -72,12 +74,15 @@ class CoreRates:
     step_overhead_s: float
     #: Issue-to-completion latency a step that copies anything adds to its copies' transfer time.
     dma_latency_s: float = 0.0
+    #: Seconds every step adds after the longest of its compute, copies and overhead (fitted per chip:
+    #: :func:`perfmodel.model.efficiency.step_residual_s`).
+    step_residual_s: float = 0.0
 
 
 def core_rates(chip: ChipSpec) -> CoreRates:
     """Chip peaks split per TensorCore and scaled by the achievable shares of a Pallas kernel on this chip
     (:func:`perfmodel.model.efficiency.kernel_shares`: fitted where measured, else ACHIEVABLE)."""
-    from perfmodel.model.efficiency import kernel_shares
+    from perfmodel.model.efficiency import kernel_shares, step_residual_s
 
     cores = chip.cores.cores_per_chip
     eff = kernel_shares(chip)
@@ -88,6 +93,7 @@ def core_rates(chip: ChipSpec) -> CoreRates:
         hbm_bytes_per_s=chip.memory.hbm_bw_bytes_per_s_per_chip / cores * eff["hbm"],
         step_overhead_s=chip.overheads.pallas_grid_step_overhead_s or 0.0,
         dma_latency_s=chip.overheads.dma_latency_s or 0.0,
+        step_residual_s=step_residual_s(chip),
     )
 
 
@@ -136,7 +142,7 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
     waves = np.maximum(np.broadcast_to(np.asarray(work.dma_waves, dtype=float), (n,)), 1.0)
     dma_step = np.where(dma_s > 0, dma_s + rates.dma_latency_s * waves, 0.0)
     stacked = np.stack([compute, dma_step, np.full(n, overhead)])
-    step = stacked.max(axis=0)
+    step = stacked.max(axis=0) + rates.step_residual_s
     which = stacked.argmax(axis=0)
     per_core_steps = np.bincount(seg.core, weights=step if mult is None else step * mult, minlength=seg.cores)
     prologue = (dma.prologue_bytes + extra_prologue_bytes) / rates.hbm_bytes_per_s

@@ -58,3 +58,42 @@ def test_xla_ops_of_a_one_device_chip_are_unchanged(v5e):
     x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
     assert analyze(lambda a: a * 2, x, chip=v5e).xla_s == pytest.approx(
         268_435_456 / (v5e.memory.hbm_bw_bytes_per_s_per_chip * 0.85), rel=0.02)
+
+
+def _one_core_grid(steps):
+    import numpy as np
+
+    from perfmodel.schedule.pipeline import DmaSchedule, Segments
+
+    seg = Segments(starts=np.arange(steps) == 0, ends=np.arange(steps) == steps - 1, core=np.zeros(steps, dtype=int),
+                   cores=1)
+    return DmaSchedule(overlapped_bytes=np.zeros(steps), prologue_bytes=np.zeros(1), epilogue_bytes=np.zeros(1)), seg
+
+
+@pytest.mark.parametrize("residual_s", [0.0, 2.4e-7])
+def test_the_step_residual_adds_to_every_step_hand_worked(residual_s):
+    from dataclasses import replace
+
+    from perfmodel.schedule.timing import StepWork, pipeline_time
+
+    # 4 steps of 1.592e9 bf16 FLOPs at 7.959e14 FLOP/s = 2.0 µs of MXU work each, no copies: 4 x 2.0 µs = 8 µs,
+    # plus 4 x the residual (0.24 µs on TPU7x: 8.96 µs).
+    rates = replace(core_rates(get_chip("tpu-7x")), mxu_flops_per_s={"bf16": 7.959e14}, step_residual_s=residual_s)
+    dma, seg = _one_core_grid(4)
+    work = StepWork(mxu_issued_flops={"bf16": 1.592e9}, vpu_ops=0.0, eup_ops=0.0, manual_dma_bytes=0.0)
+    t = pipeline_time(work, dma, seg, rates, 4)
+    assert t.expected_s == pytest.approx(4 * (2.0e-6 + residual_s), rel=1e-3)
+
+
+def test_tpu7x_has_its_fitted_step_residual_and_other_chips_none():
+    # efficiency.yaml tpu-7x.pallas_step_residual_s (fitted on the tokamax Pallas fit halves): 0.24 µs
+    assert core_rates(get_chip("tpu-7x")).step_residual_s == pytest.approx(2.4e-7)
+    assert core_rates(get_chip("tpu-7x/core")).step_residual_s == pytest.approx(2.4e-7)
+    assert core_rates(get_chip("tpu-v5e")).step_residual_s == 0.0
+
+
+@pytest.mark.parametrize("value", [-1e-7, 2e-3])
+def test_a_bad_step_residual_is_named(efficiency_table, value):
+    efficiency_table({"chips": {"chip-x": {"pallas_step_residual_s": value}}})
+    with pytest.raises(ValueError, match=r"chips.chip-x.pallas_step_residual_s = .*seconds per grid step, in \[0, 1e-3\)"):
+        efficiency.chip_efficiency("chip-x")
