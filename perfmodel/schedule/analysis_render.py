@@ -79,7 +79,8 @@ def render_kernel(k: KernelAnalysis) -> str:
         f" + epilogue {seconds(t.epilogue_s)}",
         f"         mean step: compute {seconds(t.mean_step_compute_s)}, DMA {seconds(t.mean_step_dma_s)}, "
         f"overhead {seconds(t.step_overhead_s)} -> {t.limiter}-limited "
-        f"({t.steps_limited_by[t.limiter]:,}/{k.steps:,} steps)",
+        f"({t.steps_limited_by[t.limiter]:,}/{k.steps:,} steps)"
+        + (f", + residual {seconds(t.step_residual_s)} per step" if t.step_residual_s else ""),
         f"         op floor {seconds(t.op_floor_s)} ({t.op_floor_limiter.upper()}-bound, each byte once) "
         f"-> efficiency {percent(t.efficiency)}; re-read {_reread(k)}",
     ]

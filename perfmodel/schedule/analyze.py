@@ -158,6 +158,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
         mean_step_compute_s=trav.total(pt.compute_s) / trav.steps if n else 0.0,
         mean_step_dma_s=trav.total(pt.dma_s) / trav.steps if n else 0.0,
         step_overhead_s=pt.overhead_s,
+        step_residual_s=pt.residual_s,
         steps_limited_by=pt.steps_limited_by,
         limiter=limiter,
         op_floor_s=floor[0],

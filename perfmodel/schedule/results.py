@@ -127,7 +127,7 @@ class TimeEstimate:
     """Expected time of the pipelined grid and where it goes.
 
     ``expected_s`` = prologue (first blocks' fetch) + sum over steps of
-    max(step compute, step DMA, per-step overhead) + epilogue (last
+    max(step compute, step DMA, per-step overhead) + the step residual + epilogue (last
     write-backs), for the slowest core. ``op_floor_s`` is the roofline floor of
     the same work with every byte moved once (perfmodel.model); efficiency =
     op_floor_s / expected_s.
@@ -141,6 +141,8 @@ class TimeEstimate:
     mean_step_compute_s: float
     mean_step_dma_s: float
     step_overhead_s: float
+    #: What every step adds after the largest of the three (the chip's fitted ``pallas_step_residual_s``; 0 if none).
+    step_residual_s: float
     #: How many steps each term limits ("compute", "dma", "overhead").
     steps_limited_by: dict[str, int]
     #: The term that limits the most steps.

@@ -111,6 +111,8 @@ class PipelineTime:
     #: Per step, MXU + VPU + EUP seconds (the units' sum, not their max).
     work_s: np.ndarray
     overhead_s: float
+    #: Seconds every step adds after its max (CoreRates.step_residual_s).
+    residual_s: float
     #: Per step, times the step waits out the DMA latency when DMA-bound (>= 1).
     dma_waves: np.ndarray
     #: Per step, MXU seconds at the achievable rate.
@@ -162,6 +164,7 @@ def pipeline_time(work: StepWork, dma: DmaSchedule, seg: Segments, rates: CoreRa
         dma_waves=waves,
         mxu_s=mxu,
         overhead_s=overhead,
+        residual_s=rates.step_residual_s,
         slowest_core=slowest,
         steps_limited_by={"compute": int(counts[0]), "dma": int(counts[1]), "overhead": int(counts[2])},
     )

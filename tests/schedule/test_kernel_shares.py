@@ -97,3 +97,16 @@ def test_a_bad_step_residual_is_named(efficiency_table, value):
     efficiency_table({"chips": {"chip-x": {"pallas_step_residual_s": value}}})
     with pytest.raises(ValueError, match=r"chips.chip-x.pallas_step_residual_s = .*seconds per grid step, in \[0, 1e-3\)"):
         efficiency.chip_efficiency("chip-x")
+
+
+def test_analyze_reports_the_step_residual():
+    # An 8192^3 bf16 matmul at the bundled kernel's default blocks on 7x: every step carries the fitted 0.24 µs,
+    # and the report says so; v6e has no fitted residual.
+    from kernels.matmul import matmul
+    from perfmodel.schedule.analysis_render import render_kernel
+
+    x = jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)
+    k = analyze(matmul, x, x, chip="tpu-7x").kernels[0]
+    assert k.time.step_residual_s == pytest.approx(2.4e-7)
+    assert "+ residual 240 ns per step" in render_kernel(k)
+    assert analyze(matmul, x, x, chip="tpu-v6e").kernels[0].time.step_residual_s == 0.0
