@@ -142,9 +142,7 @@ def step_residual_s(chip: Any) -> float:
     """Seconds a grid step of a Pallas kernel on ``chip`` adds after the longer of its compute and its copies
     (the chip's fitted ``pallas_step_residual_s``; 0 where none was fitted). The one-device view of a chip
     (``tpu-7x/core``) has the chip's figure."""
-    from perfmodel.hw.views import split_device_suffix
-
-    return chip_efficiency(split_device_suffix(chip.name)[0]).pallas_step_residual_s
+    return _kernel_chip_efficiency(chip).pallas_step_residual_s
 
 
 def _step_residual(chip_name: str, value: Any) -> float:
@@ -158,9 +156,15 @@ def _step_residual(chip_name: str, value: Any) -> float:
 def fitted_kernel_shares(chip: Any) -> dict[str, float]:
     """Only the units whose Pallas-kernel share :func:`kernel_shares` takes from a fit on measurements of the
     chip (empty where none was measured)."""
+    return dict(_kernel_chip_efficiency(chip).pallas_kernel_shares)
+
+
+def _kernel_chip_efficiency(chip: Any) -> ChipEfficiency:
+    """The fitted figures a Pallas kernel on ``chip`` runs at: the whole chip's, for its one-device view too
+    (a kernel runs on a TensorCore either way)."""
     from perfmodel.hw.views import split_device_suffix
 
-    return dict(chip_efficiency(split_device_suffix(chip.name)[0]).pallas_kernel_shares)
+    return chip_efficiency(split_device_suffix(chip.name)[0])
 
 
 def _gather_cycles(entry: dict[str, Any]) -> float | None:

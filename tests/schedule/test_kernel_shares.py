@@ -60,26 +60,20 @@ def test_xla_ops_of_a_one_device_chip_are_unchanged(v5e):
         268_435_456 / (v5e.memory.hbm_bw_bytes_per_s_per_chip * 0.85), rel=0.02)
 
 
-def _one_core_grid(steps):
-    import numpy as np
-
-    from perfmodel.schedule.pipeline import DmaSchedule, Segments
-
-    seg = Segments(starts=np.arange(steps) == 0, ends=np.arange(steps) == steps - 1, core=np.zeros(steps, dtype=int),
-                   cores=1)
-    return DmaSchedule(overlapped_bytes=np.zeros(steps), prologue_bytes=np.zeros(1), epilogue_bytes=np.zeros(1)), seg
-
-
 @pytest.mark.parametrize("residual_s", [0.0, 2.4e-7])
 def test_the_step_residual_adds_to_every_step_hand_worked(residual_s):
     from dataclasses import replace
 
+    import numpy as np
+
+    from perfmodel.schedule.pipeline import dma_schedule, single_segment
     from perfmodel.schedule.timing import StepWork, pipeline_time
 
     # 4 steps of 1.592e9 bf16 FLOPs at 7.959e14 FLOP/s = 2.0 µs of MXU work each, no copies: 4 x 2.0 µs = 8 µs,
     # plus 4 x the residual (0.24 µs on TPU7x: 8.96 µs).
     rates = replace(core_rates(get_chip("tpu-7x")), mxu_flops_per_s={"bf16": 7.959e14}, step_residual_s=residual_s)
-    dma, seg = _one_core_grid(4)
+    seg = single_segment(4)
+    dma = dma_schedule(np.zeros(4), np.zeros(4), seg)  # no copies
     work = StepWork(mxu_issued_flops={"bf16": 1.592e9}, vpu_ops=0.0, eup_ops=0.0, manual_dma_bytes=0.0)
     t = pipeline_time(work, dma, seg, rates, 4)
     assert t.expected_s == pytest.approx(4 * (2.0e-6 + residual_s), rel=1e-3)
