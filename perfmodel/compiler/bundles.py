@@ -26,6 +26,7 @@ loop body as :class:`LoopStats`:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ _MXU = re.compile(r"\.mxu(\d+)\b")
 #: An instruction handed to a cross-lane unit (vxpose / vbcast / vperm / vrot ... ``.xluN``); pops (``vpop``)
 #: take results back and are not counted.
 _XLU = re.compile(r"\.xlu(\d+)\b")
+#: The compiler's note on a software-pipelined loop's iteration counter: "iteration index, stage = N".
+_STAGE = re.compile(r"iteration index, stage = (\d+)")
 
 #: A forward branch skipping at least this share of a loop body is the step guard, not a predicated path.
 GUARD_SHARE = 0.75
@@ -68,10 +71,20 @@ class Loop:
     end: int
     #: Trip count from the loop-exit test, None when the bound is a register (data-dependent).
     trip_count: int | None
+    #: The deepest software-pipeline stage the compiler notes in the body, nested loops aside (0: not
+    #: modulo-scheduled). A loop of S + 1 stages runs its work items in trips = items + S iterations: the
+    #: first S fill the pipeline, the last S drain it, so a stage's work runs trips - S times.
+    stages: int = 0
 
     @property
     def bundles(self) -> int:
         return self.end - self.start + 1
+
+    def guarded_trips(self) -> int | None:
+        """Iterations that run the body's step guard (one stage's work): trips less the fill/drain ones."""
+        if not self.trip_count or self.trip_count <= 0:
+            return None
+        return self.trip_count - self.stages if 0 < self.stages < self.trip_count else self.trip_count
 
 
 @dataclass(frozen=True)
@@ -170,8 +183,43 @@ def build_schedule(bundles_text: str, utilization_text: str | None = None) -> Sc
             elif target > b.index + 1:
                 regions.append(Region(branch=b.index, first=b.index + 1, last=target - 1,
                                       predicate=(neg == "!", pred) if pred else None))
+    loops = [dataclasses.replace(lp, stages=_stages(bundles, lp, loops)) for lp in loops]
     capacity, rows = parse_utilization(utilization_text) if utilization_text else ({}, [])
     return Schedule(bundles=bundles, loops=loops, regions=regions, capacity=capacity, utilization=rows)
+
+
+def _stages(bundles: list[Bundle], loop: Loop, loops: list[Loop]) -> int:
+    """The deepest pipeline stage noted in ``loop``'s own bundles (those of loops nested in it left out)."""
+    nested = [lp for lp in loops if lp is not loop and loop.start <= lp.start and lp.end <= loop.end]
+    deepest = 0
+    for b in bundles[loop.start:loop.end + 1]:
+        if any(lp.start <= b.index <= lp.end for lp in nested):
+            continue
+        deepest = max([deepest, *(int(n) for n in _STAGE.findall(b.text))])
+    return deepest
+
+
+def step_guards(sched: Schedule, lo: int, hi: int) -> list[Region]:
+    """The forward branches over most of the body lo..hi (at least GUARD_SHARE of it): the step guard a
+    software-pipelined loop's fill/drain iterations skip (and any nested one as large)."""
+    return [r for r in sched.regions if lo <= r.branch and r.last <= hi and r.bundles >= GUARD_SHARE * (hi - lo + 1)]
+
+
+def bundle_weights(sched: Schedule, loop: Loop | None) -> list[int]:
+    """How many times each bundle of ``loop``'s body (None: the whole program) runs per pass over it: a loop
+    nested in it once per trip (unknown trips once), the bundles under that loop's step guard once per
+    iteration that runs it (:meth:`Loop.guarded_trips`: the pipeline's fill/drain iterations skip them)."""
+    lo, hi = (loop.start, loop.end) if loop else (0, len(sched.bundles) - 1)
+    weight = [1] * (hi - lo + 1)
+    for lp in sched.loops:
+        if lp is loop or lp.start < lo or hi < lp.end:
+            continue
+        trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
+        guard = max(step_guards(sched, lp.start, lp.end), key=lambda r: r.bundles, default=None) if lp.stages else None
+        for i in range(lp.start, lp.end + 1):
+            inside = guard is not None and guard.first <= i <= guard.last
+            weight[i - lo] *= (lp.guarded_trips() or 1) if inside else trips
+    return weight
 
 
 def _trip_count(bundles: list[Bundle], start: int, end: int) -> int | None:
@@ -224,16 +272,12 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     """Summarize ``loop`` (None: the whole program, e.g. a single-step kernel without a grid loop)."""
     lo, hi = (loop.start, loop.end) if loop else (0, len(sched.bundles) - 1)
     inner = [lp for lp in sched.loops if lp is not loop and lo <= lp.start and lp.end <= hi]
-    weight = [1] * (hi - lo + 1)
-    for lp in inner:
-        trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
-        for i in range(lp.start, lp.end + 1):
-            weight[i - lo] *= trips
+    weight = bundle_weights(sched, loop)
     predicated = [False] * (hi - lo + 1)
     inside = sorted((r for r in sched.regions if lo <= r.branch and r.last <= hi), key=lambda r: (r.first, -r.last))
     # A region spanning most of the body guards the whole step (the software pipeline skips it on its
     # fill/drain iterations): every real step runs it, so it is not counted as predicated.
-    guards = [r for r in inside if r.bundles >= GUARD_SHARE * (hi - lo + 1)]
+    guards = step_guards(sched, lo, hi)
     outer: list[Region] = []
     for r in inside:
         if r in guards:
@@ -305,12 +349,9 @@ class XluIssue:
 
 
 def xlu_issue(sched: Schedule) -> XluIssue:
-    """Count the pushes to each XLU over the whole program (weighted by trip counts) and their spacing."""
-    weight = [1] * len(sched.bundles)
-    for lp in sched.loops:
-        trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
-        for i in range(lp.start, lp.end + 1):
-            weight[i] *= trips
+    """Count the pushes to each XLU over the whole program (weighted as :func:`bundle_weights`) and their
+    spacing."""
+    weight = bundle_weights(sched, None)
     pushes: dict[int, int] = {}
     gaps: dict[int, int] = {}
     last: dict[int, int] = {}

@@ -76,14 +76,18 @@ def _norm_xlu_ops(tokens: Num, hidden: Num, tiles: Any, *, broadcasts: int, sums
     transposes what is left (one vreg per row group) through the XLU to add it across lanes; a per-row value is
     lane-broadcast into one vreg per row group, which every vreg of those rows reuses. So the count does not grow
     with hidden: it is most of the cost of a norm whose rows fill about one vreg row (hidden = lanes) and a
-    sliver of a wide one. A sum over a 16-bit input (XLA's mean pass over bf16 x) transposes packed vregs: half
-    the pushes. Narrower rows (hidden < lanes) take none: XLA lays such an axis on sublanes and sums it on the
-    VPU. Read off XLA's layer norm, RMS norm and their backward (libtpu, deviceless, x [384, 384, hidden] on 7x:
-    hidden 128 and 256 push about as many vregs, 64 none; the compiled counts are 9-28% above these)."""
+    sliver of a wide one. A sum over a 16-bit input one vreg wide (XLA's mean pass over bf16 x, hidden = lanes)
+    transposes packed vregs: half the pushes; a wider one is summed in f32 first. Narrower rows (hidden < lanes)
+    take none: XLA lays such an axis on sublanes and sums it on the VPU. Read off XLA's layer norm and RMS norm
+    (libtpu 0.0.42.1, deviceless, on 7x): the compiled loops, the software pipeline's fill and drain iterations
+    aside (:func:`perfmodel.compiler.bundles.bundle_weights`), push exactly these counts at x [384, 384, 128]
+    (layer and RMS norm) and [384, 384, 256] (layer norm), 22% more at [192, 192, 512] (its mean and variance
+    passes push more per row group); at hidden 64, none."""
     if not tiles.sublanes:  # the normalized axis is not the lane axis
         return np.zeros_like(np.asarray(tokens, dtype=float) * np.asarray(hidden, dtype=float))
     groups = _row_groups(tokens, tiles.sublanes)
-    count = groups * (broadcasts + sums) + _row_groups(tokens, tiles.sublanes, 2) * sums_16bit
+    packed = np.where(np.asarray(hidden) <= tiles.lanes, _row_groups(tokens, tiles.sublanes, 2), groups)
+    count = groups * (broadcasts + sums) + packed * sums_16bit
     return np.where(np.asarray(hidden) >= tiles.lanes, count, 0.0)
 
 

@@ -1,6 +1,6 @@
 """The VLIW bundle reader on a hand-written schedule (no libtpu needed)."""
 
-from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_body_text, loop_stats
+from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_body_text, loop_stats, xlu_issue
 
 # A 3-iteration grid loop (bundles 0x1..0x9) holding: a guard branch over most of the body is absent; a
 # predicated region (0x3..0x4, skipped when %p0) and an inner loop (0x5..0x6) of 4 trips; one DMA start,
@@ -103,3 +103,43 @@ def test_data_dependent_trip_count_is_none():
     assert sched.loops[0].trip_count is None
     st = loop_stats(sched, grid_loop(sched))
     assert st.inner_loops_unknown_trips == 1 and st.weighted_bundles == 9
+
+
+# A software-pipelined loop as XLA's fusions compile on TPU: 8 trips, the compiler's stage notes up to 2 (three
+# stages), a step guard (0x3..0xe, 12 of the 16 body bundles) holding the one work bundle that pushes to each XLU.
+PIPELINED = """\
+   0x1 LB: > { %s2 = sphi %s1, %s9  ;;  %s3 = sadd.s32 4294967294, %s2 /* iteration index, stage = 2 */ } /* Start region 7 */
+   0x2   : > { %p0 = scmp.lt.s32.totalorder %s2, 2  ;;  %11 = sbr.rel (%p0) target = $region9 }
+   0x3   : > { %12 = vbcast.lane.b32.xlu0 %v1, 256  ;;  %13 = vxpose.xlu1.b32.cont %v2 }
+   0x4   : > { %s4 = sadd.s32 1, %s3 }
+   0x5   : > { %s5 = sadd.s32 1, %s4 }
+   0x6   : > { %s6 = sadd.s32 1, %s5 }
+   0x7   : > { %s7 = sadd.s32 1, %s6 }
+   0x8   : > { %s8 = sadd.s32 1, %s7 }
+   0x9   : > { %s10 = sadd.s32 1, %s8 }
+   0xa   : > { %s11 = sadd.s32 1, %s10 }
+   0xb   : > { %s12 = sadd.s32 1, %s11 }
+   0xc   : > { %s13 = sadd.s32 1, %s12 }
+   0xd   : > { %v3 = vpop.permute.xlu0 %12 }
+   0xe   : > { %v4 = vpop.trf.xlu1 %13 }
+   0xf   : > { %s9 = sadd.s32 1, %s2  ;;  %p18 = scmp.ge.s32.totalorder %s9, 8 /* loop exit test */ } /* Start region 9 */
+  0x10   : > { %19 = sbr.rel (!%p18) target = $region7 }
+"""
+
+
+def test_pipelined_loop_guard_runs_past_fill_and_drain():
+    sched = build_schedule(PIPELINED)
+    (loop,) = sched.loops
+    # 8 trips of a 3-stage pipeline: 6 work items, the first 2 iterations fill it (the guard skips them).
+    assert (loop.trip_count, loop.stages, loop.guarded_trips()) == (8, 2, 6)
+    # Seen from outside: the 4 unguarded bundles run 8 times, the 12 guarded ones 6 times: 4*8 + 12*6 = 104.
+    assert loop_stats(sched, None).weighted_bundles == 104
+    # Each XLU takes one push per work item (the vpops are results taken back, not pushes).
+    assert xlu_issue(sched).pushes == {0: 6, 1: 6}
+    # Without the compiler's stage notes the loop is not pipelined: every trip runs everything (16 x 8).
+    plain = build_schedule(PIPELINED.replace("iteration index, stage = 2", "iteration index"))
+    assert plain.loops[0].stages == 0 and loop_stats(plain, None).weighted_bundles == 128
+    assert xlu_issue(plain).pushes == {0: 8, 1: 8}
+    # Per iteration (the loop as a grid loop) nothing changes: 16 bundles, the guard not predicated.
+    st = loop_stats(sched, loop)
+    assert st.weighted_bundles == 16 and st.guarded_bundles == 12 and st.predicated_bundles == 0

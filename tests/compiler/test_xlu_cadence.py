@@ -35,14 +35,17 @@ def test_spec_rate_is_the_compilers_cadence(name):
     assert math.isclose(chip.compute.xlu_vreg_ops_per_s_per_chip, rate, rel_tol=1e-3), (units, mean_pass)
 
 
-@pytest.mark.parametrize("hidden,subtract_mean", [(128, True), (256, True), (128, False)])
-def test_norm_model_counts_the_compiled_pushes(hidden, subtract_mean):
+@pytest.mark.parametrize("rows,hidden,subtract_mean", [(384, 128, True), (384, 256, True), (384, 128, False),
+                                                       (192, 512, True)])
+def test_norm_model_counts_the_compiled_pushes(rows, hidden, subtract_mean):
     chip = get_chip("tpu-7x")
-    compiled = sum(sum(o["xlu_pushes"].values()) for o in _layer_norm(chip, 384, hidden, subtract_mean))
-    model = float(rms_norm(tokens=384 * 384, hidden=hidden, residual=False, subtract_mean=subtract_mean,
+    compiled = sum(sum(o["xlu_pushes"].values()) for o in _layer_norm(chip, rows, hidden, subtract_mean))
+    model = float(rms_norm(tokens=rows * rows, hidden=hidden, residual=False, subtract_mean=subtract_mean,
                            fused=False, chip=chip).xlu_ops)
-    # the compiled loops push 9-28% more (loop trips past the last row group), never fewer
-    assert model <= compiled <= 1.3 * model
+    # the compiled loops' pushes, their pipeline's fill and drain iterations left out: the model's count at
+    # x [384, 384, 128 | 256]; x [192, 192, 512] pushes 22% more (its mean and variance passes push more per
+    # row group there), never fewer
+    assert model <= compiled <= (1.0 if rows == 384 else 1.25) * model
 
 
 def test_narrow_rows_take_no_xlu():

@@ -143,27 +143,28 @@ def test_a_norm_one_or_two_vregs_wide_says_its_xlu_work_is_priced(v5e):
 
 # XLU work of norms: x [384 x 384 rows, hidden] bf16 on 7x (8 sublanes): 147,456 rows = 18,432 row groups of 8
 # (9,216 of 16 packed bf16 rows). Per pass, one push per row group for each row sum and for each per-row value
-# broadcast across lanes, half that for a sum over the bf16 input itself.
+# broadcast across lanes; a sum over the bf16 input itself, one vreg wide (hidden 128), per packed row group:
+# half that.
 ROWS, GROUPS, PACKED = 384 * 384, 18432, 9216
 
 
-@pytest.mark.parametrize("subtract_mean,backward,fused,pushes", [
+@pytest.mark.parametrize("subtract_mean,backward,fused,pushes,wide_pushes", [
     # layer norm, unfused: mean pass (sum of bf16 x) + variance pass (mean broadcast, sum) + normalizing pass
-    # (mean and rstd broadcast)
-    (True, False, False, PACKED + 2 * GROUPS + 2 * GROUPS),
-    (True, False, True, 4 * GROUPS),  # one kernel: two sums, two broadcasts
-    (False, False, False, GROUPS + GROUPS),  # RMS: the sum of squares, the rstd broadcast
-    (False, False, True, 2 * GROUPS),
+    # (mean and rstd broadcast); past one vreg wide the mean pass sums in f32: GROUPS, not PACKED
+    (True, False, False, PACKED + 2 * GROUPS + 2 * GROUPS, GROUPS + 2 * GROUPS + 2 * GROUPS),
+    (True, False, True, 4 * GROUPS, 4 * GROUPS),  # one kernel: two sums, two broadcasts
+    (False, False, False, GROUPS + GROUPS, GROUPS + GROUPS),  # RMS: the sum of squares, the rstd broadcast
+    (False, False, True, 2 * GROUPS, 2 * GROUPS),
     # backward: reduction pass (2 statistics broadcast, 2 row sums) + dx pass (statistics and sums broadcast)
-    (True, True, False, 4 * GROUPS + 4 * GROUPS),
-    (True, True, True, 6 * GROUPS),
-    (False, True, False, 2 * GROUPS + 2 * GROUPS),
+    (True, True, False, 4 * GROUPS + 4 * GROUPS, 4 * GROUPS + 4 * GROUPS),
+    (True, True, True, 6 * GROUPS, 6 * GROUPS),
+    (False, True, False, 2 * GROUPS + 2 * GROUPS, 2 * GROUPS + 2 * GROUPS),
 ])
-def test_norm_xlu_pushes_hand_worked(tpu7x, subtract_mean, backward, fused, pushes):
-    for hidden in (128, 256, 4096):  # the count does not grow with hidden
+def test_norm_xlu_pushes_hand_worked(tpu7x, subtract_mean, backward, fused, pushes, wide_pushes):
+    for hidden, want in ((128, pushes), (256, wide_pushes), (4096, wide_pushes)):  # does not grow with hidden
         cost = rms_norm(tokens=ROWS, hidden=hidden, residual=False, subtract_mean=subtract_mean,
                         backward=backward, fused=fused, chip=tpu7x)
-        assert float(cost.xlu_ops) == pushes
+        assert float(cost.xlu_ops) == want
     narrow = rms_norm(tokens=ROWS, hidden=64, residual=False, subtract_mean=subtract_mean, backward=backward,
                       fused=fused, chip=tpu7x)
     leading = rms_norm(tokens=ROWS, hidden=128, residual=False, subtract_mean=subtract_mean, backward=backward,
