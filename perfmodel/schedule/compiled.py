@@ -23,7 +23,8 @@ Per grid step i (on its TensorCore):
   step's compute is shorter), once per iteration of a software pipeline the
   body runs itself (``StepTimes.dma_waves``).
 * step_i = max(compute_i, dma_i) + the chip's fitted step residual
-  (``efficiency.yaml`` ``pallas_step_residual_s``, as the analytic timing adds it; TPU7x); expected = prologue + sum + epilogue on the
+  (``efficiency.yaml`` ``pallas_step_residual_s``, as the analytic timing
+  adds it; TPU7x); expected = prologue + sum + epilogue on the
   slowest core (prologue and epilogue pay the latency once each), and never
   below the op floor.
 
