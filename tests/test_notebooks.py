@@ -25,8 +25,11 @@ def _run(name: str, probe: str, tmp_path: Path) -> tuple[dict, list]:
     outputs = [o for c in nb.cells[:own] if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("ok" in o.get("text", "") for o in outputs if o.get("output_type") == "stream")  # its own checks ran
-    [probe_out] = nb.cells[-1].outputs
-    return json.loads(probe_out["text"].removeprefix("PROBE ")), outputs
+    # the probe's own line only: a warning the kernel writes to stderr meanwhile (a thread's fork notice) is another
+    # output of the same cell
+    [line] = [ln for o in nb.cells[-1].outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"
+              for ln in o["text"].splitlines() if ln.startswith("PROBE ")]
+    return json.loads(line.removeprefix("PROBE ")), outputs
 
 
 def _inline_images(outputs: list) -> int:
