@@ -84,7 +84,14 @@ class Loop:
         """Iterations that run the body's step guard (one stage's work): trips less the fill/drain ones."""
         if not self.trip_count or self.trip_count <= 0:
             return None
-        return self.trip_count - self.stages if 0 < self.stages < self.trip_count else self.trip_count
+        return guarded_trips(self.trip_count, self.stages)
+
+
+def guarded_trips(trips: int, stages: int) -> int:
+    """Of ``trips`` iterations of a loop pipelined ``stages`` deep, those that run its step guard: the other
+    ``stages`` only fill or drain the pipeline (a loop with no stage notes, or fewer trips than stages, runs it on
+    every trip)."""
+    return trips - stages if 0 < stages < trips else trips
 
 
 @dataclass(frozen=True)
@@ -205,6 +212,11 @@ def step_guards(sched: Schedule, lo: int, hi: int) -> list[Region]:
     return [r for r in sched.regions if lo <= r.branch and r.last <= hi and r.bundles >= GUARD_SHARE * (hi - lo + 1)]
 
 
+def step_guard(sched: Schedule, lo: int, hi: int) -> Region | None:
+    """The largest of :func:`step_guards` over lo..hi (None: the body has none)."""
+    return max(step_guards(sched, lo, hi), key=lambda r: r.bundles, default=None)
+
+
 def bundle_weights(sched: Schedule, loop: Loop | None) -> list[int]:
     """How many times each bundle of ``loop``'s body (None: the whole program) runs per pass over it: a loop
     nested in it once per trip (unknown trips once), the bundles under that loop's step guard once per
@@ -215,7 +227,7 @@ def bundle_weights(sched: Schedule, loop: Loop | None) -> list[int]:
         if lp is loop or lp.start < lo or hi < lp.end:
             continue
         trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
-        guard = max(step_guards(sched, lp.start, lp.end), key=lambda r: r.bundles, default=None) if lp.stages else None
+        guard = step_guard(sched, lp.start, lp.end) if lp.stages else None
         for i in range(lp.start, lp.end + 1):
             inside = guard is not None and guard.first <= i <= guard.last
             weight[i - lo] *= (lp.guarded_trips() or 1) if inside else trips
@@ -253,7 +265,11 @@ class LoopStats:
     predicated_max_bundles: int
     #: Static bundles under a step guard (a branch over most of the body; the pipeline's fill/drain iterations skip it).
     guarded_bundles: int
+    #: ``weighted_bundles`` of them under the step guard, when the loop is software-pipelined (else 0).
+    guarded_weighted_bundles: int
     trip_count: int | None
+    #: The loop's deepest software-pipeline stage (:attr:`Loop.stages`; 0: not pipelined, or no loop).
+    stages: int
     inner_loops: int
     #: Inner loops whose trip count the schedule does not fix (data-dependent), counted once.
     inner_loops_unknown_trips: int
@@ -267,6 +283,12 @@ class LoopStats:
     #: Unit -> mean slot use over the body's static bundles as a share of capacity (0..1).
     slot_utilization: dict[str, float]
 
+    def run_bundles(self, trips: int) -> int:
+        """Bundles ``trips`` iterations of the loop issue: every iteration runs the body but its step guard's
+        work, which runs on the iterations past the pipeline's fill and drain only (:func:`guarded_trips`)."""
+        skipped = trips - guarded_trips(trips, self.stages)
+        return self.weighted_bundles * trips - self.guarded_weighted_bundles * skipped
+
 
 def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     """Summarize ``loop`` (None: the whole program, e.g. a single-step kernel without a grid loop)."""
@@ -278,6 +300,7 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     # A region spanning most of the body guards the whole step (the software pipeline skips it on its
     # fill/drain iterations): every real step runs it, so it is not counted as predicated.
     guards = step_guards(sched, lo, hi)
+    own_guard = step_guard(sched, lo, hi) if loop is not None and loop.stages else None
     outer: list[Region] = []
     for r in inside:
         if r in guards:
@@ -323,7 +346,9 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
         predicated_regions=tuple(r.bundles for r in outer),
         predicated_max_bundles=pred_max,
         guarded_bundles=max((r.bundles for r in guards), default=0),
+        guarded_weighted_bundles=sum(weight[own_guard.first - lo:own_guard.last - lo + 1]) if own_guard else 0,
         trip_count=loop.trip_count if loop else 1,
+        stages=loop.stages if loop else 0,
         inner_loops=len(inner),
         inner_loops_unknown_trips=sum(1 for lp in inner if not lp.trip_count),
         dma_starts=counts["dma_starts"],

@@ -10,6 +10,7 @@ UNITS = ("MXU", "VALU", "VPOP", "XLU", "EUP", "VLOAD", "VSTORE", "SALU")
 
 def render_report(report: Any, paired: Sequence[Any] = ()) -> str:
     """``report``: a CompileReport; ``paired``: CompiledKernel views (same order) for estimates and timing."""
+    from perfmodel.compiler.bundles import guarded_trips
     from perfmodel.units import binary, seconds
 
     head = (f"compile {report.call} for {report.chip} ({report.topology}, {report.device_kind or '?'}) "
@@ -40,6 +41,11 @@ def render_report(report: Any, paired: Sequence[Any] = ()) -> str:
                  else "grid-step loop body, data-dependent trip count" if k.has_grid_loop
                  else "whole program (no grid loop: one step)")
         lines.append(f"  bundles   {lp.bundles:,} static in the {where}")
+        if lp.guarded_weighted_bundles and lp.trip_count:
+            runs = guarded_trips(lp.trip_count, lp.stages)
+            lines.append(f"            software-pipelined {lp.stages + 1} stages deep: {runs:,} iterations run the step "
+                         f"guard's {lp.guarded_weighted_bundles:,} bundles, {lp.trip_count - runs} only fill or drain "
+                         "the pipeline")
         regions = ", ".join(f"{r:,}" for r in lp.predicated_regions) or "none"
         most = (f", at most {lp.predicated_max_bundles:,} in one step (paths whose branch conditions exclude each "
                 "other)" if lp.predicated_max_bundles < lp.predicated_bundles else "")

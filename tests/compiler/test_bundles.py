@@ -2,6 +2,8 @@
 
 from perfmodel.compiler.bundles import build_schedule, grid_loop, loop_body_text, loop_stats, xlu_issue
 
+from tests.compiler.schedules import PIPELINED
+
 # A 3-iteration grid loop (bundles 0x1..0x9) holding: a guard branch over most of the body is absent; a
 # predicated region (0x3..0x4, skipped when %p0) and an inner loop (0x5..0x6) of 4 trips; one DMA start,
 # one wait, one bounds-check halt, one scalar spill and fill.
@@ -105,20 +107,6 @@ def test_data_dependent_trip_count_is_none():
     assert st.inner_loops_unknown_trips == 1 and st.weighted_bundles == 9
 
 
-# A software-pipelined loop as XLA's fusions compile on TPU: 8 trips, the compiler's stage notes up to 2 (three
-# stages), a step guard (0x3..0xe, 12 of the 16 body bundles) holding the one work bundle that pushes to each XLU.
-PIPELINED = ("""\
-   0x1 LB: > { %s2 = sphi %s1, %s9  ;;  %s3 = sadd.s32 4294967294, %s2 /* iteration index, stage = 2 */ } /* Start region 7 */
-   0x2   : > { %p0 = scmp.lt.s32.totalorder %s2, 2  ;;  %11 = sbr.rel (%p0) target = $region9 }
-   0x3   : > { %12 = vbcast.lane.b32.xlu0 %v1, 256  ;;  %13 = vxpose.xlu1.b32.cont %v2 }
-""" + "".join(f"   0x{4 + i:x}   : > {{ %t{i} = sadd.s32 1, %s3 }}\n" for i in range(9)) + """\
-   0xd   : > { %v3 = vpop.permute.xlu0 %12 }
-   0xe   : > { %v4 = vpop.trf.xlu1 %13 }
-   0xf   : > { %s9 = sadd.s32 1, %s2  ;;  %p18 = scmp.ge.s32.totalorder %s9, 8 /* loop exit test */ } /* Start region 9 */
-  0x10   : > { %19 = sbr.rel (!%p18) target = $region7 }
-""")
-
-
 def test_pipelined_loop_guard_runs_past_fill_and_drain():
     sched = build_schedule(PIPELINED)
     (loop,) = sched.loops
@@ -135,3 +123,16 @@ def test_pipelined_loop_guard_runs_past_fill_and_drain():
     # Per iteration (the loop as a grid loop) nothing changes: 16 bundles, the guard not predicated.
     st = loop_stats(sched, loop)
     assert st.weighted_bundles == 16 and st.guarded_bundles == 12 and st.predicated_bundles == 0
+
+
+def test_pipelined_grid_loop_stats_count_its_runs_as_the_whole_program_does():
+    # The same loop read as a grid loop (a Pallas call's): its 8 trips issue what the whole-program count sees,
+    # 4 x 8 + 12 x 6 = 104 bundles; with fewer trips than stages every trip runs the guard (16 x 1).
+    sched = build_schedule(PIPELINED)
+    st = loop_stats(sched, sched.loops[0])
+    assert (st.stages, st.guarded_weighted_bundles) == (2, 12)
+    assert st.run_bundles(8) == loop_stats(sched, None).weighted_bundles == 104
+    assert st.run_bundles(1) == 16
+    plain = build_schedule(PIPELINED.replace("iteration index, stage = 2", "iteration index"))
+    st = loop_stats(plain, plain.loops[0])
+    assert (st.stages, st.guarded_weighted_bundles, st.run_bundles(8)) == (0, 0, 128)

@@ -101,3 +101,20 @@ def test_report_names_the_most_one_step_runs_only_when_paths_exclude(exclusive):
     out = render_report(report)
     assert "predicated: 10 (regions of 3, 4, 3 bundles" in out
     assert ("at most 7 in one step" in out) is exclusive
+
+
+def test_report_says_how_many_grid_iterations_only_fill_or_drain_the_pipeline():
+    from types import SimpleNamespace
+
+    from perfmodel.compiler.render import render_report
+    from tests.compiler.schedules import PIPELINED
+
+    sched = build_schedule(PIPELINED)
+    kernel = SimpleNamespace(hlo_name="k.1", program_bundles=20, mxus=0, scoped_vmem_bytes=None, has_grid_loop=True,
+                             loop=loop_stats(sched, sched.loops[0]))
+    report = SimpleNamespace(call="k", chip="tpu-7x", topology="tpu7x:2x2x1", device_kind="TPU7x",
+                             libtpu_version="0", jax_version="0", compiled=True, from_cache=True, kernels=[kernel],
+                             other_ops=())
+    # 8 trips, stage notes up to 2: 6 run the 12-bundle step guard, 2 only fill or drain
+    assert ("software-pipelined 3 stages deep: 6 iterations run the step guard's 12 bundles, 2 only fill or drain"
+            in render_report(report))

@@ -390,6 +390,23 @@ def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
     assert ops["kv_update.3"].bundles is None
 
 
+def test_pallas_grid_loop_counts_its_pipelines_fill_and_drain_without_the_guarded_work():
+    from perfmodel.compiler.api import KernelCompile
+    from perfmodel.compiler.bundles import build_schedule, loop_stats
+    from tests.compiler.schedules import PIPELINED
+
+    # The kernel's grid loop is PIPELINED's: 16 bundles, 8 trips, 3 stages, a 12-bundle step guard; 4 more bundles
+    # outside it. Per call: 4 x 8 + 12 x 6 + 4 = 108 bundles (every trip in full would be 16 x 8 + 4 = 132).
+    sched = build_schedule(PIPELINED)
+    rep = _report({})
+    rep.kernels = (KernelCompile(hlo_name="kv_update.1", scoped_vmem_bytes=None, program_bundles=20, mxus=0,
+                                 has_grid_loop=True, loop=loop_stats(sched, sched.loops[0]), body_bundles_path=None),
+                   *(KernelCompile(hlo_name=f"kv_update.{i}", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
+                                   has_grid_loop=False, loop=None, body_bundles_path=None) for i in (2, 3)))
+    ops = {o.hlo_name: o for o in build_program(rep, get_chip("v5e"), hlo_text=INPLACE).ops}
+    assert ops["kv_update.1"].bundles == ops["kv_update.2"].bundles == 108  # its twin: the same program
+
+
 def test_weight_slices_concatenated_in_vmem_belong_to_their_matmul():
     from perfmodel.xla.program import _consumer_op_name
 
