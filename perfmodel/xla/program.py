@@ -280,8 +280,12 @@ def build_program(report: Any, chip: Any, *, kernel_times: Mapping[str, float] |
                 work = dataclasses.replace(work, hbm_bytes=work.hbm_bytes + grid.extra_hbm_bytes)
             # The grid loop's iterations: its own trip count, else (a dynamic grid) the grid's steps plus the
             # iterations that only fill and drain its pipeline.
-            trips = (lp.trip_count if lp is not None and lp.trip_count else
-                     grid.steps + (lp.stages if lp is not None else 0) if grid is not None else 1)
+            if lp is not None and lp.trip_count:
+                trips = lp.trip_count
+            elif grid is not None:
+                trips = grid.steps + (lp.stages if lp is not None else 0)
+            else:
+                trips = 1
             if lp is not None and k.program_bundles is not None:
                 nb = float(lp.run_bundles(trips) + max(k.program_bundles - lp.bundles, 0))
             elif k.program_bundles is not None:  # no grid loop: the program runs once
