@@ -431,15 +431,8 @@ ENTRY %main (w: bf16[256,512], x: bf16[8,256]) -> bf16[8,512] {
         assert _consumer_op_name(comps, main_, main_.by_name()[name], {}) == "jit(step)/qkv_proj/dot_general"
 
 
-def test_xla_ragged_dot_kernel_grid_from_its_tiles():
-    # XLA's ragged-dot kernel (7x, lhs [262144, 256] x rhs [256, 256, 7168], f32 out), as the compiled HLO prints
-    # it: tiles 256 x 256 x 4608 -> 2 column tiles (7168 / 4608, rounded up), 1 K tile; the group metadata has
-    # 262144 / 256 + 256 - 1 = 1279 entries, the bound on row-tile visits: 2 x 1279 = 2558 grid steps. The second
-    # column tile reads all of lhs again: 262144 x 256 x 2 B = 134,217,728 B more.
-    from perfmodel.xla import hlo
-    from perfmodel.xla.program import ragged_dot_grid
-
-    text = """HloModule m
+# XLA's ragged-dot kernel (7x, lhs [262144, 256] x rhs [256, 256, 7168], f32 out), as the compiled HLO prints it.
+RAGGED_DOT_HLO = """HloModule m
 
 ENTRY %main (lhs: bf16[262144,256], rhs: bf16[256,256,7168], a: s32[1], b: s32[257], c: s32[1279], d: s32[1279]) -> f32[262144,7168] {
   %lhs = bf16[262144,256]{1,0} parameter(0)
@@ -451,12 +444,40 @@ ENTRY %main (lhs: bf16[262144,256], rhs: bf16[256,256,7168], a: s32[1], b: s32[2
   ROOT %ragged-dot-none = f32[262144,7168]{1,0} custom-call(%a, %b, %c, %d, %a, %lhs, %rhs), custom_call_target="tpu_custom_call", frontend_attributes={mosaic_fusion_entry_point="true",ragged_dot_tiling="256,256,4608"}
 }
 """
-    comps = hlo.parse_module(text)
+
+
+def test_xla_ragged_dot_kernel_grid_from_its_tiles():
+    # RAGGED_DOT_HLO's tiles 256 x 256 x 4608 -> 2 column tiles (7168 / 4608, rounded up), 1 K tile; the group metadata has
+    # 262144 / 256 + 256 - 1 = 1279 entries, the bound on row-tile visits: 2 x 1279 = 2558 grid steps. The second
+    # column tile reads all of lhs again: 262144 x 256 x 2 B = 134,217,728 B more.
+    from perfmodel.xla import hlo
+    from perfmodel.xla.program import ragged_dot_grid
+
+    comps = hlo.parse_module(RAGGED_DOT_HLO)
     main = hlo.entry(comps)
     shapes = {i.name: i.arrays for i in main.instructions}
     grid = ragged_dot_grid(main.by_name()["ragged-dot-none"], shapes)
     assert grid is not None and grid.steps == 2 * 1279 and grid.extra_hbm_bytes == 262144 * 256 * 2
     assert ragged_dot_grid(main.by_name()["lhs"], shapes) is None
+
+
+def test_xla_ragged_dot_kernel_runs_its_grid_plus_the_pipelines_fill_and_drain():
+    import dataclasses
+
+    from perfmodel.compiler.api import KernelCompile
+    from perfmodel.compiler.bundles import build_schedule, loop_stats
+    from tests.compiler.schedules import PIPELINED
+
+    # Its grid loop's trip count is dynamic (None in the schedule): 2,558 grid steps (above) plus the 2 iterations
+    # that fill and drain a 3-stage pipeline. PIPELINED's loop as its body: 16 x 2,560 - 12 x 2 (the step guard
+    # skipped on those 2) + 4 bundles outside the loop = 40,940.
+    sched = build_schedule(PIPELINED)
+    loop = dataclasses.replace(loop_stats(sched, sched.loops[0]), trip_count=None)
+    rep = _report({})
+    rep.kernels = (KernelCompile(hlo_name="ragged-dot-none", scoped_vmem_bytes=None, program_bundles=20, mxus=1,
+                                 has_grid_loop=True, loop=loop, body_bundles_path=None),)
+    ops = {o.hlo_name: o for o in build_program(rep, get_chip("tpu-7x"), hlo_text=RAGGED_DOT_HLO).ops}
+    assert ops["ragged-dot-none"].bundles == 40_940
 
 
 def _ragged_contraction_hlo(second_mask: str) -> str:
