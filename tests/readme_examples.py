@@ -8,9 +8,12 @@ into the checkout), and compares or rewrites the shown output.
 
     python tests/readme_examples.py            # check: exit 1 and a diff for each example that drifted
     python tests/readme_examples.py --write    # regenerate the shown outputs in every document
+    python tests/readme_examples.py --compiled # also the examples that compile with libtpu (minutes; not in CI)
 
 `make readme-check` (part of `make ci`) runs the check. Examples whose output depends on the machine (a compile, a
-measurement, a file the reader edits first) are listed in SKIP with the reason; they are not run. An output
+measurement, a file the reader edits first) are listed in SKIP with the reason; they are not run, except that
+``--compiled`` runs the ones that compile (after a change to what the compiled outputs read: their compile time
+and "(from cache)" are not compared). An output
 shown with a line "..." is an excerpt: the lines shown before and after it are kept, the rest is cut.
 """
 
@@ -30,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: Top-level entries linked into the scratch directory the examples run in.
 LINKED = ("perfmodel", "kernels", "hwspecs", "tests", "notebooks", "pyproject.toml")
+COMPILES = "compiles with libtpu: minutes, and figures that move with the compiler version"
 #: Substring of a command -> why its shown output is not regenerated here.
 SKIP = {
-    "--compile": "compiles with libtpu: minutes, and figures that move with the compiler version",
-    "perfmodel xla": "compiles with libtpu: minutes, and figures that move with the compiler version",
+    "--compile": COMPILES,
+    "perfmodel xla": COMPILES,
     "perfmodel measure": "times kernels on the JAX backend present: machine-dependent",
     "my-chip.yaml": "the reader edits the file first; the error shown is for that edit",
     "--group serving-sim": "simulates 86 published serving runs: minutes",
@@ -71,8 +75,18 @@ def parse_block(body: str) -> list[Example]:
     return examples
 
 
-def skip_reason(command: str) -> str | None:
-    return next((why for key, why in SKIP.items() if key in command), None)
+def skip_reason(command: str, compiled: bool = False) -> str | None:
+    """Why ``command`` is not run (None: it is); ``compiled``: the examples that compile are run too."""
+    return next((why for key, why in SKIP.items() if key in command and not (compiled and why == COMPILES)), None)
+
+
+#: What a compiled example prints that changes from run to run: the compile's wall time, or that it was cached
+#: ("compiled in 21.8 s", "compiled (from cache)", "from cache").
+VOLATILE = re.compile(r"compiled in [0-9.]+ s|compiled \(from cache\)|from cache")
+
+
+def comparable(output: str) -> str:
+    return VOLATILE.sub("compiled", output).strip()
 
 
 def run(command: str, cwd: Path) -> str:
@@ -112,25 +126,28 @@ def scratch_dir() -> tempfile.TemporaryDirectory:
     return tmp
 
 
-def regenerate(text: str, progress=lambda msg: None) -> tuple[str, list[tuple[str, str, str]]]:
-    """(README text with every runnable example's output regenerated, [(command, shown, got)] that differ)."""
+def regenerate(text: str, progress=lambda msg: None, compiled: bool = False) -> tuple[str, list[tuple[str, str, str]]]:
+    """(README text with every runnable example's output regenerated, [(command, shown, got)] that differ);
+    ``compiled``: the examples that compile too."""
     drifted: list[tuple[str, str, str]] = []
 
     def block(match: re.Match) -> str:
         body = match.group(2)
         examples = parse_block(body)
-        if not examples or any(skip_reason(e.command) for e in examples):
+        if not examples or any(skip_reason(e.command, compiled) for e in examples):
             for e in examples:
-                if skip_reason(e.command):
-                    progress(f"skip  {e.command[:80]}  ({skip_reason(e.command)})")
+                if skip_reason(e.command, compiled):
+                    progress(f"skip  {e.command[:80]}  ({skip_reason(e.command, compiled)})")
             return match.group(0)  # a session runs whole or not at all
         with scratch_dir() as cwd:
             out_lines: list[str] = []
             for e in examples:
                 progress(f"run   {e.command[:80]}")
                 got = excerpt(run(e.command, Path(cwd)), e.shown)
-                if got.strip() != e.shown.strip():
+                if comparable(got) != comparable(e.shown):
                     drifted.append((e.command, e.shown, got))
+                else:
+                    got = e.shown.strip("\n")  # the same up to its compile time: kept as shown
                 out_lines.extend(e.lines)
                 if got:
                     out_lines.append(got)
@@ -143,6 +160,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="rewrite the documents with the regenerated outputs")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also run the examples that compile with libtpu (minutes; their compile time is not compared)")
     args = parser.parse_args()
     progress = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     total = 0
@@ -150,7 +169,7 @@ def main() -> int:
         name = doc.relative_to(ROOT)
         progress(f"== {name}")
         text = doc.read_text(encoding="utf-8")
-        new, drifted = regenerate(text, progress)
+        new, drifted = regenerate(text, progress, args.compiled)
         total += len(drifted)
         if args.write:
             if new != text:

@@ -35,6 +35,18 @@ def test_machine_dependent_examples_are_skipped_with_a_reason():
     assert skip_reason("perfmodel predict gemm --hw v5e -m 1 -n 1 -k 1") is None
 
 
+def test_compiled_examples_run_on_request_and_compare_without_their_compile_time():
+    from tests.readme_examples import comparable
+
+    # --compiled runs what compiles, not what measures on the local backend
+    assert skip_reason("perfmodel xla kernels.matmul:matmul --hw v6e", compiled=True) is None
+    assert "machine-dependent" in skip_reason("perfmodel measure matmul --hw v5e", compiled=True)
+    shown = "compile matmul for tpu-v6e: compiled in 21.8 s\n  bundles 33,080"
+    assert comparable(shown) == comparable("compile matmul for tpu-v6e: compiled (from cache)\n  bundles 33,080")
+    assert comparable("x on v6e: compiled in 4.6 s") == comparable("x on v6e: from cache")
+    assert comparable(shown) != comparable("compile matmul for tpu-v6e: compiled in 21.8 s\n  bundles 33,081")
+
+
 def test_the_reference_pages_are_checked_with_the_readme():
     from tests.readme_examples import ROOT, documents
 
