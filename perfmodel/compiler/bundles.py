@@ -212,9 +212,9 @@ def step_guards(sched: Schedule, lo: int, hi: int) -> list[Region]:
     return [r for r in sched.regions if lo <= r.branch and r.last <= hi and r.bundles >= GUARD_SHARE * (hi - lo + 1)]
 
 
-def step_guard(sched: Schedule, lo: int, hi: int) -> Region | None:
-    """The largest of :func:`step_guards` over lo..hi (None: the body has none)."""
-    return max(step_guards(sched, lo, hi), key=lambda r: r.bundles, default=None)
+def largest(regions: list[Region]) -> Region | None:
+    """The region of the most bundles (None: no region): of :func:`step_guards`, the loop's step guard."""
+    return max(regions, key=lambda r: r.bundles, default=None)
 
 
 def bundle_weights(sched: Schedule, loop: Loop | None) -> list[int]:
@@ -227,7 +227,7 @@ def bundle_weights(sched: Schedule, loop: Loop | None) -> list[int]:
         if lp is loop or lp.start < lo or hi < lp.end:
             continue
         trips = lp.trip_count if lp.trip_count and lp.trip_count > 0 else 1
-        guard = step_guard(sched, lp.start, lp.end) if lp.stages else None
+        guard = largest(step_guards(sched, lp.start, lp.end)) if lp.stages else None
         for i in range(lp.start, lp.end + 1):
             inside = guard is not None and guard.first <= i <= guard.last
             weight[i - lo] *= (lp.guarded_trips() or 1) if inside else trips
@@ -300,7 +300,7 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
     # A region spanning most of the body guards the whole step (the software pipeline skips it on its
     # fill/drain iterations): every real step runs it, so it is not counted as predicated.
     guards = step_guards(sched, lo, hi)
-    own_guard = step_guard(sched, lo, hi) if loop is not None and loop.stages else None
+    guard = largest(guards)
     outer: list[Region] = []
     for r in inside:
         if r in guards:
@@ -345,8 +345,9 @@ def loop_stats(sched: Schedule, loop: Loop | None) -> LoopStats:
         predicated_bundles=pred,
         predicated_regions=tuple(r.bundles for r in outer),
         predicated_max_bundles=pred_max,
-        guarded_bundles=max((r.bundles for r in guards), default=0),
-        guarded_weighted_bundles=sum(weight[own_guard.first - lo:own_guard.last - lo + 1]) if own_guard else 0,
+        guarded_bundles=guard.bundles if guard else 0,
+        guarded_weighted_bundles=(sum(weight[guard.first - lo:guard.last - lo + 1])
+                                  if guard and loop is not None and loop.stages else 0),
         trip_count=loop.trip_count if loop else 1,
         stages=loop.stages if loop else 0,
         inner_loops=len(inner),

@@ -365,16 +365,29 @@ ENTRY %main (new: bf16[8,4,128], c0: bf16[1024,16,128], c1: bf16[1024,16,128]) -
 """
 
 
-def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
+def _kernel(name: str, program_bundles: int | None = None, loop=None):
+    """A Pallas call of a compile report: its program's bundles (None: the compiler dumped no schedule for it)
+    and its grid loop's stats (None: no grid loop)."""
     from perfmodel.compiler.api import KernelCompile
 
+    return KernelCompile(hlo_name=name, scoped_vmem_bytes=None, program_bundles=program_bundles,
+                         mxus=None if program_bundles is None else 0, has_grid_loop=loop is not None, loop=loop,
+                         body_bundles_path=None)
+
+
+def _pipelined_loop():
+    """tests/compiler/schedules.py's PIPELINED loop read as a grid loop: 16 bundles, 8 trips, 3 stages, a
+    12-bundle step guard."""
+    from perfmodel.compiler.bundles import build_schedule, loop_stats
+    from tests.compiler.schedules import PIPELINED
+
+    sched = build_schedule(PIPELINED)
+    return loop_stats(sched, sched.loops[0])
+
+
+def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
     rep = _report({})
-    rep.kernels = (KernelCompile(hlo_name="kv_update.1", scoped_vmem_bytes=None, program_bundles=500, mxus=0,
-                                 has_grid_loop=False, loop=None, body_bundles_path=None),
-                   KernelCompile(hlo_name="kv_update.2", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
-                                 has_grid_loop=False, loop=None, body_bundles_path=None),
-                   KernelCompile(hlo_name="kv_update.3", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
-                                 has_grid_loop=False, loop=None, body_bundles_path=None))
+    rep.kernels = (_kernel("kv_update.1", 500), _kernel("kv_update.2"), _kernel("kv_update.3"))
     comps = hlo.parse_module(INPLACE)
     main_ = hlo.entry(comps)
     shapes = {i.name: i.arrays for i in main_.instructions}
@@ -391,18 +404,10 @@ def test_in_place_kernel_counts_what_it_touches_and_twins_share_its_schedule():
 
 
 def test_pallas_grid_loop_counts_its_pipelines_fill_and_drain_without_the_guarded_work():
-    from perfmodel.compiler.api import KernelCompile
-    from perfmodel.compiler.bundles import build_schedule, loop_stats
-    from tests.compiler.schedules import PIPELINED
-
     # The kernel's grid loop is PIPELINED's: 16 bundles, 8 trips, 3 stages, a 12-bundle step guard; 4 more bundles
     # outside it. Per call: 4 x 8 + 12 x 6 + 4 = 108 bundles (every trip in full would be 16 x 8 + 4 = 132).
-    sched = build_schedule(PIPELINED)
     rep = _report({})
-    rep.kernels = (KernelCompile(hlo_name="kv_update.1", scoped_vmem_bytes=None, program_bundles=20, mxus=0,
-                                 has_grid_loop=True, loop=loop_stats(sched, sched.loops[0]), body_bundles_path=None),
-                   *(KernelCompile(hlo_name=f"kv_update.{i}", scoped_vmem_bytes=None, program_bundles=None, mxus=None,
-                                   has_grid_loop=False, loop=None, body_bundles_path=None) for i in (2, 3)))
+    rep.kernels = (_kernel("kv_update.1", 20, _pipelined_loop()), _kernel("kv_update.2"), _kernel("kv_update.3"))
     ops = {o.hlo_name: o for o in build_program(rep, get_chip("v5e"), hlo_text=INPLACE).ops}
     assert ops["kv_update.1"].bundles == ops["kv_update.2"].bundles == 108  # its twin: the same program
 
@@ -464,18 +469,11 @@ def test_xla_ragged_dot_kernel_grid_from_its_tiles():
 def test_xla_ragged_dot_kernel_runs_its_grid_plus_the_pipelines_fill_and_drain():
     import dataclasses
 
-    from perfmodel.compiler.api import KernelCompile
-    from perfmodel.compiler.bundles import build_schedule, loop_stats
-    from tests.compiler.schedules import PIPELINED
-
     # Its grid loop's trip count is dynamic (None in the schedule): 2,558 grid steps (above) plus the 2 iterations
     # that fill and drain a 3-stage pipeline. PIPELINED's loop as its body: 16 x 2,560 - 12 x 2 (the step guard
     # skipped on those 2) + 4 bundles outside the loop = 40,940.
-    sched = build_schedule(PIPELINED)
-    loop = dataclasses.replace(loop_stats(sched, sched.loops[0]), trip_count=None)
     rep = _report({})
-    rep.kernels = (KernelCompile(hlo_name="ragged-dot-none", scoped_vmem_bytes=None, program_bundles=20, mxus=1,
-                                 has_grid_loop=True, loop=loop, body_bundles_path=None),)
+    rep.kernels = (_kernel("ragged-dot-none", 20, dataclasses.replace(_pipelined_loop(), trip_count=None)),)
     ops = {o.hlo_name: o for o in build_program(rep, get_chip("tpu-7x"), hlo_text=RAGGED_DOT_HLO).ops}
     assert ops["ragged-dot-none"].bundles == 40_940
 
