@@ -127,7 +127,7 @@ def analyze_call(call: PallasCall, chip: ChipSpec, *, order: np.ndarray | None =
 
     operands, fetch, wb = _operand_traffic(call, chip, trav, per_period, notes, loop_options)
     counter = count_body_work(call.body, chip, call.grid, points, call.body_values, loop_trips=loop_trips,
-                              starts=seg.starts, loop_options=loop_options)
+                              starts=seg.starts, loop_options=loop_options, axes=call.body_axes)
     notes.extend(counter.notes)
     manual = any(not o.pipelined for o in operands) or bool(counter.dma_directions)
     if manual:

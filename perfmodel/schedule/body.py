@@ -450,7 +450,8 @@ class WorkCounter(Hook):
 
 def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.ndarray,
                     known_values: Sequence[Any], *, loop_trips: int | None = None,
-                    starts: np.ndarray | None = None, loop_options: LoopOptions = LoopOptions()) -> WorkCounter:
+                    starts: np.ndarray | None = None, loop_options: LoopOptions = LoopOptions(),
+                    axes: Sequence[int] | None = None) -> WorkCounter:
     """Interpret the kernel body once for all grid steps; returns the filled counter.
 
     The body's parameters are (*scalar prefetch, *blocks, *scratch); ``known_values`` are the known contents
@@ -459,11 +460,14 @@ def count_body_work(body: Any, chip: ChipSpec, grid: Sequence[int], points: np.n
     ``starts``: True at the first step of each TensorCore's sequence (``points`` in execution order); the SMEM
     refs among the known ones that the body writes (a first-step flag, a buffer slot) then carry their content
     from each step to the next (see :func:`carried_contents`). ``loop_options``: the interpreter's fast paths
-    (default: all; the reference implementation with them off).
+    (default: all; the reference implementation with them off). ``axes``: the grid dimensions the body's
+    ``program_id`` numbers name (default: all; a vmapped call's :attr:`~perfmodel.schedule.extract.PallasCall.body_axes`).
     """
     n = points.shape[0]
     counter = WorkCounter(chip, assumed_trips=loop_trips)
-    grid_ids = [points[:, d] for d in range(points.shape[1])]
+    axes = tuple(range(points.shape[1])) if axes is None else tuple(axes)
+    grid = [grid[d] for d in axes]
+    grid_ids = [points[:, d] for d in axes]
     args: list[Any] = []
     for i, v in enumerate(body.invars):
         ms = str(getattr(v.aval, "memory_space", "")).lower()

@@ -86,10 +86,19 @@ class PallasCall:
     body: Any
     input_output_aliases: tuple[tuple[int, int], ...]
     eqn: Any = dataclasses.field(repr=False, compare=False)
+    #: Grid dimensions that ``jax.vmap`` added (jax's ``GridMapping.vmapped_dims``; parallel): the index maps
+    #: see them, the body's ``program_id`` and ``num_programs`` do not (see :attr:`body_axes`).
+    vmapped_dims: tuple[int, ...] = ()
 
     @property
     def steps(self) -> int:
         return int(math.prod(self.grid))
+
+    @property
+    def body_axes(self) -> tuple[int, ...]:
+        """The grid dimensions the body's ``program_id(0)``, ``program_id(1)``, ... name, in order: every one
+        but the vmapped (as Mosaic lowers them)."""
+        return tuple(d for d in range(len(self.grid)) if d not in self.vmapped_dims)
 
     @property
     def body_values(self) -> tuple[Any, ...]:
@@ -118,7 +127,15 @@ def _memory_space_name(ms: Any) -> str:
     return {"semaphore_mem": "semaphore", "default": "vmem"}.get(text, text)
 
 
-def _semantics(params: Any, ndim: int) -> tuple[str, ...]:
+def _semantics(params: Any, ndim: int, vmapped: Sequence[int] = ()) -> tuple[str, ...]:
+    """Per grid dimension: the kernel's dimension semantics (given for the dimensions it names, ``ndim`` less
+    the vmapped ones), "parallel" at each vmapped dimension (as Mosaic lowers them)."""
+    user = _user_semantics(params, ndim - len(vmapped))
+    it = iter(user)
+    return tuple("parallel" if d in vmapped else next(it, "arbitrary") for d in range(ndim))
+
+
+def _user_semantics(params: Any, ndim: int) -> tuple[str, ...]:
     cp = params.get("compiler_params")
     ds = getattr(cp, "dimension_semantics", None)
     if ds is None and isinstance(cp, dict):
@@ -182,6 +199,7 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
     gm = p["grid_mapping"]
     body = p["jaxpr"]
     grid = _static_grid(gm.grid, grid_bounds, p.get("name") or "pallas_call")
+    vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()) or ())
     n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
     arg_names = getattr(getattr(body, "debug_info", None), "arg_names", None)
     names = list(arg_names) if arg_names and len(arg_names) == len(body.invars) else None
@@ -220,7 +238,7 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
     return PallasCall(
         name=_clean_name(str(name)),
         grid=grid,
-        dimension_semantics=_semantics(p, len(grid)),
+        dimension_semantics=_semantics(p, len(grid), vmapped),
         blocks=tuple(blocks),
         num_scalar_prefetch=n_idx,
         prefetch_values=values,
@@ -231,6 +249,7 @@ def read_pallas_call(eqn: Any, prefetch_values: Sequence[Any] | None = None,
         body=body,
         input_output_aliases=aliases,
         eqn=eqn,
+        vmapped_dims=vmapped,
     )
 
 

@@ -162,8 +162,8 @@ def periodic_leading_dims(call: PallasCall) -> tuple[int, list[bool | None]]:
     only as an output component (identity) or not at all, the same for all of them.
     """
     ndim = len(call.grid)
-    axes = program_id_axes(call.body)
-    limit = min([ndim] + [a for a in axes])
+    axes = [call.body_axes[a] for a in program_id_axes(call.body) if a < len(call.body_axes)]
+    limit = min([ndim] + axes)
     roles = [_grid_index_roles(b.index_map, ndim) if b.pipelined else None for b in call.blocks]
     for m in range(limit, 0, -1):
         flags: list[bool | None] = []

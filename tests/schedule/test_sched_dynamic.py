@@ -93,6 +93,57 @@ def test_splash_attention_causal_transfers_equal_the_interpreter_run(v5e, seq, b
     assert k_op.transfers <= heads * n * (n + 1) // 2 < kern.steps
 
 
+def _first_step_dot(x, w):
+    """Grid of 2 steps over row blocks of x (16 x 128 f32); only step program_id(0) == 0 runs a dot with w
+    (128 x 128), the other copies its block."""
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+    return pl.pallas_call(kernel, grid=(2,), out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)), pl.BlockSpec((128, 128), lambda i: (0, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x, w)
+
+
+def test_vmapped_call_body_reads_program_ids_without_the_vmapped_dimension(v5e):
+    # jax.vmap over 3 batches prepends a parallel grid dimension: grid (3, 2). The body's program_id(0) is still
+    # the row-block index (Mosaic skips vmapped dimensions), so the dot runs at 3 of the 6 steps:
+    # 3 x 2 x 8 x 128 x 128 = 786,432 useful FLOPs (reading the batch index as program_id(0) would give 2 steps).
+    x = jax.ShapeDtypeStruct((3, 16, 128), jnp.float32)
+    w = jax.ShapeDtypeStruct((3, 128, 128), jnp.float32)
+    [call] = find_pallas_calls(trace(jax.vmap(_first_step_dot), x, w), (x, w))
+    assert call.grid == (3, 2) and call.vmapped_dims == (0,) and call.body_axes == (1,)
+    assert call.dimension_semantics == ("parallel", "arbitrary")
+    kern = analyze_call(call, v5e)
+    assert kern.work.mxu_useful_flops == 3 * 2 * 8 * 128 * 128
+
+
+def test_vmapped_splash_attention_counts_each_batch_like_the_unbatched_call(v5e):
+    # Splash attention's causal block mask (scalar prefetch) is indexed by the body's program ids: vmapped over
+    # a batch of 3, each batch element skips the same masked blocks as the unbatched call.
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    heads, seq, dim, block = 2, 512, 128, 128
+    mask = sm.MultiHeadMask([sm.CausalMask((seq, seq)) for _ in range(heads)])
+    kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1,
+                                block_sizes=sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block))
+    one = jax.ShapeDtypeStruct((heads, seq, dim), jnp.bfloat16)
+    batched = jax.ShapeDtypeStruct((3, heads, seq, dim), jnp.bfloat16)
+    [single] = analyze(lambda q, k, v: kernel(q, k, v), one, one, one, chip=v5e).kernels
+    [vmapped] = analyze(jax.vmap(lambda q, k, v: kernel(q, k, v)), batched, batched, batched, chip=v5e).kernels
+    n = seq // block
+    # causal: n (n + 1) / 2 of the n^2 blocks per head run their dots
+    assert single.work.mxu_useful_flops == heads * n * (n + 1) // 2 * 2 * (2 * block * block * dim)
+    assert vmapped.steps == 3 * single.steps
+    assert vmapped.work.mxu_useful_flops == 3 * single.work.mxu_useful_flops
+
+
 @pytest.mark.parametrize("kv_lens, cu_q_lens", [([256, 128, 0, 0], [0, 48, 64, 64, 64]),
                                                 ([64, 64, 64, 64], [0, 1, 2, 3, 4])])
 def test_jax_ragged_paged_attention_is_modeled_with_its_manual_page_dmas(v5e, kv_lens, cu_q_lens):
