@@ -435,7 +435,7 @@ def _with_compiled_times(rows: Sequence[ValidationRow], *, sample: int | None, j
     chosen = tc.sample(by_group, sample)
     times = tc.compile_points([r.point for r in xla if r.point.id in chosen], jobs=jobs, progress=progress)
     if kernels:  # --pallas analyze: tokamax's own kernels, compiled one at a time
-        from perfmodel.harness.tokamax_analyze import compiled_time
+        from perfmodel.harness.tokamax_pallas_compiled import compiled_time
 
         for r in kernels:
             if r.point.id in chosen:

@@ -109,7 +109,7 @@ def test_a_timings_file_runs_pallas_points_through_analyze(tmp_path, monkeypatch
     import yaml
 
     from perfmodel.errors import PerfmodelError
-    from perfmodel.harness import tokamax_analyze as ta
+    from perfmodel.harness.tokamax_pallas_compiled import compiled_time
     from perfmodel.harness.tokamax_subset import recorded_point
 
     path = tmp_path / "timings.yaml"
@@ -124,7 +124,7 @@ def test_a_timings_file_runs_pallas_points_through_analyze(tmp_path, monkeypatch
         raise PerfmodelError("stop here")
 
     monkeypatch.setattr("perfmodel.schedule.inspection.analyze_target", fake)
-    assert ta.compiled_time(mine) == (None, "stop here")
+    assert compiled_time(mine) == (None, "stop here")
     assert seen["args"] == ["point='7x-fa-fwd-pl-051'", f"timings={str(path)!r}"]
     assert recorded_point("7x-fa-fwd-pl-051", str(path)) == recorded_point("7x-fa-fwd-pl-051")
 
