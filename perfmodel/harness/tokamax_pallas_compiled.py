@@ -12,35 +12,38 @@ from typing import Any
 from perfmodel.harness.tokamax_analyze import COMPILE_TARGET, bound_call
 
 
+def compile_request(point: Any) -> tuple[list[str], list[str]]:
+    """(``--shape`` texts, ``--arg`` texts) that hand a tokamax Pallas point's recorded call to the compiler
+    through :data:`~perfmodel.harness.tokamax_analyze.COMPILE_TARGET` (its arrays as ``a0``, ``a1``, ...)."""
+    import numpy as np
+
+    _, arrays = bound_call(point.call)
+    shapes = [f"a{i}={'x'.join(map(str, a.shape)) or 'scalar'}:{np.dtype(a.dtype).name}" for i, a in enumerate(arrays)]
+    timings = point.call.get("timings_file")
+    return shapes, [f"point={point.id!r}"] + ([f"timings={timings!r}"] if timings else [])
+
+
 def compiled_time(point: Any) -> tuple[float | None, str]:
     """(the compiler-backed time of a tokamax Pallas point, or None; why not): its call compiled deviceless for
     the point's chip (``tpu-7x/core`` compiles for ``tpu-7x``: the topology's first device is one TensorCore)
     and read as a whole program (:func:`perfmodel.xla.program.build_program` on the point's chip): each
     pallas_call at its compiler-backed time (:mod:`perfmodel.schedule.compiled`), the XLA ops around them
     (layout copies, casts, reductions) from the compiled program's own fusions, bundles and bytes, as for the
-    XLA points. Without the program's HLO text, the analytic XLA ops stand in."""
-    import numpy as np
-
+    XLA points."""
     from perfmodel.errors import PerfmodelError
     from perfmodel.hw.registry import get_chip
     from perfmodel.hw.views import split_device_suffix
     from perfmodel.schedule.inspection import analyze_target
     from perfmodel.xla.program import build_program
 
-    _, arrays = bound_call(point.call)
-    shapes = [f"a{i}={'x'.join(map(str, a.shape)) or 'scalar'}:{np.dtype(a.dtype).name}" for i, a in enumerate(arrays)]
+    shapes, args = compile_request(point)
     try:
-        timings = point.call.get("timings_file")
-        args = [f"point={point.id!r}"] + ([f"timings={timings!r}"] if timings else [])
         result = analyze_target(COMPILE_TARGET, shapes, args, split_device_suffix(point.chip)[0], with_compile=True)
+        kernels = result.compiled.compiled_kernels
+        if not kernels or any(k.time is None for k in kernels):
+            return None, "a kernel has no compiler-backed time (no grid-step loop found in its program)"
+        program = build_program(result.compiled.compile, get_chip(point.chip),
+                                kernel_times={k.compile.hlo_name: k.time.expected_s for k in kernels})
     except PerfmodelError as exc:
         return None, str(exc).splitlines()[0]
-    kernels = result.compiled.compiled_kernels
-    if not kernels or any(k.time is None for k in kernels):
-        return None, "a kernel has no compiler-backed time (no grid-step loop found in its program)"
-    report = result.compiled.compile
-    if report.hlo_path is None:
-        return float(sum(k.time.expected_s for k in kernels)) + result.analysis.xla_s, ""
-    program = build_program(report, get_chip(point.chip),
-                            kernel_times={k.compile.hlo_name: k.time.expected_s for k in kernels})
     return float(program.step_s), ""

@@ -144,11 +144,11 @@ def test_compiled_time_of_a_pallas_point():
     # The XLA ops around the kernel are the compiled program's (cached: the compile above): its parameters take
     # the TPU's layout with the sequence axis minor, so the wrapper's transposes to the kernel's seq-minor
     # operands are bitcasts, which the analytic XLA ops price as HBM passes.
-    from perfmodel.harness.tokamax_analyze import COMPILE_TARGET, bound_call
+    from perfmodel.harness.tokamax_analyze import COMPILE_TARGET
+    from perfmodel.harness.tokamax_pallas_compiled import compile_request
     from perfmodel.schedule.inspection import analyze_target
 
-    shapes = [f"a{i}={'x'.join(map(str, a.shape))}:{a.dtype}" for i, a in enumerate(bound_call(r.point.call)[1])]
-    target = analyze_target(COMPILE_TARGET, shapes, [f"point={r.point.id!r}"], "tpu-7x", with_compile=True)
+    target = analyze_target(COMPILE_TARGET, *compile_request(r.point), "tpu-7x", with_compile=True)
     kernels = sum(k.time.expected_s for k in target.compiled.compiled_kernels)
     assert kernels < r.compiled_expected_s < kernels + target.analysis.xla_s
 
