@@ -191,7 +191,7 @@ def _lane_reduction_note(hidden: Num, lanes: int, chip: object | None) -> tuple[
                 "optimistic",)
     return (f"hidden of {lanes}-{2 * lanes} lanes: each row's sums and broadcasts are cross-lane (XLU) work, "
             "priced at the compiler's XLU cadence (hwspecs compute.xlu_vreg_ops_per_s_per_chip); tokamax's "
-            "128-wide layer norms ran 1.19x the time so priced on one TPU7x core (perfmodel/harness/README.md)",)
+            "128-wide layer norms ran 1.06x the time so priced on one TPU7x core (perfmodel/harness/README.md)",)
 
 
 def _norm_backward(*, tokens: Num, hidden: Num, elems: Num, padded: Num, item: int, out_item: int,

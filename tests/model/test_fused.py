@@ -185,8 +185,8 @@ def test_unfused_norm_passes_run_in_sequence(tpu7x):
     assert r.floor_s == pytest.approx(sum(e.floor_s for e in each))
     assert r.expected_s == pytest.approx(sum(e.expected_s for e in each))
     assert r.floor_s > max(r.unit_s.values())
-    # the XLU at 2.2e9 pushes/s: 82,944 pushes = 37.7 us over the whole chip
-    assert r.unit_s["xlu"] == pytest.approx(82944 / 2.2e9)
+    # the XLU at 1.9e9 pushes/s: 82,944 pushes = 43.7 us over the whole chip
+    assert r.unit_s["xlu"] == pytest.approx(82944 / 1.9e9)
 
 
 def test_norm_xlu_work_without_a_rate_is_said(tpu_v2):

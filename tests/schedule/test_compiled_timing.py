@@ -40,7 +40,7 @@ def test_a_fitted_kernel_mxu_share_bounds_a_steps_compute(chip_name, mxu_floor):
     compiled = SimpleNamespace(loop=SimpleNamespace(always_bundles=1000.0, predicated_bundles=0.0, predicated_max_bundles=0.0))
     t = compiled_time(kernel, compiled, chip, CONSTANTS)
     bundles_s = 1000.0 / chip.compute.clock_hz
-    # 1,000 bundles (0.45 µs at 7x's 2.2 GHz, 0.67 µs at v5e's 1.5 GHz) against 5 µs of MXU work at the
+    # 1,000 bundles (0.53 µs at 7x's 1.9 GHz, 0.67 µs at v5e's 1.5 GHz) against 5 µs of MXU work at the
     # kernel share: only a chip whose Pallas MXU share was fitted on measurements (efficiency.yaml
     # pallas_kernel_shares.mxu: TPU7x) takes the MXU time; the DMA (1 µs + 0.2 µs latency) is shorter either way.
     # TPU7x's steps also add its fitted residual (efficiency.yaml pallas_step_residual_s: 0.24 µs): 5.24 µs.
