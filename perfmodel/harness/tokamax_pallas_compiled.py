@@ -17,8 +17,11 @@ def compile_request(point: Any) -> tuple[list[str], list[str]]:
     through :data:`~perfmodel.harness.tokamax_analyze.COMPILE_TARGET` (its arrays as ``a0``, ``a1``, ...)."""
     import numpy as np
 
+    from perfmodel.schedule.shapes import ShapeSpec
+
     _, arrays = bound_call(point.call)
-    shapes = [f"a{i}={'x'.join(map(str, a.shape)) or 'scalar'}:{np.dtype(a.dtype).name}" for i, a in enumerate(arrays)]
+    shapes = [ShapeSpec(name=f"a{i}", shape=tuple(a.shape), dtype=np.dtype(a.dtype).name).text()
+              for i, a in enumerate(arrays)]
     timings = point.call.get("timings_file")
     return shapes, [f"point={point.id!r}"] + ([f"timings={timings!r}"] if timings else [])
 
