@@ -127,6 +127,8 @@ PREDICT = {
     "gemm": ({"-m": "8", "-n": "128", "-k": "128"}, ["-m", "-n", "-k", "--batch", "--rhs-dtype", "--hw"]),
     "attention": ({"--q-len": "128"}, ["--q-len", "--kv-len", "--q-heads", "--kv-heads", "--head-dim",
                                        "--sliding-window", "--block-q", "--batch"]),
+    "chunked-attention": ({"--q-len": "256"}, ["--q-len", "--kv-len", "--q-heads", "--kv-heads", "--head-dim",
+                                               "--v-head-dim", "--chunk", "--batch"]),
     "decode-attention": ({"--context": "1024", "--batch": "2"},
                          ["--context", "--batch", "--context-lens", "--context-dist", "--kv-heads", "--page-size",
                           "--pages-per-seq", "--kv-dtype"]),

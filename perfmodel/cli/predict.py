@@ -118,6 +118,25 @@ def attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv
     run_op("attention", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("q_len",))
 
 
+@predict.command("chunked-attention")
+@click.option("--batch", type=int, default=1, show_default=True)
+@click.option("--q-len", type=int, default=None, help="Query tokens. Required.")
+@click.option("--kv-len", type=int, default=None, help="Key tokens (default: --q-len).")
+@_head_options
+@click.option("--v-head-dim", type=int, default=None, help="Value head dim (default: --head-dim).")
+@click.option("--chunk", type=int, default=128, show_default=True,
+              help="Query and key chunk (tokamax's chunk_size; the cost line was read at 128).")
+@click.option("--bias-and-mask", is_flag=True, help="An additive bias and a boolean mask (AlphaFold's attention).")
+@click.option("--dtype", default="bf16", show_default=True, help=_DTYPE_HELP)
+@predict_options
+@user_errors
+def chunked_attention(hw: tuple[str, ...], sweep: tuple[str, ...], as_json: bool, as_csv: bool,
+                      **params: Any) -> None:
+    """XLA's chunked attention (tokamax's xla_chunked: a loop over query and key chunks with an online softmax,
+    every chunk pair computed, a causal mask applied, not skipped); TPUs only."""
+    run_op("chunked-attention", params, hw=hw, sweep=sweep, as_json=as_json, as_csv=as_csv, required=("q_len",))
+
+
 def _paged_options(fn: Any) -> Any:
     fn = click.option("--pages-per-seq", type=int, default=None,
                       help="Page-table width (default: the most pages any sequence needs).")(fn)

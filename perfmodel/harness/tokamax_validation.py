@@ -8,7 +8,8 @@ TPU7x, hence ``tpu-7x/core``) becomes the perfmodel ops that do its work, summed
   weight-gradient form, out[g] = lhs[rows of g]^T @ rhs[rows of g]) as the grouped GEMM ragged along its
   contraction (one GEMM per group whose K is the group's rows; XLA's convolution for the XLA implementation);
 * XLA ``attention``: the two batched GEMMs of logits and output and one elementwise pass over the f32 logits
-  (softmax); its ``vjp`` five GEMMs and two passes;
+  (softmax); its ``vjp`` five GEMMs and two passes; the chunked implementation (``xla_chunked``) as XLA's chunk
+  loop (:mod:`perfmodel.model.xla_chunked_attention`);
 * Pallas ``flash_attention`` forward: the flash-attention op model with the recorded blocks;
 * XLA ``linear_softmax_cross_entropy_loss``: the logits GEMM and a pass over the logits (forward), plus the two
   gradient GEMMs (``vjp``);
@@ -158,6 +159,19 @@ def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:
     return parts
 
 
+def _chunked_attention(args: dict[str, Any]) -> list[Part]:
+    """tokamax's XLA chunked attention (``xla_chunked``): XLA's chunk loop at tokamax's default 128 x 128 chunks
+    (its ``chunk_size``; the recorded config is empty), with a bias and boolean mask where the call has either."""
+    dt, (*lead, s, hq, d) = array(args["q"])  # [..., seq, heads, head_dim]: leading dims are batch
+    _, (*_, t, hkv, _) = array(args["k"])
+    _, (*_, _, _, dv) = array(args["v"])
+    mask = args.get("mask") or {}
+    masked = args.get("bias") is not None or mask.get("bool_mask") is not None
+    return [("chunked-attention", {"batch": int(np.prod(lead)), "q_len": s, "kv_len": t, "q_heads": hq,
+                                   "kv_heads": hkv, "head_dim": d, "v_head_dim": dv, "dtype": dt,
+                                   **({"bias_and_mask": True} if masked else {})})]
+
+
 def _flash_attention(args: dict[str, Any], config: dict[str, Any]) -> list[Part]:
     """The flash-attention op model at the recorded blocks, and the XLA passes of tokamax's wrapper around its
     kernel: q scaled by logits_scale, q, k and v transposed from [batch, seq, heads, dim] to the kernel's
@@ -253,6 +267,8 @@ def parts_of(op: str, backward: bool, implementation: str, args: dict[str, Any],
     pallas = implementation.startswith("pallas")
     if op == "ragged_dot" and not backward:
         return _ragged_dot(args, pallas)
+    if op == "attention" and implementation == "xla_chunked" and not backward:
+        return _chunked_attention(args)
     if op == "attention" and not pallas:
         return _logit_gemms(args, backward)
     if op == "flash_attention" and pallas and not backward:

@@ -129,6 +129,16 @@ def attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, k
                            kv_heads=q_heads if kv_heads is None else kv_heads, **params)
 
 
+def chunked_attention(*, chip: Any, q_len: Any, kv_len: Any = None, q_heads: Any = 32, kv_heads: Any = None,
+                      **params: Any) -> Any:
+    """XLA's chunked attention (a loop over query and key chunks); the KV length defaults to the query length,
+    KV heads to the query heads."""
+    from perfmodel.model.xla_chunked_attention import xla_chunked_attention
+
+    return xla_chunked_attention(chip=chip, q_len=q_len, kv_len=q_len if kv_len is None else kv_len,
+                                 q_heads=q_heads, kv_heads=q_heads if kv_heads is None else kv_heads, **params)
+
+
 def decode_attention(*, chip: Any, context: Any = None, context_lens: Any = None, context_dist: Any = None,
                      batch: Any = None, q_heads: Any = 32, kv_heads: Any = None, **params: Any) -> Any:
     """One paged decode step; contexts from :func:`context_lengths`, KV heads default to the query heads."""
@@ -268,6 +278,8 @@ def _collective(kind: str) -> Builder:
 SIZE_PRODUCTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "gemm": (("batch", "m", "n", "k"),),
     "attention": (("batch", "q_heads", "q_len", "kv_len|q_len", "head_dim"),),
+    "chunked-attention": (("batch", "q_heads", "q_len", "kv_len|q_len", "head_dim"),
+                          ("batch", "q_heads", "q_len", "kv_len|q_len", "v_head_dim|head_dim")),
     "decode-attention": (("batch", "q_heads", "context", "head_dim"),
                          ("batch", "pages_per_seq", "page_size", "kv_heads|q_heads", "head_dim")),
     "ragged-attention": (("pages_per_seq", "page_size", "kv_heads|q_heads", "head_dim"),),
@@ -290,6 +302,7 @@ SIZE_PRODUCTS: dict[str, tuple[tuple[str, ...], ...]] = {
 BUILDERS: dict[str, Builder] = {
     "gemm": gemm,
     "attention": attention,
+    "chunked-attention": chunked_attention,
     "decode-attention": decode_attention,
     "ragged-attention": ragged_attention,
     "mla-decode": mla_decode,

@@ -86,6 +86,8 @@ LONG_CONTEXT = [
      "--kv-heads", "32", "--head-dim", "64", "--block-q", "512", "--block-kv", "1024"),
     ("attention", "--q-len", "131072", "--q-heads", "128", "--kv-heads", "8", "--head-dim", "128",
      "--block-q", "2048", "--block-kv", "2048"),
+    ("chunked-attention", "--hw", "tpu-7x/core", "--batch", "1", "--q-len", "131072", "--q-heads", "128",
+     "--kv-heads", "8", "--head-dim", "256"),
     ("decode-attention", "--batch", "256", "--context", "131072", "--q-heads", "128", "--kv-heads", "8",
      "--head-dim", "128", "--page-size", "256"),
     ("ragged-attention", "--query-lens", "65536,1x255", "--context-lens", "131072x256", "--q-heads", "64",

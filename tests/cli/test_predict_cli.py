@@ -218,6 +218,7 @@ def test_errors_are_one_line(args, code, match):
 EVERY_COMMAND = [
     ["gemm", "-m", "8", "-n", "128", "-k", "128"],
     ["attention", "--q-len", "128", "--q-heads", "4", "--kv-heads", "2"],
+    ["chunked-attention", "--q-len", "256", "--q-heads", "4", "--kv-heads", "2"],
     ["decode-attention", "--context", "100", "--batch", "2"],
     ["ragged-attention", "--query-lens", "1,64", "--context-lens", "100,200"],
     ["mla-decode", "--context", "100"],
@@ -497,3 +498,15 @@ def test_a_sweep_names_an_option_by_its_flag():
     assert len(json.loads(res.output)) == 2
     res = CliRunner().invoke(main, ["predict", "copy", "--hw", "v5e", "--sweep", "foo=1"])
     assert res.exit_code == 2 and "sweepable: bytes, shape, elements" in res.output
+
+
+def test_chunked_attention_cli():
+    # tokamax's mixtral shapes on one 7x core: the loop's 1,024 chunk pairs, VPU-bound (its bundles as issue slots)
+    rec = run_json("chunked-attention", "--hw", "tpu-7x/core", "--batch", "32", "--q-len", "4096", "--q-heads",
+                   "32", "--kv-heads", "8", "--head-dim", "128")[0]
+    assert rec["cost"]["metrics"]["iterations"] == 1024 and rec["roofline"]["limiter"] == "vpu"
+    assert rec["roofline"]["floor_s"] < rec["roofline"]["expected_s"]
+    text = run("chunked-attention", "--hw", "tpu-7x/core", "--q-len", "1024", "--bias-and-mask", "--head-dim", "64")
+    assert "chunk loop" in text and "VPU-bound" in text
+    out = run("chunked-attention", "--hw", "h100-sxm", "--q-len", "1024", code=2)
+    assert "not a TPU" in out and "Traceback" not in out

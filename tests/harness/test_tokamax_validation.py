@@ -107,6 +107,31 @@ def test_attention_and_cross_entropy_parts():
     assert len(tv.parts_of("linear_softmax_cross_entropy_loss", True, "xla", ce, {})) == 4
 
 
+def test_chunked_attention_is_xlas_chunk_loop():
+    # tokamax's xla_chunked at its default 128 x 128 chunks: one chunked-attention op, GQA heads kept (k and v are
+    # repeated inside the op model), bias-and-mask where the call has a bias or a boolean mask
+    mixtral = {"q": "bf16[32,4096,32,128]", "k": "bf16[32,4096,8,128]", "v": "bf16[32,4096,8,128]",
+               "bias": None, "mask": {"bool_mask": None, "is_causal": True}}
+    (op, p), = tv.parts_of("attention", False, "xla_chunked", mixtral, {})
+    assert op == "chunked-attention" and (p["batch"], p["q_heads"], p["kv_heads"]) == (32, 32, 8)
+    assert "bias_and_mask" not in p and p["v_head_dim"] == 128
+    alphafold = {"q": "bf16[1,768,768,4,64]", "k": "bf16[1,768,768,4,64]", "v": "bf16[1,768,768,4,64]",
+                 "bias": "bf16[1,1,4,768,768]", "mask": {"bool_mask": "bool[768,1,1,768]"}}
+    (_, p), = tv.parts_of("attention", False, "xla_chunked", alphafold, {})
+    assert p["bias_and_mask"] and p["batch"] == 768 and p["q_len"] == 768
+    # the plain XLA implementation stays the materialized logits
+    assert len(tv.parts_of("attention", False, "xla", mixtral, {})) == 3
+
+
+def test_chunked_attention_points_are_within_their_band(report):
+    # both subset points (one fit, one held out) within the forward band of issue 32: 0.85-1.15 measured / expected
+    rows = [p for p in report["points"] if p["group"] == "tokamax-7x-attention-fwd-xla-chunked"]
+    assert {p["role"][:3] for p in rows} == {"fit", "hel"}
+    for p in rows:
+        assert 0.85 <= p["measured_s"] / p["expected_s"] <= 1.15, p["id"]
+        assert p["command"].startswith("perfmodel predict chunked-attention")
+
+
 @pytest.mark.parametrize("x, dout, logits_dtype, grad_dtype", [
     ("f32[1024,4096]", "f32[]", "fp32", "fp32"), ("bf16[1024,4096]", "bf16[]", "bf16", "bf16"),
     ("bf16[1024,4096]", "f32[]", "bf16", "fp32")])
