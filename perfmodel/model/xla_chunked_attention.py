@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfmodel.errors import InputError
-from perfmodel.model.attention import check_heads
+from perfmodel.model.attention import attention_sizes, check_heads
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, parse_dtype
 from perfmodel.model.shapes import cdiv, chip_tiles, fval, round_up, sizes
@@ -56,20 +56,9 @@ def tile_cycles(*, head_dim: Num, v_head_dim: Num, bias_and_mask: bool, batch_he
             + line["bias_and_mask"] * float(bias_and_mask) + line["per_log2_batch_heads"] * log_bh)
 
 
-def xla_chunked_attention(
-    *,
-    batch: Num,
-    q_len: Num,
-    kv_len: Num,
-    q_heads: Num,
-    kv_heads: Num,
-    head_dim: Num,
-    v_head_dim: Num | None = None,
-    chunk: Num = LAW_CHUNK,
-    bias_and_mask: bool = False,
-    dtype: str = "bf16",
-    chip: object | None = None,
-) -> OpCost:
+def xla_chunked_attention(*, batch: Num, q_len: Num, kv_len: Num, q_heads: Num, kv_heads: Num, head_dim: Num,
+                          v_head_dim: Num | None = None, chunk: Num = LAW_CHUNK, bias_and_mask: bool = False,
+                          dtype: str = "bf16", chip: object | None = None) -> OpCost:
     """XLA's chunked attention over q [batch, q_len, q_heads, head_dim] and k, v [batch, kv_len, kv_heads, .]
     with ``chunk`` x ``chunk`` chunks (module docstring): the chunk loop, then XLA's passes around it.
     ``bias_and_mask``: an additive bias and a boolean mask (AlphaFold's attention); a causal mask costs the
@@ -79,8 +68,8 @@ def xla_chunked_attention(
         name = getattr(chip, "name", "this chip")
         raise InputError(f"`hw`: {name} is not a TPU; XLA's chunked attention loop is modelled from the TPU "
                          "compiler's schedules only")
-    batch, q_len, kv_len = sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len)
-    q_heads, kv_heads, head_dim = sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
+    batch, q_len, kv_len, q_heads, kv_heads, head_dim = attention_sizes(batch, q_len, kv_len, q_heads, kv_heads,
+                                                                       head_dim)
     v_head_dim = head_dim if v_head_dim is None else sizes("v_head_dim", v_head_dim)
     chunk = sizes("chunk", chunk)
     dt = parse_dtype(dtype, "`dtype`")
