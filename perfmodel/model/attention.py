@@ -102,13 +102,6 @@ def kv_tiles(q_len: np.ndarray, kv_len: np.ndarray, bq: np.ndarray, bkv: np.ndar
     return hi_sum - lo_sum + nq
 
 
-def attention_sizes(batch: Num, q_len: Num, kv_len: Num, q_heads: Num, kv_heads: Num,
-                    head_dim: Num) -> tuple[np.ndarray, ...]:
-    """The six sizes of a prefill attention call, each checked (a positive whole number) under its own name."""
-    return (sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len), sizes("q_heads", q_heads),
-            sizes("kv_heads", kv_heads), sizes("head_dim", head_dim))
-
-
 def check_heads(q_heads: np.ndarray, kv_heads: np.ndarray) -> np.ndarray:
     if np.any(q_heads % kv_heads):
         bad = np.broadcast_arrays(q_heads, kv_heads)
@@ -186,8 +179,8 @@ def flash_attention(
     ``masked_tile_share`` (share of computed score elements that are masked
     or padding), ``kv_tiles`` per (batch, head), ``grid_steps``.
     """
-    batch, q_len, kv_len, q_heads, kv_heads, head_dim = attention_sizes(batch, q_len, kv_len, q_heads, kv_heads,
-                                                                       head_dim)
+    batch, q_len, kv_len = sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len)
+    q_heads, kv_heads, head_dim = sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     window = optional_size("sliding_window", sliding_window)
     dt = parse_dtype(dtype, "`dtype`")
     group = check_heads(q_heads, kv_heads)

@@ -189,28 +189,6 @@ def xla_ragged_contraction_share(n: Any) -> np.ndarray:
     return np.minimum(share, 1.0)
 
 
-#: Fields of ``xla_chunked_attention_tile_cycles`` (perfmodel.model.xla_chunked_attention.tile_cycles).
-_CHUNKED_LINE_FIELDS = ("base", "per_head_dim", "per_v_head_dim", "bias_and_mask", "per_log2_batch_heads",
-                        "head_dim_cap", "batch_heads_range")
-
-
-def xla_chunked_attention_line() -> dict[str, Any]:
-    """The calibration file's line for the bundles of one 128 x 128 tile of XLA's chunked attention loop
-    (:func:`perfmodel.model.xla_chunked_attention.tile_cycles`), checked field by field."""
-    where = f"{EFFICIENCY_FILE}: xla_chunked_attention_tile_cycles"
-    value = _table().get("xla_chunked_attention_tile_cycles")
-    if not isinstance(value, dict) or set(value) != set(_CHUNKED_LINE_FIELDS):
-        got = ", ".join(sorted(value)) if isinstance(value, dict) else repr(value)
-        raise ValueError(f"{where}: give exactly {', '.join(_CHUNKED_LINE_FIELDS)} (got {got})")
-    lo, hi = (float(x) for x in value["batch_heads_range"])
-    if not 1 <= lo <= hi or float(value["head_dim_cap"]) < 1:
-        raise ValueError(f"{where}: batch_heads_range must be [low, high] with 1 <= low <= high and head_dim_cap "
-                         ">= 1")
-    line: dict[str, Any] = {k: float(value[k]) for k in _CHUNKED_LINE_FIELDS[:-1]}
-    line["batch_heads_range"] = (lo, hi)
-    return line
-
-
 def mxu_share(chip: Any, rate_key: str) -> float:
     """Plateau share of the chip's peak for matmuls at ``rate_key`` (e.g. "bf16")."""
     eff = chip_efficiency(chip.name)

@@ -27,10 +27,12 @@ cycles by area, unmeasured. The batch x heads term is clamped to the compiled ra
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from perfmodel.errors import InputError
-from perfmodel.model.attention import attention_sizes, check_heads
+from perfmodel.model.attention import check_heads
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, parse_dtype
 from perfmodel.model.shapes import cdiv, chip_tiles, fval, round_up, sizes
@@ -41,13 +43,37 @@ LAW_CHUNK = 128
 OUTSIDE_LAUNCHES = 2
 
 
+#: Fields of the calibration file's ``xla_chunked_attention_tile_cycles`` (:func:`tile_cycles`).
+LINE_FIELDS = ("base", "per_head_dim", "per_v_head_dim", "bias_and_mask", "per_log2_batch_heads", "head_dim_cap",
+               "batch_heads_range")
+
+
+def tile_cycle_line() -> dict[str, Any]:
+    """The calibration file's line for the bundles of one 128 x 128 tile of the chunk loop, checked field by
+    field (a ValueError naming the file and field otherwise)."""
+    # The calibration table is efficiency's (one reader of the file); its loader is read, not changed, here so
+    # that compiles keyed on efficiency.py's source stay cached.
+    from perfmodel.model.efficiency import EFFICIENCY_FILE, _table
+
+    where = f"{EFFICIENCY_FILE}: xla_chunked_attention_tile_cycles"
+    value = _table().get("xla_chunked_attention_tile_cycles")
+    if not isinstance(value, dict) or set(value) != set(LINE_FIELDS):
+        got = ", ".join(sorted(value)) if isinstance(value, dict) else repr(value)
+        raise ValueError(f"{where}: give exactly {', '.join(LINE_FIELDS)} (got {got})")
+    lo, hi = (float(x) for x in value["batch_heads_range"])
+    if not 1 <= lo <= hi or float(value["head_dim_cap"]) < 1:
+        raise ValueError(f"{where}: batch_heads_range must be [low, high] with 1 <= low <= high and head_dim_cap "
+                         ">= 1")
+    line: dict[str, Any] = {k: float(value[k]) for k in LINE_FIELDS[:-1]}
+    line["batch_heads_range"] = (lo, hi)
+    return line
+
+
 def tile_cycles(*, head_dim: Num, v_head_dim: Num, bias_and_mask: bool, batch_heads: Num) -> np.ndarray:
     """Bundles (cycles) of one 128 x 128 logits tile of one (batch, head) in XLA's chunk loop on a TPU: the
     calibration file's line in the head dims (each capped where the compiles flatten), a bias and boolean mask,
     and log2 of batch x query heads (clamped to the compiled range)."""
-    from perfmodel.model.efficiency import xla_chunked_attention_line
-
-    line = xla_chunked_attention_line()
+    line = tile_cycle_line()
     cap = line["head_dim_cap"]
     lo, hi = line["batch_heads_range"]
     log_bh = np.log2(np.clip(np.asarray(batch_heads, dtype=float), lo, hi))
@@ -68,8 +94,8 @@ def xla_chunked_attention(*, batch: Num, q_len: Num, kv_len: Num, q_heads: Num, 
         name = getattr(chip, "name", "this chip")
         raise InputError(f"`hw`: {name} is not a TPU; XLA's chunked attention loop is modelled from the TPU "
                          "compiler's schedules only")
-    batch, q_len, kv_len, q_heads, kv_heads, head_dim = attention_sizes(batch, q_len, kv_len, q_heads, kv_heads,
-                                                                       head_dim)
+    batch, q_len, kv_len = sizes("batch", batch), sizes("q_len", q_len), sizes("kv_len", kv_len)
+    q_heads, kv_heads, head_dim = sizes("q_heads", q_heads), sizes("kv_heads", kv_heads), sizes("head_dim", head_dim)
     v_head_dim = head_dim if v_head_dim is None else sizes("v_head_dim", v_head_dim)
     chunk = sizes("chunk", chunk)
     dt = parse_dtype(dtype, "`dtype`")

@@ -5,7 +5,7 @@ import pytest
 
 from perfmodel.errors import InputError
 from perfmodel.hw.registry import get_chip
-from perfmodel.model import efficiency
+from perfmodel.model import efficiency, xla_chunked_attention as chunked
 from perfmodel.model.core import evaluate
 from perfmodel.model.xla_chunked_attention import tile_cycles, xla_chunked_attention
 
@@ -120,4 +120,4 @@ def test_bad_input(core7x, kwargs, match):
 def test_the_calibration_line_is_read_strictly(monkeypatch, bad, match):
     monkeypatch.setattr(efficiency, "_table", lambda: {"xla_chunked_attention_tile_cycles": bad})
     with pytest.raises(ValueError, match=match):
-        efficiency.xla_chunked_attention_line()
+        chunked.tile_cycle_line()
