@@ -135,13 +135,35 @@ def _ragged_dot(args: dict[str, Any], pallas: bool) -> list[Part]:
     return parts
 
 
+@dataclass(frozen=True, kw_only=True)
+class _AttentionShape:
+    """A recorded attention call's sizes: q [..., seq, heads, head_dim], k and v [..., kv_seq, kv_heads, .]; the
+    leading dims are batch."""
+
+    dtype: str
+    batch: int
+    q_len: int
+    q_heads: int
+    head_dim: int
+    kv_len: int
+    kv_heads: int
+    v_head_dim: int
+
+
+def _attention_shape(args: dict[str, Any]) -> _AttentionShape:
+    dt, (*lead, s, hq, d) = array(args["q"])
+    _, (*_, t, hkv, _) = array(args["k"])
+    _, (*_, dv) = array(args["v"])
+    return _AttentionShape(dtype=dt, batch=int(np.prod(lead)), q_len=s, q_heads=hq, head_dim=d, kv_len=t,
+                           kv_heads=hkv, v_head_dim=dv)
+
+
 def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:
     """Attention as XLA runs it: logits = q k^T and out = softmax(logits) v, batched over batch x q heads (k/v
     heads broadcast to the query heads), f32 logits written and read by one softmax pass; the backward recomputes
     the logits and adds dP = dO v^T, dV = P^T dO, dQ = dS k, dK = dS^T q and a second pass (dS)."""
-    dt, (*lead, s, hq, d) = array(args["q"])  # [..., seq, heads, head_dim]: leading dims are batch
-    _, (*_, t, _, dv) = array(args["v"])
-    b = int(np.prod(lead))
+    a = _attention_shape(args)
+    dt, b, s, hq, d, t, dv = a.dtype, a.batch, a.q_len, a.q_heads, a.head_dim, a.kv_len, a.v_head_dim
     op_dt = _mxu_dtype(args, dt)
     batch = b * hq
     qk = {"batch": batch, "m": s, "n": t, "k": d, "lhs_dtype": op_dt, "rhs_dtype": op_dt, "out_dtype": "fp32"}
@@ -162,23 +184,20 @@ def _logit_gemms(args: dict[str, Any], backward: bool) -> list[Part]:
 def _chunked_attention(args: dict[str, Any]) -> list[Part]:
     """tokamax's XLA chunked attention (``xla_chunked``): XLA's chunk loop at tokamax's default 128 x 128 chunks
     (its ``chunk_size``; the recorded config is empty), with a bias and boolean mask where the call has either."""
-    dt, (*lead, s, hq, d) = array(args["q"])  # [..., seq, heads, head_dim]: leading dims are batch
-    _, (*_, t, hkv, _) = array(args["k"])
-    _, (*_, _, _, dv) = array(args["v"])
+    a = _attention_shape(args)
     mask = args.get("mask") or {}
     masked = args.get("bias") is not None or mask.get("bool_mask") is not None
-    return [("chunked-attention", {"batch": int(np.prod(lead)), "q_len": s, "kv_len": t, "q_heads": hq,
-                                   "kv_heads": hkv, "head_dim": d, "v_head_dim": dv, "dtype": dt,
-                                   **({"bias_and_mask": True} if masked else {})})]
+    return [("chunked-attention", {"batch": a.batch, "q_len": a.q_len, "kv_len": a.kv_len, "q_heads": a.q_heads,
+                                   "kv_heads": a.kv_heads, "head_dim": a.head_dim, "v_head_dim": a.v_head_dim,
+                                   "dtype": a.dtype, **({"bias_and_mask": True} if masked else {})})]
 
 
 def _flash_attention(args: dict[str, Any], config: dict[str, Any]) -> list[Part]:
     """The flash-attention op model at the recorded blocks, and the XLA passes of tokamax's wrapper around its
     kernel: q scaled by logits_scale, q, k and v transposed from [batch, seq, heads, dim] to the kernel's
     head-major layout and the output transposed back (each one read and one write of the array)."""
-    dt, (*lead, s, hq, d) = array(args["q"])
-    _, (*_, t, hkv, _) = array(args["k"])
-    b = int(np.prod(lead))
+    a = _attention_shape(args)
+    dt, b, s, hq, d, t, hkv = a.dtype, a.batch, a.q_len, a.q_heads, a.head_dim, a.kv_len, a.kv_heads
     mask = args.get("mask") or {}
     q_elems, kv_elems = b * s * hq * d, b * t * hkv * d
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from perfmodel.errors import InputError
+from perfmodel.hw.views import split_device_suffix
 from perfmodel.model.attention import check_heads
 from perfmodel.model.core import Num, OpCost, combine
 from perfmodel.model.dtypes import DTYPES, parse_dtype
@@ -67,6 +68,18 @@ def tile_cycle_line() -> dict[str, Any]:
     line: dict[str, Any] = {k: float(value[k]) for k in LINE_FIELDS[:-1]}
     line["batch_heads_range"] = (lo, hi)
     return line
+
+
+def tile_cycle_chip() -> str:
+    """The chip whose compiles the tile-cycle line was read off (the calibration file's
+    ``xla_chunked_attention_read_on``)."""
+    from perfmodel.model.efficiency import EFFICIENCY_FILE, _table
+
+    chip = _table().get("xla_chunked_attention_read_on")
+    if not isinstance(chip, str) or not chip:
+        raise ValueError(f"{EFFICIENCY_FILE}: xla_chunked_attention_read_on: name the chip the tile-cycle line was "
+                         f"read on (got {chip!r})")
+    return chip
 
 
 def tile_cycles(*, head_dim: Num, v_head_dim: Num, bias_and_mask: bool, batch_heads: Num) -> np.ndarray:
@@ -122,19 +135,22 @@ def xla_chunked_attention(*, batch: Num, q_len: Num, kv_len: Num, q_heads: Num, 
     out_bytes = 1.0 * batch * q_len * q_heads * v_head_dim * item
     loop = OpCost(name="chunk loop", mxu_flops=fval(issued), useful_flops=fval(useful), mxu_dtype="bf16",
                   vpu_ops=fval(loop_cycles * vpu_per_cycle), eup_ops=fval(2.0 * pair_tiles),
-                  hbm_read_bytes=fval(q_bytes + kv_bytes * group), launches=1,
-                  metrics={"iterations": fval(iterations), "tile_cycles": fval(cycles)})
+                  hbm_read_bytes=fval(q_bytes + kv_bytes * group), launches=1)
     # GQA: k and v repeated to the query heads before the loop (read once, written group times larger).
     repeat_read = np.where(group > 1, kv_bytes, 0.0)
     repeat_write = np.where(group > 1, kv_bytes * group, 0.0)
     outside = OpCost(name="passes around the loop", hbm_read_bytes=fval(repeat_read + out_bytes),
                      hbm_write_bytes=fval(repeat_write + 2.0 * out_bytes),
                      launches=OUTSIDE_LAUNCHES + np.where(group > 1, 1, 0))
-    notes = ["the chunk loop's bundles (the compiler's, a line per 128x128 tile read off TPU7x compiles) are "
-             "priced as VPU issue slots; its HBM traffic hides under them"]
-    if getattr(chip, "name", "").split("/")[0] != "tpu-7x":
-        notes.append("the tile-cycle line was read on TPU7x (256-wide MXU); on this chip it is the same cycles "
-                     "at its own clock, unmeasured")
+    from perfmodel.hw.registry import get_chip
+
+    read_on = tile_cycle_chip()
+    read_name = get_chip(read_on).display_name
+    notes = [f"the chunk loop's bundles (the compiler's, a line per 128x128 tile read off {read_name} compiles) "
+             "are priced as VPU issue slots; its HBM traffic hides under them"]
+    if split_device_suffix(getattr(chip, "name", ""))[0] != read_on:
+        notes.append(f"the tile-cycle line was read on {read_name}; on this chip it is the same cycles at its own "
+                     "clock, unmeasured")
     if np.any(chunk != LAW_CHUNK):
         notes.append(f"chunks other than {LAW_CHUNK} scale the tile's cycles by area (unmeasured)")
     return combine("xla-chunked-attention", [loop, outside], tuple(notes), in_sequence=True,
